@@ -1,0 +1,53 @@
+// Collective communication between the ranks of one membership epoch. One implementation per
+// backend (local/, gloo/, later nccl/), each in its own folder with the same file names.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "runtime/comm/store.h"
+#include "runtime/status.h"
+
+namespace vf {
+
+enum class ReduceOp { kSum, kMax };
+
+// A fixed group of ranks that run collectives together. Every rank must call the same
+// collectives in the same order. A collective that fails (a peer died, a timeout) returns
+// kUnavailable or kDeadlineExceeded; the communicator is then unusable and must be rebuilt.
+// Buffers live in the memory of the device the communicator was built for (host memory for
+// local and Gloo). Not thread-safe: one thread drives a communicator.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend() const = 0;
+
+  virtual Status AllReduce(int64_t* data, size_t count, ReduceOp op) = 0;
+  virtual Status AllReduce(float* data, size_t count, ReduceOp op) = 0;
+  // Copies `bytes` bytes at `data` on rank `root` into `data` on every other rank.
+  virtual Status Broadcast(void* data, size_t bytes, int root) = 0;
+  virtual Status Barrier() = 0;
+};
+
+// Options shared by the networked backends.
+struct CommOptions {
+  // Address the rank listens on for its peers.
+  std::string hostname = "127.0.0.1";
+  // Bound on rendezvous and on every collective; past it the collective fails.
+  std::chrono::milliseconds timeout = std::chrono::seconds(60);
+};
+
+// A world of one rank: collectives are copies or no-ops.
+std::unique_ptr<Communicator> CreateLocalCommunicator();
+
+// Gloo over TCP. Ranks find each other through `store` (use a PrefixStore per epoch).
+// Returns an error, never throws, if the backend is not compiled in or rendezvous fails.
+Result<std::unique_ptr<Communicator>> CreateGlooCommunicator(Store& store, int rank, int size,
+                                                             const CommOptions& options);
+
+}  // namespace vf

@@ -1,0 +1,155 @@
+// The compute device seam: every numeric kernel the runtime needs (the MLP, the reducers, the
+// optimizers) goes through this interface, so the CPU and CUDA backends are interchangeable.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "runtime/status.h"
+
+namespace vf {
+
+enum class DeviceKind { kCpu, kCuda };
+
+// Sum of per-sample losses and number of correct predictions over a batch. The sum is a double
+// so that reporting is not the precision bottleneck; devices compute it in a fixed order.
+struct LossStats {
+  double loss_sum = 0.0;
+  int64_t correct = 0;
+  int64_t samples = 0;
+};
+
+// Hyper-parameters of one optimizer update, already resolved for the current step.
+struct SgdUpdate {
+  float learning_rate = 0.f;
+  float momentum = 0.f;
+  float weight_decay = 0.f;
+  bool nesterov = false;
+};
+struct AdamWUpdate {
+  float learning_rate = 0.f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float epsilon = 1e-8f;
+  float weight_decay = 0.f;
+  // 1 - beta^t for the current step t, computed by the caller in double precision.
+  float bias_correction1 = 1.f;
+  float bias_correction2 = 1.f;
+};
+
+// A compute device. All pointers passed to the math functions point to this device's memory.
+// All matrices are row-major. Kernels must be deterministic: the same inputs give bitwise the
+// same outputs on every call (no atomics or thread-count-dependent summation orders).
+// Not thread-safe: one device object is driven by one thread.
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  virtual DeviceKind kind() const = 0;
+  // Human-readable description, e.g. "cpu (OpenBLAS, 1 thread)" or "cuda:0 (NVIDIA H100)".
+  virtual std::string Name() const = 0;
+
+  // Memory. Allocate returns zero-filled memory of at least `bytes` bytes (aligned to 64 bytes).
+  virtual Result<void*> Allocate(size_t bytes) = 0;
+  virtual void Free(void* ptr) noexcept = 0;
+  virtual void CopyFromHost(void* dst, const void* src, size_t bytes) = 0;
+  virtual void CopyToHost(void* dst, const void* src, size_t bytes) = 0;
+  virtual void Copy(void* dst, const void* src, size_t bytes) = 0;
+  virtual void Fill(float* x, float value, size_t n) = 0;
+  virtual void FillInt64(int64_t* x, int64_t value, size_t n) = 0;
+  // Waits until all queued work on the device is done.
+  virtual void Synchronize() = 0;
+
+  // c[m,n] = alpha * op(a) * op(b) + beta * c, where op(a) is [m,k] and op(b) is [k,n].
+  virtual void Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha,
+                    const float* a, const float* b, float beta, float* c) = 0;
+  // y[r,c] += bias[c], then y = max(y, 0) when `relu`.
+  virtual void AddBiasActivate(float* y, const float* bias, int rows, int cols, bool relu) = 0;
+  // dy[i] = y[i] > 0 ? dy[i] : 0 (y is the ReLU output).
+  virtual void ReluBackward(float* dy, const float* y, size_t n) = 0;
+  // out[c] = sum over r of x[r,c], summed in increasing r.
+  virtual void SumRows(const float* x, int rows, int cols, float* out) = 0;
+  // Softmax cross-entropy of logits[rows, cols] against integer labels. When dlogits is not
+  // null, writes d(loss_sum * grad_scale)/dlogits into it. Returns the batch's statistics.
+  virtual LossStats SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows,
+                                        int cols, float grad_scale, float* dlogits) = 0;
+
+  // Exact reduction kernels (see runtime/reduce/exact.h for the number format).
+  // Largest |x[i]|; NaN if any element is NaN, +Inf if any is infinite.
+  virtual float MaxAbs(const float* x, size_t n) = 0;
+  // acc[i] += round_half_even(x[i] * 2^exponent). Returns false when any |x[i] * 2^exponent|
+  // exceeds `limit` (acc is then unspecified and must be discarded).
+  virtual bool AccumulateFixed(const float* x, size_t n, int exponent, int64_t limit,
+                               int64_t* acc) = 0;
+  // out[i] = float(double(acc[i]) * 2^-exponent * scale).
+  virtual void FixedToFloat(const int64_t* acc, size_t n, int exponent, double scale,
+                            float* out) = 0;
+
+  // Fast reduction and general helpers.
+  virtual void Axpy(float alpha, const float* x, float* y, size_t n) = 0;  // y += alpha * x
+  virtual void Scale(float* x, float alpha, size_t n) = 0;                 // x *= alpha
+
+  // Optimizer updates, one fused pass over the parameters.
+  virtual void SgdMomentumStep(float* param, const float* grad, float* velocity, size_t n,
+                               const SgdUpdate& h) = 0;
+  virtual void AdamWStep(float* param, const float* grad, float* m, float* v, size_t n,
+                         const AdamWUpdate& h) = 0;
+};
+
+// Owns `count` elements of T in a device's memory; frees them on destruction. Move-only.
+// Not thread-safe.
+template <typename T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      device_ = o.device_;
+      data_ = o.data_;
+      count_ = o.count_;
+      o.device_ = nullptr;
+      o.data_ = nullptr;
+      o.count_ = 0;
+    }
+    return *this;
+  }
+  ~DeviceBuffer() { Reset(); }
+
+  static Result<DeviceBuffer> Create(Device& device, size_t count) {
+    DeviceBuffer b;
+    auto p = device.Allocate(count * sizeof(T) + (count == 0 ? 1 : 0));
+    if (!p.ok()) return p.status();
+    b.device_ = &device;
+    b.data_ = static_cast<T*>(*p);
+    b.count_ = count;
+    return b;
+  }
+
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  size_t size() const { return count_; }
+  size_t bytes() const { return count_ * sizeof(T); }
+
+  void Reset() {
+    if (device_ != nullptr && data_ != nullptr) device_->Free(data_);
+    device_ = nullptr;
+    data_ = nullptr;
+    count_ = 0;
+  }
+
+ private:
+  Device* device_ = nullptr;
+  T* data_ = nullptr;
+  size_t count_ = 0;
+};
+
+// The host CPU. `threads` BLAS threads; workers use 1 so that several share a machine's cores.
+std::unique_ptr<Device> CreateCpuDevice(int threads = 1);
+
+}  // namespace vf

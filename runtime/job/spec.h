@@ -1,0 +1,92 @@
+// The VirtualFlowJob manifest (design guide section 4): the same YAML file that `vf run` reads
+// locally is later `kubectl apply`-ed unchanged.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/status.h"
+
+namespace vf {
+
+struct ModelSpec {
+  std::string name = "mlp";                  // known: mlp
+  std::vector<int> hidden_sizes = {512, 256};
+};
+
+struct DatasetSpec {
+  std::string name = "fashion-mnist";        // known: fashion-mnist, synthetic
+  std::string path = "/usr/share/datasets/fashion-mnist";  // fashion-mnist only
+  int64_t train_samples = 8192;              // synthetic only
+  int64_t test_samples = 1024;               // synthetic only
+};
+
+struct OptimizerSpec {
+  std::string name = "sgd";                  // known: sgd, adamw
+  double learning_rate = 0.05;
+  double momentum = 0.9;                     // sgd
+  bool nesterov = false;                     // sgd
+  double weight_decay = 0.0;
+  double beta1 = 0.9;                        // adamw
+  double beta2 = 0.999;                      // adamw
+  double epsilon = 1e-8;                     // adamw
+};
+
+enum class Reduction { kExact, kFast };
+
+struct ElasticitySpec {
+  std::string policy = "elastic";
+  int cooldown_seconds = 30;
+};
+
+struct CheckpointSpec {
+  std::string path;                          // empty: no checkpoints
+  int64_t every_steps = 0;                   // 0: only at the end
+};
+
+// A validated job. Value type; thread-compatible.
+struct JobSpec {
+  std::string name;
+  std::string namespace_name = "default";
+  int virtual_nodes = 0;
+  int64_t global_batch_size = 0;
+  int replicas_min = 1;
+  int replicas_max = 1;
+  int gpus_per_worker = 1;
+  ModelSpec model;
+  DatasetSpec dataset;
+  OptimizerSpec optimizer;
+  int64_t steps = 0;   // exactly one of steps and epochs is set (> 0)
+  int64_t epochs = 0;
+  Reduction reduction = Reduction::kExact;
+  uint64_t seed = 0;
+  ElasticitySpec elasticity;
+  CheckpointSpec checkpoint;
+
+  int64_t micro_batch() const { return global_batch_size / virtual_nodes; }
+  // Total steps of the job given the dataset's steps per epoch.
+  int64_t TotalSteps(int64_t steps_per_epoch) const {
+    return steps > 0 ? steps : epochs * steps_per_epoch;
+  }
+  // Hex digest of every field that defines the training math (virtual nodes, batch, model,
+  // dataset identity, optimizer, reduction, seed) and nothing else: two workers may train
+  // together, and a checkpoint may be resumed, only when the fingerprints match.
+  std::string Fingerprint() const;
+};
+
+// Largest supported virtualNodes: the exact reducer sums up to this many fixed-point values
+// per element without overflowing int64 (see runtime/reduce/exact.h).
+inline constexpr int kMaxVirtualNodes = 4096;
+
+const char* ReductionName(Reduction r);
+
+// Parses and validates a VirtualFlowJob manifest. Errors are one line that names the source
+// and the field: "job.yaml: spec.globalBatchSize (250) must be divisible by spec.virtualNodes
+// (8)". Unknown fields under spec are errors (as with kubectl's strict validation).
+Result<JobSpec> ParseJobYaml(const std::string& text, const std::string& source);
+Result<JobSpec> LoadJobFile(const std::string& path);
+// Validation alone (used after programmatic overrides).
+Status ValidateJob(const JobSpec& job);
+
+}  // namespace vf

@@ -1,0 +1,48 @@
+// The full training state every rank holds (invariant 6), its wire/disk serialization and
+// atomic, checksummed checkpoints.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/status.h"
+
+namespace vf {
+
+// Everything needed to continue a job bit-for-bit: parameters, optimizer slots, the step (which
+// is also the data cursor: the data order is a function of it), the reducer's fixed-point
+// exponents and the job's fingerprint. Randomness is counter-based (seed, step, vnode), so the
+// seed is the whole RNG state. Value type; thread-compatible.
+struct TrainingState {
+  std::string job_fingerprint;          // JobSpec::Fingerprint() of the job that wrote it
+  uint64_t seed = 0;                    // RNG state (counter-based generators)
+  int64_t step = 0;                     // global steps completed == data cursor
+  int64_t data_epoch = 0;               // epoch of the data order at `step` (derived, checked)
+  int64_t membership_epoch = 0;         // last membership epoch this state trained under
+  int64_t optimizer_steps = 0;          // updates applied (AdamW bias correction)
+  std::vector<int32_t> reducer_exponents;  // exact reducer: one per bucket
+  std::vector<float> parameters;
+  std::vector<std::vector<float>> optimizer_slots;  // momentum, or Adam m and v
+
+  bool operator==(const TrainingState&) const = default;
+};
+
+// Binary encoding: magic "VFSTATE1", little-endian fields, and a SHA-256 of everything before it
+// as the last 32 bytes.
+std::string SerializeState(const TrainingState& state);
+// Decodes and verifies. `source` names the origin ("checkpoint /x/y.ckpt", "rank 0") in errors.
+// Truncated, tampered or foreign data is kDataLoss with a message that says which.
+Result<TrainingState> DeserializeState(std::string_view bytes, std::string_view source);
+
+// Writes the state to `path` atomically: a temporary file in the same directory, fsync, rename,
+// fsync of the directory. A crash leaves either the old checkpoint or the new one, never a mix.
+Status WriteCheckpoint(const std::string& path, const TrainingState& state);
+// kNotFound if there is no file at `path`; kDataLoss if it is truncated or tampered.
+Result<TrainingState> ReadCheckpoint(const std::string& path);
+
+// Lower-case hex SHA-256 (OpenSSL).
+std::string Sha256Hex(const void* data, size_t size);
+
+}  // namespace vf
