@@ -14,14 +14,14 @@ namespace vf {
 
 enum class StatusCode {
   kOk = 0,
-  kInvalidArgument,    // bad input from a user: job file, flags, request body
-  kNotFound,           // a file or key that should exist does not
-  kDataLoss,           // corrupt or truncated data: dataset files, checkpoints
-  kDeadlineExceeded,   // a wait ran past its timeout
-  kUnavailable,        // a peer or service went away (collective failed, connection lost)
-  kFailedPrecondition, // the operation does not fit the current state
-  kNumerical,          // NaN/Inf or overflow in training math
-  kInternal,           // a bug or an unexpected library failure
+  kInvalidArgument,     // bad input from a user: job file, flags, request body
+  kNotFound,            // a file or key that should exist does not
+  kDataLoss,            // corrupt or truncated data: dataset files, checkpoints
+  kDeadlineExceeded,    // a wait ran past its timeout
+  kUnavailable,         // a peer or service went away (collective failed, connection lost)
+  kFailedPrecondition,  // the operation does not fit the current state
+  kNumerical,           // NaN/Inf or overflow in training math
+  kInternal,            // a bug or an unexpected library failure
 };
 
 std::string_view StatusCodeName(StatusCode code);
@@ -50,7 +50,9 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
-inline Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+inline Status InvalidArgument(std::string m) {
+  return {StatusCode::kInvalidArgument, std::move(m)};
+}
 inline Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
 inline Status DataLoss(std::string m) { return {StatusCode::kDataLoss, std::move(m)}; }
 inline Status DeadlineExceeded(std::string m) {
@@ -67,7 +69,7 @@ inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : v_(std::move(value)) {}        // NOLINT(google-explicit-constructor)
   Result(Status status) : v_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     assert(!std::get<Status>(v_).ok() && "Result constructed from an OK status");
   }
@@ -95,10 +97,10 @@ class [[nodiscard]] Result {
 #define VF_STATUS_CONCAT_(a, b) VF_STATUS_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function if `expr` (a Status) is not OK.
-#define VF_RETURN_IF_ERROR(expr)                 \
-  do {                                           \
-    ::vf::Status vf_status_ = (expr);            \
-    if (!vf_status_.ok()) return vf_status_;     \
+#define VF_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    ::vf::Status vf_status_ = (expr);        \
+    if (!vf_status_.ok()) return vf_status_; \
   } while (0)
 
 // `lhs = value of expr` (a Result<T>), or return its Status from the enclosing function.

@@ -1,0 +1,231 @@
+#include "runtime/executor.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+namespace vf {
+namespace {
+
+// Fashion-MNIST's pixel mean and standard deviation (of value / 255).
+constexpr float kPixelMean = 0.2860f;
+constexpr float kPixelStd = 0.3530f;
+// Largest gradient bucket: one fixed-point scale per this many values at most.
+constexpr size_t kMaxBucket = size_t{1} << 20;
+
+}  // namespace
+
+Result<DatasetSplits> LoadJobDataset(const JobSpec& job) {
+  if (job.dataset.name == "fashion-mnist") return LoadFashionMnist(job.dataset.path);
+  if (job.dataset.name == "synthetic") {
+    return MakeSyntheticDataset(job.dataset.train_samples, job.dataset.test_samples, 28, 28, 10,
+                                job.seed);
+  }
+  return InvalidArgument("unknown dataset '" + job.dataset.name +
+                         "' (known: fashion-mnist, synthetic)");
+}
+
+std::vector<std::vector<int>> EvenAssignment(int virtual_nodes, int ranks) {
+  std::vector<std::vector<int>> out(static_cast<size_t>(std::max(ranks, 0)));
+  int next = 0;
+  for (int r = 0; r < ranks; ++r) {
+    const int count = virtual_nodes / ranks + (r < virtual_nodes % ranks ? 1 : 0);
+    for (int i = 0; i < count; ++i) out[static_cast<size_t>(r)].push_back(next++);
+  }
+  return out;
+}
+
+Executor::Executor(const JobSpec& job, Device& device, const Dataset& train)
+    : job_(job),
+      fingerprint_(job.Fingerprint()),
+      device_(device),
+      train_(train),
+      sharder_(job.seed, train.count, job.global_batch_size, job.virtual_nodes) {}
+
+Result<std::unique_ptr<Executor>> Executor::Create(const JobSpec& job, Device& device,
+                                                   const Dataset& train) {
+  VF_RETURN_IF_ERROR(ValidateJob(job));
+  VF_RETURN_IF_ERROR(Sharder::Check(train.count, job.global_batch_size, job.virtual_nodes));
+  std::unique_ptr<Executor> e(new Executor(job, device, train));
+  VF_RETURN_IF_ERROR(e->Init());
+  return e;
+}
+
+Status Executor::Init() {
+  VF_ASSIGN_OR_RETURN(model_, CreateModel(job_.model, static_cast<int>(train_.sample_size()),
+                                          train_.num_classes, device_));
+  VF_ASSIGN_OR_RETURN(optimizer_, CreateOptimizer(job_.optimizer));
+  std::vector<size_t> sizes;
+  for (const auto& t : model_->tensors()) sizes.push_back(t.size);
+  VF_ASSIGN_OR_RETURN(reducer_, CreateReducer(job_.reduction, device_,
+                                              MakeBuckets(sizes, kMaxBucket), job_.virtual_nodes));
+  const size_t n = model_->parameter_count();
+  VF_ASSIGN_OR_RETURN(params_, DeviceBuffer<float>::Create(device_, n));
+  VF_ASSIGN_OR_RETURN(grad_, DeviceBuffer<float>::Create(device_, n));
+  slots_.clear();
+  for (int i = 0; i < optimizer_->slot_count(); ++i) {
+    VF_ASSIGN_OR_RETURN(auto slot, DeviceBuffer<float>::Create(device_, n));
+    slots_.push_back(std::move(slot));
+  }
+  return Status::Ok();
+}
+
+Status Executor::InitializeFresh() {
+  std::vector<float> host(model_->parameter_count());
+  model_->InitializeHost(job_.seed, host.data());
+  device_.CopyFromHost(params_.data(), host.data(), host.size() * sizeof(float));
+  for (auto& s : slots_) device_.Fill(s.data(), 0.f, s.size());
+  VF_RETURN_IF_ERROR(
+      reducer_->set_exponents(std::vector<int32_t>(reducer_->exponents().size(), kUnsetExponent)));
+  step_ = 0;
+  optimizer_steps_ = 0;
+  return Status::Ok();
+}
+
+Status Executor::Restore(const TrainingState& state) {
+  if (state.job_fingerprint != fingerprint_) {
+    return FailedPrecondition(
+        "the state belongs to a different job (its virtual nodes, batch size, model, dataset, "
+        "optimizer, reduction or seed differ)");
+  }
+  const size_t n = model_->parameter_count();
+  if (state.parameters.size() != n) {
+    return DataLoss("the state has " + std::to_string(state.parameters.size()) +
+                    " parameters, the model has " + std::to_string(n));
+  }
+  if (state.optimizer_slots.size() != slots_.size()) {
+    return DataLoss("the state has " + std::to_string(state.optimizer_slots.size()) +
+                    " optimizer slots, " + optimizer_->name() + " needs " +
+                    std::to_string(slots_.size()));
+  }
+  for (const auto& slot : state.optimizer_slots) {
+    if (slot.size() != n) return DataLoss("an optimizer slot has the wrong size");
+  }
+  if (state.step < 0 || state.data_epoch != sharder_.EpochOf(state.step)) {
+    return DataLoss("the state's step and data epoch do not agree");
+  }
+  VF_RETURN_IF_ERROR(reducer_->set_exponents(state.reducer_exponents));
+  device_.CopyFromHost(params_.data(), state.parameters.data(), n * sizeof(float));
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    device_.CopyFromHost(slots_[i].data(), state.optimizer_slots[i].data(), n * sizeof(float));
+  }
+  step_ = state.step;
+  optimizer_steps_ = state.optimizer_steps;
+  membership_epoch_ = state.membership_epoch;
+  return Status::Ok();
+}
+
+TrainingState Executor::Snapshot() const {
+  TrainingState s;
+  const size_t n = model_->parameter_count();
+  s.job_fingerprint = fingerprint_;
+  s.seed = job_.seed;
+  s.step = step_;
+  s.data_epoch = sharder_.EpochOf(step_);
+  s.membership_epoch = membership_epoch_;
+  s.optimizer_steps = optimizer_steps_;
+  s.reducer_exponents = reducer_->exponents();
+  s.parameters.resize(n);
+  device_.CopyToHost(s.parameters.data(), params_.data(), n * sizeof(float));
+  for (const auto& slot : slots_) {
+    std::vector<float> host(n);
+    device_.CopyToHost(host.data(), slot.data(), n * sizeof(float));
+    s.optimizer_slots.push_back(std::move(host));
+  }
+  return s;
+}
+
+Status Executor::Stage(const Dataset& data, std::span<const int64_t> indices) {
+  const size_t per = data.sample_size();
+  const int batch = static_cast<int>(indices.size());
+  if (batch > staged_capacity_) {
+    // Sized by the largest batch staged (the micro-batch, or an evaluation chunk).
+    VF_ASSIGN_OR_RETURN(x_, DeviceBuffer<float>::Create(device_, static_cast<size_t>(batch) * per));
+    VF_ASSIGN_OR_RETURN(y_, DeviceBuffer<int32_t>::Create(device_, static_cast<size_t>(batch)));
+    host_x_.resize(static_cast<size_t>(batch) * per);
+    host_y_.resize(static_cast<size_t>(batch));
+    staged_capacity_ = batch;
+  }
+  const float scale = 1.f / (255.f * kPixelStd);
+  const float shift = kPixelMean / kPixelStd;
+  for (int i = 0; i < batch; ++i) {
+    const uint8_t* src = data.images.data() + static_cast<size_t>(indices[i]) * per;
+    float* dst = host_x_.data() + static_cast<size_t>(i) * per;
+    for (size_t j = 0; j < per; ++j) dst[j] = static_cast<float>(src[j]) * scale - shift;
+    host_y_[static_cast<size_t>(i)] = data.labels[static_cast<size_t>(indices[i])];
+  }
+  device_.CopyFromHost(x_.data(), host_x_.data(), static_cast<size_t>(batch) * per * sizeof(float));
+  device_.CopyFromHost(y_.data(), host_y_.data(), static_cast<size_t>(batch) * sizeof(int32_t));
+  return Status::Ok();
+}
+
+Result<StepResult> Executor::Step(Communicator& comm, std::span<const int> local_vnodes,
+                                  std::span<const int64_t> header_extra) {
+  for (int v : local_vnodes) {
+    if (v < 0 || v >= job_.virtual_nodes) {
+      return InvalidArgument("virtual node " + std::to_string(v) + " is out of range 0.." +
+                             std::to_string(job_.virtual_nodes - 1));
+    }
+  }
+  StepResult out;
+  out.step = step_;
+  const int b = static_cast<int>(job_.micro_batch());
+  // At most one redo: after it the scale comes from this very step's maxima.
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    reducer_->Begin();
+    for (int v : local_vnodes) {
+      sharder_.MicroBatch(step_, v, &indices_);
+      VF_RETURN_IF_ERROR(Stage(train_, indices_));
+      VF_ASSIGN_OR_RETURN(LossStats stats, model_->ForwardBackward(params_.data(), x_.data(),
+                                                                   y_.data(), b, grad_.data()));
+      VF_RETURN_IF_ERROR(reducer_->Add(grad_.data(), stats));
+    }
+    auto reduced = reducer_->Finish(comm, header_extra, grad_.data());
+    if (!reduced.ok()) {
+      return reduced.status().WithContext("step " + std::to_string(step_ + 1));
+    }
+    if (reduced->redo) {
+      ++out.redos;
+      continue;
+    }
+    std::vector<float*> slots;
+    for (auto& s : slots_) slots.push_back(s.data());
+    ++optimizer_steps_;
+    optimizer_->Apply(device_, params_.data(), grad_.data(), slots, model_->parameter_count(),
+                      optimizer_steps_);
+    const auto& t = reduced->totals;
+    out.loss = t.samples > 0 ? t.loss_sum / static_cast<double>(t.samples) : 0.0;
+    out.accuracy =
+        t.samples > 0 ? static_cast<double>(t.correct) / static_cast<double>(t.samples) : 0.0;
+    out.header_extra = std::move(reduced->header_extra);
+    ++step_;
+    return out;
+  }
+  return Internal("step " + std::to_string(step_ + 1) +
+                  ": the exact reducer could not settle on a scale");
+}
+
+Result<LossStats> Executor::Evaluate(const Dataset& data, int chunk) {
+  LossStats total;
+  std::vector<int64_t> idx;
+  for (int64_t start = 0; start < data.count; start += chunk) {
+    const int64_t n = std::min<int64_t>(chunk, data.count - start);
+    idx.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) idx[static_cast<size_t>(i)] = start + i;
+    VF_RETURN_IF_ERROR(Stage(data, idx));
+    VF_ASSIGN_OR_RETURN(
+        LossStats s, model_->Evaluate(params_.data(), x_.data(), y_.data(), static_cast<int>(n)));
+    total.loss_sum += s.loss_sum;
+    total.correct += s.correct;
+    total.samples += s.samples;
+  }
+  return total;
+}
+
+std::string Executor::WeightsSha256() const {
+  std::vector<float> host(model_->parameter_count());
+  device_.CopyToHost(host.data(), params_.data(), host.size() * sizeof(float));
+  return Sha256Hex(host.data(), host.size() * sizeof(float));
+}
+
+}  // namespace vf

@@ -1,0 +1,105 @@
+// The virtual-node executor: one training step over the virtual nodes a rank holds.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "runtime/comm/communicator.h"
+#include "runtime/data/dataset.h"
+#include "runtime/device.h"
+#include "runtime/job/spec.h"
+#include "runtime/models/model.h"
+#include "runtime/optim/optimizer.h"
+#include "runtime/reduce/reducer.h"
+#include "runtime/state/training_state.h"
+#include "runtime/status.h"
+
+namespace vf {
+
+// The train and test splits a job names: Fashion-MNIST from its directory, or the synthetic
+// dataset drawn from the job's seed.
+Result<DatasetSplits> LoadJobDataset(const JobSpec& job);
+
+// Virtual nodes of each of `ranks` ranks: contiguous ranges, as even as possible (the first
+// V % ranks ranks hold one more).
+std::vector<std::vector<int>> EvenAssignment(int virtual_nodes, int ranks);
+
+// What one completed step reports.
+struct StepResult {
+  int64_t step = 0;                   // the step just completed (0-based)
+  double loss = 0.0;                  // mean loss over the global batch
+  double accuracy = 0.0;              // fraction of the global batch predicted correctly
+  int redos = 0;                      // exact mode: recomputations to choose a scale
+  std::vector<int64_t> header_extra;  // caller fields, MAX over ranks
+};
+
+// Holds the full training state of a job on one device (every rank holds all of it) and runs
+// its steps: for each local virtual node, in the order given, load the node's micro-batch,
+// compute its gradient and add it to the reducer; reduce across ranks; apply the optimizer.
+// Memory is sized by the micro-batch, never by the global batch. Not thread-safe.
+class Executor {
+ public:
+  // `train` must outlive the executor.
+  static Result<std::unique_ptr<Executor>> Create(const JobSpec& job, Device& device,
+                                                  const Dataset& train);
+
+  // Fresh state: parameters from the seed, zero optimizer slots, step 0.
+  Status InitializeFresh();
+  // Adopts a state taken from a checkpoint or another rank; it must belong to this job.
+  Status Restore(const TrainingState& state);
+  // A host copy of the full state.
+  TrainingState Snapshot() const;
+
+  // Runs the next step with the virtual nodes `local_vnodes` of this rank. Every rank of
+  // `comm` calls Step together, and together their local_vnodes cover 0..V-1 exactly once.
+  // On error nothing of the step is applied (the step can be redone with another
+  // communicator); kNumerical errors mean the job diverged.
+  Result<StepResult> Step(Communicator& comm, std::span<const int> local_vnodes,
+                          std::span<const int64_t> header_extra = {});
+
+  // Loss and accuracy over a whole dataset (the test split), in chunks of `chunk` samples.
+  Result<LossStats> Evaluate(const Dataset& data, int chunk = 1000);
+
+  // SHA-256 of the parameters' bytes: equal on every rank, and across any mapping in exact mode.
+  std::string WeightsSha256() const;
+
+  int64_t step() const { return step_; }
+  int64_t steps_per_epoch() const { return sharder_.steps_per_epoch(); }
+  int64_t total_steps() const { return job_.TotalSteps(sharder_.steps_per_epoch()); }
+  const Model& model() const { return *model_; }
+  const JobSpec& job() const { return job_; }
+  // The membership epoch recorded in snapshots (the agent's business; kept with the state).
+  void set_membership_epoch(int64_t epoch) { membership_epoch_ = epoch; }
+
+ private:
+  Executor(const JobSpec& job, Device& device, const Dataset& train);
+  Status Init();
+  // Copies samples `indices` of `data` to the device as normalized floats and int32 labels.
+  Status Stage(const Dataset& data, std::span<const int64_t> indices);
+
+  JobSpec job_;
+  std::string fingerprint_;
+  Device& device_;
+  const Dataset& train_;
+  Sharder sharder_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<Reducer> reducer_;
+  DeviceBuffer<float> params_;
+  DeviceBuffer<float> grad_;  // one virtual node's gradient, then the mean gradient
+  std::vector<DeviceBuffer<float>> slots_;
+  DeviceBuffer<float> x_;
+  DeviceBuffer<int32_t> y_;
+  int staged_capacity_ = 0;
+  std::vector<float> host_x_;
+  std::vector<int32_t> host_y_;
+  std::vector<int64_t> indices_;
+  int64_t step_ = 0;
+  int64_t optimizer_steps_ = 0;
+  int64_t membership_epoch_ = 0;
+};
+
+}  // namespace vf

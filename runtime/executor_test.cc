@@ -1,0 +1,176 @@
+#include "runtime/executor.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+#include <vector>
+
+namespace vf {
+namespace {
+
+JobSpec SmallJob(Reduction mode = Reduction::kExact, const std::string& optimizer = "sgd") {
+  JobSpec j;
+  j.name = "small";
+  j.virtual_nodes = 6;
+  j.global_batch_size = 48;
+  j.replicas_min = 1;
+  j.replicas_max = 6;
+  j.model.hidden_sizes = {32, 16};
+  j.dataset.name = "synthetic";
+  j.dataset.train_samples = 960;
+  j.dataset.test_samples = 200;
+  j.optimizer.name = optimizer;
+  j.optimizer.learning_rate = optimizer == "sgd" ? 0.05 : 0.002;
+  j.steps = 12;
+  j.reduction = mode;
+  j.seed = 5;
+  return j;
+}
+
+// Trains `job` for its steps with the given mapping of virtual nodes to ranks (threads with
+// real Gloo communicators); returns each rank's weight digest.
+std::vector<std::string> Train(const JobSpec& job, const std::vector<std::vector<int>>& mapping) {
+  auto data = LoadJobDataset(job).value();
+  const int ranks = static_cast<int>(mapping.size());
+  MemoryStore store;
+  std::vector<std::string> digests(static_cast<size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      auto dev = CreateCpuDevice(1);
+      auto ex = Executor::Create(job, *dev, data.train);
+      ASSERT_TRUE(ex.ok()) << ex.status().message();
+      ASSERT_TRUE((*ex)->InitializeFresh().ok());
+      std::unique_ptr<Communicator> comm =
+          ranks == 1 ? CreateLocalCommunicator()
+                     : CreateGlooCommunicator(store, r, ranks, CommOptions{}).value();
+      while ((*ex)->step() < (*ex)->total_steps()) {
+        auto s = (*ex)->Step(*comm, mapping[static_cast<size_t>(r)]);
+        ASSERT_TRUE(s.ok()) << s.status().message();
+      }
+      digests[static_cast<size_t>(r)] = (*ex)->WeightsSha256();
+    });
+  }
+  for (auto& t : threads) t.join();
+  return digests;
+}
+
+TEST(Assignment, EvenSplitCoversEveryVirtualNodeOnce) {
+  for (int v : {1, 5, 8, 12}) {
+    for (int n = 1; n <= v; ++n) {
+      auto a = EvenAssignment(v, n);
+      ASSERT_EQ(static_cast<int>(a.size()), n);
+      int next = 0;
+      size_t most = 0, least = SIZE_MAX;
+      for (const auto& r : a) {
+        for (int x : r) EXPECT_EQ(x, next++);
+        most = std::max(most, r.size());
+        least = std::min(least, r.size());
+      }
+      EXPECT_EQ(next, v);
+      EXPECT_LE(most - least, 1u);
+    }
+  }
+}
+
+TEST(Executor, ExactModeWeightsDoNotDependOnMappingOrOrder) {
+  const JobSpec job = SmallJob();
+  const auto one = Train(job, {{0, 1, 2, 3, 4, 5}});
+  const auto reversed = Train(job, {{5, 3, 1, 4, 2, 0}});
+  const auto three = Train(job, {{0}, {1, 2, 3}, {4, 5}});
+  EXPECT_EQ(reversed[0], one[0]);
+  for (const auto& d : three) EXPECT_EQ(d, one[0]);
+}
+
+TEST(Executor, AdamWExactModeIsMappingIndependentToo) {
+  const JobSpec job = SmallJob(Reduction::kExact, "adamw");
+  const auto one = Train(job, {{0, 1, 2, 3, 4, 5}});
+  const auto two = Train(job, {{0, 1, 2}, {3, 4, 5}});
+  EXPECT_EQ(two[0], one[0]);
+  EXPECT_EQ(two[1], one[0]);
+}
+
+TEST(Executor, SnapshotAndRestoreContinueBitForBit) {
+  const JobSpec job = SmallJob(Reduction::kExact, "adamw");
+  auto data = LoadJobDataset(job).value();
+  auto dev = CreateCpuDevice(1);
+  auto comm = CreateLocalCommunicator();
+  const std::vector<int> all = {0, 1, 2, 3, 4, 5};
+  auto a = Executor::Create(job, *dev, data.train).value();
+  ASSERT_TRUE(a->InitializeFresh().ok());
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(a->Step(*comm, all).ok());
+  const TrainingState mid = a->Snapshot();
+  EXPECT_EQ(mid.step, 5);
+  EXPECT_EQ(mid.optimizer_slots.size(), 2u);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(a->Step(*comm, all).ok());
+
+  auto b = Executor::Create(job, *dev, data.train).value();
+  auto decoded = DeserializeState(SerializeState(mid), "test");
+  ASSERT_TRUE(decoded.ok()) << decoded.status().message();
+  ASSERT_TRUE(b->Restore(*decoded).ok());
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(b->Step(*comm, all).ok());
+  EXPECT_EQ(b->WeightsSha256(), a->WeightsSha256());
+  EXPECT_EQ(b->Snapshot(), a->Snapshot());
+}
+
+TEST(Executor, RestoreRejectsAnotherJobsState) {
+  JobSpec job = SmallJob();
+  auto data = LoadJobDataset(job).value();
+  auto dev = CreateCpuDevice(1);
+  auto a = Executor::Create(job, *dev, data.train).value();
+  ASSERT_TRUE(a->InitializeFresh().ok());
+  TrainingState s = a->Snapshot();
+  job.seed = 6;
+  auto b = Executor::Create(job, *dev, data.train).value();
+  Status st = b->Restore(s);
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.message().find("different job"), std::string::npos);
+}
+
+TEST(Executor, TrainingLowersTheLoss) {
+  JobSpec job = SmallJob();
+  job.steps = 60;
+  auto data = LoadJobDataset(job).value();
+  auto dev = CreateCpuDevice(1);
+  auto comm = CreateLocalCommunicator();
+  auto ex = Executor::Create(job, *dev, data.train).value();
+  ASSERT_TRUE(ex->InitializeFresh().ok());
+  auto before = ex->Evaluate(data.test).value();
+  const std::vector<int> all = {0, 1, 2, 3, 4, 5};
+  while (ex->step() < ex->total_steps()) ASSERT_TRUE(ex->Step(*comm, all).ok());
+  auto after = ex->Evaluate(data.test).value();
+  EXPECT_LT(after.loss_sum, 0.5 * before.loss_sum);
+  EXPECT_GT(after.correct, before.correct);
+}
+
+TEST(Executor, DivergenceIsANumericalErrorNamingTheStep) {
+  JobSpec job = SmallJob();
+  job.optimizer.learning_rate = 1e30;
+  job.optimizer.momentum = 0.0;
+  auto data = LoadJobDataset(job).value();
+  auto dev = CreateCpuDevice(1);
+  auto comm = CreateLocalCommunicator();
+  auto ex = Executor::Create(job, *dev, data.train).value();
+  ASSERT_TRUE(ex->InitializeFresh().ok());
+  const std::vector<int> all = {0, 1, 2, 3, 4, 5};
+  Status failure;
+  for (int i = 0; i < 10 && failure.ok(); ++i) failure = ex->Step(*comm, all).status();
+  EXPECT_EQ(failure.code(), StatusCode::kNumerical);
+  EXPECT_NE(failure.message().find("step "), std::string::npos);
+  EXPECT_NE(failure.message().find("learning rate"), std::string::npos);
+}
+
+TEST(Executor, OutOfRangeVirtualNodeIsRejected) {
+  JobSpec job = SmallJob();
+  auto data = LoadJobDataset(job).value();
+  auto dev = CreateCpuDevice(1);
+  auto comm = CreateLocalCommunicator();
+  auto ex = Executor::Create(job, *dev, data.train).value();
+  ASSERT_TRUE(ex->InitializeFresh().ok());
+  const std::vector<int> bad = {0, 6};
+  EXPECT_EQ(ex->Step(*comm, bad).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ex->step(), 0);
+}
+
+}  // namespace
+}  // namespace vf

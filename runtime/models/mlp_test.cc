@@ -1,0 +1,124 @@
+#include "runtime/models/mlp.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "runtime/data/dataset.h"
+
+namespace vf {
+namespace {
+
+struct Fixture {
+  std::unique_ptr<Device> device = CreateCpuDevice(1);
+};
+
+std::vector<float> Upload(Device& d, DeviceBuffer<float>& buf, const std::vector<float>& host) {
+  buf = DeviceBuffer<float>::Create(d, host.size()).value();
+  d.CopyFromHost(buf.data(), host.data(), host.size() * sizeof(float));
+  return host;
+}
+
+TEST(Mlp, ReferenceModelHasTheExpectedParameterLayout) {
+  Fixture f;
+  auto m = CreateModel(ModelSpec{}, 784, 10, *f.device);
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  EXPECT_EQ((*m)->parameter_count(), 784u * 512 + 512 + 512 * 256 + 256 + 256 * 10 + 10);
+  ASSERT_EQ((*m)->tensors().size(), 6u);
+  EXPECT_EQ((*m)->tensors()[2].offset, 784u * 512 + 512);
+  EXPECT_EQ((*m)->tensors()[5].size, 10u);
+}
+
+TEST(Mlp, UnknownModelIsAnError) {
+  Fixture f;
+  ModelSpec spec;
+  spec.name = "resnet";
+  auto m = CreateModel(spec, 784, 10, *f.device);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("resnet"), std::string::npos);
+}
+
+TEST(Mlp, InitializationIsDeterministicPerSeedAndBounded) {
+  Fixture f;
+  Mlp m({20, 16, 5}, *f.device);
+  std::vector<float> a(m.parameter_count()), b(a.size()), c(a.size());
+  m.InitializeHost(7, a.data());
+  m.InitializeHost(7, b.data());
+  m.InitializeHost(8, c.data());
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  const float bound = 1.f / std::sqrt(20.f);
+  for (size_t i = 0; i < 20 * 16 + 16; ++i) EXPECT_LE(std::fabs(a[i]), bound);
+}
+
+TEST(Mlp, GradientMatchesFiniteDifferences) {
+  Fixture f;
+  Device& d = *f.device;
+  Mlp m({6, 5, 4, 3}, d);
+  const int batch = 4;
+  std::vector<float> p(m.parameter_count());
+  m.InitializeHost(3, p.data());
+  CounterRng rng(11);
+  std::vector<float> x(batch * 6);
+  for (auto& v : x) v = 2.f * rng.Uniform() - 1.f;
+  std::vector<int32_t> y = {0, 2, 1, 2};
+  DeviceBuffer<float> pd, xd;
+  Upload(d, pd, p);
+  Upload(d, xd, x);
+  auto yd = DeviceBuffer<int32_t>::Create(d, y.size()).value();
+  d.CopyFromHost(yd.data(), y.data(), y.size() * sizeof(int32_t));
+  auto gd = DeviceBuffer<float>::Create(d, p.size()).value();
+  ASSERT_TRUE(m.ForwardBackward(pd.data(), xd.data(), yd.data(), batch, gd.data()).ok());
+  std::vector<float> g(p.size());
+  d.CopyToHost(g.data(), gd.data(), g.size() * sizeof(float));
+
+  auto loss_at = [&](const std::vector<float>& params) {
+    d.CopyFromHost(pd.data(), params.data(), params.size() * sizeof(float));
+    auto s = m.Evaluate(pd.data(), xd.data(), yd.data(), batch);
+    return s->loss_sum / batch;
+  };
+  const float eps = 1e-2f;
+  int checked = 0;
+  for (size_t i = 0; i < p.size(); i += 3) {
+    std::vector<float> plus = p, minus = p;
+    plus[i] += eps;
+    minus[i] -= eps;
+    const double numeric = (loss_at(plus) - loss_at(minus)) / (2 * eps);
+    EXPECT_NEAR(g[i], numeric, 2e-3 + 2e-2 * std::fabs(numeric)) << "parameter " << i;
+    ++checked;
+  }
+  EXPECT_GT(checked, 20);
+}
+
+TEST(Mlp, ForwardBackwardIsBitwiseRepeatable) {
+  Fixture f;
+  Device& d = *f.device;
+  Mlp m({784, 64, 10}, d);
+  std::vector<float> p(m.parameter_count());
+  m.InitializeHost(1, p.data());
+  CounterRng rng(5);
+  std::vector<float> x(32 * 784);
+  for (auto& v : x) v = rng.Uniform();
+  std::vector<int32_t> y(32);
+  for (auto& v : y) v = static_cast<int32_t>(rng.Below(10));
+  DeviceBuffer<float> pd, xd;
+  Upload(d, pd, p);
+  Upload(d, xd, x);
+  auto yd = DeviceBuffer<int32_t>::Create(d, y.size()).value();
+  d.CopyFromHost(yd.data(), y.data(), y.size() * sizeof(int32_t));
+  auto g1 = DeviceBuffer<float>::Create(d, p.size()).value();
+  auto g2 = DeviceBuffer<float>::Create(d, p.size()).value();
+  auto s1 = m.ForwardBackward(pd.data(), xd.data(), yd.data(), 32, g1.data());
+  // A different batch in between must not leak into the next result.
+  ASSERT_TRUE(m.ForwardBackward(pd.data(), xd.data(), yd.data(), 7, g2.data()).ok());
+  auto s2 = m.ForwardBackward(pd.data(), xd.data(), yd.data(), 32, g2.data());
+  ASSERT_TRUE(s1.ok() && s2.ok());
+  EXPECT_EQ(s1->loss_sum, s2->loss_sum);
+  EXPECT_EQ(s1->samples, 32);
+  EXPECT_EQ(std::memcmp(g1.data(), g2.data(), g1.bytes()), 0);
+}
+
+}  // namespace
+}  // namespace vf

@@ -1,0 +1,84 @@
+// Gradient reduction across virtual nodes and ranks (invariants 3-5).
+//
+// Every step runs two collectives: a small int64 MAX "header" (each bucket's largest gradient
+// magnitude, NaN and overflow flags, and caller-supplied fields such as the newest membership
+// epoch a rank has seen, so agreeing on membership costs no extra round trip), then the SUM of
+// the gradients themselves.
+//
+// Exact mode keeps one power-of-two scale 2^e per bucket. A virtual node's gradient is rounded
+// to int64 at that scale the moment it is computed and summed as integers, locally and then
+// across ranks; integer addition is associative, so the result is bit-for-bit the same for any
+// mapping of virtual nodes to ranks. The scale of step s is chosen from the all-reduced MAX of
+// step s-1 (the bucket's largest magnitude lands near 2^44, leaving 64x headroom below the 2^50
+// per-value limit), which keeps memory flat in the number of virtual nodes: no per-node gradient
+// is stored. When a value would exceed the limit (a gradient grew more than 64x in one step) or
+// no scale is known yet (the first step), every rank learns it from the header, takes the scale
+// from this step's MAX and recomputes the step; the recomputation is deterministic, so the
+// result still depends only on (state, data). Sums of up to kMaxVirtualNodes values stay below
+// 2^62.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "runtime/comm/communicator.h"
+#include "runtime/device.h"
+#include "runtime/job/spec.h"
+#include "runtime/status.h"
+
+namespace vf {
+
+// A contiguous range of the flat gradient that shares one fixed-point scale.
+struct GradientBucket {
+  size_t offset = 0;
+  size_t size = 0;
+};
+
+// Splits [0, total) into buckets at the given tensor boundaries, cutting tensors larger than
+// `max_bucket` elements.
+std::vector<GradientBucket> MakeBuckets(std::span<const size_t> tensor_sizes, size_t max_bucket);
+
+// Scale exponent meaning "not chosen yet".
+inline constexpr int32_t kUnsetExponent = INT32_MIN;
+// Largest |value * 2^e| one virtual node may contribute (the magic-number rounding is exact
+// below 2^51).
+inline constexpr int64_t kFixedPointLimit = int64_t{1} << 50;
+// Exponent that places a bucket whose largest magnitude is `max_abs` just below 2^44.
+int32_t ExponentFor(float max_abs);
+
+// Outcome of one reduction.
+struct ReduceResult {
+  bool redo = false;  // exact mode chose a new scale: recompute the step's gradients
+  LossStats totals;   // summed over all virtual nodes of all ranks
+  std::vector<int64_t> header_extra;  // the caller's header fields, MAX over ranks
+};
+
+// Accumulates the gradients of a rank's virtual nodes and combines them across ranks.
+// Not thread-safe.
+class Reducer {
+ public:
+  virtual ~Reducer() = default;
+  // Starts a step (or a redo of it): clears the local accumulators.
+  virtual void Begin() = 0;
+  // Adds one virtual node's gradient (device memory, parameter_count floats) and its loss.
+  virtual Status Add(const float* grad, const LossStats& stats) = 0;
+  // Runs the collectives and writes the mean gradient (1/V) * sum into `mean_grad` (device
+  // memory). `header_extra` is MAX-reduced along with the header. A NaN or Inf anywhere is a
+  // kNumerical error on every rank; a failed collective is returned as is.
+  virtual Result<ReduceResult> Finish(Communicator& comm, std::span<const int64_t> header_extra,
+                                      float* mean_grad) = 0;
+
+  // Exact mode's per-bucket exponents (empty for fast mode): part of the training state.
+  virtual std::vector<int32_t> exponents() const = 0;
+  virtual Status set_exponents(std::span<const int32_t> exponents) = 0;
+};
+
+// `virtual_nodes` is the job's V (the divisor of the mean), not the local count.
+Result<std::unique_ptr<Reducer>> CreateReducer(Reduction mode, Device& device,
+                                               std::vector<GradientBucket> buckets,
+                                               int virtual_nodes);
+
+}  // namespace vf
