@@ -1,0 +1,136 @@
+"""Bad input gets one clear error line and a non-zero exit, never a crash or a hang."""
+
+import gzip
+import os
+import shutil
+import signal
+import subprocess
+import time
+import unittest
+
+from harness import DATASET_DIR, VF, VfTestCase, vf
+
+
+class BadInputTest(VfTestCase):
+    def dataset_copy(self):
+        d = os.path.join(self.tmp, "fmnist")
+        shutil.copytree(DATASET_DIR, d)
+        return d
+
+    def test_missing_job_file(self):
+        self.assertOneLineError(vf("run", os.path.join(self.tmp, "nope.yaml")), "nope.yaml")
+
+    def test_malformed_yaml(self):
+        path = os.path.join(self.tmp, "bad.yaml")
+        with open(path, "w") as f:
+            f.write("apiVersion: virtualflow.io/v1alpha1\nkind: VirtualFlowJob\nspec: [1, 2\n")
+        self.assertOneLineError(vf("run", path), "bad.yaml", "line")
+
+    def test_batch_not_divisible_by_virtual_nodes(self):
+        self.assertOneLineError(vf("run", self.job(globalBatchSize="250")),
+                                "spec.globalBatchSize", "divisible", "spec.virtualNodes")
+
+    def test_more_workers_than_virtual_nodes(self):
+        self.assertOneLineError(vf("run", self.job(), "--workers", "9"), "--workers 9",
+                                "virtualNodes")
+
+    def test_unknown_model(self):
+        self.assertOneLineError(vf("run", self.job(model="{name: resnet50}")), "spec.model.name",
+                                "resnet50")
+
+    def test_unknown_optimizer(self):
+        self.assertOneLineError(vf("run", self.job(optimizer="{name: lamb, learningRate: 0.1}")),
+                                "spec.optimizer.name", "lamb")
+
+    def test_missing_dataset(self):
+        run = vf("run", self.job(dataset="{name: fashion-mnist, path: %s/none}" % self.tmp))
+        self.assertOneLineError(run, "not found", "dataset-fashion-mnist")
+
+    def test_truncated_dataset_file(self):
+        d = self.dataset_copy()
+        path = os.path.join(d, "train-labels-idx1-ubyte.gz")
+        with gzip.open(path, "rb") as f:
+            raw = f.read()
+        with gzip.open(path, "wb") as f:
+            f.write(raw[:len(raw) // 2])
+        run = vf("run", self.job(dataset="{name: fashion-mnist, path: %s}" % d))
+        self.assertOneLineError(run, "train-labels-idx1-ubyte", "truncated")
+
+    def test_corrupt_gzip_dataset_file(self):
+        d = self.dataset_copy()
+        path = os.path.join(d, "t10k-images-idx3-ubyte.gz")
+        with open(path, "r+b") as f:
+            f.seek(4000)
+            f.write(b"\xff" * 64)
+        run = vf("run", self.job(dataset="{name: fashion-mnist, path: %s}" % d))
+        self.assertOneLineError(run, "t10k-images-idx3-ubyte")
+
+    def test_wrong_idx_magic(self):
+        d = self.dataset_copy()
+        # Swap images and labels: both are valid gzip, but the magic numbers are wrong.
+        os.replace(os.path.join(d, "train-labels-idx1-ubyte.gz"),
+                   os.path.join(d, "tmp.gz"))
+        shutil.copy(os.path.join(d, "train-images-idx3-ubyte.gz"),
+                    os.path.join(d, "train-labels-idx1-ubyte.gz"))
+        run = vf("run", self.job(dataset="{name: fashion-mnist, path: %s}" % d))
+        self.assertOneLineError(run, "train-labels-idx1-ubyte", "magic")
+
+    def make_checkpoint(self):
+        ckpt = os.path.join(self.tmp, "state.ckpt")
+        job = self.job(checkpoint="{path: %s, everySteps: 5}" % ckpt, steps="10")
+        self.assertSucceeded(vf("run", job, "--workers", "2", "--progress-interval", "0"))
+        self.assertTrue(os.path.exists(ckpt))
+        return job, ckpt
+
+    def test_truncated_checkpoint(self):
+        job, ckpt = self.make_checkpoint()
+        size = os.path.getsize(ckpt)
+        with open(ckpt, "r+b") as f:
+            f.truncate(size - 1000)
+        self.assertOneLineError(vf("run", job), "state.ckpt", "truncated")
+
+    def test_tampered_checkpoint(self):
+        job, ckpt = self.make_checkpoint()
+        with open(ckpt, "r+b") as f:
+            f.seek(os.path.getsize(ckpt) // 2)
+            byte = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte[0] ^ 0x01]))
+        self.assertOneLineError(vf("run", job), "state.ckpt", "checksum")
+
+    def test_checkpoint_of_another_job(self):
+        job, ckpt = self.make_checkpoint()
+        other = self.job("other.yaml", seed="43", checkpoint="{path: %s}" % ckpt)
+        self.assertOneLineError(vf("run", other), "state.ckpt", "different job")
+
+    def test_nan_gradients_from_an_absurd_learning_rate(self):
+        job = self.job(optimizer="{name: sgd, learningRate: 1.0e+30, momentum: 0.0}")
+        run = vf("run", job, "--workers", "2", "--steps", "20")
+        self.assertOneLineError(run, "step ", "NaN", "learning rate")
+
+    def test_killed_worker_fails_the_run_promptly(self):
+        # Static membership cannot survive a lost worker; it must say so, not hang.
+        job = self.job(steps="100000")
+        proc = subprocess.Popen([VF, "run", job, "--workers", "2", "--progress-interval", "0"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        victim = None
+        deadline = time.monotonic() + 60
+        while victim is None and time.monotonic() < deadline:
+            out = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "--", "--rank 1 "],
+                                 capture_output=True, text=True).stdout.split()
+            victim = int(out[0]) if out else None
+            time.sleep(0.2)
+        self.assertIsNotNone(victim, "worker 1 never started")
+        time.sleep(3)  # let it get into training
+        os.kill(victim, signal.SIGKILL)
+        try:
+            _, err = proc.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            self.fail("vf hung after a worker was killed")
+        self.assertNotEqual(proc.returncode, 0)
+        self.assertIn("worker 1 was killed by signal 9", err)
+
+
+if __name__ == "__main__":
+    unittest.main()
