@@ -52,7 +52,12 @@ DatasetSplits MakeSyntheticDataset(int64_t train_count, int64_t test_count, int 
 // Caches the current epoch's permutation; not thread-safe.
 class Sharder {
  public:
+  // Requires Check(dataset_size, global_batch, virtual_nodes).ok().
   Sharder(uint64_t seed, int64_t dataset_size, int64_t global_batch, int virtual_nodes);
+
+  // Whether a job with this batch and virtual-node count can run on a training set this size:
+  // InvalidArgument naming the problem if B > N, B % V != 0 or any of them is not positive.
+  static Status Check(int64_t dataset_size, int64_t global_batch, int virtual_nodes);
 
   int64_t steps_per_epoch() const { return steps_per_epoch_; }
   int64_t micro_batch() const { return micro_batch_; }
