@@ -16,12 +16,12 @@ namespace vf {
 // exponents and the job's fingerprint. Randomness is counter-based (seed, step, vnode), so the
 // seed is the whole RNG state. Value type; thread-compatible.
 struct TrainingState {
-  std::string job_fingerprint;          // JobSpec::Fingerprint() of the job that wrote it
-  uint64_t seed = 0;                    // RNG state (counter-based generators)
-  int64_t step = 0;                     // global steps completed == data cursor
-  int64_t data_epoch = 0;               // epoch of the data order at `step` (derived, checked)
-  int64_t membership_epoch = 0;         // last membership epoch this state trained under
-  int64_t optimizer_steps = 0;          // updates applied (AdamW bias correction)
+  std::string job_fingerprint;             // JobSpec::Fingerprint() of the job that wrote it
+  uint64_t seed = 0;                       // RNG state (counter-based generators)
+  int64_t step = 0;                        // global steps completed == data cursor
+  int64_t data_epoch = 0;                  // epoch of the data order at `step` (derived, checked)
+  int64_t membership_epoch = 0;            // last membership epoch this state trained under
+  int64_t optimizer_steps = 0;             // updates applied (AdamW bias correction)
   std::vector<int32_t> reducer_exponents;  // exact reducer: one per bucket
   std::vector<float> parameters;
   std::vector<std::vector<float>> optimizer_slots;  // momentum, or Adam m and v
