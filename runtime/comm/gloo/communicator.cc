@@ -1,0 +1,299 @@
+#include "runtime/comm/gloo/communicator.h"
+
+#include <netdb.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/common/logging.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/attr.h>
+#include <gloo/transport/tcp/device.h>
+
+namespace vf {
+namespace {
+
+// Carries a vf::Status through Gloo, which only understands exceptions, back to our boundary
+// with its code intact. An IoException because that is what Gloo's own stores throw.
+class StoreException : public gloo::IoException {
+ public:
+  explicit StoreException(Status status)
+      : gloo::IoException(status.message()), status_(std::move(status)) {}
+  const Status& status() const { return status_; }
+
+ private:
+  Status status_;
+};
+
+void ThrowIfError(Status status) {
+  if (!status.ok()) throw StoreException(std::move(status));
+}
+
+// Presents a vf::Store as Gloo's rendezvous store. Gloo calls get() without a timeout and
+// expects it to block until the key exists, so every call is bounded by the communicator's
+// timeout instead. Thread-safe if the underlying store is.
+class GlooStoreAdapter final : public gloo::rendezvous::Store {
+ public:
+  GlooStoreAdapter(vf::Store& store, std::chrono::milliseconds timeout)
+      : store_(store), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    ThrowIfError(store_.Set(key, std::string_view(data.data(), data.size())));
+  }
+
+  std::vector<char> get(const std::string& key) override {
+    Result<std::string> value = store_.Get(key, timeout_);
+    if (!value.ok()) throw StoreException(value.status());
+    return std::vector<char>(value->begin(), value->end());
+  }
+
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    ThrowIfError(store_.Wait(keys, timeout));
+  }
+
+ private:
+  vf::Store& store_;
+  const std::chrono::milliseconds timeout_;
+};
+
+// Gloo reports every timeout (its own and one that closed the pairs under another operation) as
+// an IoException whose text says so; there is no separate exception type in this Gloo version.
+bool MentionsTimeout(std::string_view what) {
+  return what.find("Timed out") != std::string_view::npos ||
+         what.find("timeout") != std::string_view::npos;
+}
+
+// Converts the exception being handled. Must be called from inside a catch block.
+Status FromCurrentException() {
+  try {
+    throw;
+  } catch (const StoreException& e) {
+    return e.status();
+  } catch (const gloo::IoException& e) {
+    return MentionsTimeout(e.what()) ? DeadlineExceeded(e.what()) : Unavailable(e.what());
+  } catch (const gloo::EnforceNotMet& e) {
+    return Internal(e.what());
+  } catch (const std::exception& e) {
+    return Internal(e.what());
+  } catch (...) {
+    return Internal("unknown exception from gloo");
+  }
+}
+
+// Gloo writes to sockets with writev(2), which raises SIGPIPE when the peer has gone away; the
+// default action would kill the whole process instead of letting the collective fail. A handler
+// the application installed itself is left alone.
+void IgnoreSigpipe() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current {};
+    if (sigaction(SIGPIPE, nullptr, &current) != 0) return;
+    if ((current.sa_flags & SA_SIGINFO) == 0 && current.sa_handler == SIG_DFL) {
+      struct sigaction ignore {};
+      ignore.sa_handler = SIG_IGN;
+      sigemptyset(&ignore.sa_mask);
+      sigaction(SIGPIPE, &ignore, nullptr);
+    }
+  });
+}
+
+// Gloo's device setup resolves and binds the hostname itself, but it checks getaddrinfo(3) only
+// for -1 (an unresolvable name makes it read an uninitialized list) and leaks the list when no
+// address can be bound. Doing the same lookup and bind here first turns both into an error.
+Status CheckCanListenOn(const std::string& hostname) {
+  struct addrinfo hints {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  struct addrinfo* result = nullptr;
+  const int rv = getaddrinfo(hostname.c_str(), nullptr, &hints, &result);
+  if (rv != 0) {
+    return InvalidArgument("cannot resolve hostname '" + hostname + "': " + gai_strerror(rv));
+  }
+  int bind_errno = 0;
+  bool bound = false;
+  for (const struct addrinfo* ai = result; ai != nullptr && !bound; ai = ai->ai_next) {
+    const int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) {
+      bind_errno = errno;
+      continue;
+    }
+    bound = bind(fd, ai->ai_addr, ai->ai_addrlen) == 0;
+    if (!bound) bind_errno = errno;
+    close(fd);
+  }
+  freeaddrinfo(result);
+  if (!bound) {
+    return InvalidArgument("cannot listen on '" + hostname +
+                           "' (is it an address of this machine?): " + std::strerror(bind_errno));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Communicator>> GlooCommunicator::Create(Store& store, int rank, int size,
+                                                               const CommOptions& options) {
+  if (size < 1) {
+    return InvalidArgument("gloo world size must be at least 1, got " + std::to_string(size));
+  }
+  if (rank < 0 || rank >= size) {
+    return InvalidArgument("gloo rank " + std::to_string(rank) + " is outside a world of size " +
+                           std::to_string(size));
+  }
+  // Zero means "no timeout" to Gloo, which would turn a dead peer into a hang.
+  if (options.timeout <= std::chrono::milliseconds::zero()) {
+    return InvalidArgument("gloo timeout must be positive, got " +
+                           std::to_string(options.timeout.count()) + "ms");
+  }
+  if (options.hostname.empty()) return InvalidArgument("gloo hostname is empty");
+
+  const std::string where =
+      "gloo rendezvous (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")";
+  VF_RETURN_IF_ERROR(CheckCanListenOn(options.hostname).WithContext(where));
+  IgnoreSigpipe();
+
+  std::shared_ptr<gloo::transport::Device> device;
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = options.hostname;
+    device = gloo::transport::tcp::CreateDevice(attr);
+  } catch (...) {
+    return FromCurrentException()
+        .WithContext("gloo device on '" + options.hostname + "'")
+        .WithContext(where);
+  }
+
+  try {
+    auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    context->setTimeout(options.timeout);
+    GlooStoreAdapter adapter(store, options.timeout);
+    context->connectFullMesh(adapter, device);
+    return std::unique_ptr<Communicator>(new GlooCommunicator(std::move(context), rank, size));
+  } catch (...) {
+    return FromCurrentException().WithContext(where);
+  }
+}
+
+GlooCommunicator::GlooCommunicator(std::shared_ptr<gloo::Context> context, int rank, int size)
+    : context_(std::move(context)), rank_(rank), size_(size) {}
+
+// Destroying the context closes the sockets, which is how peers learn that this rank left. It
+// neither blocks on peers nor throws when they are already gone.
+GlooCommunicator::~GlooCommunicator() = default;
+
+std::string GlooCommunicator::Describe(std::string_view op) const {
+  return "gloo " + std::string(op) + " (rank " + std::to_string(rank_) + " of " +
+         std::to_string(size_) + ")";
+}
+
+Status GlooCommunicator::CheckUsable(std::string_view op) const {
+  if (broken_.ok()) return Status::Ok();
+  return FailedPrecondition(
+             "communicator is broken after an earlier failure; rebuild it (first failure: " +
+             broken_.message() + ")")
+      .WithContext(Describe(op));
+}
+
+template <typename Fn>
+Status GlooCommunicator::Run(std::string_view op, Fn&& run) {
+  try {
+    run(next_tag_++);
+    return Status::Ok();
+  } catch (...) {
+    broken_ = FromCurrentException().WithContext(Describe(op));
+  }
+  // Peers still blocked in this collective would otherwise wait out their whole timeout; closed
+  // connections make them fail now, and this communicator is unusable anyway.
+  try {
+    context_->closeConnections();
+  } catch (...) {
+    // Already failing; the first error is the one worth reporting.
+  }
+  return broken_;
+}
+
+template <typename T>
+Status GlooCommunicator::AllReduceImpl(T* data, size_t count, ReduceOp op) {
+  VF_RETURN_IF_ERROR(CheckUsable("allreduce"));
+  using ReduceFn = void (*)(void*, const void*, const void*, size_t);
+  ReduceFn reduce = nullptr;
+  switch (op) {
+    case ReduceOp::kSum:
+      reduce = static_cast<ReduceFn>(&gloo::sum<T>);
+      break;
+    case ReduceOp::kMax:
+      reduce = static_cast<ReduceFn>(&gloo::max<T>);
+      break;
+  }
+  if (reduce == nullptr) {
+    return InvalidArgument("unknown reduce op " + std::to_string(static_cast<int>(op)))
+        .WithContext(Describe("allreduce"));
+  }
+  // Every rank passes the same count, so all of them skip together.
+  if (count == 0) return Status::Ok();
+  return Run("allreduce", [&](uint32_t tag) {
+    gloo::AllreduceOptions opts(context_);
+    opts.setOutput(data, count);
+    opts.setReduceFunction(reduce);
+    opts.setTag(tag);
+    gloo::allreduce(opts);
+  });
+}
+
+Status GlooCommunicator::AllReduce(int64_t* data, size_t count, ReduceOp op) {
+  return AllReduceImpl(data, count, op);
+}
+
+Status GlooCommunicator::AllReduce(float* data, size_t count, ReduceOp op) {
+  return AllReduceImpl(data, count, op);
+}
+
+Status GlooCommunicator::Broadcast(void* data, size_t bytes, int root) {
+  VF_RETURN_IF_ERROR(CheckUsable("broadcast"));
+  if (root < 0 || root >= size_) {
+    return InvalidArgument("broadcast root " + std::to_string(root) +
+                           " is outside a world of size " + std::to_string(size_))
+        .WithContext(Describe("broadcast"));
+  }
+  if (bytes == 0) return Status::Ok();
+  return Run("broadcast", [&](uint32_t tag) {
+    gloo::BroadcastOptions opts(context_);
+    opts.setOutput(static_cast<uint8_t*>(data), bytes);
+    opts.setRoot(root);
+    opts.setTag(tag);
+    gloo::broadcast(opts);
+  });
+}
+
+Status GlooCommunicator::Barrier() {
+  VF_RETURN_IF_ERROR(CheckUsable("barrier"));
+  return Run("barrier", [&](uint32_t tag) {
+    gloo::BarrierOptions opts(context_);
+    opts.setTag(tag);
+    gloo::barrier(opts);
+  });
+}
+
+Result<std::unique_ptr<Communicator>> CreateGlooCommunicator(Store& store, int rank, int size,
+                                                             const CommOptions& options) {
+  return GlooCommunicator::Create(store, rank, size, options);
+}
+
+}  // namespace vf
