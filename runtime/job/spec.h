@@ -11,26 +11,26 @@
 namespace vf {
 
 struct ModelSpec {
-  std::string name = "mlp";                  // known: mlp
+  std::string name = "mlp";  // known: mlp
   std::vector<int> hidden_sizes = {512, 256};
 };
 
 struct DatasetSpec {
-  std::string name = "fashion-mnist";        // known: fashion-mnist, synthetic
+  std::string name = "fashion-mnist";                      // known: fashion-mnist, synthetic
   std::string path = "/usr/share/datasets/fashion-mnist";  // fashion-mnist only
-  int64_t train_samples = 8192;              // synthetic only
-  int64_t test_samples = 1024;               // synthetic only
+  int64_t train_samples = 8192;                            // synthetic only
+  int64_t test_samples = 1024;                             // synthetic only
 };
 
 struct OptimizerSpec {
-  std::string name = "sgd";                  // known: sgd, adamw
+  std::string name = "sgd";  // known: sgd, adamw
   double learning_rate = 0.05;
-  double momentum = 0.9;                     // sgd
-  bool nesterov = false;                     // sgd
+  double momentum = 0.9;  // sgd
+  bool nesterov = false;  // sgd
   double weight_decay = 0.0;
-  double beta1 = 0.9;                        // adamw
-  double beta2 = 0.999;                      // adamw
-  double epsilon = 1e-8;                     // adamw
+  double beta1 = 0.9;     // adamw
+  double beta2 = 0.999;   // adamw
+  double epsilon = 1e-8;  // adamw
 };
 
 enum class Reduction { kExact, kFast };
@@ -41,8 +41,8 @@ struct ElasticitySpec {
 };
 
 struct CheckpointSpec {
-  std::string path;                          // empty: no checkpoints
-  int64_t every_steps = 0;                   // 0: only at the end
+  std::string path;         // empty: no checkpoints
+  int64_t every_steps = 0;  // 0: only at the end
 };
 
 // A validated job. Value type; thread-compatible.
@@ -57,7 +57,7 @@ struct JobSpec {
   ModelSpec model;
   DatasetSpec dataset;
   OptimizerSpec optimizer;
-  int64_t steps = 0;   // exactly one of steps and epochs is set (> 0)
+  int64_t steps = 0;  // exactly one of steps and epochs is set (> 0)
   int64_t epochs = 0;
   Reduction reduction = Reduction::kExact;
   uint64_t seed = 0;
