@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Runs every CPU benchmark of the runtime and prints the tables recorded in docs/benchmarks.md.
+# Builds first. Run it on an otherwise idle machine.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+"$root/scripts/setup.sh"
+"$root/scripts/build.sh" vf-bench >/dev/null
+bin="${VF_BUILD_DIR:-$root/build}/bin/vf-bench"
+"$bin" vnode-overhead
+echo
+"$bin" reduction
+echo
+"$bin" memory
