@@ -76,9 +76,10 @@ double TimePerStep(const JobSpec& job, const Dataset& train, int steps, int repe
 }
 
 int VnodeOverhead(const Dataset& train, int steps, int repeats) {
-  std::printf("virtual-node overhead: one worker, exact reduction, V=8 vs V=1 at equal global "
-              "batch (median of %d x %d steps)\n",
-              repeats, steps);
+  std::printf(
+      "virtual-node overhead: one worker, exact reduction, V=8 vs V=1 at equal global "
+      "batch (median of %d x %d steps)\n",
+      repeats, steps);
   std::printf("%12s %12s %14s %14s %8s\n", "global batch", "micro (V=8)", "V=1 ms/step",
               "V=8 ms/step", "ratio");
   for (int64_t b : {256, 1024, 2048}) {
@@ -159,8 +160,8 @@ int RunReductionBench(const Dataset& train, int ranks, int repeats, int steps) {
     const double fast = ReduceTime(Reduction::kFast, n, ranks, reps);
     const double exact = ReduceTime(Reduction::kExact, n, ranks, reps);
     std::printf("%-34s %12.2f %12.2f %8.3f\n",
-                ("all-reduce of " + std::to_string(n) + " values").c_str(), 1e3 * fast,
-                1e3 * exact, exact / fast);
+                ("all-reduce of " + std::to_string(n) + " values").c_str(), 1e3 * fast, 1e3 * exact,
+                exact / fast);
   }
   const double fast = StepTime(Reduction::kFast, train, ranks, steps);
   const double exact = StepTime(Reduction::kExact, train, ranks, steps);
@@ -255,7 +256,7 @@ int main(int argc, char** argv) {
   }
   if (cmd == "reduction") {
     return RunReductionBench(train, static_cast<int>(ranks), static_cast<int>(repeats),
-                      static_cast<int>(steps));
+                             static_cast<int>(steps));
   }
   if (cmd == "memory") return Memory(argv[0]);
   if (cmd == "memory-child") {
