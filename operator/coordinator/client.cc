@@ -1,0 +1,276 @@
+#include "operator/coordinator/client.h"
+
+#include <algorithm>
+#include <cmath>
+#include <exception>
+#include <system_error>
+#include <thread>
+#include <utility>
+
+#include <cpprest/http_client.h>
+#include <cpprest/uri.h>
+#include <nlohmann/json.hpp>
+
+#include "operator/coordinator/wire.h"
+
+namespace vf {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+using std::chrono::milliseconds;
+namespace wire = coordinator_wire;
+
+// The longest a server holds a poll (server.h); longer waits are split into several polls.
+constexpr milliseconds kMaxPlanPoll(60000);
+constexpr milliseconds kMaxStorePoll(120000);
+constexpr milliseconds kFirstBackoff(50);
+constexpr milliseconds kMaxBackoff(2000);
+
+Clock::time_point DeadlineAfter(milliseconds timeout) {
+  const auto now = Clock::now();
+  if (timeout <= milliseconds::zero()) return now;
+  if (timeout >= std::chrono::duration_cast<milliseconds>(Clock::time_point::max() - now)) {
+    return Clock::time_point::max();
+  }
+  return now + timeout;
+}
+
+milliseconds Until(Clock::time_point deadline) {
+  const auto now = Clock::now();
+  if (deadline <= now) return milliseconds::zero();
+  if (deadline == Clock::time_point::max()) return milliseconds::max();
+  return std::chrono::ceil<milliseconds>(deadline - now);
+}
+
+std::string Encode(const std::string& text) { return web::uri::encode_data_string(text); }
+
+// JSON has no NaN or infinity.
+json Number(double value) { return std::isfinite(value) ? json(value) : json(nullptr); }
+
+// The server's {"error": ...}, or what the body says otherwise.
+std::string ErrorMessage(const std::string& body) {
+  Result<json> parsed = wire::ParseObject(body);
+  if (parsed.ok()) {
+    auto it = parsed->find("error");
+    if (it != parsed->end() && it->is_string()) return it->get<std::string>();
+  }
+  if (body.empty()) return "no error message";
+  return body.substr(0, 200);
+}
+
+Status HttpError(int code, const std::string& body) {
+  const std::string message = ErrorMessage(body) + " (HTTP " + std::to_string(code) + ")";
+  switch (code) {
+    case 400:
+    case 413:
+      return InvalidArgument(message);
+    case 401:
+      return FailedPrecondition("coordinator refused the token (401)");
+    case 404:
+      return NotFound(message);
+    case 408:
+      return DeadlineExceeded(message);
+    case 409:
+      return FailedPrecondition(message);
+    case 503:
+      return Unavailable(message);
+    default:
+      return Internal(message);
+  }
+}
+
+}  // namespace
+
+CoordinatorClient::CoordinatorClient(std::string base_url, std::string job, std::string token,
+                                     std::string worker, milliseconds request_timeout)
+    : base_url_(std::move(base_url)),
+      job_(std::move(job)),
+      token_(std::move(token)),
+      worker_(std::move(worker)),
+      request_timeout_(request_timeout) {}
+
+std::string CoordinatorClient::Path(const std::string& action) const {
+  const size_t slash = job_.find('/');
+  const std::string ns = job_.substr(0, slash);
+  const std::string name = slash == std::string::npos ? "" : job_.substr(slash + 1);
+  return "/v1/jobs/" + Encode(ns) + "/" + Encode(name) + "/" + action;
+}
+
+Result<CoordinatorClient::Response> CoordinatorClient::Call(
+    const std::string& method, const std::string& path, const std::string* body,
+    const std::string& content_type, Clock::time_point deadline, milliseconds slack) const {
+  const std::string what = "coordinator " + method + " " + base_url_ + path;
+  milliseconds backoff = kFirstBackoff;
+  while (true) {
+    std::string failure;
+    try {
+      const milliseconds left = Until(deadline);
+      const milliseconds attempt = std::max(
+          left > milliseconds::max() - slack ? milliseconds::max() : left + slack, milliseconds(1));
+      web::http::client::http_client_config config;
+      // Bounded so that a "wait forever" deadline does not overflow cpprest's microseconds.
+      config.set_timeout(std::min(attempt, milliseconds(std::chrono::hours(24 * 365))));
+      web::http::client::http_client client(base_url_, config);
+      web::http::http_request request(method);
+      request.set_request_uri(web::uri(path));
+      request.headers().add(web::http::header_names::authorization, "Bearer " + token_);
+      if (body != nullptr) {
+        // Bytes, not cpprest's std::string overload, which reads a char stream as unsigned char.
+        request.headers().set_content_type(content_type);
+        request.set_body(std::vector<unsigned char>(body->begin(), body->end()));
+      }
+      web::http::http_response response = client.request(request).get();
+      const std::vector<unsigned char> bytes = response.extract_vector().get();
+      Response result{response.status_code(), std::string(bytes.begin(), bytes.end())};
+      // A server that is shutting down (an operator restart) is as good as unreachable.
+      if (result.status != 503) return result;
+      failure = ErrorMessage(result.body) + " (HTTP 503)";
+    } catch (const web::http::http_exception& e) {
+      failure = e.error_code() == std::errc::timed_out ? "no answer within the request timeout"
+                                                       : std::string(e.what());
+    } catch (const web::uri_exception& e) {
+      return InvalidArgument(what + ": bad coordinator url: " + e.what());
+    } catch (const std::invalid_argument& e) {
+      return InvalidArgument(what + ": bad coordinator url: " + e.what());
+    } catch (const std::exception& e) {
+      return Internal(what + ": " + e.what());
+    } catch (...) {
+      return Internal(what + ": unknown exception");
+    }
+    const milliseconds left = Until(deadline);
+    if (left <= milliseconds::zero()) return Unavailable(what + ": " + failure);
+    std::this_thread::sleep_for(std::min(backoff, left));
+    backoff = std::min(backoff * 2, kMaxBackoff);
+  }
+}
+
+Status CoordinatorClient::Post(const std::string& action, const std::string& json_body) const {
+  const std::string path = Path(action);
+  VF_ASSIGN_OR_RETURN(const Response response,
+                      Call("POST", path, &json_body, "application/json",
+                           DeadlineAfter(request_timeout_), milliseconds::zero()));
+  if (response.status / 100 == 2) return Status::Ok();
+  return HttpError(response.status, response.body)
+      .WithContext("coordinator POST " + base_url_ + path);
+}
+
+Status CoordinatorClient::Register(const std::string& fingerprint, const std::string& build,
+                                   bool ready) {
+  return Post(
+      "register",
+      wire::Dump(json{
+          {"worker", worker_}, {"fingerprint", fingerprint}, {"build", build}, {"ready", ready}}));
+}
+
+Result<Plan> CoordinatorClient::WaitForPlan(int64_t after, milliseconds timeout) {
+  const Clock::time_point deadline = DeadlineAfter(timeout);
+  while (true) {
+    const milliseconds poll = std::min(Until(deadline), kMaxPlanPoll);
+    const std::string path = Path("plan") + "?after=" + std::to_string(after) +
+                             "&timeout_ms=" + std::to_string(poll.count());
+    const std::string context = "coordinator GET " + base_url_ + path;
+    VF_ASSIGN_OR_RETURN(const Response response,
+                        Call("GET", path, nullptr, "", deadline, request_timeout_));
+    if (response.status == 200) {
+      Result<json> parsed = wire::ParseObject(response.body);
+      if (!parsed.ok()) return Internal(parsed.status().message()).WithContext(context);
+      Result<Plan> plan = wire::PlanFromJson(*parsed);
+      if (!plan.ok()) {
+        return Internal("malformed plan: " + plan.status().message()).WithContext(context);
+      }
+      if (plan->epoch > after) return plan;
+    } else if (response.status != 204) {
+      return HttpError(response.status, response.body).WithContext(context);
+    }
+    if (Until(deadline) <= milliseconds::zero()) return Plan{};
+  }
+}
+
+Status CoordinatorClient::Report(const vf::Report& report) {
+  return Post("report",
+              wire::Dump(json{{"worker", worker_},
+                              {"epoch", report.epoch},
+                              {"step", report.step},
+                              {"loss", Number(report.loss)},
+                              {"samplesPerSecond", Number(report.samples_per_second)},
+                              {"secondsPerVirtualNode", Number(report.seconds_per_virtual_node)},
+                              {"pauseSeconds", Number(report.pause_seconds)},
+                              {"hasState", report.has_state}}));
+}
+
+Status CoordinatorClient::Leave() { return Post("leave", wire::Dump(json{{"worker", worker_}})); }
+
+Status CoordinatorClient::Ack(int64_t epoch) {
+  return Post("ack", wire::Dump(json{{"worker", worker_}, {"epoch", epoch}}));
+}
+
+Status CoordinatorClient::ReportFailure(int64_t epoch, int64_t step, const std::string& message) {
+  return Post("failure",
+              wire::Dump(json{
+                  {"worker", worker_}, {"epoch", epoch}, {"step", step}, {"message", message}}));
+}
+
+Status CoordinatorClient::SetKey(const std::string& key, std::string_view value) {
+  // An empty key would address the store itself, a path the server does not have.
+  if (key.empty()) return InvalidArgument("store key is empty");
+  const std::string path = Path("store/" + Encode(key));
+  const std::string body(value);
+  VF_ASSIGN_OR_RETURN(const Response response,
+                      Call("PUT", path, &body, "application/octet-stream",
+                           DeadlineAfter(request_timeout_), milliseconds::zero()));
+  if (response.status / 100 == 2) return Status::Ok();
+  return HttpError(response.status, response.body)
+      .WithContext("coordinator PUT " + base_url_ + path);
+}
+
+Result<std::string> CoordinatorClient::GetKey(const std::string& key, milliseconds timeout) {
+  if (key.empty()) return InvalidArgument("store key is empty");
+  const Clock::time_point deadline = DeadlineAfter(timeout);
+  while (true) {
+    const milliseconds poll = std::min(Until(deadline), kMaxStorePoll);
+    const std::string path =
+        Path("store/" + Encode(key)) + "?timeout_ms=" + std::to_string(poll.count());
+    VF_ASSIGN_OR_RETURN(const Response response,
+                        Call("GET", path, nullptr, "", deadline, request_timeout_));
+    if (response.status == 200) return response.body;
+    if (response.status != 408 || Until(deadline) <= milliseconds::zero()) {
+      if (response.status == 408) {
+        return DeadlineExceeded("timed out after " + std::to_string(timeout.count()) +
+                                "ms waiting for store key '" + key + "' of job " + job_);
+      }
+      return HttpError(response.status, response.body)
+          .WithContext("coordinator GET " + base_url_ + path);
+    }
+  }
+}
+
+Status CoordinatorStore::Set(const std::string& key, std::string_view value) {
+  return client_.SetKey(key, value);
+}
+
+Result<std::string> CoordinatorStore::Get(const std::string& key, milliseconds timeout) {
+  return client_.GetKey(key, timeout);
+}
+
+Status CoordinatorStore::Wait(const std::vector<std::string>& keys, milliseconds timeout) {
+  const Clock::time_point deadline = DeadlineAfter(timeout);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    Result<std::string> value = client_.GetKey(keys[i], Until(deadline));
+    if (value.ok()) continue;
+    if (value.status().code() != StatusCode::kDeadlineExceeded) return value.status();
+    // Name every key still missing, not just the first, as the other stores do.
+    std::string missing = "'" + keys[i] + "'";
+    for (size_t j = i + 1; j < keys.size(); ++j) {
+      Result<std::string> later = client_.GetKey(keys[j], milliseconds::zero());
+      if (!later.ok() && later.status().code() == StatusCode::kDeadlineExceeded) {
+        missing += ", '" + keys[j] + "'";
+      }
+    }
+    return DeadlineExceeded("timed out after " + std::to_string(timeout.count()) +
+                            "ms waiting for store key(s) " + missing);
+  }
+  return Status::Ok();
+}
+
+}  // namespace vf

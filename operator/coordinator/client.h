@@ -1,0 +1,91 @@
+// The agent's side of the coordinator's HTTP API (server.h), and a rendezvous Store on top of
+// it so that the ranks of an epoch can build their communicator through the coordinator:
+//
+//   CoordinatorStore store(client);
+//   PrefixStore epoch_store(plan.store_prefix, store);
+//   CreateGlooCommunicator(epoch_store, rank, size, options);
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "operator/coordinator/coordinator.h"
+#include "runtime/comm/store.h"
+#include "runtime/status.h"
+
+namespace vf {
+
+// Talks to the coordinator on behalf of one worker of one job. Errors come back as Status, never
+// as exceptions: 400/413 kInvalidArgument, 401 kFailedPrecondition ("coordinator refused the
+// token (401)"), 404 kNotFound, 408 kDeadlineExceeded, 409 kFailedPrecondition with the server's
+// message, 503 and connection failures kUnavailable; the HTTP code is in the message. Connection
+// failures and 503s are retried with exponential backoff until the call's deadline. Thread-safe
+// (immutable; every call uses its own connection). Calls block the calling thread, so they must
+// not be made from cpprest's own thread pool (an http_listener handler or a task continuation):
+// that pool also completes the calls.
+class CoordinatorClient {
+ public:
+  // `base_url` is like "http://coordinator:8080"; `job` is "namespace/name". Each call that is
+  // not a long poll must finish within `request_timeout`, retries included.
+  CoordinatorClient(std::string base_url, std::string job, std::string token, std::string worker,
+                    std::chrono::milliseconds request_timeout = std::chrono::seconds(10));
+
+  const std::string& job() const { return job_; }
+  const std::string& worker() const { return worker_; }
+
+  // Registers the worker, or updates its readiness.
+  Status Register(const std::string& fingerprint, const std::string& build, bool ready);
+  // The first plan with an epoch greater than `after`, waiting up to `timeout` for it. Past the
+  // timeout the result is an empty Plan (epoch 0), i.e. "no newer plan"; waits longer than the
+  // server's cap are made of several polls.
+  Result<Plan> WaitForPlan(int64_t after, std::chrono::milliseconds timeout);
+  // Non-finite numbers are sent as null and read back as NaN.
+  Status Report(const vf::Report& report);
+  Status Leave();
+  Status Ack(int64_t epoch);
+  Status ReportFailure(int64_t epoch, int64_t step, const std::string& message);
+
+  Status SetKey(const std::string& key, std::string_view value);
+  // Waits up to `timeout` for `key` (kDeadlineExceeded naming it after that).
+  Result<std::string> GetKey(const std::string& key, std::chrono::milliseconds timeout);
+
+ private:
+  struct Response {
+    int status = 0;
+    std::string body;
+  };
+  // Sends one request, retrying connection failures until `deadline`; each attempt may take
+  // the time left until `deadline` plus `slack` (what a long poll's answer needs on top).
+  Result<Response> Call(const std::string& method, const std::string& path, const std::string* body,
+                        const std::string& content_type,
+                        std::chrono::steady_clock::time_point deadline,
+                        std::chrono::milliseconds slack) const;
+  // A plain request: one JSON body, 2xx or an error, within the request timeout.
+  Status Post(const std::string& action, const std::string& json_body) const;
+  std::string Path(const std::string& action) const;
+
+  std::string base_url_;
+  std::string job_;
+  std::string token_;
+  std::string worker_;
+  std::chrono::milliseconds request_timeout_;
+};
+
+// A vf::Store kept by the coordinator: Set is a PUT, Get a long poll (re-issued while the
+// timeout is longer than the server holds one), Wait a Get of each key. Thread-safe; the client
+// must outlive it.
+class CoordinatorStore : public Store {
+ public:
+  explicit CoordinatorStore(CoordinatorClient& client) : client_(client) {}
+  Status Set(const std::string& key, std::string_view value) override;
+  Result<std::string> Get(const std::string& key, std::chrono::milliseconds timeout) override;
+  Status Wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+
+ private:
+  CoordinatorClient& client_;
+};
+
+}  // namespace vf

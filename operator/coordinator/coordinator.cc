@@ -1,0 +1,579 @@
+#include "operator/coordinator/coordinator.h"
+
+#include <algorithm>
+#include <optional>
+#include <set>
+#include <utility>
+
+namespace vf {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kMaxNameBytes = 253;  // a Kubernetes object name
+constexpr size_t kMaxTokenBytes = 4096;
+constexpr size_t kMaxFailureMessageBytes = 4096;
+
+// now + timeout, saturated so that a huge timeout ("wait forever") cannot overflow the clock.
+Clock::time_point DeadlineAfter(std::chrono::milliseconds timeout) {
+  const auto now = Clock::now();
+  if (timeout <= std::chrono::milliseconds::zero()) return now;
+  if (timeout >=
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - now)) {
+    return Clock::time_point::max();
+  }
+  return now + timeout;
+}
+
+bool IsNameChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+         c == '.' || c == '_';
+}
+
+bool IsName(std::string_view s) {
+  return !s.empty() && s.size() <= kMaxNameBytes && std::all_of(s.begin(), s.end(), IsNameChar);
+}
+
+Status ValidateJobName(const std::string& job) {
+  const size_t slash = job.find('/');
+  if (slash == std::string::npos || !IsName(std::string_view(job).substr(0, slash)) ||
+      !IsName(std::string_view(job).substr(slash + 1))) {
+    return InvalidArgument("job name '" + job +
+                           "' must be 'namespace/name', each part 1-253 characters of "
+                           "[A-Za-z0-9._-]");
+  }
+  return Status::Ok();
+}
+
+Status ValidateWorkerName(const std::string& worker) {
+  if (!IsName(worker)) {
+    return InvalidArgument("worker name '" + worker +
+                           "' must be 1-253 characters of [A-Za-z0-9._-]");
+  }
+  return Status::Ok();
+}
+
+Status ValidateKey(const std::string& key) {
+  if (key.empty()) return InvalidArgument("store key is empty");
+  if (key.size() > Coordinator::kMaxKeyBytes) {
+    return InvalidArgument("store key is " + std::to_string(key.size()) + " bytes; the limit is " +
+                           std::to_string(Coordinator::kMaxKeyBytes));
+  }
+  return Status::Ok();
+}
+
+// Time depends only on the expected token's length, never on where the first difference is.
+bool ConstantTimeEquals(std::string_view expected, std::string_view given) {
+  unsigned diff = expected.size() == given.size() ? 0u : 1u;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const auto g = i < given.size() ? static_cast<unsigned char>(given[i]) : 0u;
+    diff |= static_cast<unsigned char>(expected[i]) ^ g;
+  }
+  return diff == 0;
+}
+
+Status OlderEpoch(int64_t epoch, int64_t current) {
+  return FailedPrecondition("epoch " + std::to_string(epoch) + " is older than the current epoch " +
+                            std::to_string(current));
+}
+
+Status FutureEpoch(int64_t epoch, int64_t current) {
+  return FailedPrecondition("epoch " + std::to_string(epoch) +
+                            " is from the future (the current epoch is " + std::to_string(current) +
+                            ")");
+}
+
+Status ValidateMembers(const std::vector<Member>& members) {
+  const int n = static_cast<int>(members.size());
+  std::vector<const Member*> by_rank(members.size(), nullptr);
+  std::set<std::string> names;
+  std::map<int, const Member*> owners;
+  for (const Member& m : members) {
+    VF_RETURN_IF_ERROR(ValidateWorkerName(m.worker).WithContext("invalid plan"));
+    if (!names.insert(m.worker).second) {
+      return InvalidArgument("invalid plan: worker " + m.worker + " appears twice");
+    }
+    if (m.rank < 0 || m.rank >= n) {
+      return InvalidArgument("invalid plan: worker " + m.worker + " has rank " +
+                             std::to_string(m.rank) + "; ranks must be 0.." +
+                             std::to_string(n - 1) + ", each once");
+    }
+    if (by_rank[m.rank] != nullptr) {
+      return InvalidArgument("invalid plan: rank " + std::to_string(m.rank) + " is given to both " +
+                             by_rank[m.rank]->worker + " and " + m.worker);
+    }
+    by_rank[m.rank] = &m;
+    if (m.virtual_nodes.empty()) {
+      return InvalidArgument("invalid plan: worker " + m.worker + " has no virtual nodes");
+    }
+    for (int v : m.virtual_nodes) {
+      if (v < 0) {
+        return InvalidArgument("invalid plan: worker " + m.worker + " has virtual node " +
+                               std::to_string(v) + "; virtual nodes are non-negative");
+      }
+      auto [it, inserted] = owners.emplace(v, &m);
+      if (!inserted) {
+        return InvalidArgument("invalid plan: virtual node " + std::to_string(v) +
+                               " is given to both " + it->second->worker + " and " + m.worker);
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+bool IsMember(const Plan& plan, const std::string& worker) {
+  return std::any_of(plan.members.begin(), plan.members.end(),
+                     [&](const Member& m) { return m.worker == worker; });
+}
+
+}  // namespace
+
+int64_t KeyEpoch(std::string_view key) {
+  static constexpr std::string_view kPrefix = "epoch-";
+  const std::string_view segment = key.substr(0, key.find('/'));
+  if (segment.size() <= kPrefix.size() || segment.substr(0, kPrefix.size()) != kPrefix) return -1;
+  const std::string_view digits = segment.substr(kPrefix.size());
+  if (digits.size() > 18) return -1;  // keeps the value below 2^63
+  int64_t epoch = 0;
+  for (char c : digits) {
+    if (c < '0' || c > '9') return -1;
+    epoch = epoch * 10 + (c - '0');
+  }
+  return epoch;
+}
+
+Result<Coordinator::JobState*> Coordinator::FindLocked(const std::string& job) {
+  auto it = jobs_.find(job);
+  if (it == jobs_.end()) return NotFound("job " + job + " is not known to the coordinator");
+  return &it->second;
+}
+
+Result<const Coordinator::JobState*> Coordinator::FindLocked(const std::string& job) const {
+  auto it = jobs_.find(job);
+  if (it == jobs_.end()) return NotFound("job " + job + " is not known to the coordinator");
+  return &it->second;
+}
+
+Result<WorkerInfo*> Coordinator::FindWorkerLocked(const std::string& job,
+                                                  const std::string& worker) {
+  VF_ASSIGN_OR_RETURN(JobState * state, FindLocked(job));
+  auto it = state->workers.find(worker);
+  if (it == state->workers.end()) {
+    return NotFound("worker " + worker + " not registered with job " + job);
+  }
+  return &it->second;
+}
+
+void Coordinator::BumpLocked(JobState& state) {
+  state.generation = ++last_generation_;
+  changed_.notify_all();
+}
+
+Status Coordinator::AddJob(const std::string& job, const std::string& token,
+                           const std::string& fingerprint, const std::string& build) {
+  VF_RETURN_IF_ERROR(ValidateJobName(job));
+  if (token.empty() || token.size() > kMaxTokenBytes) {
+    return InvalidArgument("token of job " + job + " must be 1-4096 bytes");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_.find(job);
+  if (it != jobs_.end()) {
+    const JobState& existing = it->second;
+    if (!ConstantTimeEquals(existing.token, token)) {
+      return FailedPrecondition("job " + job + " exists with a different token");
+    }
+    if (existing.fingerprint != fingerprint) {
+      return FailedPrecondition("job " + job + " exists with a different spec fingerprint");
+    }
+    if (existing.build != build) {
+      return FailedPrecondition("job " + job + " exists with build " + existing.build + ", not " +
+                                build);
+    }
+    return Status::Ok();
+  }
+  JobState& state = jobs_[job];
+  state.token = token;
+  state.fingerprint = fingerprint;
+  state.build = build;
+  BumpLocked(state);
+  return Status::Ok();
+}
+
+Status Coordinator::RemoveJob(const std::string& job) {
+  Deferred deferred;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = jobs_.find(job);
+    if (it == jobs_.end()) return NotFound("job " + job + " is not known to the coordinator");
+    const Status removed = NotFound("job " + job + " was removed");
+    for (auto& [id, watch] : it->second.plan_watches) {
+      watch_jobs_.erase(id);
+      deferred.push_back([done = std::move(watch.done), removed] { done(removed); });
+    }
+    for (auto& [id, watch] : it->second.key_watches) {
+      watch_jobs_.erase(id);
+      deferred.push_back([done = std::move(watch.done), removed] { done(removed); });
+    }
+    jobs_.erase(it);
+    changed_.notify_all();
+  }
+  for (auto& fn : deferred) fn();
+  return Status::Ok();
+}
+
+std::vector<std::string> Coordinator::ListJobs() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> names;
+  names.reserve(jobs_.size());
+  for (const auto& entry : jobs_) names.push_back(entry.first);
+  return names;
+}
+
+Status Coordinator::CheckToken(const std::string& job, std::string_view token) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  VF_ASSIGN_OR_RETURN(const JobState* state, FindLocked(job));
+  if (!ConstantTimeEquals(state->token, token)) {
+    return FailedPrecondition("wrong token for job " + job);
+  }
+  return Status::Ok();
+}
+
+Result<Plan> Coordinator::InstallPlanLocked(const std::string& job, JobState& state, int64_t epoch,
+                                            std::vector<Member> members, Deferred& deferred) {
+  VF_RETURN_IF_ERROR(ValidateMembers(members).WithContext("job " + job));
+  std::sort(members.begin(), members.end(),
+            [](const Member& a, const Member& b) { return a.rank < b.rank; });
+  state.plan.epoch = epoch;
+  state.plan.members = std::move(members);
+  state.plan.store_prefix = "epoch-" + std::to_string(epoch);
+  BumpLocked(state);
+
+  for (auto it = state.store.begin(); it != state.store.end();) {
+    const int64_t key_epoch = KeyEpoch(it->first);
+    if (key_epoch >= 0 && key_epoch < epoch - 2) {
+      state.store_bytes -= it->first.size() + it->second->size();
+      it = state.store.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto it = state.plan_watches.begin(); it != state.plan_watches.end();) {
+    if (it->second.after < epoch) {
+      watch_jobs_.erase(it->first);
+      deferred.push_back([done = std::move(it->second.done), plan = state.plan] { done(plan); });
+      it = state.plan_watches.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  // Waiters for keys of an older epoch would otherwise sit out their whole timeout.
+  for (auto it = state.key_watches.begin(); it != state.key_watches.end();) {
+    const int64_t key_epoch = KeyEpoch(it->second.key);
+    if (key_epoch >= 0 && key_epoch < epoch) {
+      watch_jobs_.erase(it->first);
+      deferred.push_back([done = std::move(it->second.done), error = OlderEpoch(key_epoch, epoch)] {
+        done(error);
+      });
+      it = state.key_watches.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return state.plan;
+}
+
+Result<Plan> Coordinator::PublishPlan(const std::string& job, std::vector<Member> members) {
+  Deferred deferred;
+  std::optional<Result<Plan>> result;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    VF_ASSIGN_OR_RETURN(JobState * state, FindLocked(job));
+    result.emplace(
+        InstallPlanLocked(job, *state, state->plan.epoch + 1, std::move(members), deferred));
+  }
+  for (auto& fn : deferred) fn();
+  return std::move(*result);
+}
+
+Result<Plan> Coordinator::PublishPlanWithEpoch(const std::string& job, int64_t epoch,
+                                               std::vector<Member> members) {
+  Deferred deferred;
+  std::optional<Result<Plan>> result;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    VF_ASSIGN_OR_RETURN(JobState * state, FindLocked(job));
+    if (epoch <= state->plan.epoch) {
+      return FailedPrecondition("job " + job + ": epoch " + std::to_string(epoch) +
+                                " is not newer than the current epoch " +
+                                std::to_string(state->plan.epoch));
+    }
+    result.emplace(InstallPlanLocked(job, *state, epoch, std::move(members), deferred));
+  }
+  for (auto& fn : deferred) fn();
+  return std::move(*result);
+}
+
+Result<Plan> Coordinator::GetPlan(const std::string& job) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  VF_ASSIGN_OR_RETURN(const JobState* state, FindLocked(job));
+  return state->plan;
+}
+
+Status Coordinator::RegisterWorker(const std::string& job, const std::string& worker,
+                                   const std::string& fingerprint, const std::string& build,
+                                   bool ready) {
+  VF_RETURN_IF_ERROR(ValidateWorkerName(worker));
+  std::lock_guard<std::mutex> lock(mu_);
+  VF_ASSIGN_OR_RETURN(JobState * state, FindLocked(job));
+  if (fingerprint != state->fingerprint) {
+    return FailedPrecondition("worker " + worker +
+                              " was refused: its job spec differs from the job's (virtual nodes, "
+                              "batch, model, dataset, optimizer, reduction or seed)");
+  }
+  if (build != state->build) {
+    return FailedPrecondition("worker " + worker + " was refused: it runs build " + build +
+                              ", the job runs build " + state->build);
+  }
+  auto it = state->workers.find(worker);
+  if (it == state->workers.end()) {
+    if (state->workers.size() >= kMaxWorkersPerJob) {
+      return FailedPrecondition("job " + job + " already has " + std::to_string(kMaxWorkersPerJob) +
+                                " registered workers");
+    }
+    it = state->workers.emplace(worker, WorkerInfo{}).first;
+    it->second.worker = worker;
+  }
+  WorkerInfo& info = it->second;
+  info.ready = ready;
+  info.fingerprint = fingerprint;
+  info.build = build;
+  info.last_seen = Clock::now();
+  BumpLocked(*state);
+  return Status::Ok();
+}
+
+Status Coordinator::RecordReport(const std::string& job, const std::string& worker,
+                                 const Report& report) {
+  if (report.epoch < 0 || report.step < 0) {
+    return InvalidArgument("report epoch and step must be non-negative");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  VF_ASSIGN_OR_RETURN(WorkerInfo * info, FindWorkerLocked(job, worker));
+  JobState& state = jobs_.at(job);
+  if (report.epoch > state.plan.epoch) return FutureEpoch(report.epoch, state.plan.epoch);
+  if (report.epoch < state.plan.epoch) return OlderEpoch(report.epoch, state.plan.epoch);
+  info->last_report = report;
+  info->last_seen = Clock::now();
+  BumpLocked(state);
+  return Status::Ok();
+}
+
+Status Coordinator::RequestLeave(const std::string& job, const std::string& worker) {
+  std::lock_guard<std::mutex> lock(mu_);
+  VF_ASSIGN_OR_RETURN(WorkerInfo * info, FindWorkerLocked(job, worker));
+  info->leave_requested = true;
+  info->last_seen = Clock::now();
+  BumpLocked(jobs_.at(job));
+  return Status::Ok();
+}
+
+Status Coordinator::AckPlan(const std::string& job, const std::string& worker, int64_t epoch) {
+  if (epoch < 0) return InvalidArgument("acknowledged epoch must be non-negative");
+  std::lock_guard<std::mutex> lock(mu_);
+  VF_ASSIGN_OR_RETURN(WorkerInfo * info, FindWorkerLocked(job, worker));
+  JobState& state = jobs_.at(job);
+  if (epoch > state.plan.epoch) return FutureEpoch(epoch, state.plan.epoch);
+  if (epoch == state.plan.epoch && IsMember(state.plan, worker)) {
+    return FailedPrecondition("worker " + worker + " is a member of epoch " +
+                              std::to_string(epoch) +
+                              "; only a worker that a plan excludes acknowledges it");
+  }
+  info->acked_epoch = std::max(info->acked_epoch, epoch);
+  info->last_seen = Clock::now();
+  BumpLocked(state);
+  return Status::Ok();
+}
+
+Status Coordinator::RecordFailure(const std::string& job, const std::string& worker, int64_t epoch,
+                                  int64_t step, const std::string& message) {
+  if (epoch < 0 || step < 0) return InvalidArgument("failure epoch and step must be non-negative");
+  std::lock_guard<std::mutex> lock(mu_);
+  VF_ASSIGN_OR_RETURN(WorkerInfo * info, FindWorkerLocked(job, worker));
+  JobState& state = jobs_.at(job);
+  if (epoch > state.plan.epoch) return FutureEpoch(epoch, state.plan.epoch);
+  if (epoch >= info->failure_epoch) {
+    info->failure_epoch = epoch;
+    info->failure_step = step;
+    info->failure_message = message.substr(0, kMaxFailureMessageBytes);
+  }
+  info->last_seen = Clock::now();
+  BumpLocked(state);
+  return Status::Ok();
+}
+
+Status Coordinator::ForgetWorker(const std::string& job, const std::string& worker) {
+  std::lock_guard<std::mutex> lock(mu_);
+  VF_ASSIGN_OR_RETURN(JobState * state, FindLocked(job));
+  if (state->workers.erase(worker) == 0) {
+    return NotFound("worker " + worker + " not registered with job " + job);
+  }
+  BumpLocked(*state);
+  return Status::Ok();
+}
+
+Result<JobView> Coordinator::GetJob(const std::string& job) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  VF_ASSIGN_OR_RETURN(const JobState* state, FindLocked(job));
+  JobView view;
+  view.fingerprint = state->fingerprint;
+  view.build = state->build;
+  view.plan = state->plan;
+  view.workers = state->workers;
+  view.generation = state->generation;
+  return view;
+}
+
+bool Coordinator::WaitForChange(const std::string& job, uint64_t seen_generation,
+                                std::chrono::milliseconds timeout) {
+  const Clock::time_point deadline = DeadlineAfter(timeout);
+  std::unique_lock<std::mutex> lock(mu_);
+  return changed_.wait_until(lock, deadline, [&] {
+    auto it = jobs_.find(job);
+    const uint64_t generation = it == jobs_.end() ? 0 : it->second.generation;
+    return generation != seen_generation;
+  });
+}
+
+Status Coordinator::SetKey(const std::string& job, const std::string& key, std::string_view value) {
+  VF_RETURN_IF_ERROR(ValidateKey(key));
+  Deferred deferred;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    VF_ASSIGN_OR_RETURN(JobState * state, FindLocked(job));
+    const int64_t key_epoch = KeyEpoch(key);
+    if (key_epoch >= 0 && key_epoch < state->plan.epoch) {
+      return OlderEpoch(key_epoch, state->plan.epoch);
+    }
+    auto existing = state->store.find(key);
+    const size_t replaced =
+        existing == state->store.end() ? 0 : existing->first.size() + existing->second->size();
+    const size_t bytes = state->store_bytes - replaced + key.size() + value.size();
+    if (bytes > kMaxStoreBytesPerJob) {
+      return FailedPrecondition("the store of job " + job + " is full (" +
+                                std::to_string(kMaxStoreBytesPerJob >> 20) + " MiB)");
+    }
+    auto shared = std::make_shared<const std::string>(value);
+    state->store[key] = shared;
+    state->store_bytes = bytes;
+    for (auto it = state->key_watches.begin(); it != state->key_watches.end();) {
+      if (it->second.key == key) {
+        watch_jobs_.erase(it->first);
+        deferred.push_back(
+            [done = std::move(it->second.done), shared] { done(std::string(*shared)); });
+        it = state->key_watches.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& fn : deferred) fn();
+  return Status::Ok();
+}
+
+Result<std::string> Coordinator::GetKey(const std::string& job, const std::string& key,
+                                        std::chrono::milliseconds timeout) {
+  struct Waiter {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::optional<Result<std::string>> result;
+  };
+  const Clock::time_point deadline = DeadlineAfter(timeout);
+  auto waiter = std::make_shared<Waiter>();
+  VF_ASSIGN_OR_RETURN(WatchId id, WatchKey(job, key, [waiter](Result<std::string> value) {
+                        std::lock_guard<std::mutex> lock(waiter->mu);
+                        waiter->result.emplace(std::move(value));
+                        waiter->cv.notify_all();
+                      }));
+  std::unique_lock<std::mutex> lock(waiter->mu);
+  const auto done = [&] { return waiter->result.has_value(); };
+  if (!waiter->cv.wait_until(lock, deadline, done)) {
+    lock.unlock();
+    if (CancelWatch(id)) {
+      return DeadlineExceeded("timed out after " + std::to_string(timeout.count()) +
+                              "ms waiting for store key '" + key + "' of job " + job);
+    }
+    // The callback won the race; it is about to deliver the value.
+    lock.lock();
+    waiter->cv.wait(lock, done);
+  }
+  return std::move(*waiter->result);
+}
+
+Result<Coordinator::WatchId> Coordinator::WatchPlan(const std::string& job, int64_t after,
+                                                    PlanCallback done) {
+  Plan ready;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    VF_ASSIGN_OR_RETURN(JobState * state, FindLocked(job));
+    if (state->plan.epoch <= after) {
+      const WatchId id = ++last_watch_;
+      state->plan_watches.emplace(id, PlanWatch{after, std::move(done)});
+      watch_jobs_.emplace(id, job);
+      return id;
+    }
+    ready = state->plan;
+  }
+  done(std::move(ready));
+  return kNoWatch;
+}
+
+Result<Coordinator::WatchId> Coordinator::WatchKey(const std::string& job, const std::string& key,
+                                                   KeyCallback done) {
+  VF_RETURN_IF_ERROR(ValidateKey(key));
+  std::shared_ptr<const std::string> value;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    VF_ASSIGN_OR_RETURN(JobState * state, FindLocked(job));
+    auto it = state->store.find(key);
+    if (it == state->store.end()) {
+      const int64_t key_epoch = KeyEpoch(key);
+      if (key_epoch >= 0 && key_epoch < state->plan.epoch) {
+        return OlderEpoch(key_epoch, state->plan.epoch);
+      }
+      const WatchId id = ++last_watch_;
+      state->key_watches.emplace(id, KeyWatch{key, std::move(done)});
+      watch_jobs_.emplace(id, job);
+      return id;
+    }
+    value = it->second;
+  }
+  done(std::string(*value));
+  return kNoWatch;
+}
+
+bool Coordinator::CancelWatch(WatchId id) {
+  // Destroyed after the lock is released: a callback may own things whose destructors call back
+  // into the coordinator.
+  PlanCallback plan_done;
+  KeyCallback key_done;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = watch_jobs_.find(id);
+  if (it == watch_jobs_.end()) return false;
+  auto job = jobs_.find(it->second);
+  if (job != jobs_.end()) {
+    auto plan_watch = job->second.plan_watches.find(id);
+    if (plan_watch != job->second.plan_watches.end()) {
+      plan_done = std::move(plan_watch->second.done);
+      job->second.plan_watches.erase(plan_watch);
+    }
+    auto key_watch = job->second.key_watches.find(id);
+    if (key_watch != job->second.key_watches.end()) {
+      key_done = std::move(key_watch->second.done);
+      job->second.key_watches.erase(key_watch);
+    }
+  }
+  watch_jobs_.erase(it);
+  return true;
+}
+
+}  // namespace vf

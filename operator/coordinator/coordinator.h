@@ -1,0 +1,214 @@
+// Membership and rendezvous state of the jobs the control plane runs: each job's plan (which
+// worker holds which rank and virtual nodes in which epoch), its registered workers, and a
+// rendezvous key-value store. The HTTP server (server.h) exposes it to agents; the operator and
+// the local launcher drive it directly and restore it after a restart, which is why every piece
+// of state can be set from outside.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/status.h"
+
+namespace vf {
+
+// One worker's place in a plan.
+struct Member {
+  std::string worker;
+  int rank = 0;
+  std::vector<int> virtual_nodes;
+};
+
+// The membership of one epoch. Epochs only grow; epoch 0 means "no plan yet".
+struct Plan {
+  int64_t epoch = 0;
+  std::vector<Member> members;
+  // Rendezvous keys of this epoch live under "<store_prefix>/"; see PrefixStore.
+  std::string store_prefix;
+};
+
+// What a training member says after a step.
+struct Report {
+  int64_t epoch = 0;
+  int64_t step = 0;
+  double loss = 0;  // NaN when the agent has none to give
+  double samples_per_second = 0;
+  double seconds_per_virtual_node = 0;
+  double pause_seconds = 0;  // time the last membership switch cost this worker
+  bool has_state = false;    // holds the full training state (may serve joiners)
+};
+
+// What the coordinator knows about one registered worker.
+struct WorkerInfo {
+  std::string worker;
+  bool ready = false;
+  std::string fingerprint;
+  std::string build;
+  bool leave_requested = false;
+  // Epoch whose plan excluded the worker and that it acknowledged before exiting; -1: none.
+  int64_t acked_epoch = -1;
+  // Last epoch in which it reported a failed collective; -1: none.
+  int64_t failure_epoch = -1;
+  int64_t failure_step = -1;
+  std::string failure_message;
+  Report last_report;
+  std::chrono::steady_clock::time_point last_seen;
+};
+
+// A consistent copy of one job's state.
+struct JobView {
+  std::string fingerprint;
+  std::string build;
+  Plan plan;
+  std::map<std::string, WorkerInfo> workers;
+  // Strictly increases on every change of the job (registration, readiness, report, leave,
+  // ack, failure, plan). Values come from one counter shared by all jobs, so a job that is
+  // removed and added again never repeats a value a controller has already seen.
+  uint64_t generation = 0;
+};
+
+// In-memory state of every job: plans, workers and rendezvous stores, plus callbacks that
+// fire when a plan or key appears (so long polls need no waiting thread). Thread-safe; callbacks
+// run without any internal lock held.
+class Coordinator {
+ public:
+  using WatchId = uint64_t;
+  using PlanCallback = std::function<void(Result<Plan>)>;
+  using KeyCallback = std::function<void(Result<std::string>)>;
+  // Returned by Watch* when the callback already ran before the call returned.
+  static constexpr WatchId kNoWatch = 0;
+
+  // Bounds on what one job may hold, so that no client can exhaust the process's memory.
+  static constexpr size_t kMaxStoreBytesPerJob = 64u << 20;
+  static constexpr size_t kMaxWorkersPerJob = 16384;
+  static constexpr size_t kMaxKeyBytes = 1024;
+
+  Coordinator() = default;
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+  // `job` is "namespace/name". Adding a job that exists succeeds, and keeps its state, only if
+  // token, fingerprint and build are all equal; otherwise kFailedPrecondition.
+  Status AddJob(const std::string& job, const std::string& token, const std::string& fingerprint,
+                const std::string& build);
+  // Drops the job and everything it holds; pending watches fire with kNotFound.
+  Status RemoveJob(const std::string& job);
+  std::vector<std::string> ListJobs() const;
+
+  // kNotFound for an unknown job, kFailedPrecondition for a wrong token. Compares in constant
+  // time so the answer's timing says nothing about the token.
+  Status CheckToken(const std::string& job, std::string_view token) const;
+
+  // Publishes the next epoch's plan (previous epoch + 1, prefix "epoch-<epoch>") and wakes
+  // its watchers. Members must have ranks 0..n-1 each once, distinct worker names and
+  // non-empty, disjoint, non-negative virtual-node lists. An empty member list is a valid plan
+  // ("nobody trains"), e.g. for a suspended job. Store keys of epochs older than epoch - 2 are
+  // dropped: nobody rendezvouses in them any more, and keeping them would let memory grow with
+  // every resize.
+  Result<Plan> PublishPlan(const std::string& job, std::vector<Member> members);
+  // The same with an explicit epoch, for restoring a job after an operator restart; `epoch`
+  // must be greater than the current one.
+  Result<Plan> PublishPlanWithEpoch(const std::string& job, int64_t epoch,
+                                    std::vector<Member> members);
+  Result<Plan> GetPlan(const std::string& job) const;
+
+  // Registers `worker` or, if it is registered, updates its readiness. The fingerprint and
+  // build must equal the job's (kFailedPrecondition with a message naming the difference).
+  Status RegisterWorker(const std::string& job, const std::string& worker,
+                        const std::string& fingerprint, const std::string& build, bool ready);
+  // The worker must be registered (kNotFound) and report in the current epoch
+  // (kFailedPrecondition otherwise, so that it goes and fetches the newer plan).
+  Status RecordReport(const std::string& job, const std::string& worker, const Report& report);
+  Status RequestLeave(const std::string& job, const std::string& worker);
+  // The worker saw plan `epoch` exclude it and is exiting. `epoch` may not be in the future,
+  // and if it is the current epoch the current plan must indeed exclude the worker.
+  Status AckPlan(const std::string& job, const std::string& worker, int64_t epoch);
+  // A collective failed in `epoch` (not in the future) at `step`.
+  Status RecordFailure(const std::string& job, const std::string& worker, int64_t epoch,
+                       int64_t step, const std::string& message);
+  // Drops a worker's registration (a controller's verdict that it is dead).
+  Status ForgetWorker(const std::string& job, const std::string& worker);
+
+  Result<JobView> GetJob(const std::string& job) const;
+  // Returns true as soon as the job's generation differs from `seen_generation`, false after
+  // `timeout`. A job that does not exist has generation 0, so its removal, and its creation,
+  // are changes too.
+  bool WaitForChange(const std::string& job, uint64_t seen_generation,
+                     std::chrono::milliseconds timeout);
+
+  // Rendezvous store. A key whose first segment is "epoch-K" belongs to epoch K: writing it
+  // once the current epoch is past K is kFailedPrecondition, since the ranks it was meant for
+  // have moved on.
+  Status SetKey(const std::string& job, const std::string& key, std::string_view value);
+  // Waits up to `timeout` for `key`; kDeadlineExceeded naming the key after that. A missing key
+  // of an epoch older than the current one fails at once (it can no longer be written).
+  Result<std::string> GetKey(const std::string& job, const std::string& key,
+                             std::chrono::milliseconds timeout);
+
+  // Calls `done` once with the first plan whose epoch exceeds `after`, or with kNotFound if the
+  // job is removed first. If such a plan exists already, `done` runs before this returns and
+  // the result is kNoWatch. Fails (without calling `done`) for an unknown job.
+  Result<WatchId> WatchPlan(const std::string& job, int64_t after, PlanCallback done);
+  // Calls `done` once with the value of `key` when it is set (at once if it is), or with an
+  // error if the job is removed or the key's epoch becomes older than the current one. Fails
+  // (without calling `done`) for an unknown job, a malformed key, or a missing key whose epoch is
+  // already older than the current one.
+  Result<WatchId> WatchKey(const std::string& job, const std::string& key, KeyCallback done);
+  // Removes a pending watch. True if its callback will never run; false if it has run or is
+  // running (the caller lost the race and must let the callback finish the work).
+  bool CancelWatch(WatchId id);
+
+ private:
+  struct PlanWatch {
+    int64_t after;
+    PlanCallback done;
+  };
+  struct KeyWatch {
+    std::string key;
+    KeyCallback done;
+  };
+  struct JobState {
+    std::string token;
+    std::string fingerprint;
+    std::string build;
+    Plan plan;
+    std::map<std::string, WorkerInfo> workers;
+    uint64_t generation = 0;
+    std::map<std::string, std::shared_ptr<const std::string>> store;
+    size_t store_bytes = 0;
+    std::map<WatchId, PlanWatch> plan_watches;
+    std::map<WatchId, KeyWatch> key_watches;
+  };
+  // Work to do once the lock is released.
+  using Deferred = std::vector<std::function<void()>>;
+
+  // These expect mu_ to be held.
+  Result<JobState*> FindLocked(const std::string& job);
+  Result<const JobState*> FindLocked(const std::string& job) const;
+  Result<WorkerInfo*> FindWorkerLocked(const std::string& job, const std::string& worker);
+  void BumpLocked(JobState& state);
+  Result<Plan> InstallPlanLocked(const std::string& job, JobState& state, int64_t epoch,
+                                 std::vector<Member> members, Deferred& deferred);
+
+  mutable std::mutex mu_;
+  std::condition_variable changed_;
+  std::map<std::string, JobState> jobs_;
+  // Which job each pending watch belongs to, so CancelWatch needs only the id.
+  std::map<WatchId, std::string> watch_jobs_;
+  uint64_t last_generation_ = 0;
+  WatchId last_watch_ = kNoWatch;
+};
+
+// The epoch K of a key whose first path segment is "epoch-K", or -1 for other keys.
+int64_t KeyEpoch(std::string_view key);
+
+}  // namespace vf

@@ -1,0 +1,58 @@
+// The coordinator's HTTP API, which the agent in every pod talks to. All paths are under
+// /v1/jobs/{namespace}/{name}/ and every request carries "Authorization: Bearer <job token>":
+//
+//   POST register        {"worker", "fingerprint", "build", "ready"}          -> 200 {"ok": true}
+//   GET  plan?after=N&timeout_ms=T   -> 200 plan once its epoch > N, or 204 after T ms
+//                                       (default 30000, at most 60000; N defaults to 0)
+//   PUT  store/{key}     raw bytes                                            -> 204
+//   GET  store/{key}?timeout_ms=T    -> 200 raw bytes, or 408 after T ms (default 30000, at
+//                                       most 120000)
+//   POST report          {"worker", "epoch", "step", "loss", "samplesPerSecond",
+//                         "secondsPerVirtualNode", "pauseSeconds" (optional), "hasState"} -> 204
+//   POST leave           {"worker"}                                           -> 204
+//   POST ack             {"worker", "epoch"}                                  -> 204
+//   POST failure         {"worker", "epoch", "step", "message"}               -> 204
+//
+// A plan is {"epoch", "storePrefix", "members": [{"worker", "rank", "virtualNodes"}]}. Errors
+// are {"error": "<one line>"}: 400 malformed body or query, 401 missing or wrong token, 404
+// unknown job, worker or path, 405 wrong method, 408 store wait timed out, 409 the request does
+// not fit the job's state (spec or build mismatch, an epoch in the past or the future), 413 body
+// over 1 MiB, 503 shutting down, 500 a bug.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "operator/coordinator/coordinator.h"
+#include "runtime/status.h"
+
+namespace vf {
+
+// Serves one Coordinator over HTTP. Long polls hold no thread while they wait: the reply is
+// sent from the coordinator's callback or from a timer. Thread-safe.
+class CoordinatorServer {
+ public:
+  static constexpr size_t kMaxBodyBytes = 1u << 20;
+
+  // Listens on host:port; port 0 picks a free port. `coordinator` must outlive the server.
+  static Result<std::unique_ptr<CoordinatorServer>> Start(Coordinator& coordinator,
+                                                          const std::string& host, int port);
+  ~CoordinatorServer();
+  CoordinatorServer(const CoordinatorServer&) = delete;
+  CoordinatorServer& operator=(const CoordinatorServer&) = delete;
+
+  int port() const;
+  // "http://host:port", with the host as given to Start.
+  std::string url() const;
+
+  // Answers pending long polls with 503, closes every connection and returns once no request
+  // handler is running any more, so the coordinator may be destroyed afterwards. Idempotent.
+  void Stop();
+
+ private:
+  class Impl;
+  explicit CoordinatorServer(std::shared_ptr<Impl> impl);
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace vf

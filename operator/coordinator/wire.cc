@@ -1,0 +1,119 @@
+#include "operator/coordinator/wire.h"
+
+#include <cmath>
+#include <limits>
+#include <utility>
+#include <vector>
+
+namespace vf::coordinator_wire {
+namespace {
+
+using nlohmann::json;
+
+struct TooDeep {};
+
+Status Missing(const char* name) {
+  return InvalidArgument(std::string("field '") + name + "' is missing");
+}
+
+Status WrongType(const char* name, const char* expected) {
+  return InvalidArgument(std::string("field '") + name + "' must be " + expected);
+}
+
+Result<const json*> Find(const json& object, const char* name) {
+  auto it = object.find(name);
+  if (it == object.end()) return Missing(name);
+  return &*it;
+}
+
+}  // namespace
+
+Result<json> ParseObject(std::string_view body) {
+  json parsed;
+  try {
+    parsed = json::parse(body.begin(), body.end(), [](int depth, json::parse_event_t, json&) {
+      if (depth > kMaxJsonDepth) throw TooDeep{};
+      return true;
+    });
+  } catch (const TooDeep&) {
+    return InvalidArgument("request body nests deeper than " + std::to_string(kMaxJsonDepth) +
+                           " levels");
+  } catch (const json::exception& e) {
+    return InvalidArgument(std::string("body is not valid JSON: ") + e.what());
+  }
+  if (!parsed.is_object()) return InvalidArgument("body must be a JSON object");
+  return parsed;
+}
+
+std::string Dump(const json& value) {
+  return value.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+Result<std::string> StringField(const json& object, const char* name) {
+  VF_ASSIGN_OR_RETURN(const json* value, Find(object, name));
+  if (!value->is_string()) return WrongType(name, "a string");
+  return value->get<std::string>();
+}
+
+Result<int64_t> IntField(const json& object, const char* name) {
+  VF_ASSIGN_OR_RETURN(const json* value, Find(object, name));
+  if (value->is_number_unsigned()) {
+    if (value->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return WrongType(name, "an integer below 2^63");
+    }
+    return static_cast<int64_t>(value->get<uint64_t>());
+  }
+  if (!value->is_number_integer()) return WrongType(name, "an integer");
+  return value->get<int64_t>();
+}
+
+Result<bool> BoolField(const json& object, const char* name) {
+  VF_ASSIGN_OR_RETURN(const json* value, Find(object, name));
+  if (!value->is_boolean()) return WrongType(name, "true or false");
+  return value->get<bool>();
+}
+
+Result<double> NumberField(const json& object, const char* name) {
+  VF_ASSIGN_OR_RETURN(const json* value, Find(object, name));
+  if (value->is_null()) return std::numeric_limits<double>::quiet_NaN();
+  if (!value->is_number()) return WrongType(name, "a number");
+  return value->get<double>();
+}
+
+json PlanToJson(const Plan& plan) {
+  json members = json::array();
+  for (const Member& m : plan.members) {
+    members.push_back({{"worker", m.worker}, {"rank", m.rank}, {"virtualNodes", m.virtual_nodes}});
+  }
+  return {{"epoch", plan.epoch}, {"storePrefix", plan.store_prefix}, {"members", members}};
+}
+
+Result<Plan> PlanFromJson(const json& object) {
+  if (!object.is_object()) return InvalidArgument("plan must be a JSON object");
+  Plan plan;
+  VF_ASSIGN_OR_RETURN(plan.epoch, IntField(object, "epoch"));
+  VF_ASSIGN_OR_RETURN(plan.store_prefix, StringField(object, "storePrefix"));
+  VF_ASSIGN_OR_RETURN(const json* members, Find(object, "members"));
+  if (!members->is_array()) return WrongType("members", "an array");
+  for (const json& entry : *members) {
+    if (!entry.is_object()) return WrongType("members", "an array of objects");
+    Member m;
+    VF_ASSIGN_OR_RETURN(m.worker, StringField(entry, "worker"));
+    VF_ASSIGN_OR_RETURN(const int64_t rank, IntField(entry, "rank"));
+    if (rank < 0 || rank > std::numeric_limits<int>::max()) return WrongType("rank", "an int");
+    m.rank = static_cast<int>(rank);
+    VF_ASSIGN_OR_RETURN(const json* nodes, Find(entry, "virtualNodes"));
+    if (!nodes->is_array()) return WrongType("virtualNodes", "an array of integers");
+    for (const json& node : *nodes) {
+      if (!node.is_number_integer() || node.get<int64_t>() < std::numeric_limits<int>::min() ||
+          node.get<int64_t>() > std::numeric_limits<int>::max()) {
+        return WrongType("virtualNodes", "an array of integers");
+      }
+      m.virtual_nodes.push_back(node.get<int>());
+    }
+    plan.members.push_back(std::move(m));
+  }
+  return plan;
+}
+
+}  // namespace vf::coordinator_wire
