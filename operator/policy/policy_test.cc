@@ -1,0 +1,547 @@
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "operator/policy/policy.h"
+
+namespace vf::policy {
+namespace {
+
+PolicyJob Job(const std::string& id, int priority, int min, int max, double arrival = 0.0) {
+  PolicyJob j;
+  j.id = id;
+  j.priority = priority;
+  j.min_workers = min;
+  j.max_workers = max;
+  j.requested_workers = max;
+  j.virtual_nodes = std::max(8, max);
+  j.arrival_time = arrival;
+  return j;
+}
+
+GpuInventory Gpus(std::map<std::string, int> gpus) { return GpuInventory{std::move(gpus)}; }
+
+std::unique_ptr<Policy> Make(const std::string& name, PolicyOptions options = {}) {
+  auto p = CreatePolicy(name, options);
+  EXPECT_TRUE(p.ok()) << p.status().message();
+  return std::move(p).value();
+}
+
+Decision Decide(const Policy& p, const std::vector<PolicyJob>& jobs, const GpuInventory& inv,
+                double now = 1000.0) {
+  auto d = p.Decide(jobs, inv, now);
+  EXPECT_TRUE(d.ok()) << d.status().message();
+  return d.ok() ? *d : Decision{};
+}
+
+int Workers(const Decision& d, const std::string& id) {
+  const JobDecision* j = d.Find(id);
+  return j ? TotalWorkers(j->workers) : -1;
+}
+
+std::string Reason(const Decision& d, const std::string& id) {
+  const JobDecision* j = d.Find(id);
+  return j ? j->reason : "<missing>";
+}
+
+// ---- Creation ------------------------------------------------------------------------------
+
+TEST(CreatePolicy, KnowsEveryListedName) {
+  for (const auto& name : KnownPolicyNames()) {
+    auto p = CreatePolicy(name, {});
+    ASSERT_TRUE(p.ok()) << name;
+    EXPECT_EQ((*p)->name(), name);
+  }
+}
+
+TEST(CreatePolicy, UnknownNameListsTheKnownOnes) {
+  auto p = CreatePolicy("fastest", {});
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument);
+  for (const char* known : {"fastest", "static", "elastic", "autoscale"}) {
+    EXPECT_NE(p.status().message().find(known), std::string::npos) << p.status().message();
+  }
+}
+
+TEST(CreatePolicy, RejectsNegativeCooldown) {
+  PolicyOptions o;
+  o.cooldown_seconds = -1.0;
+  EXPECT_FALSE(CreatePolicy("elastic", o).ok());
+}
+
+// ---- Shared input checks -------------------------------------------------------------------
+
+class EveryPolicy : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(EveryPolicy, DuplicateIdsAreInvalidArgument) {
+  auto p = Make(GetParam());
+  auto d = p->Decide({Job("a", 1, 1, 2), Job("a", 1, 1, 2)}, Gpus({{"V100", 4}}), 0.0);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_P(EveryPolicy, NegativeInventoryIsInvalidArgument) {
+  auto p = Make(GetParam());
+  EXPECT_FALSE(p->Decide({Job("a", 1, 1, 2)}, Gpus({{"V100", -1}}), 0.0).ok());
+}
+
+TEST_P(EveryPolicy, InconsistentSpecWaitsWithReason) {
+  auto p = Make(GetParam());
+  PolicyJob bad = Job("bad", 1, 3, 2);
+  const Decision d = Decide(*p, {bad, Job("good", 1, 1, 2)}, Gpus({{"V100", 4}}));
+  EXPECT_EQ(Workers(d, "bad"), 0);
+  EXPECT_NE(Reason(d, "bad").find("invalid: min_workers 3 > max_workers 2"), std::string::npos);
+  EXPECT_GT(Workers(d, "good"), 0);
+}
+
+TEST_P(EveryPolicy, MaxAboveVirtualNodesIsInvalid) {
+  auto p = Make(GetParam());
+  PolicyJob j = Job("j", 1, 1, 4);
+  j.virtual_nodes = 2;
+  const Decision d = Decide(*p, {j}, Gpus({{"V100", 4}}));
+  EXPECT_EQ(Workers(d, "j"), 0);
+  EXPECT_NE(Reason(d, "j").find("invalid"), std::string::npos);
+}
+
+TEST_P(EveryPolicy, JobThatCannotGetItsMinimumWaits) {
+  auto p = Make(GetParam());
+  const Decision d = Decide(*p, {Job("big", 1, 6, 6)}, Gpus({{"V100", 4}}));
+  EXPECT_EQ(Workers(d, "big"), 0);
+  EXPECT_FALSE(d.Find("big")->changed);
+  EXPECT_NE(Reason(d, "big").find("waiting: needs 6 GPUs"), std::string::npos) << Reason(d, "big");
+  EXPECT_NE(Reason(d, "big").find("4 free"), std::string::npos) << Reason(d, "big");
+}
+
+TEST_P(EveryPolicy, GpusPerWorkerCountInTheInventory) {
+  auto p = Make(GetParam());
+  PolicyJob j = Job("j", 1, 1, 4);
+  j.gpus_per_worker = 2;
+  j.requested_workers = 2;
+  const Decision d = Decide(*p, {j}, Gpus({{"V100", 5}}));
+  const int w = Workers(d, "j");
+  EXPECT_GE(w, 1);
+  EXPECT_LE(w * 2, 5);
+}
+
+TEST_P(EveryPolicy, HigherPriorityWaitingJobStartsFirst) {
+  auto p = Make(GetParam());
+  // Room for one of them only.
+  const Decision d =
+      Decide(*p, {Job("low", 1, 3, 3, 0.0), Job("high", 10, 3, 3, 5.0)}, Gpus({{"V100", 4}}));
+  EXPECT_EQ(Workers(d, "high"), 3);
+  EXPECT_EQ(Workers(d, "low"), 0);
+  EXPECT_NE(Reason(d, "low").find("waiting"), std::string::npos);
+}
+
+TEST_P(EveryPolicy, EarlierArrivalBreaksPriorityTies) {
+  auto p = Make(GetParam());
+  const Decision d =
+      Decide(*p, {Job("late", 5, 3, 3, 9.0), Job("early", 5, 3, 3, 1.0)}, Gpus({{"V100", 4}}));
+  EXPECT_EQ(Workers(d, "early"), 3);
+  EXPECT_EQ(Workers(d, "late"), 0);
+}
+
+TEST_P(EveryPolicy, StrictOrderBlocksSmallerJobsBehindAWaitingOne) {
+  auto p = Make(GetParam());
+  PolicyJob running = Job("running", 10, 2, 2);
+  running.current = {{"V100", 2}};
+  const Decision d = Decide(*p, {running, Job("big", 5, 4, 4, 1.0), Job("small", 1, 1, 1, 2.0)},
+                            Gpus({{"V100", 4}}));
+  EXPECT_EQ(Workers(d, "big"), 0);
+  EXPECT_EQ(Workers(d, "small"), 0);
+  EXPECT_NE(Reason(d, "small").find("behind higher-priority job big"), std::string::npos)
+      << Reason(d, "small");
+}
+
+TEST_P(EveryPolicy, BackfillLetsASmallerJobStart) {
+  PolicyOptions o;
+  o.backfill = true;
+  auto p = Make(GetParam(), o);
+  PolicyJob running = Job("running", 10, 2, 2);
+  running.current = {{"V100", 2}};
+  const Decision d = Decide(*p, {running, Job("big", 5, 4, 4, 1.0), Job("small", 1, 1, 1, 2.0)},
+                            Gpus({{"V100", 4}}));
+  EXPECT_EQ(Workers(d, "big"), 0);
+  EXPECT_EQ(Workers(d, "small"), 1);
+}
+
+TEST_P(EveryPolicy, SameInputSameDecisionWhateverTheInputOrder) {
+  auto p = Make(GetParam());
+  std::vector<PolicyJob> jobs = {Job("a", 1, 1, 4, 0.0), Job("b", 5, 2, 6, 1.0),
+                                 Job("c", 10, 1, 3, 2.0), Job("d", 5, 1, 8, 3.0)};
+  jobs[0].current = {{"V100", 2}};
+  const GpuInventory inv = Gpus({{"V100", 6}, {"P100", 3}});
+  const Decision first = Decide(*p, jobs, inv);
+  const Decision again = Decide(*p, jobs, inv);
+  std::reverse(jobs.begin(), jobs.end());
+  const Decision reversed = Decide(*p, jobs, inv);
+  for (const char* id : {"a", "b", "c", "d"}) {
+    EXPECT_EQ(first.Find(id)->workers, again.Find(id)->workers) << id;
+    EXPECT_EQ(first.Find(id)->workers, reversed.Find(id)->workers) << id;
+    EXPECT_EQ(first.Find(id)->reason, reversed.Find(id)->reason) << id;
+  }
+}
+
+TEST_P(EveryPolicy, DecisionsComeInInputOrder) {
+  auto p = Make(GetParam());
+  const Decision d = Decide(*p, {Job("z", 1, 1, 1), Job("a", 1, 1, 1)}, Gpus({{"V100", 2}}));
+  ASSERT_EQ(d.jobs.size(), 2u);
+  EXPECT_EQ(d.jobs[0].id, "z");
+  EXPECT_EQ(d.jobs[1].id, "a");
+}
+
+// Invariants over many random decision sequences: each decision is fed back as the jobs'
+// current allocation, jobs arrive and finish, and the clock moves.
+TEST_P(EveryPolicy, InvariantsHoldOverRandomSequences) {
+  auto p = Make(GetParam());
+  std::mt19937 rng(1234);
+  for (int trial = 0; trial < 150; ++trial) {
+    GpuInventory inv =
+        Gpus({{"V100", static_cast<int>(rng() % 9)}, {"P100", static_cast<int>(rng() % 9)}});
+    std::vector<PolicyJob> jobs;
+    double now = 0.0;
+    int next_id = 0;
+    for (int step = 0; step < 25; ++step) {
+      now += static_cast<double>(rng() % 60);
+      if (rng() % 3 == 0 || jobs.empty()) {
+        const int priorities[] = {1, 5, 10};
+        const int min = 1 + static_cast<int>(rng() % 3);
+        const int max = min + static_cast<int>(rng() % 5);
+        PolicyJob j = Job("job" + std::to_string(next_id++), priorities[rng() % 3], min, max, now);
+        j.gpus_per_worker = 1 + static_cast<int>(rng() % 2);
+        j.requested_workers = min + static_cast<int>(rng() % (max - min + 1));
+        j.resize_pause_seconds = static_cast<double>(rng() % 5);
+        jobs.push_back(j);
+      }
+      if (rng() % 4 == 0) jobs.erase(jobs.begin() + static_cast<long>(rng() % jobs.size()));
+      auto result = p->Decide(jobs, inv, now);
+      ASSERT_TRUE(result.ok()) << result.status().message();
+      const Decision& d = *result;
+      ASSERT_EQ(d.jobs.size(), jobs.size());
+      std::map<std::string, int> used;
+      for (size_t i = 0; i < jobs.size(); ++i) {
+        const PolicyJob& j = jobs[i];
+        const JobDecision& out = d.jobs[i];
+        ASSERT_EQ(out.id, j.id);
+        const int w = TotalWorkers(out.workers);
+        for (const auto& [type, n] : out.workers) {
+          EXPECT_GT(n, 0);
+          used[type] += n * j.gpus_per_worker;
+        }
+        if (w > 0) {
+          EXPECT_GE(w, j.min_workers) << GetParam() << " " << j.id;
+          EXPECT_LE(w, j.max_workers) << GetParam() << " " << j.id;
+        } else {
+          EXPECT_FALSE(out.reason.empty()) << j.id << " waits without a reason";
+        }
+        // Once running, a job keeps running while the inventory does not shrink.
+        if (TotalWorkers(j.current) > 0) {
+          EXPECT_GT(w, 0) << GetParam() << " " << j.id;
+        }
+        EXPECT_EQ(out.changed, out.workers != j.current);
+        if (GetParam() == "static" && TotalWorkers(j.current) > 0) {
+          EXPECT_EQ(out.workers, j.current) << "static resized " << j.id;
+        }
+      }
+      for (const auto& [type, n] : used) {
+        EXPECT_LE(n, inv.gpus[type]) << GetParam() << " oversubscribed " << type;
+      }
+      // Priority order: nothing starts while a job ahead of it in service order waits.
+      for (size_t i = 0; i < jobs.size(); ++i) {
+        if (TotalWorkers(jobs[i].current) > 0 || TotalWorkers(d.jobs[i].workers) == 0) continue;
+        for (size_t k = 0; k < jobs.size(); ++k) {
+          const bool ahead =
+              jobs[k].priority > jobs[i].priority ||
+              (jobs[k].priority == jobs[i].priority && jobs[k].arrival_time < jobs[i].arrival_time);
+          if (ahead && TotalWorkers(jobs[k].current) == 0) {
+            EXPECT_GT(TotalWorkers(d.jobs[k].workers), 0)
+                << GetParam() << ": " << jobs[i].id << " started while " << jobs[k].id
+                << " (ahead of it) waits";
+          }
+        }
+      }
+      // Feed the decision back, as the operator would after carrying it out.
+      for (size_t i = 0; i < jobs.size(); ++i) {
+        if (d.jobs[i].changed) jobs[i].last_resize_time = now;
+        jobs[i].current = d.jobs[i].workers;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, EveryPolicy, ::testing::Values("static", "elastic", "autoscale"),
+                         [](const auto& param_info) { return param_info.param; });
+
+// ---- static --------------------------------------------------------------------------------
+
+TEST(StaticPolicy, GivesExactlyTheRequestedWorkers) {
+  auto p = Make("static");
+  PolicyJob j = Job("j", 1, 1, 8);
+  j.requested_workers = 3;
+  const Decision d = Decide(*p, {j}, Gpus({{"V100", 8}}));
+  EXPECT_EQ(Workers(d, "j"), 3);
+  EXPECT_TRUE(d.Find("j")->changed);
+}
+
+TEST(StaticPolicy, NeverGrowsIntoIdleGpus) {
+  auto p = Make("static");
+  PolicyJob j = Job("j", 1, 1, 8);
+  j.requested_workers = 2;
+  j.current = {{"V100", 2}};
+  const Decision d = Decide(*p, {j}, Gpus({{"V100", 8}}));
+  EXPECT_EQ(Workers(d, "j"), 2);
+  EXPECT_FALSE(d.Find("j")->changed);
+}
+
+TEST(StaticPolicy, NeverShrinksForAHigherPriorityJob) {
+  auto p = Make("static");
+  PolicyJob low = Job("low", 1, 1, 8);
+  low.current = {{"V100", 8}};
+  const Decision d = Decide(*p, {low, Job("high", 10, 1, 2, 5.0)}, Gpus({{"V100", 8}}));
+  EXPECT_EQ(Workers(d, "low"), 8);
+  EXPECT_EQ(Workers(d, "high"), 0);
+}
+
+// ---- elastic -------------------------------------------------------------------------------
+
+TEST(ElasticPolicy, LendsIdleGpusToARunningJob) {
+  auto p = Make("elastic");
+  PolicyJob j = Job("j", 1, 1, 8);
+  j.requested_workers = 2;
+  j.current = {{"V100", 2}};
+  const Decision d = Decide(*p, {j}, Gpus({{"V100", 8}}));
+  EXPECT_EQ(Workers(d, "j"), 8);
+  EXPECT_NE(Reason(d, "j").find("grew: 2 -> 8 workers (idle GPUs lent)"), std::string::npos)
+      << Reason(d, "j");
+}
+
+TEST(ElasticPolicy, TakesLentGpusBackWhenANewJobArrivesEvenInCooldown) {
+  auto p = Make("elastic");
+  PolicyJob lender = Job("lender", 1, 1, 8);
+  lender.current = {{"V100", 8}};
+  lender.last_resize_time = 995.0;  // 5 s ago: in cooldown
+  const Decision d = Decide(*p, {lender, Job("b", 10, 2, 4, 990.0)}, Gpus({{"V100", 8}}), 1000);
+  EXPECT_GE(Workers(d, "b"), 2);
+  EXPECT_EQ(Workers(d, "lender") + Workers(d, "b"), 8);
+  EXPECT_NE(Reason(d, "lender").find("GPUs returned to job b (priority 10)"), std::string::npos)
+      << Reason(d, "lender");
+}
+
+TEST(ElasticPolicy, SharesInProportionToPriority) {
+  auto p = Make("elastic");
+  PolicyJob a = Job("a", 1, 1, 8);
+  PolicyJob b = Job("b", 3, 1, 8);
+  a.current = {{"V100", 4}};
+  b.current = {{"V100", 4}};
+  const Decision d = Decide(*p, {a, b}, Gpus({{"V100", 8}}));
+  EXPECT_EQ(Workers(d, "a"), 2);
+  EXPECT_EQ(Workers(d, "b"), 6);
+}
+
+TEST(ElasticPolicy, HigherPriorityNeverGetsLessThanAnEqualLowerPriorityJob) {
+  auto p = Make("elastic");
+  for (int gpus = 2; gpus <= 12; ++gpus) {
+    const Decision d =
+        Decide(*p, {Job("low", 1, 1, 8), Job("high", 5, 1, 8, 1.0)}, Gpus({{"V100", gpus}}));
+    EXPECT_GE(Workers(d, "high"), Workers(d, "low")) << gpus << " GPUs";
+  }
+}
+
+TEST(ElasticPolicy, CapsAtMaxAndLendsTheRestToOthers) {
+  auto p = Make("elastic");
+  const Decision d =
+      Decide(*p, {Job("capped", 10, 1, 2), Job("other", 1, 1, 8, 1.0)}, Gpus({{"V100", 8}}));
+  EXPECT_EQ(Workers(d, "capped"), 2);
+  EXPECT_EQ(Workers(d, "other"), 6);
+}
+
+TEST(ElasticPolicy, CooldownHoldsGrowthUntilItEnds) {
+  auto p = Make("elastic");
+  PolicyJob j = Job("j", 1, 1, 8);
+  j.current = {{"V100", 2}};
+  j.last_resize_time = 990.0;
+  EXPECT_EQ(Workers(Decide(*p, {j}, Gpus({{"V100", 8}}), 1000.0), "j"), 2);
+  EXPECT_EQ(Workers(Decide(*p, {j}, Gpus({{"V100", 8}}), 1021.0), "j"), 8);
+}
+
+TEST(ElasticPolicy, PerJobCooldownOverridesTheDefault) {
+  auto p = Make("elastic");
+  PolicyJob j = Job("j", 1, 1, 8);
+  j.current = {{"V100", 2}};
+  j.last_resize_time = 990.0;
+  j.cooldown_seconds = 5.0;
+  EXPECT_EQ(Workers(Decide(*p, {j}, Gpus({{"V100", 8}}), 1000.0), "j"), 8);
+}
+
+TEST(ElasticPolicy, HoldsAResizeWhosePauseCostsMoreThanItGains) {
+  auto p = Make("elastic");
+  PolicyJob j = Job("j", 1, 1, 8);
+  j.current = {{"V100", 2}};
+  j.throughput = {{{{"V100", 2}}, 200.0}};
+  j.resize_pause_seconds = 30.0;
+  j.remaining_samples = 1000.0;  // 5 s of work left: a 30 s pause never pays
+  const Decision d = Decide(*p, {j}, Gpus({{"V100", 8}}));
+  EXPECT_EQ(Workers(d, "j"), 2);
+  EXPECT_NE(Reason(d, "j").find("held: a resize would not repay its 30 s pause"), std::string::npos)
+      << Reason(d, "j");
+  j.remaining_samples = 1e7;  // hours left: it pays
+  EXPECT_EQ(Workers(Decide(*p, {j}, Gpus({{"V100", 8}})), "j"), 8);
+}
+
+TEST(ElasticPolicy, RunningJobKeepsItsGpuTypes) {
+  auto p = Make("elastic");
+  PolicyJob a = Job("a", 1, 2, 2);
+  a.current = {{"P100", 2}};
+  const Decision d = Decide(*p, {a}, Gpus({{"P100", 2}, {"V100", 2}}));
+  EXPECT_EQ(d.Find("a")->workers, (Allocation{{"P100", 2}}));
+  EXPECT_FALSE(d.Find("a")->changed);
+}
+
+TEST(ElasticPolicy, NewJobsGetTheFastestTypeFirst) {
+  PolicyOptions o;
+  o.gpu_type_speed = {{"V100", 1.6}, {"P100", 1.0}};
+  auto p = Make("elastic", o);
+  const Decision d = Decide(*p, {Job("a", 1, 2, 2)}, Gpus({{"P100", 8}, {"V100", 2}}));
+  EXPECT_EQ(d.Find("a")->workers, (Allocation{{"V100", 2}}));
+}
+
+TEST(ElasticPolicy, MeasuredSpeedBeatsTheHints) {
+  PolicyOptions o;
+  o.gpu_type_speed = {{"V100", 1.6}, {"P100", 1.0}};
+  auto p = Make("elastic", o);
+  PolicyJob j = Job("a", 1, 2, 2);
+  j.throughput = {{{{"V100", 1}}, 100.0}, {{{"P100", 1}}, 150.0}};
+  const Decision d = Decide(*p, {j}, Gpus({{"P100", 8}, {"V100", 2}}));
+  EXPECT_EQ(d.Find("a")->workers, (Allocation{{"P100", 2}}));
+}
+
+TEST(ElasticPolicy, SpansGpuTypesWhenAllowed) {
+  PolicyOptions o;
+  o.gpu_type_speed = {{"V100", 1.6}, {"P100", 1.0}};
+  auto p = Make("elastic", o);
+  const Decision d = Decide(*p, {Job("a", 1, 1, 10)}, Gpus({{"P100", 8}, {"V100", 2}}));
+  EXPECT_EQ(d.Find("a")->workers, (Allocation{{"V100", 2}, {"P100", 8}}));
+}
+
+TEST(ElasticPolicy, KeepsOneTypePerJobWhenMixingIsOff) {
+  PolicyOptions o;
+  o.allow_mixed_types = false;
+  o.gpu_type_speed = {{"V100", 1.6}, {"P100", 1.0}};
+  auto p = Make("elastic", o);
+  const Decision d = Decide(*p, {Job("a", 1, 1, 10)}, Gpus({{"P100", 8}, {"V100", 2}}));
+  EXPECT_EQ(d.Find("a")->workers.size(), 1u);
+}
+
+TEST(ElasticPolicy, JobWhoseGpusVanishedStopsWithAReason) {
+  auto p = Make("elastic");
+  PolicyJob j = Job("j", 1, 4, 4);
+  j.current = {{"V100", 4}};
+  const Decision d = Decide(*p, {j}, Gpus({{"V100", 2}}));
+  EXPECT_EQ(Workers(d, "j"), 0);
+  EXPECT_NE(Reason(d, "j").find("stopped"), std::string::npos);
+}
+
+// ---- autoscale -----------------------------------------------------------------------------
+
+PolicyJob Scaling(std::vector<std::pair<int, double>> measured, int current) {
+  PolicyJob j = Job("j", 1, 1, 8);
+  j.requested_workers = 1;
+  j.current = {{"V100", current}};
+  for (const auto& [n, t] : measured) j.throughput.push_back({{{"V100", n}}, t});
+  return j;
+}
+
+TEST(AutoscalePolicy, StartsAtTheRequest) {
+  auto p = Make("autoscale");
+  PolicyJob j = Job("j", 1, 1, 8);
+  j.requested_workers = 3;
+  EXPECT_EQ(Workers(Decide(*p, {j}, Gpus({{"V100", 8}})), "j"), 3);
+}
+
+TEST(AutoscalePolicy, ProbesOneMoreWorkerWhileTheLastOnePaid) {
+  auto p = Make("autoscale");
+  const Decision d = Decide(*p, {Scaling({{1, 100.0}, {2, 190.0}}, 2)}, Gpus({{"V100", 8}}));
+  EXPECT_EQ(Workers(d, "j"), 3);
+  EXPECT_NE(Reason(d, "j").find("probing"), std::string::npos) << Reason(d, "j");
+}
+
+TEST(AutoscalePolicy, DoesNotAddAWorkerMeasuredToAddTooLittle) {
+  auto p = Make("autoscale");
+  // Worker 3 added (195 - 190) / 95 = 5% of an average worker: below 10%.
+  const Decision d =
+      Decide(*p, {Scaling({{1, 100.0}, {2, 190.0}, {3, 195.0}}, 2)}, Gpus({{"V100", 8}}));
+  EXPECT_EQ(Workers(d, "j"), 2);
+}
+
+TEST(AutoscalePolicy, AddsAWorkerMeasuredToPay) {
+  auto p = Make("autoscale");
+  const Decision d =
+      Decide(*p, {Scaling({{1, 100.0}, {2, 190.0}, {3, 270.0}}, 2)}, Gpus({{"V100", 8}}));
+  EXPECT_EQ(Workers(d, "j"), 3);
+  EXPECT_NE(Reason(d, "j").find("adds 84%"), std::string::npos) << Reason(d, "j");
+}
+
+TEST(AutoscalePolicy, GivesBackAWorkerThatDoesNotPayForItself) {
+  auto p = Make("autoscale");
+  const Decision d = Decide(*p, {Scaling({{2, 190.0}, {3, 195.0}}, 3)}, Gpus({{"V100", 8}}));
+  EXPECT_EQ(Workers(d, "j"), 2);
+  EXPECT_NE(Reason(d, "j").find("shrank: 3 -> 2"), std::string::npos) << Reason(d, "j");
+}
+
+TEST(AutoscalePolicy, ThresholdIsConfigurable) {
+  PolicyOptions o;
+  o.scaling_efficiency_threshold = 0.01;
+  auto p = Make("autoscale", o);
+  const Decision d = Decide(*p, {Scaling({{2, 190.0}, {3, 195.0}}, 3)}, Gpus({{"V100", 8}}));
+  EXPECT_GE(Workers(d, "j"), 3);  // 5% is above 1%: it keeps worker 3 (and may probe a 4th)
+}
+
+TEST(AutoscalePolicy, WaitsForTheCooldownBetweenSteps) {
+  auto p = Make("autoscale");
+  PolicyJob j = Scaling({{1, 100.0}, {2, 190.0}}, 2);
+  j.last_resize_time = 990.0;
+  EXPECT_EQ(Workers(Decide(*p, {j}, Gpus({{"V100", 8}}), 1000.0), "j"), 2);
+}
+
+TEST(AutoscalePolicy, StartingJobTakesItsMinimumFromExtraWorkers) {
+  auto p = Make("autoscale");
+  PolicyJob big = Scaling({{7, 700.0}, {8, 800.0}}, 8);
+  const Decision d = Decide(*p, {big, Job("new", 1, 2, 2, 5.0)}, Gpus({{"V100", 8}}));
+  EXPECT_EQ(Workers(d, "new"), 2);
+  EXPECT_EQ(Workers(d, "j"), 6);
+}
+
+// ---- throughput estimates ------------------------------------------------------------------
+
+TEST(EstimateThroughput, UsesTheExactMeasurement) {
+  PolicyJob j = Job("j", 1, 1, 8);
+  j.throughput = {{{{"V100", 2}}, 150.0}, {{{"V100", 2}}, 180.0}};
+  EXPECT_DOUBLE_EQ(EstimateThroughput(j, {{"V100", 2}}), 180.0);
+}
+
+TEST(EstimateThroughput, ScalesLinearlyFromTheNearestMeasuredSize) {
+  PolicyJob j = Job("j", 1, 1, 8);
+  j.throughput = {{{{"V100", 1}}, 100.0}, {{{"V100", 4}}, 360.0}};
+  EXPECT_DOUBLE_EQ(EstimateThroughput(j, {{"V100", 5}}), 450.0);
+  EXPECT_DOUBLE_EQ(EstimateThroughput(j, {{"V100", 2}}), 200.0);
+}
+
+TEST(EstimateThroughput, AddsPerTypeRatesForMixedAllocations) {
+  PolicyJob j = Job("j", 1, 1, 10);
+  j.throughput = {{{{"V100", 1}}, 160.0}, {{{"P100", 1}}, 100.0}};
+  EXPECT_DOUBLE_EQ(EstimateThroughput(j, {{"V100", 2}, {"P100", 8}}), 1120.0);
+}
+
+TEST(EstimateThroughput, UnknownTypeIsNegative) {
+  PolicyJob j = Job("j", 1, 1, 8);
+  j.throughput = {{{{"V100", 1}}, 160.0}};
+  EXPECT_LT(EstimateThroughput(j, {{"K80", 1}}), 0.0);
+  EXPECT_DOUBLE_EQ(EstimateThroughput(j, {}), 0.0);
+}
+
+}  // namespace
+}  // namespace vf::policy

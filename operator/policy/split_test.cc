@@ -1,0 +1,108 @@
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "operator/policy/policy.h"
+
+namespace vf::policy {
+namespace {
+
+// The best max(count_i * t_i) over all splits with every count >= 1, by enumeration.
+double BruteForceBest(int v, const std::vector<double>& t) {
+  double best = std::numeric_limits<double>::infinity();
+  std::vector<int> counts(t.size(), 1);
+  std::function<void(size_t, int)> rec = [&](size_t i, int left) {
+    if (i + 1 == t.size()) {
+      counts[i] = left;
+      best = std::min(best, SplitStepSeconds(counts, t));
+      return;
+    }
+    const int rest = static_cast<int>(t.size() - i - 1);
+    for (int c = 1; c <= left - rest; ++c) {
+      counts[i] = c;
+      rec(i + 1, left - c);
+    }
+  };
+  rec(0, v);
+  return best;
+}
+
+TEST(SplitVirtualNodes, EqualSpeedsSplitEvenly) {
+  EXPECT_EQ(SplitVirtualNodes(8, {1.0, 1.0, 1.0, 1.0}), (std::vector<int>{2, 2, 2, 2}));
+}
+
+TEST(SplitVirtualNodes, RemainderGoesToLowerIndicesOnTies) {
+  EXPECT_EQ(SplitVirtualNodes(10, {1.0, 1.0, 1.0, 1.0}), (std::vector<int>{3, 3, 2, 2}));
+}
+
+TEST(SplitVirtualNodes, FasterWorkersGetMoreNodes) {
+  // Two workers twice as fast as the other two: 2:2:1:1 of 12.
+  EXPECT_EQ(SplitVirtualNodes(12, {0.5, 0.5, 1.0, 1.0}), (std::vector<int>{4, 4, 2, 2}));
+}
+
+TEST(SplitVirtualNodes, EveryWorkerGetsAtLeastOneNode) {
+  const auto c = SplitVirtualNodes(3, {1.0, 100.0});
+  EXPECT_EQ(c, (std::vector<int>{2, 1}));
+}
+
+TEST(SplitVirtualNodes, SumsToVirtualNodes) {
+  const auto c = SplitVirtualNodes(37, {0.3, 0.7, 0.7, 1.1, 0.2});
+  EXPECT_EQ(std::accumulate(c.begin(), c.end(), 0), 37);
+}
+
+TEST(SplitVirtualNodes, OptimalAgainstExhaustiveSearch) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> speed(0.1, 3.0);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int workers = 1 + static_cast<int>(rng() % 4);
+    const int v = workers + static_cast<int>(rng() % 9);
+    std::vector<double> t(static_cast<size_t>(workers));
+    for (auto& x : t) x = speed(rng);
+    const auto c = SplitVirtualNodes(v, t);
+    ASSERT_EQ(c.size(), t.size());
+    EXPECT_DOUBLE_EQ(SplitStepSeconds(c, t), BruteForceBest(v, t)) << "trial " << trial;
+  }
+}
+
+TEST(SplitVirtualNodes, BeatsTheEvenSplitOnMixedSpeeds) {
+  // 2 fast (1.0) + 8 slow (1.6) workers, 64 nodes.
+  std::vector<double> t = {1.0, 1.0};
+  t.insert(t.end(), 8, 1.6);
+  const auto c = SplitVirtualNodes(64, t);
+  const std::vector<int> even = {7, 7, 7, 7, 6, 6, 6, 6, 6, 6};
+  EXPECT_LT(SplitStepSeconds(c, t), SplitStepSeconds(even, t));
+}
+
+TEST(SplitVirtualNodes, SameInputSameOutput) {
+  const std::vector<double> t = {0.9, 0.4, 0.9, 0.4, 1.3};
+  EXPECT_EQ(SplitVirtualNodes(29, t), SplitVirtualNodes(29, t));
+}
+
+TEST(SplitVirtualNodes, RejectsImpossibleInput) {
+  EXPECT_TRUE(SplitVirtualNodes(2, {1.0, 1.0, 1.0}).empty());
+  EXPECT_TRUE(SplitVirtualNodes(4, {}).empty());
+  EXPECT_TRUE(SplitVirtualNodes(4, {1.0, 0.0}).empty());
+  EXPECT_TRUE(SplitVirtualNodes(4, {1.0, -1.0}).empty());
+  EXPECT_TRUE(SplitVirtualNodes(4, {1.0, std::numeric_limits<double>::infinity()}).empty());
+}
+
+TEST(ContiguousVirtualNodes, NumbersNodesInWorkerOrder) {
+  const auto lists = ContiguousVirtualNodes({3, 1, 2});
+  ASSERT_EQ(lists.size(), 3u);
+  EXPECT_EQ(lists[0], (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(lists[1], (std::vector<int>{3}));
+  EXPECT_EQ(lists[2], (std::vector<int>{4, 5}));
+}
+
+TEST(SplitStepSeconds, IsTheSlowestWorker) {
+  EXPECT_DOUBLE_EQ(SplitStepSeconds({3, 1}, {1.0, 2.5}), 3.0);
+  EXPECT_DOUBLE_EQ(SplitStepSeconds({}, {}), 0.0);
+}
+
+}  // namespace
+}  // namespace vf::policy
