@@ -5,6 +5,8 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "agent/worker.h"
@@ -21,46 +23,83 @@ void ExitWithParent() {
   if (std::to_string(getppid()) != parent) std::_Exit(1);  // the parent died before prctl
 }
 
+void OnTerm(int /*sig*/) { vf::RequestLeave(); }
+
+bool IsJobFailure(vf::StatusCode code) {
+  switch (code) {
+    case vf::StatusCode::kNumerical:
+    case vf::StatusCode::kInvalidArgument:
+    case vf::StatusCode::kFailedPrecondition:
+    case vf::StatusCode::kDataLoss:
+    case vf::StatusCode::kNotFound:
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   ExitWithParent();
   vf::WorkerOptions o;
-  int64_t rank = 0;
-  int64_t world = 1;
+  std::string token_file;
   vf::FlagParser flags(
-      "usage: virtualflow-agent --job JOB.yaml [--rank R --world-size N --store-dir DIR]\n\n"
-      "Trains the virtual nodes of one worker. Usually started by `vf run` or by the operator,\n"
-      "not by hand.");
+      "usage: virtualflow-agent --job JOB.yaml --coordinator URL --worker NAME\n\n"
+      "Trains the virtual nodes the coordinator's membership plans give this worker, and\n"
+      "follows those plans between steps. Started by `vf run` or by the operator, one per pod.\n"
+      "The job's coordinator token comes from --token-file or the VF_JOB_TOKEN environment\n"
+      "variable. SIGTERM makes the worker leave gracefully at the next step boundary.\n\n"
+      "Exit status: 0 finished or left; 1 this worker failed; 2 usage; 3 the job cannot go on.");
   flags.AddString("job", &o.job_path, "the VirtualFlowJob manifest");
-  flags.AddInt("rank", &rank, "this worker's rank (0-based)");
-  flags.AddInt("world-size", &world, "number of workers");
-  flags.AddString("store-dir", &o.store_dir, "rendezvous directory shared by the workers");
+  flags.AddString("coordinator", &o.coordinator_url, "coordinator URL, e.g. http://10.0.0.1:7070");
+  flags.AddString("job-id", &o.job_id, "NAMESPACE/NAME (default: from the job's metadata)");
+  flags.AddString("worker", &o.worker, "this worker's unique name within the job");
+  flags.AddString("token-file", &token_file, "file holding the job's coordinator token");
   flags.AddInt("steps", &o.steps_override, "train this many steps instead of the job's length");
   flags.AddString("result", &o.result_path, "write a JSON result here at the end");
-  flags.AddDouble("progress-interval", &o.progress_interval,
-                  "seconds between progress lines on rank 0 (0: none; default 2)");
   flags.AddDouble("timeout", &o.timeout,
-                  "seconds before a rendezvous or collective gives up (default 60)");
+                  "seconds before a rendezvous, collective or plan wait fails (default 60)");
+  flags.AddDouble("slowdown", &o.slowdown,
+                  "make each virtual node take this many times longer (>= 1; experiments)");
+  flags.AddDouble("report-interval", &o.report_interval,
+                  "seconds between progress reports (default 1)");
   auto positional = flags.Parse(argc, argv, 1);
   if (flags.help_requested()) {
     std::fputs(flags.Help().c_str(), stdout);
-    return 0;
+    return vf::kExitOk;
   }
-  if (!positional.ok()) {
-    std::fprintf(stderr, "virtualflow-agent: error: %s\n", positional.status().message().c_str());
-    return 2;
+  auto usage = [](const std::string& m) {
+    std::fprintf(stderr, "virtualflow-agent: error: %s\n", m.c_str());
+    return vf::kExitUsage;
+  };
+  if (!positional.ok()) return usage(positional.status().message());
+  if (!positional->empty()) return usage("unexpected argument '" + positional->front() + "'");
+  if (o.job_path.empty()) return usage("--job is required (see --help)");
+  if (o.coordinator_url.empty()) return usage("--coordinator is required (see --help)");
+  if (o.worker.empty()) return usage("--worker is required (see --help)");
+  if (o.timeout <= 0) return usage("--timeout must be positive");
+  if (o.slowdown < 1) return usage("--slowdown must be at least 1");
+  if (!token_file.empty()) {
+    std::ifstream in(token_file);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    if (!in) return usage("cannot read --token-file " + token_file);
+    o.token = ss.str();
+    while (!o.token.empty() && (o.token.back() == '\n' || o.token.back() == '\r')) {
+      o.token.pop_back();
+    }
+  } else if (const char* t = std::getenv("VF_JOB_TOKEN")) {
+    o.token = t;
   }
-  if (!positional->empty() || o.job_path.empty()) {
-    std::fprintf(stderr, "virtualflow-agent: error: --job JOB.yaml is required (see --help)\n");
-    return 2;
-  }
-  o.rank = static_cast<int>(rank);
-  o.world_size = static_cast<int>(world);
+  if (o.token.empty()) return usage("no coordinator token (--token-file or VF_JOB_TOKEN)");
+
+  std::signal(SIGTERM, OnTerm);
   vf::Status s = vf::RunWorker(o);
   if (!s.ok()) {
-    std::fprintf(stderr, "virtualflow-agent: rank %d: error: %s\n", o.rank, s.message().c_str());
-    return 1;
+    std::fprintf(stderr, "virtualflow-agent: %s: error: %s\n", o.worker.c_str(),
+                 s.message().c_str());
+    return IsJobFailure(s.code()) ? vf::kExitJobFailed : vf::kExitWorkerFailed;
   }
-  return 0;
+  return vf::kExitOk;
 }

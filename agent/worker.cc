@@ -1,13 +1,20 @@
 #include "agent/worker.h"
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
+#include "agent/fault.h"
+#include "agent/plan_watcher.h"
+#include "agent/state_sync.h"
+#include "operator/coordinator/client.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/store.h"
 #include "runtime/executor.h"
@@ -17,18 +24,10 @@ namespace vf {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+std::atomic<bool> g_leave{false};
 
-std::string FormatDuration(double seconds) {
-  const auto s = static_cast<int64_t>(seconds + 0.5);
-  char buf[32];
-  if (s >= 3600) {
-    std::snprintf(buf, sizeof(buf), "%lld:%02lld:%02lld", static_cast<long long>(s / 3600),
-                  static_cast<long long>(s / 60 % 60), static_cast<long long>(s % 60));
-  } else {
-    std::snprintf(buf, sizeof(buf), "%lld:%02lld", static_cast<long long>(s / 60),
-                  static_cast<long long>(s % 60));
-  }
-  return buf;
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
 Status WriteJson(const std::string& path, const nlohmann::json& j) {
@@ -44,120 +43,222 @@ Status WriteJson(const std::string& path, const nlohmann::json& j) {
   return Status::Ok();
 }
 
+const Member* FindMember(const Plan& plan, const std::string& worker) {
+  for (const auto& m : plan.members) {
+    if (m.worker == worker) return &m;
+  }
+  return nullptr;
+}
+
+// The build identity joiners must share with the job: the same binary version and reduction
+// arithmetic, or weights would silently diverge.
+std::string BuildId() { return std::string("virtualflow ") + VF_VERSION; }
+
 }  // namespace
 
+void RequestLeave() { g_leave.store(true); }
+
 Status RunWorker(const WorkerOptions& o) {
-  if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size) {
-    return InvalidArgument("rank " + std::to_string(o.rank) + " is outside a world of " +
-                           std::to_string(o.world_size));
-  }
   VF_ASSIGN_OR_RETURN(JobSpec job, LoadJobFile(o.job_path));
   if (o.steps_override > 0) {
     job.steps = o.steps_override;
     job.epochs = 0;
   }
   VF_RETURN_IF_ERROR(ValidateJob(job).WithContext(o.job_path));
-  if (o.world_size > job.virtual_nodes) {
-    return InvalidArgument(std::to_string(o.world_size) + " workers but only " +
-                           std::to_string(job.virtual_nodes) +
-                           " virtual nodes: every worker needs at least one");
-  }
+  const std::string job_id = o.job_id.empty() ? job.namespace_name + "/" + job.name : o.job_id;
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout * 1000));
 
+  CoordinatorClient client(o.coordinator_url, job_id, o.token, o.worker,
+                           std::chrono::milliseconds(10000));
+  // Registered but not ready: the controller sees the worker starting and waits for warm-up.
+  VF_RETURN_IF_ERROR(client.Register(job.Fingerprint(), BuildId(), false));
+
+  // Warm-up: everything slow happens before the worker counts, so members never wait for it.
   VF_ASSIGN_OR_RETURN(DatasetSplits data, LoadJobDataset(job));
   auto device = CreateCpuDevice(1);
   VF_ASSIGN_OR_RETURN(auto executor, Executor::Create(job, *device, data.train));
+  executor->set_slowdown(o.slowdown);
+  const char* fault_spec = std::getenv("VF_FAULT_INJECT");
+  FaultInjector faults(fault_spec == nullptr ? "" : fault_spec, o.worker);
+  executor->set_before_reduce([&faults](int64_t step) { faults.At("allreduce", step); });
+  VF_RETURN_IF_ERROR(client.Register(job.Fingerprint(), BuildId(), true));
 
-  const std::string& ckpt = job.checkpoint.path;
-  if (!ckpt.empty() && std::filesystem::exists(ckpt)) {
-    VF_ASSIGN_OR_RETURN(TrainingState state, ReadCheckpoint(ckpt));
-    VF_RETURN_IF_ERROR(executor->Restore(state).WithContext("checkpoint " + ckpt));
-    if (o.rank == 0) {
-      std::printf("resuming from checkpoint %s at step %lld\n", ckpt.c_str(),
-                  static_cast<long long>(state.step));
-    }
-  } else {
-    VF_RETURN_IF_ERROR(executor->InitializeFresh());
-  }
-
+  PlanWatcher watcher(client);
+  CoordinatorStore coordinator_store(client);
   CommOptions copts;
-  copts.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout * 1000));
-  std::unique_ptr<Store> store;
-  std::unique_ptr<Store> prefixed;
-  std::unique_ptr<Communicator> comm;
-  if (o.world_size == 1) {
-    comm = CreateLocalCommunicator();
-  } else {
-    if (o.store_dir.empty()) return InvalidArgument("--store-dir is required with several workers");
-    store = std::make_unique<FileStore>(o.store_dir);
-    prefixed = std::make_unique<PrefixStore>("epoch-0", *store);
-    VF_ASSIGN_OR_RETURN(comm, CreateGlooCommunicator(*prefixed, o.rank, o.world_size, copts));
-  }
-  const auto assignment = EvenAssignment(job.virtual_nodes, o.world_size);
-  const std::vector<int>& mine = assignment[static_cast<size_t>(o.rank)];
+  copts.timeout = timeout;
 
   const int64_t total = executor->total_steps();
-  const int64_t spe = executor->steps_per_epoch();
-  const bool report = o.rank == 0 && o.progress_interval > 0;
-  if (report) {
-    std::printf("training %s: %s, %d virtual nodes x %lld samples, %d worker%s, %lld steps\n",
-                job.name.c_str(), executor->model().Describe().c_str(), job.virtual_nodes,
-                static_cast<long long>(job.micro_batch()), o.world_size,
-                o.world_size == 1 ? "" : "s", static_cast<long long>(total));
-    std::fflush(stdout);
-  }
-  const auto start = Clock::now();
-  auto last_report = start;
-  const int64_t first_step = executor->step();
+  auto initialize = [&]() -> Status {
+    const std::string& ckpt = job.checkpoint.path;
+    if (!ckpt.empty() && std::filesystem::exists(ckpt)) {
+      VF_ASSIGN_OR_RETURN(TrainingState state, ReadCheckpoint(ckpt));
+      return executor->Restore(state).WithContext("checkpoint " + ckpt);
+    }
+    return executor->InitializeFresh();
+  };
+
+  std::unique_ptr<PrefixStore> prefixed;
+  std::unique_ptr<Communicator> comm;
+  std::vector<int> mine;
+  int rank = -1;
+  int64_t epoch = 0;    // plan this worker trains under (or last one it looked at)
+  int64_t agreed = 0;   // epoch all members agreed in-band to switch to
+  bool member = false;  // has been a member of some plan
+  bool leave_sent = false;
+  bool need_switch = true;
+  auto switch_started = Clock::now();
+  double last_pause = 0.0;
+  auto last_report = Clock::now();
+  int64_t steps_since_report = 0;
+  double compute_since_report = 0.0;
+  int64_t vnodes_since_report = 0;
   StepResult last;
   bool trained = false;
-  while (executor->step() < total) {
-    VF_ASSIGN_OR_RETURN(last, executor->Step(*comm, mine));
+  const auto started = Clock::now();
+  double first_step_unix = 0.0;  // wall-clock time the first step this process ran finished
+  double last_step_unix = 0.0;
+  int64_t steps_trained = 0;
+
+  while (true) {
+    if (g_leave.load() && !member) return Status::Ok();  // never counted: nothing to hand over
+    if (g_leave.load() && !leave_sent) {
+      // The controller publishes a plan without this worker; it keeps training until then so
+      // the job loses no step.
+      VF_RETURN_IF_ERROR(client.Leave());
+      leave_sent = true;
+    }
+    if (need_switch) {
+      std::optional<Plan> plan =
+          agreed > epoch ? watcher.WaitFor(agreed, timeout) : watcher.WaitNewer(epoch, timeout);
+      if (!plan) {
+        if (!member) continue;  // a joiner waits as long as the controller wants it to
+        return DeadlineExceeded("no new membership plan after epoch " + std::to_string(epoch) +
+                                " within " + std::to_string(o.timeout) + " s");
+      }
+      epoch = plan->epoch;
+      const Member* me = FindMember(*plan, o.worker);
+      if (me == nullptr) {
+        if (member || leave_sent) {
+          // Left the job: acknowledge so the controller may delete this worker's pod.
+          comm.reset();
+          return client.Ack(epoch);
+        }
+        continue;  // not included yet
+      }
+      comm.reset();
+      prefixed = std::make_unique<PrefixStore>(plan->store_prefix, coordinator_store);
+      auto c = CreateGlooCommunicator(*prefixed, me->rank, static_cast<int>(plan->members.size()),
+                                      copts);
+      if (!c.ok()) {
+        (void)client.ReportFailure(epoch, executor->step(), c.status().message());
+        continue;
+      }
+      auto sync = SyncState(**c, *executor, initialize, [&] { faults.At("state-transfer"); });
+      if (!sync.ok()) {
+        if (sync.status().code() == StatusCode::kDataLoss ||
+            sync.status().code() == StatusCode::kFailedPrecondition) {
+          return sync.status();  // a bad checkpoint or foreign state: the job cannot go on
+        }
+        (void)client.ReportFailure(epoch, executor->step(), sync.status().message());
+        continue;
+      }
+      comm = std::move(c).value();
+      rank = me->rank;
+      mine = me->virtual_nodes;
+      member = true;
+      need_switch = false;
+      executor->set_membership_epoch(epoch);
+      last_pause = Since(switch_started);
+      Report r;
+      r.epoch = epoch;
+      r.step = executor->step();
+      r.pause_seconds = last_pause;
+      r.has_state = true;
+      (void)client.Report(r);
+    }
+
+    if (executor->step() >= total) break;
+
+    const int64_t header[1] = {watcher.latest_epoch()};
+    auto result = executor->Step(*comm, mine, header);
+    if (!result.ok()) {
+      if (result.status().code() == StatusCode::kNumerical) return result.status();
+      // A member died or stalled: nothing of the step was applied. Report, drop the
+      // communicator and redo the step under the next plan.
+      (void)client.ReportFailure(epoch, executor->step(), result.status().message());
+      comm.reset();
+      need_switch = true;
+      switch_started = Clock::now();
+      continue;
+    }
+    last = *result;
+    if (!trained) {
+      first_step_unix =
+          std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+              .count();
+    }
     trained = true;
-    const int64_t done = executor->step();
-    if (!ckpt.empty() && o.rank == 0 && job.checkpoint.every_steps > 0 &&
-        done % job.checkpoint.every_steps == 0 && done < total) {
-      VF_RETURN_IF_ERROR(WriteCheckpoint(ckpt, executor->Snapshot()));
+    ++steps_trained;
+    last_step_unix =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    ++steps_since_report;
+    compute_since_report += last.compute_seconds;
+    vnodes_since_report += static_cast<int64_t>(mine.size());
+    if (!job.checkpoint.path.empty() && rank == 0 && job.checkpoint.every_steps > 0 &&
+        executor->step() % job.checkpoint.every_steps == 0 && executor->step() < total) {
+      VF_RETURN_IF_ERROR(WriteCheckpoint(job.checkpoint.path, executor->Snapshot()));
     }
-    const auto now = Clock::now();
-    const double since = std::chrono::duration<double>(now - last_report).count();
-    if (report && (since >= o.progress_interval || done == total)) {
-      const double elapsed = std::chrono::duration<double>(now - start).count();
-      const double rate = static_cast<double>(done - first_step) / elapsed;
-      const double eta = rate > 0 ? static_cast<double>(total - done) / rate : 0.0;
-      std::printf(
-          "step %6lld/%lld  epoch %lld  loss %.4f  train-acc %5.1f%%  %7.0f samples/s  "
-          "ETA %s\n",
-          static_cast<long long>(done), static_cast<long long>(total),
-          static_cast<long long>(done == 0 ? 0 : (done - 1) / spe), last.loss,
-          100.0 * last.accuracy, rate * static_cast<double>(job.global_batch_size),
-          FormatDuration(eta).c_str());
-      std::fflush(stdout);
-      last_report = now;
+    if (last.header_extra.size() == 1 && last.header_extra[0] > epoch) {
+      agreed = last.header_extra[0];
+      need_switch = true;
+      switch_started = Clock::now();
     }
-  }
-  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  if (!ckpt.empty() && o.rank == 0) {
-    VF_RETURN_IF_ERROR(WriteCheckpoint(ckpt, executor->Snapshot()));
+    const double since = Since(last_report);
+    if (since >= o.report_interval || executor->step() >= total) {
+      Report r;
+      r.epoch = epoch;
+      r.step = executor->step();
+      r.loss = last.loss;
+      r.samples_per_second =
+          static_cast<double>(steps_since_report * job.global_batch_size) / since;
+      r.seconds_per_virtual_node =
+          vnodes_since_report > 0 ? compute_since_report / static_cast<double>(vnodes_since_report)
+                                  : 0.0;
+      r.pause_seconds = last_pause;
+      r.has_state = true;
+      (void)client.Report(r);
+      last_report = Clock::now();
+      steps_since_report = 0;
+      compute_since_report = 0.0;
+      vnodes_since_report = 0;
+    }
   }
 
+  double checkpoint_seconds = 0.0;
+  if (!job.checkpoint.path.empty() && rank == 0) {
+    const auto t0 = Clock::now();
+    VF_RETURN_IF_ERROR(WriteCheckpoint(job.checkpoint.path, executor->Snapshot()));
+    checkpoint_seconds = Since(t0);
+  }
   nlohmann::json result;
-  result["rank"] = o.rank;
+  result["first_step_unix"] = first_step_unix;
+  result["last_step_unix"] = last_step_unix;
+  result["steps_trained"] = steps_trained;
+  result["checkpoint_write_seconds"] = checkpoint_seconds;
+  result["worker"] = o.worker;
+  result["epoch"] = epoch;
+  result["rank"] = rank;
   result["steps"] = executor->step();
-  result["steps_trained"] = executor->step() - first_step;
-  result["seconds"] = seconds;
-  result["samples_per_second"] =
-      seconds > 0
-          ? static_cast<double>((executor->step() - first_step) * job.global_batch_size) / seconds
-          : 0.0;
+  result["seconds"] = Since(started);
   result["final_loss"] = trained ? nlohmann::json(last.loss) : nlohmann::json(nullptr);
   result["weights_sha256"] = executor->WeightsSha256();
   result["virtual_nodes"] = job.virtual_nodes;
   result["virtual_nodes_held"] = mine;
-  if (o.rank == 0) {
+  if (rank == 0) {
     VF_ASSIGN_OR_RETURN(LossStats test, executor->Evaluate(data.test));
     result["test_accuracy"] = static_cast<double>(test.correct) / static_cast<double>(test.samples);
     result["test_loss"] = test.loss_sum / static_cast<double>(test.samples);
-    result["test_samples"] = test.samples;
   }
   if (!o.result_path.empty()) VF_RETURN_IF_ERROR(WriteJson(o.result_path, result));
   return Status::Ok();

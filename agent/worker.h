@@ -1,4 +1,5 @@
-// The per-pod worker: trains its share of a job's virtual nodes together with its peers.
+// The per-pod worker: registers with the coordinator, warms up, trains its share of the job's
+// virtual nodes, and follows membership plans between steps.
 #pragma once
 
 #include <cstdint>
@@ -8,20 +9,31 @@
 
 namespace vf {
 
-// How a worker is started. Static membership: the world is fixed for the whole run.
+// How a worker is started (flags of virtualflow-agent).
 struct WorkerOptions {
   std::string job_path;
-  int rank = 0;
-  int world_size = 1;
-  std::string store_dir;           // rendezvous directory shared by the workers (world_size > 1)
-  int64_t steps_override = 0;      // > 0 replaces the job's length
-  std::string result_path;         // JSON result written at the end
-  double progress_interval = 2.0;  // seconds between progress lines (rank 0); 0 = none
-  double timeout = 60.0;           // seconds bound on rendezvous and every collective
+  std::string coordinator_url;   // e.g. http://127.0.0.1:7070
+  std::string job_id;            // "namespace/name"; default from the job file's metadata
+  std::string worker;            // unique name of this worker within the job
+  std::string token;             // the job's coordinator token
+  int64_t steps_override = 0;    // > 0 replaces the job's length
+  std::string result_path;       // JSON result written at the end (local runs)
+  double timeout = 60.0;         // seconds bound on rendezvous, collectives and plan waits
+  double slowdown = 1.0;         // >= 1: artificially slower device (heterogeneous experiments)
+  double report_interval = 1.0;  // seconds between progress reports to the coordinator
 };
 
-// Runs the worker to completion. Errors carry the context a person needs (which step, which
-// file); the caller prints them.
+// Exit codes of virtualflow-agent.
+inline constexpr int kExitOk = 0;            // finished, or left gracefully
+inline constexpr int kExitWorkerFailed = 1;  // this worker failed; the job can go on without it
+inline constexpr int kExitUsage = 2;
+inline constexpr int kExitJobFailed = 3;  // the job itself cannot go on (diverged, refused)
+
+// Runs the worker to the end of the job (or until it leaves). The returned status's code tells
+// the exit code: kNumerical, kInvalidArgument and kFailedPrecondition are job failures.
 Status RunWorker(const WorkerOptions& options);
+
+// Asks the worker to leave gracefully at the next step boundary (SIGTERM handler).
+void RequestLeave();
 
 }  // namespace vf

@@ -226,12 +226,14 @@ int Memory(const std::string& self) {
 int main(int argc, char** argv) {
   using namespace vf;
   if (argc < 2) {
-    std::fprintf(stderr, "usage: vf-bench vnode-overhead|reduction|memory [--help]\n");
+    std::fprintf(stderr,
+                 "usage: vf-bench vnode-overhead|reduction|memory|checkpoint-write [--help]\n");
     return 2;
   }
   const std::string cmd = argv[1];
   int64_t steps = 20, repeats = 5, ranks = 4, virtual_nodes = 8, global_batch = 256;
   std::string dataset = "/usr/share/datasets/fashion-mnist";
+  std::string checkpoint;
   FlagParser flags("usage: vf-bench vnode-overhead|reduction|memory [options]");
   flags.AddInt("steps", &steps, "steps per measurement (default 20)");
   flags.AddInt("repeats", &repeats, "measurements per point; the median is reported (default 5)");
@@ -239,6 +241,7 @@ int main(int argc, char** argv) {
   flags.AddInt("virtual-nodes", &virtual_nodes, "memory-child only");
   flags.AddInt("global-batch", &global_batch, "memory-child only");
   flags.AddString("dataset", &dataset, "Fashion-MNIST directory");
+  flags.AddString("checkpoint", &checkpoint, "checkpoint-write: the checkpoint to copy");
   auto pos = flags.Parse(argc, argv, 2);
   if (flags.help_requested()) {
     std::fputs(flags.Help().c_str(), stdout);
@@ -248,7 +251,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "vf-bench: error: %s\n", pos.status().message().c_str());
     return 2;
   }
-  auto data = LoadFashionMnist(dataset);
+  if (cmd == "checkpoint-write") dataset.clear();
+  auto data = dataset.empty() ? Result<DatasetSplits>(DatasetSplits{}) : LoadFashionMnist(dataset);
   if (!data.ok()) {
     std::fprintf(stderr, "vf-bench: error: %s\n", data.status().message().c_str());
     return 1;
@@ -262,6 +266,25 @@ int main(int argc, char** argv) {
                              static_cast<int>(steps));
   }
   if (cmd == "memory") return Memory(argv[0]);
+  if (cmd == "checkpoint-write") {
+    // Seconds to write a checkpoint the size of `--checkpoint`'s state, as the agent does.
+    auto state = ReadCheckpoint(checkpoint);
+    if (!state.ok()) {
+      std::fprintf(stderr, "vf-bench: error: %s\n", state.status().message().c_str());
+      return 1;
+    }
+    const std::string out = checkpoint + ".bench";
+    const auto t0 = Clock::now();
+    const Status s = WriteCheckpoint(out, *state);
+    const double seconds = Seconds(t0, Clock::now());
+    std::remove(out.c_str());
+    if (!s.ok()) {
+      std::fprintf(stderr, "vf-bench: error: %s\n", s.message().c_str());
+      return 1;
+    }
+    std::printf("checkpoint write seconds %.4f\n", seconds);
+    return 0;
+  }
   if (cmd == "memory-child") {
     return MemoryChild(train, static_cast<int>(virtual_nodes), global_batch, 5);
   }

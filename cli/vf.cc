@@ -1,12 +1,16 @@
 // vf: the VirtualFlow command line. `vf run job.yaml` trains a VirtualFlowJob on this machine.
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 
 #include "cli/flags.h"
+#include "operator/local/capacity.h"
 #include "operator/local/launcher.h"
+#include "runtime/status.h"
 
 namespace {
 
@@ -25,23 +29,52 @@ int Fail(const std::string& message, int code = 1) {
   return code;
 }
 
+vf::Result<std::vector<double>> ParseFactors(const std::string& text) {
+  std::vector<double> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    char* end = nullptr;
+    const double v = std::strtod(item.c_str(), &end);
+    if (item.empty() || *end != '\0' || !(v >= 1.0) || v > 1000) {
+      return vf::InvalidArgument("--slowdown: '" + item + "' is not a factor between 1 and 1000");
+    }
+    out.push_back(v);
+  }
+  if (out.empty()) return vf::InvalidArgument("--slowdown is empty");
+  return out;
+}
+
 int Run(int argc, char** argv) {
   vf::LocalRunOptions o;
   int64_t workers = 0;
   std::string summary_path;
+  std::string slowdown;
   vf::FlagParser flags(
-      "usage: vf run JOB.yaml [--workers N] [--steps N] [--summary-json PATH]\n\n"
-      "Trains the job with N local worker processes (static membership), printing progress,\n"
-      "then the test-set accuracy and the SHA-256 of the final weights. The result does not\n"
-      "depend on N: with `reduction: exact` the weights are bitwise identical for any N.");
+      "usage: vf run JOB.yaml [--workers N | --capacity SCHEDULE] [--steps N]\n"
+      "              [--summary-json PATH]\n\n"
+      "Trains the job on this machine: a local coordinator and worker processes, sized by the\n"
+      "job's elasticity policy within spec.replicas and the free local slots. Workers join and\n"
+      "leave between two steps without restarting; a worker that dies is replaced and its step\n"
+      "redone. With `reduction: exact` the final weights are bitwise identical whatever the\n"
+      "number of workers and resizes. Prints progress, one line per resize, then the test-set\n"
+      "accuracy and the SHA-256 of the final weights.");
   flags.AddInt("workers", &workers,
-               "worker processes, 1..virtualNodes (default: min(replicas.max, CPU cores))");
+               "local worker slots, 1..virtualNodes (default: min(replicas.max, CPU cores))");
+  flags.AddString(
+      "capacity", &o.capacity,
+      "slots over time: AT:SLOTS,... by step (0:2,150:4,300:1) or seconds (0s:2,30s:4)");
   flags.AddInt("steps", &o.steps_override, "train this many steps instead of the job's length");
   flags.AddString("summary-json", &summary_path, "write the run's summary as JSON to PATH");
   flags.AddDouble("progress-interval", &o.progress_interval,
                   "seconds between progress lines (default 2; 0: none)");
   flags.AddDouble("timeout", &o.timeout,
-                  "seconds before a stuck rendezvous or collective fails the run (default 60)");
+                  "seconds before a stuck rendezvous, collective or worker fails (default 60)");
+  flags.AddString("slowdown", &slowdown,
+                  "per-slot slowdown factors, cycled (e.g. 1,1,3,3): emulates slower devices");
+  flags.AddBool("quiet", &o.quiet, "print only the result");
+  flags.AddString("run-info", &o.run_info_path,
+                  "write the coordinator's URL, job id and token file to PATH (for tools)");
   auto positional = flags.Parse(argc, argv, 2);
   if (flags.help_requested()) {
     std::fputs(flags.Help().c_str(), stdout);
@@ -50,7 +83,17 @@ int Run(int argc, char** argv) {
   if (!positional.ok()) return Fail(positional.status().message(), 2);
   if (positional->size() != 1) return Fail("vf run needs exactly one job file (see --help)", 2);
   if (workers < 0 || workers > 1 << 20) return Fail("--workers must be at least 1", 2);
+  if (workers > 0 && !o.capacity.empty()) return Fail("use --workers or --capacity, not both", 2);
   if (o.timeout <= 0) return Fail("--timeout must be positive", 2);
+  if (!slowdown.empty()) {
+    auto f = ParseFactors(slowdown);
+    if (!f.ok()) return Fail(f.status().message(), 2);
+    o.slowdowns = *f;
+  }
+  if (!o.capacity.empty()) {
+    auto schedule = vf::CapacitySchedule::Parse(o.capacity);
+    if (!schedule.ok()) return Fail(schedule.status().message(), 2);
+  }
   o.job_path = positional->front();
   o.workers = static_cast<int>(workers);
 
@@ -59,9 +102,12 @@ int Run(int argc, char** argv) {
   auto summary = vf::RunLocalJob(o);
   if (!summary.ok()) return Fail(summary.status().message());
   const auto& s = *summary;
-  std::printf("finished %lld steps in %.1f s on %d worker%s (%.0f samples/s)\n",
-              static_cast<long long>(s.steps), s.seconds, s.workers, s.workers == 1 ? "" : "s",
-              s.samples_per_second);
+  std::printf(
+      "finished %lld steps in %.1f s on %d worker%s (%.0f samples/s), %zu resize%s, "
+      "%d recover%s\n",
+      static_cast<long long>(s.steps), s.seconds, s.workers, s.workers == 1 ? "" : "s",
+      s.samples_per_second, s.resizes.size(), s.resizes.size() == 1 ? "" : "s", s.recoveries,
+      s.recoveries == 1 ? "y" : "ies");
   std::printf("test accuracy %.2f%%, test loss %.4f, final training loss %.4f\n",
               100.0 * s.test_accuracy, s.test_loss, s.final_loss);
   std::printf("weights sha256 %s\n", s.weights_sha256.c_str());
@@ -76,6 +122,17 @@ int Run(int argc, char** argv) {
     j["virtual_nodes"] = s.virtual_nodes;
     j["seconds"] = s.seconds;
     j["samples_per_second"] = s.samples_per_second;
+    j["resizes"] = nlohmann::json::array();
+    for (const auto& r : s.resizes) {
+      j["resizes"].push_back({{"step", r.step},
+                              {"from", r.from},
+                              {"to", r.to},
+                              {"pause_seconds", r.pause_seconds},
+                              {"reason", r.reason}});
+    }
+    j["recoveries"] = s.recoveries;
+    j["worker_results"] = nlohmann::json::array();
+    for (const auto& r : s.worker_results) j["worker_results"].push_back(nlohmann::json::parse(r));
     std::ofstream out(summary_path);
     out << j.dump(2) << "\n";
     if (!out) return Fail("cannot write " + summary_path);

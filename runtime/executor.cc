@@ -1,7 +1,9 @@
 #include "runtime/executor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <string>
+#include <thread>
 #include <utility>
 
 namespace vf {
@@ -79,6 +81,7 @@ Status Executor::InitializeFresh() {
       reducer_->set_exponents(std::vector<int32_t>(reducer_->exponents().size(), kUnsetExponent)));
   step_ = 0;
   optimizer_steps_ = 0;
+  has_state_ = true;
   return Status::Ok();
 }
 
@@ -112,6 +115,7 @@ Status Executor::Restore(const TrainingState& state) {
   step_ = state.step;
   optimizer_steps_ = state.optimizer_steps;
   membership_epoch_ = state.membership_epoch;
+  has_state_ = true;
   return Status::Ok();
 }
 
@@ -167,19 +171,30 @@ Result<StepResult> Executor::Step(Communicator& comm, std::span<const int> local
                              std::to_string(job_.virtual_nodes - 1));
     }
   }
+  if (!has_state_) return FailedPrecondition("the executor has no training state yet");
   StepResult out;
   out.step = step_;
   const int b = static_cast<int>(job_.micro_batch());
   // At most one redo: after it the scale comes from this very step's maxima.
   for (int attempt = 0; attempt < 3; ++attempt) {
     reducer_->Begin();
+    out.compute_seconds = 0.0;
     for (int v : local_vnodes) {
+      const auto t0 = std::chrono::steady_clock::now();
       sharder_.MicroBatch(step_, v, &indices_);
       VF_RETURN_IF_ERROR(Stage(train_, indices_));
       VF_ASSIGN_OR_RETURN(LossStats stats, model_->ForwardBackward(params_.data(), x_.data(),
                                                                    y_.data(), b, grad_.data()));
       VF_RETURN_IF_ERROR(reducer_->Add(grad_.data(), stats));
+      device_.Synchronize();
+      const double took =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (slowdown_ > 1.0) {
+        std::this_thread::sleep_for(std::chrono::duration<double>(took * (slowdown_ - 1.0)));
+      }
+      out.compute_seconds += took * slowdown_;
     }
+    if (before_reduce_) before_reduce_(step_);
     auto reduced = reducer_->Finish(comm, header_extra, grad_.data());
     if (!reduced.ok()) {
       return reduced.status().WithContext("step " + std::to_string(step_ + 1));

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -33,6 +34,7 @@ struct StepResult {
   double loss = 0.0;                  // mean loss over the global batch
   double accuracy = 0.0;              // fraction of the global batch predicted correctly
   int redos = 0;                      // exact mode: recomputations to choose a scale
+  double compute_seconds = 0.0;       // forward/backward time of the local virtual nodes
   std::vector<int64_t> header_extra;  // caller fields, MAX over ranks
 };
 
@@ -67,6 +69,14 @@ class Executor {
   std::string WeightsSha256() const;
 
   int64_t step() const { return step_; }
+  // False until InitializeFresh or Restore succeeds: a joiner has no state of its own.
+  bool has_state() const { return has_state_; }
+  // Makes every virtual node take `factor` times as long (factor >= 1) by sleeping after its
+  // forward/backward: stands in for a slower device in heterogeneous experiments.
+  void set_slowdown(double factor) { slowdown_ = factor < 1.0 ? 1.0 : factor; }
+  // Runs with the step number after the local gradients are computed and before they are
+  // reduced: the fault-injection point for "a worker dies in the middle of an all-reduce".
+  void set_before_reduce(std::function<void(int64_t)> hook) { before_reduce_ = std::move(hook); }
   int64_t steps_per_epoch() const { return sharder_.steps_per_epoch(); }
   int64_t total_steps() const { return job_.TotalSteps(sharder_.steps_per_epoch()); }
   const Model& model() const { return *model_; }
@@ -100,6 +110,9 @@ class Executor {
   int64_t step_ = 0;
   int64_t optimizer_steps_ = 0;
   int64_t membership_epoch_ = 0;
+  bool has_state_ = false;
+  double slowdown_ = 1.0;
+  std::function<void(int64_t)> before_reduce_;
 };
 
 }  // namespace vf

@@ -10,14 +10,20 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
-#include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <sstream>
 #include <thread>
 
+#include "operator/coordinator/coordinator.h"
+#include "operator/coordinator/server.h"
+#include "operator/local/capacity.h"
+#include "operator/policy/policy.h"
 #include "runtime/executor.h"
 #include "runtime/job/spec.h"
 #include "runtime/state/training_state.h"
@@ -28,7 +34,20 @@ namespace vf {
 namespace {
 
 namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
 std::atomic<bool> g_stop{false};
+
+constexpr int kExitJobFailed = 3;  // virtualflow-agent: the job cannot go on
+// How long the first plan waits for every initially wanted worker to warm up before starting
+// with those that are ready (at least spec.replicas.min).
+constexpr double kStartupWait = 30.0;
+// Joiners started together join together (one pause, not one per joiner) if they are all ready
+// within this many seconds; existing members keep training meanwhile.
+constexpr double kJoinBatchWait = 10.0;
+
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 // Removes the run directory when the run ends, whatever way it ends.
 class TempDir {
@@ -67,56 +86,446 @@ std::string LastLine(const std::string& path) {
   return last;
 }
 
-// Agents print "virtualflow-agent: rank R: error: <message>"; keep the message.
+// Agents print "virtualflow-agent: <worker>: error: <message>"; keep the message.
 std::string AgentMessage(const std::string& line) {
   const std::string marker = "error: ";
   const size_t at = line.find(marker);
   return at == std::string::npos ? line : line.substr(at + marker.size());
 }
 
-struct Child {
+std::string DescribeExit(int status) {
+  if (WIFSIGNALED(status)) return "was killed by signal " + std::to_string(WTERMSIG(status));
+  return "exited with code " + std::to_string(WEXITSTATUS(status));
+}
+
+std::string RandomToken() {
+  std::random_device rd;
+  std::ostringstream s;
+  for (int i = 0; i < 4; ++i) s << std::hex << rd() << rd();
+  return s.str();
+}
+
+std::string FormatDuration(double seconds) {
+  const auto s = static_cast<long long>(seconds + 0.5);
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%lld:%02lld", s / 60, s % 60);
+  return buf;
+}
+
+// One local worker process.
+struct Worker {
+  std::string name;
+  int slot = 0;
   pid_t pid = -1;
-  int rank = 0;
-  bool done = false;
+  bool alive = true;
   int status = 0;
+  bool in_plan = false;  // member of the current plan
+  bool asked_to_leave = false;
+  Clock::time_point leave_deadline{};
+  std::string err_path;
+  std::string result_path;
+  Clock::time_point started = Clock::now();
 };
 
-Result<pid_t> Spawn(const std::vector<std::string>& args, const std::string& out_path,
-                    const std::string& err_path) {
+// Runs one job on local processes. Not thread-safe; RequestLocalJobStop is the only entry
+// from other threads (a signal handler).
+class LocalCluster {
+ public:
+  LocalCluster(const LocalRunOptions& o, JobSpec job, CapacitySchedule capacity, std::string agent)
+      : o_(o), job_(std::move(job)), capacity_(std::move(capacity)), agent_(std::move(agent)) {}
+
+  Result<LocalRunSummary> Run();
+
+ private:
+  Status Start();
+  Status Spawn(int slot);
+  void Reap(Status* job_failure);
+  Status Reconcile(const JobView& view);
+  Status Publish(const std::vector<Worker*>& members, const std::string& reason);
+  void PrintProgress(const JobView& view);
+  void NoteResizePauses(const JobView& view, bool final = false);
+  void StopAll();
+  int64_t CurrentStep(const JobView& view) const;
+  Result<LocalRunSummary> Collect();
+
+  const LocalRunOptions& o_;
+  JobSpec job_;
+  CapacitySchedule capacity_;
+  std::string agent_;
+  std::string job_id_;
+  std::string token_;
+  TempDir run_;
+  Coordinator coordinator_;
+  std::unique_ptr<CoordinatorServer> server_;
+  std::unique_ptr<policy::Policy> policy_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  int next_worker_ = 0;
+  int64_t plan_epoch_ = 0;
+  int plan_size_ = 0;
+  int64_t handled_failure_epoch_ = 0;
+  double last_resize_time_ = -1e30;
+  Clock::time_point start_ = Clock::now();
+  Clock::time_point last_progress_ = Clock::now();
+  Clock::time_point last_step_change_ = Clock::now();
+  int64_t last_step_ = -1;
+  int64_t last_printed_step_ = -1;
+  int64_t total_steps_ = 0;
+  std::vector<ResizeEvent> resizes_;
+  std::map<int64_t, size_t> pending_pause_;  // plan epoch -> index in resizes_
+  std::map<int64_t, Clock::time_point> published_at_;
+  std::map<int64_t, std::vector<std::string>> plan_members_;  // epoch -> worker names
+  int recoveries_ = 0;
+  bool done_ = false;
+};
+
+Status LocalCluster::Start() {
+  VF_RETURN_IF_ERROR(run_.Create());
+  job_id_ = job_.namespace_name + "/" + job_.name;
+  token_ = RandomToken();
+  VF_RETURN_IF_ERROR(coordinator_.AddJob(job_id_, token_, job_.Fingerprint(),
+                                         std::string("virtualflow ") + VF_VERSION));
+  VF_ASSIGN_OR_RETURN(server_, CoordinatorServer::Start(coordinator_, "127.0.0.1", 0));
+  policy::PolicyOptions popts;
+  popts.cooldown_seconds = job_.elasticity.cooldown_seconds;
+  VF_ASSIGN_OR_RETURN(policy_, policy::CreatePolicy(job_.elasticity.policy, popts));
+  const std::string token_file = (fs::path(run_.path()) / "token").string();
+  {
+    std::ofstream t(token_file);
+    t << token_ << "\n";
+    if (!t) return Internal("cannot write " + token_file);
+  }
+  fs::permissions(token_file, fs::perms::owner_read | fs::perms::owner_write);
+  if (!o_.run_info_path.empty()) {
+    nlohmann::json info = {
+        {"coordinator", server_->url()}, {"job", job_id_}, {"token_file", token_file}};
+    std::ofstream out(o_.run_info_path);
+    out << info.dump() << "\n";
+  }
+  // Workers die with this process rather than linger if it is killed.
+  setenv("VF_EXIT_WITH_PARENT", std::to_string(getpid()).c_str(), 1);
+  return Status::Ok();
+}
+
+Status LocalCluster::Spawn(int slot) {
+  auto w = std::make_unique<Worker>();
+  w->name = "worker-" + std::to_string(next_worker_++);
+  w->slot = slot;
+  const fs::path dir = run_.path();
+  w->err_path = (dir / (w->name + ".log")).string();
+  w->result_path = (dir / (w->name + ".json")).string();
+  std::ostringstream timeout;
+  timeout << o_.timeout;
+  std::vector<std::string> args = {agent_,
+                                   "--job",
+                                   o_.job_path,
+                                   "--coordinator",
+                                   server_->url(),
+                                   "--job-id",
+                                   job_id_,
+                                   "--worker",
+                                   w->name,
+                                   "--token-file",
+                                   (dir / "token").string(),
+                                   "--result",
+                                   w->result_path,
+                                   "--timeout",
+                                   timeout.str(),
+                                   "--report-interval",
+                                   "0.5"};
+  if (o_.steps_override > 0) {
+    args.push_back("--steps");
+    args.push_back(std::to_string(o_.steps_override));
+  }
+  if (!o_.slowdowns.empty()) {
+    std::ostringstream f;
+    f << o_.slowdowns[static_cast<size_t>(slot) % o_.slowdowns.size()];
+    args.push_back("--slowdown");
+    args.push_back(f.str());
+  }
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  if (!out_path.empty()) {
-    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, out_path.c_str(),
-                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  }
-  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_path.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, w->err_path.c_str(),
+                                   O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, w->err_path.c_str(),
+                                   O_WRONLY | O_CREAT | O_APPEND, 0644);
   std::vector<char*> argv;
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
-  pid_t pid = -1;
-  const int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  const int rc = posix_spawn(&w->pid, argv[0], &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) return Internal("cannot start " + args[0] + ": " + std::strerror(rc));
-  return pid;
+  if (rc != 0) return Internal("cannot start " + agent_ + ": " + std::strerror(rc));
+  workers_.push_back(std::move(w));
+  return Status::Ok();
 }
 
-void StopAll(std::vector<Child>& children) {
-  for (auto& c : children) {
-    if (!c.done) kill(c.pid, SIGTERM);
+void LocalCluster::Reap(Status* job_failure) {
+  for (auto& w : workers_) {
+    if (!w->alive) continue;
+    const pid_t r = waitpid(w->pid, &w->status, WNOHANG);
+    if (r != w->pid) continue;
+    w->alive = false;
+    (void)coordinator_.ForgetWorker(job_id_, w->name);
+    const bool clean = WIFEXITED(w->status) && WEXITSTATUS(w->status) == 0;
+    if (clean) continue;  // finished, or left after acknowledging a plan without it
+    std::string msg = AgentMessage(LastLine(w->err_path));
+    if (WIFEXITED(w->status) && WEXITSTATUS(w->status) == kExitJobFailed && job_failure->ok()) {
+      *job_failure = Status(StatusCode::kFailedPrecondition,
+                            msg.empty() ? w->name + " " + DescribeExit(w->status) : msg);
+      continue;
+    }
+    if (!o_.quiet) {
+      std::printf("%s %s%s\n", w->name.c_str(), DescribeExit(w->status).c_str(),
+                  w->in_plan ? "; recovering without it" : "");
+      std::fflush(stdout);
+    }
   }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
-  for (auto& c : children) {
-    while (!c.done) {
-      const pid_t r = waitpid(c.pid, &c.status, WNOHANG);
-      if (r == c.pid || r < 0) {
-        c.done = true;
+}
+
+int64_t LocalCluster::CurrentStep(const JobView& view) const {
+  int64_t step = 0;
+  for (const auto& [name, info] : view.workers) step = std::max(step, info.last_report.step);
+  return step;
+}
+
+Status LocalCluster::Publish(const std::vector<Worker*>& members, const std::string& reason) {
+  std::vector<Member> plan_members;
+  const auto assignment = EvenAssignment(job_.virtual_nodes, static_cast<int>(members.size()));
+  for (size_t i = 0; i < members.size(); ++i) {
+    plan_members.push_back({members[i]->name, static_cast<int>(i), assignment[i]});
+  }
+  VF_ASSIGN_OR_RETURN(Plan plan, coordinator_.PublishPlan(job_id_, plan_members));
+  for (auto& w : workers_) w->in_plan = false;
+  for (Worker* w : members) w->in_plan = true;
+  const int from = plan_size_;
+  plan_epoch_ = plan.epoch;
+  plan_size_ = static_cast<int>(members.size());
+  published_at_[plan.epoch] = Clock::now();
+  for (Worker* w : members) plan_members_[plan.epoch].push_back(w->name);
+  if (from != 0 && from != plan_size_) {
+    ResizeEvent e;
+    e.step = last_step_ < 0 ? 0 : last_step_;
+    e.from = from;
+    e.to = plan_size_;
+    e.reason = reason;
+    resizes_.push_back(e);
+    pending_pause_[plan.epoch] = resizes_.size() - 1;
+    last_resize_time_ = Since(start_);
+  }
+  return Status::Ok();
+}
+
+// A resize's pause is measured by the members that trained before and after it; the line is
+// printed once they have reported it (or after a while, with what is known).
+void LocalCluster::NoteResizePauses(const JobView& view, bool final) {
+  for (auto it = pending_pause_.begin(); it != pending_pause_.end();) {
+    const int64_t epoch = it->first;
+    ResizeEvent& e = resizes_[it->second];
+    double pause = 0.0;
+    bool reported = false;
+    bool superseded = false;
+    for (const auto& [name, info] : view.workers) {
+      if (info.last_report.epoch == epoch && info.last_report.pause_seconds > 0) {
+        pause = std::max(pause, info.last_report.pause_seconds);
+        reported = true;
+      }
+      superseded = superseded || info.last_report.epoch > epoch;
+    }
+    // Reports carry the latest epoch only: once members report a newer one, this resize's
+    // pause is whatever was seen (a plan replaced before anyone trained under it has none).
+    if (!reported && !superseded && !final) {
+      ++it;
+      continue;
+    }
+    e.pause_seconds = pause;
+    if (!o_.quiet) {
+      char pause_text[32] = "not measured";
+      if (reported) std::snprintf(pause_text, sizeof(pause_text), "%.2f s", e.pause_seconds);
+      std::printf("resize at step %lld: %d -> %d workers, pause %s (%s)\n",
+                  static_cast<long long>(e.step), e.from, e.to, pause_text, e.reason.c_str());
+      std::fflush(stdout);
+    }
+    it = pending_pause_.erase(it);
+  }
+}
+
+void LocalCluster::PrintProgress(const JobView& view) {
+  if (o_.quiet || o_.progress_interval <= 0 || Since(last_progress_) < o_.progress_interval) {
+    return;
+  }
+  const Report* best = nullptr;
+  for (const auto& [name, info] : view.workers) {
+    if (best == nullptr || info.last_report.step > best->step) best = &info.last_report;
+  }
+  if (best == nullptr || best->step <= 0 || best->step == last_printed_step_) return;
+  last_progress_ = Clock::now();
+  last_printed_step_ = best->step;
+  const double rate = best->samples_per_second;
+  const double remaining =
+      static_cast<double>(total_steps_ - best->step) * static_cast<double>(job_.global_batch_size);
+  std::printf("step %6lld/%lld  loss %.4f  %2d workers  %7.0f samples/s  ETA %s\n",
+              static_cast<long long>(best->step), static_cast<long long>(total_steps_), best->loss,
+              plan_size_, rate, rate > 0 ? FormatDuration(remaining / rate).c_str() : "-");
+  std::fflush(stdout);
+}
+
+Status LocalCluster::Reconcile(const JobView& view) {
+  const int64_t step = CurrentStep(view);
+  if (step != last_step_) {
+    last_step_ = step;
+    last_step_change_ = Clock::now();
+  }
+  const int slots = capacity_.At(step, Since(start_));
+
+  // Workers leave when asked (SIGTERM) or die; everything else is the policy's call.
+  std::vector<Worker*> alive;
+  for (auto& w : workers_) {
+    if (w->alive) alive.push_back(w.get());
+  }
+  auto info = [&](const Worker* w) -> const WorkerInfo* {
+    auto it = view.workers.find(w->name);
+    return it == view.workers.end() ? nullptr : &it->second;
+  };
+  auto usable = [&](const Worker* w) {
+    const WorkerInfo* i = info(w);
+    return w->alive && !w->asked_to_leave && (i == nullptr || !i->leave_requested);
+  };
+  int current = 0;
+  for (Worker* w : alive) current += (w->in_plan && usable(w)) ? 1 : 0;
+
+  // The same decision code the Kubernetes operator runs, with the local slots as the only
+  // "GPU type".
+  policy::PolicyJob pj;
+  pj.id = job_id_;
+  pj.min_workers = job_.replicas_min;
+  pj.max_workers = job_.replicas_max;
+  pj.requested_workers = job_.replicas_max;
+  pj.virtual_nodes = job_.virtual_nodes;
+  pj.gpus_per_worker = 1;
+  if (plan_size_ > 0 && current > 0) pj.current["cpu"] = current;
+  pj.last_resize_time = last_resize_time_;
+  pj.cooldown_seconds = job_.elasticity.cooldown_seconds;
+  policy::GpuInventory inventory;
+  inventory.gpus["cpu"] = slots;
+  VF_ASSIGN_OR_RETURN(policy::Decision decision, policy_->Decide({pj}, inventory, Since(start_)));
+  const policy::JobDecision* mine = decision.Find(job_id_);
+  const int desired = mine == nullptr ? 0 : policy::TotalWorkers(mine->workers);
+  const std::string policy_reason = mine == nullptr ? std::string() : mine->reason;
+
+  // Slots: every live process holds one, joiners and leavers included.
+  int used = static_cast<int>(alive.size());
+  int usable_count = 0;
+  for (Worker* w : alive) usable_count += usable(w) ? 1 : 0;
+  for (int slot = 0; usable_count < desired && used < slots; ++slot) {
+    bool taken = false;
+    for (Worker* w : alive) taken = taken || w->slot == slot;
+    if (taken) continue;
+    VF_RETURN_IF_ERROR(Spawn(slot));
+    ++used;
+    ++usable_count;
+  }
+
+  // The member set: current members that may stay (oldest first), then ready joiners.
+  std::vector<Worker*> members;
+  for (auto& w : workers_) {
+    if (w->in_plan && usable(w.get()) && static_cast<int>(members.size()) < desired) {
+      members.push_back(w.get());
+    }
+  }
+  for (auto& w : workers_) {
+    const WorkerInfo* i = info(w.get());
+    if (!w->in_plan && usable(w.get()) && i != nullptr && i->ready &&
+        static_cast<int>(members.size()) < desired) {
+      members.push_back(w.get());
+    }
+  }
+  if (plan_size_ == 0 && static_cast<int>(members.size()) < desired &&
+      Since(start_) < kStartupWait) {
+    return Status::Ok();  // start on the whole initial set, not on whoever warmed up first
+  }
+  if (static_cast<int>(members.size()) < job_.replicas_min) {
+    // Not enough ready workers for min: keep the plan (members keep training) until joiners
+    // are ready, unless a member is gone, in which case nobody can train anyway.
+    bool member_gone = false;
+    for (auto& w : workers_) member_gone = member_gone || (w->in_plan && !w->alive);
+    if (!member_gone) return Status::Ok();
+    if (members.empty()) return Status::Ok();
+  }
+
+  // Growth waits for the joiners still warming up, so they are added in one plan.
+  bool warming = false;
+  for (auto& w : workers_) {
+    const WorkerInfo* i = info(w.get());
+    warming = warming || (!w->in_plan && usable(w.get()) && (i == nullptr || !i->ready) &&
+                          Since(w->started) < kJoinBatchWait);
+  }
+
+  // A failed collective in the current plan needs a fresh plan even with the same members.
+  bool failed = false;
+  for (const auto& [name, i] : view.workers) {
+    failed = failed || (i.failure_epoch >= plan_epoch_ && plan_epoch_ > handled_failure_epoch_);
+  }
+  bool lost = false;
+  for (auto& w : workers_) lost = lost || (w->in_plan && !w->alive);
+
+  bool same = static_cast<int>(members.size()) == plan_size_ && !lost;
+  for (Worker* w : members) same = same && w->in_plan;
+  if (same && !failed) return Status::Ok();
+  if (members.empty()) return Status::Ok();
+  bool shrinks = false;
+  for (auto& w : workers_) {
+    bool kept = false;
+    for (Worker* m : members) kept = kept || m == w.get();
+    shrinks = shrinks || (w->in_plan && !kept);
+  }
+  if (warming && !lost && !failed && !shrinks && plan_size_ > 0) return Status::Ok();
+
+  std::string reason;
+  bool leaving = false;
+  for (auto& w : workers_) {
+    const WorkerInfo* i = info(w.get());
+    leaving = leaving || (w->in_plan && i != nullptr && i->leave_requested);
+  }
+  if (lost || failed) {
+    reason = "a worker failed";
+    ++recoveries_;
+    handled_failure_epoch_ = plan_epoch_ + 1;
+  } else if (leaving) {
+    reason = "a worker asked to leave";
+  } else if (!policy_reason.empty()) {
+    reason = policy_reason + ", " + std::to_string(slots) + " slots";
+  } else {
+    reason = std::to_string(slots) + " slots";
+  }
+  if (plan_size_ == 0) reason = "start";
+  // Members not in the new plan acknowledge it and exit; give them a deadline.
+  for (auto& w : workers_) {
+    bool kept = false;
+    for (Worker* m : members) kept = kept || m == w.get();
+    if (w->in_plan && w->alive && !kept) {
+      w->asked_to_leave = true;
+      w->leave_deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(o_.timeout));
+    }
+  }
+  return Publish(members, reason);
+}
+
+void LocalCluster::StopAll() {
+  for (auto& w : workers_) {
+    if (w->alive) kill(w->pid, SIGTERM);
+  }
+  const auto deadline = Clock::now() + std::chrono::seconds(3);
+  for (auto& w : workers_) {
+    while (w->alive) {
+      const pid_t r = waitpid(w->pid, &w->status, WNOHANG);
+      if (r == w->pid || r < 0) {
+        w->alive = false;
         break;
       }
-      if (std::chrono::steady_clock::now() > deadline) {
-        kill(c.pid, SIGKILL);
-        waitpid(c.pid, &c.status, 0);
-        c.done = true;
+      if (Clock::now() > deadline) {
+        kill(w->pid, SIGKILL);
+        waitpid(w->pid, &w->status, 0);
+        w->alive = false;
         break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -124,9 +533,129 @@ void StopAll(std::vector<Child>& children) {
   }
 }
 
-std::string DescribeExit(int status) {
-  if (WIFSIGNALED(status)) return "was killed by signal " + std::to_string(WTERMSIG(status));
-  return "exited with code " + std::to_string(WEXITSTATUS(status));
+Result<LocalRunSummary> LocalCluster::Collect() {
+  LocalRunSummary s;
+  s.virtual_nodes = job_.virtual_nodes;
+  s.seconds = Since(start_);
+  s.resizes = resizes_;
+  s.recoveries = recoveries_;
+  bool have = false;
+  for (auto& w : workers_) {
+    const bool clean = !w->alive && WIFEXITED(w->status) && WEXITSTATUS(w->status) == 0;
+    if (!clean || !fs::exists(w->result_path)) continue;
+    std::ifstream in(w->result_path);
+    nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.contains("weights_sha256")) {
+      return Internal(w->name + " finished without a readable result");
+    }
+    ++s.workers;
+    s.worker_results.push_back(j.dump());
+    const std::string sha = j["weights_sha256"].get<std::string>();
+    if (!have) {
+      s.weights_sha256 = sha;
+      have = true;
+    } else if (sha != s.weights_sha256) {
+      return Internal("workers ended with different weights (" + s.weights_sha256 + " and " +
+                      w->name + " " + sha + ")");
+    }
+    if (j.contains("test_accuracy")) {
+      s.steps = j["steps"].get<int64_t>();
+      s.final_loss = j["final_loss"].is_null() ? 0.0 : j["final_loss"].get<double>();
+      s.test_accuracy = j["test_accuracy"].get<double>();
+      s.test_loss = j["test_loss"].get<double>();
+    }
+  }
+  if (!have) return Internal("no worker finished the job");
+  s.samples_per_second =
+      s.seconds > 0 ? static_cast<double>(s.steps * job_.global_batch_size) / s.seconds : 0.0;
+  return s;
+}
+
+Result<LocalRunSummary> LocalCluster::Run() {
+  VF_RETURN_IF_ERROR(Start());
+  VF_ASSIGN_OR_RETURN(DatasetSplits data, LoadJobDataset(job_));
+  total_steps_ = job_.TotalSteps(data.train.count / job_.global_batch_size);
+  data = {};
+  if (!o_.quiet) {
+    std::printf("training %s: %d virtual nodes x %lld samples, %lld steps, slots %s\n",
+                job_.name.c_str(), job_.virtual_nodes, static_cast<long long>(job_.micro_batch()),
+                static_cast<long long>(total_steps_), capacity_.ToString().c_str());
+    std::fflush(stdout);
+  }
+  uint64_t generation = 0;
+  Clock::time_point finished_at{};
+  const double stall_limit = std::max(3 * o_.timeout, 30.0);
+  while (true) {
+    if (g_stop.load()) {
+      StopAll();
+      return Unavailable("interrupted; workers stopped");
+    }
+    Status job_failure;
+    Reap(&job_failure);
+    if (!job_failure.ok()) {
+      StopAll();
+      return job_failure;
+    }
+    VF_ASSIGN_OR_RETURN(JobView view, coordinator_.GetJob(job_id_));
+    generation = view.generation;
+    NoteResizePauses(view);
+
+    // The job is complete once a member has finished it: the other members are finishing the
+    // same last step. A joiner admitted by a plan published during that step has nobody left
+    // to train with, so after a short grace the rest are stopped.
+    int64_t finished_epoch = -1;
+    for (auto& w : workers_) {
+      if (w->alive || !WIFEXITED(w->status) || WEXITSTATUS(w->status) != 0) continue;
+      std::ifstream in(w->result_path);
+      nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+      if (!j.is_discarded() && j.contains("epoch")) {
+        finished_epoch = std::max(finished_epoch, j["epoch"].get<int64_t>());
+      }
+    }
+    if (finished_epoch >= 0) {
+      if (finished_at == Clock::time_point{}) finished_at = Clock::now();
+      const auto& finishers = plan_members_[finished_epoch];
+      bool waiting = false;
+      for (auto& w : workers_) {
+        if (!w->alive) continue;
+        const bool peer = std::find(finishers.begin(), finishers.end(), w->name) != finishers.end();
+        if (peer) {
+          waiting = true;
+        } else {
+          kill(w->pid, SIGTERM);  // admitted too late to train; nothing to hand over
+        }
+      }
+      if (!waiting || Since(finished_at) > o_.timeout) {
+        // Resizes whose plan nobody trained under did not happen.
+        for (auto it = pending_pause_.rbegin(); it != pending_pause_.rend(); ++it) {
+          if (it->first > finished_epoch) {
+            resizes_.erase(resizes_.begin() + static_cast<std::ptrdiff_t>(it->second));
+          }
+        }
+        std::erase_if(pending_pause_, [&](const auto& p) { return p.first > finished_epoch; });
+        break;
+      }
+      coordinator_.WaitForChange(job_id_, generation, std::chrono::milliseconds(50));
+      continue;
+    }
+
+    VF_RETURN_IF_ERROR(Reconcile(view));
+    PrintProgress(view);
+    for (auto& w : workers_) {
+      if (w->alive && w->asked_to_leave && Clock::now() > w->leave_deadline) {
+        kill(w->pid, SIGKILL);  // it did not acknowledge the plan without it in time
+      }
+    }
+    if (Since(last_step_change_) > stall_limit) {
+      StopAll();
+      return DeadlineExceeded("no training progress for " + std::to_string(int(stall_limit)) +
+                              " s at step " + std::to_string(last_step_));
+    }
+    coordinator_.WaitForChange(job_id_, generation, std::chrono::milliseconds(50));
+  }
+  StopAll();  // joiners that were still warming up
+  NoteResizePauses(*coordinator_.GetJob(job_id_), /*final=*/true);
+  return Collect();
 }
 
 }  // namespace
@@ -143,20 +672,27 @@ Result<LocalRunSummary> RunLocalJob(const LocalRunOptions& o) {
     job.epochs = 0;
   }
   VF_RETURN_IF_ERROR(ValidateJob(job).WithContext(o.job_path));
-  int workers = o.workers;
-  if (workers < 0) return InvalidArgument("--workers must be at least 1");
-  if (workers == 0) {
-    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    workers = std::min(job.replicas_max, cores);
-  }
-  if (workers > job.virtual_nodes) {
-    return InvalidArgument("--workers " + std::to_string(workers) + " exceeds spec.virtualNodes (" +
-                           std::to_string(job.virtual_nodes) +
+  if (o.workers < 0) return InvalidArgument("--workers must be at least 1");
+  if (o.workers > job.virtual_nodes) {
+    return InvalidArgument("--workers " + std::to_string(o.workers) +
+                           " exceeds spec.virtualNodes (" + std::to_string(job.virtual_nodes) +
                            "): every worker needs at least one virtual node");
+  }
+  CapacitySchedule capacity = CapacitySchedule::Constant(1);
+  if (!o.capacity.empty()) {
+    VF_ASSIGN_OR_RETURN(capacity, CapacitySchedule::Parse(o.capacity));
+  } else {
+    int slots = o.workers;
+    if (slots == 0) {
+      const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+      slots = std::min(job.replicas_max, cores);
+    }
+    capacity = CapacitySchedule::Constant(slots);
   }
   VF_ASSIGN_OR_RETURN(DatasetSplits data, LoadJobDataset(job));
   VF_RETURN_IF_ERROR(Sharder::Check(data.train.count, job.global_batch_size, job.virtual_nodes)
                          .WithContext(o.job_path));
+  data = {};
   if (!job.checkpoint.path.empty() && fs::exists(job.checkpoint.path)) {
     VF_ASSIGN_OR_RETURN(TrainingState state, ReadCheckpoint(job.checkpoint.path));
     if (state.job_fingerprint != job.Fingerprint()) {
@@ -164,8 +700,11 @@ Result<LocalRunSummary> RunLocalJob(const LocalRunOptions& o) {
                                 " belongs to a different job (its virtual nodes, batch size, "
                                 "model, dataset, optimizer, reduction or seed differ)");
     }
+    if (!o.quiet) {
+      std::printf("resuming from checkpoint %s at step %lld\n", job.checkpoint.path.c_str(),
+                  static_cast<long long>(state.step));
+    }
   }
-  data = {};  // the workers load their own copy
 
   std::string agent = o.agent_path;
   if (agent.empty()) {
@@ -175,104 +714,8 @@ Result<LocalRunSummary> RunLocalJob(const LocalRunOptions& o) {
   if (access(agent.c_str(), X_OK) != 0) {
     return NotFound("worker program " + agent + " not found or not executable");
   }
-
-  TempDir run;
-  VF_RETURN_IF_ERROR(run.Create());
-  const fs::path dir = run.path();
-  fs::create_directory(dir / "store");
-  // Workers die with this process rather than linger if it is killed.
-  setenv("VF_EXIT_WITH_PARENT", std::to_string(getpid()).c_str(), 1);
-
-  std::vector<Child> children;
-  const auto start = std::chrono::steady_clock::now();
-  for (int r = 0; r < workers; ++r) {
-    std::ostringstream interval;
-    interval << (r == 0 ? o.progress_interval : 0.0);
-    std::ostringstream timeout;
-    timeout << o.timeout;
-    std::vector<std::string> args = {agent,
-                                     "--job",
-                                     o.job_path,
-                                     "--rank",
-                                     std::to_string(r),
-                                     "--world-size",
-                                     std::to_string(workers),
-                                     "--store-dir",
-                                     (dir / "store").string(),
-                                     "--result",
-                                     (dir / ("rank-" + std::to_string(r) + ".json")).string(),
-                                     "--progress-interval",
-                                     interval.str(),
-                                     "--timeout",
-                                     timeout.str()};
-    if (o.steps_override > 0) {
-      args.push_back("--steps");
-      args.push_back(std::to_string(o.steps_override));
-    }
-    const std::string out =
-        r == 0 ? std::string() : (dir / ("rank-" + std::to_string(r) + ".out")).string();
-    auto pid = Spawn(args, out, (dir / ("rank-" + std::to_string(r) + ".err")).string());
-    if (!pid.ok()) {
-      StopAll(children);
-      return pid.status();
-    }
-    children.push_back({*pid, r, false, 0});
-  }
-
-  // Wait for all; the first failure stops the rest and is what the user sees.
-  Status failure;
-  size_t remaining = children.size();
-  while (remaining > 0) {
-    if (g_stop.load()) {
-      StopAll(children);
-      return Unavailable("interrupted; workers stopped");
-    }
-    bool progressed = false;
-    for (auto& c : children) {
-      if (c.done) continue;
-      const pid_t r = waitpid(c.pid, &c.status, WNOHANG);
-      if (r != c.pid) continue;
-      c.done = true;
-      --remaining;
-      progressed = true;
-      if (WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0) continue;
-      std::string msg =
-          AgentMessage(LastLine((dir / ("rank-" + std::to_string(c.rank) + ".err")).string()));
-      if (msg.empty()) msg = "worker " + std::to_string(c.rank) + " " + DescribeExit(c.status);
-      failure = Status(StatusCode::kUnavailable, msg);
-      StopAll(children);
-      return failure;
-    }
-    if (!progressed) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-
-  LocalRunSummary summary;
-  summary.workers = workers;
-  summary.virtual_nodes = job.virtual_nodes;
-  summary.seconds = seconds;
-  for (int r = 0; r < workers; ++r) {
-    const fs::path p = dir / ("rank-" + std::to_string(r) + ".json");
-    std::ifstream in(p);
-    nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.contains("weights_sha256")) {
-      return Internal("worker " + std::to_string(r) + " finished without a readable result");
-    }
-    const std::string sha = j["weights_sha256"].get<std::string>();
-    if (r == 0) {
-      summary.weights_sha256 = sha;
-      summary.steps = j["steps"].get<int64_t>();
-      summary.final_loss = j["final_loss"].is_null() ? 0.0 : j["final_loss"].get<double>();
-      summary.test_accuracy = j["test_accuracy"].get<double>();
-      summary.test_loss = j["test_loss"].get<double>();
-      summary.samples_per_second = j["samples_per_second"].get<double>();
-    } else if (sha != summary.weights_sha256) {
-      return Internal("workers ended with different weights (rank 0 " + summary.weights_sha256 +
-                      ", rank " + std::to_string(r) + " " + sha + ")");
-    }
-  }
-  return summary;
+  LocalCluster cluster(o, std::move(job), std::move(capacity), agent);
+  return cluster.Run();
 }
 
 }  // namespace vf

@@ -1,5 +1,5 @@
-// The embedded default "cluster": runs a job as local worker processes, so `vf run job.yaml`
-// needs no Kubernetes at all.
+// The embedded default "cluster": runs a job as local worker processes with the real
+// coordinator, so `vf run job.yaml` needs no Kubernetes at all and resizes like the operator.
 #pragma once
 
 #include <cstdint>
@@ -12,11 +12,24 @@ namespace vf {
 
 struct LocalRunOptions {
   std::string job_path;
-  int workers = 0;                 // 0: min(replicas.max, CPU cores)
+  int workers = 0;                 // local worker slots; 0: min(replicas.max, CPU cores)
+  std::string capacity;            // slot schedule "0:2,150:4" (steps) or "0s:2,30s:4"; overrides
   int64_t steps_override = 0;      // > 0 replaces the job's length
-  double progress_interval = 2.0;  // seconds between progress lines
-  double timeout = 60.0;           // seconds bound on rendezvous and collectives
+  double progress_interval = 2.0;  // seconds between progress lines (0: none)
+  double timeout = 60.0;           // seconds bound on rendezvous, collectives and stalls
   std::string agent_path;          // empty: virtualflow-agent next to this executable
+  std::vector<double> slowdowns;   // per worker slot (cycled): artificial slowdown factors
+  std::string run_info_path;       // write {coordinator, job, token_file} here once serving
+  bool quiet = false;              // no progress or resize lines
+};
+
+// One membership change, as `vf run --summary-json` reports it.
+struct ResizeEvent {
+  int64_t step = 0;
+  int from = 0;
+  int to = 0;
+  double pause_seconds = 0.0;
+  std::string reason;
 };
 
 // What a finished local run reports (the fields of `vf run --summary-json`).
@@ -26,16 +39,19 @@ struct LocalRunSummary {
   double test_accuracy = 0.0;
   double test_loss = 0.0;
   std::string weights_sha256;
-  int workers = 0;
+  int workers = 0;  // members at the end
   int virtual_nodes = 0;
   double seconds = 0.0;
   double samples_per_second = 0.0;
+  std::vector<ResizeEvent> resizes;
+  int recoveries = 0;                       // plans published because a member failed
+  std::vector<std::string> worker_results;  // each final member's result, as JSON text
 };
 
 // Validates the job, its dataset and any checkpoint up front (one clear error, before any
-// process starts), starts the workers, streams rank 0's progress to stdout, and collects the
-// result. If a worker fails, the others are stopped and the failing worker's error is returned.
-// Checks that every worker ended with the same weights.
+// process starts), serves the coordinator, starts workers as the policy and the slot schedule
+// allow, publishes membership plans, replaces failed workers, prints progress and one line per
+// resize, and collects the result. Checks that every final member ended with the same weights.
 Result<LocalRunSummary> RunLocalJob(const LocalRunOptions& options);
 
 // Asks a running RunLocalJob (from a signal handler) to stop its workers and return.

@@ -1,0 +1,50 @@
+#include "agent/plan_watcher.h"
+
+namespace vf {
+
+PlanWatcher::PlanWatcher(CoordinatorClient& client) : client_(client) {
+  thread_ = std::thread([this] { Run(); });
+}
+
+PlanWatcher::~PlanWatcher() {
+  stop_.store(true);
+  thread_.join();
+}
+
+void PlanWatcher::Run() {
+  // Short polls keep shutdown prompt; the coordinator answers at once when a plan is newer.
+  constexpr auto kPoll = std::chrono::milliseconds(1000);
+  auto backoff = std::chrono::milliseconds(50);
+  while (!stop_.load()) {
+    auto plan = client_.WaitForPlan(latest_.load(), kPoll);
+    if (!plan.ok()) {
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+      continue;
+    }
+    backoff = std::chrono::milliseconds(50);
+    if (plan->epoch > latest_.load()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      plans_[plan->epoch] = *plan;
+      // Old plans are never needed again once a newer one exists for long.
+      while (plans_.size() > 64) plans_.erase(plans_.begin());
+      latest_.store(plan->epoch);
+      cv_.notify_all();
+    }
+  }
+}
+
+std::optional<Plan> PlanWatcher::WaitNewer(int64_t after, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [&] { return latest_.load() > after; })) return std::nullopt;
+  return plans_.rbegin()->second;
+}
+
+std::optional<Plan> PlanWatcher::WaitFor(int64_t epoch, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [&] { return latest_.load() >= epoch; })) return std::nullopt;
+  auto it = plans_.find(epoch);
+  return it != plans_.end() ? it->second : plans_.rbegin()->second;
+}
+
+}  // namespace vf

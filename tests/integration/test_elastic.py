@@ -1,0 +1,229 @@
+"""Elastic membership: workers join and leave between two steps without restarting, a worker
+killed with SIGKILL (at random moments, mid-all-reduce and mid-state-transfer) is replaced and
+its step redone, and the final weights are bitwise those of an undisturbed static run."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+import unittest
+import urllib.error
+import urllib.request
+
+from harness import VF, VfTestCase, vf, job_yaml, write
+
+# virtualNodes 12 splits unevenly over 1..4 workers. The sleep-based slowdown paces steps at a
+# few tens of milliseconds without using CPU, so joiners warm up within a predictable number of
+# steps on a loaded 2-core machine.
+SLOW = "4"
+
+
+def elastic_job(tmp, name="job.yaml", **overrides):
+    spec = dict(virtualNodes="12", globalBatchSize="192", replicas="{min: 1, max: 4}",
+                elasticity="{policy: elastic, cooldownSeconds: 0}", steps="260")
+    spec.update(overrides)
+    return write(os.path.join(tmp, name), job_yaml(**spec))
+
+
+class Background:
+    """`vf run` in the background, with its run info (coordinator URL, token) once serving."""
+
+    def __init__(self, tmp, *args, env=None):
+        self.info_path = os.path.join(tmp, "run-info.json")
+        self.summary_path = os.path.join(tmp, "summary.json")
+        cmd = [VF, "run", *args, "--run-info", self.info_path, "--summary-json",
+               self.summary_path, "--progress-interval", "0"]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env={**os.environ, **(env or {})})
+        self.out = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.out.append(line)
+
+    def info(self, timeout=60):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if os.path.exists(self.info_path) and os.path.getsize(self.info_path) > 0:
+                with open(self.info_path) as f:
+                    return json.load(f)
+            time.sleep(0.05)
+        raise AssertionError("vf never started serving")
+
+    def workers(self):
+        """pids of the live worker processes, by worker name."""
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid), "-a"], capture_output=True,
+                             text=True).stdout
+        found = {}
+        for line in out.splitlines():
+            pid, _, cmd = line.partition(" ")
+            if "--worker " in cmd:
+                found[cmd.split("--worker ")[1].split()[0]] = int(pid)
+        return found
+
+    def wait(self, timeout=600):
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError("vf run hung")
+        self.reader.join(timeout=10)
+        err = self.proc.stderr.read()
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+        summary = None
+        if os.path.exists(self.summary_path):
+            with open(self.summary_path) as f:
+                summary = json.load(f)
+        return self.proc.returncode, "".join(self.out), err, summary
+
+
+class ElasticTest(VfTestCase):
+    def reference(self, job):
+        run = vf("run", job, "--workers", "4", "--slowdown", SLOW, "--progress-interval", "0")
+        self.assertSucceeded(run)
+        self.assertEqual(run.summary["resizes"], [], "the reference run must be static")
+        self.assertEqual(run.summary["workers"], 4)
+        return run.summary["weights_sha256"]
+
+    def test_resized_run_matches_static_run_for_momentum_and_adamw(self):
+        for name, optimizer in (("sgd", "{name: sgd, learningRate: 0.05, momentum: 0.9}"),
+                                ("adamw", "{name: adamw, learningRate: 0.002, weightDecay: 0.01}")):
+            with self.subTest(optimizer=name):
+                job = elastic_job(self.tmp, name + ".yaml", optimizer=optimizer)
+                expected = self.reference(job)
+                run = vf("run", job, "--capacity", "0:2,20:4,120:1,160:3", "--slowdown", SLOW,
+                         "--progress-interval", "0")
+                self.assertSucceeded(run)
+                sizes = [(r["from"], r["to"]) for r in run.summary["resizes"]]
+                self.assertEqual(sizes, [(2, 4), (4, 1), (1, 3)], run.stdout)
+                self.assertEqual(run.summary["recoveries"], 0)
+                self.assertEqual(run.summary["weights_sha256"], expected)
+                lines = [l for l in run.stdout.splitlines() if l.startswith("resize at step")]
+                self.assertEqual(len(lines), 3, run.stdout)
+                self.assertRegex(lines[0], r"resize at step \d+: 2 -> 4 workers, pause \d+\.\d\d s")
+                for r in run.summary["resizes"]:
+                    self.assertGreater(r["pause_seconds"], 0)
+                    self.assertTrue(r["reason"])
+
+    def test_chaos_kills_are_survived_with_identical_weights(self):
+        job = elastic_job(self.tmp, steps="300")
+        expected = self.reference(job)
+        seed = int(os.environ.get("VF_CHAOS_SEED", str(random.randrange(1 << 30))))
+        rng = random.Random(seed)
+        # worker-1 dies between computing and reducing step 40; the first replacement
+        # (worker-4) dies while the state is being sent to it.
+        faults = "worker-1:allreduce@40,worker-4:state-transfer"
+        bg = Background(self.tmp, job, "--workers", "3", "--slowdown", SLOW,
+                        env={"VF_FAULT_INJECT": faults})
+        bg.info()
+        killed = []
+        for _ in range(2):
+            time.sleep(rng.uniform(2.0, 5.0))
+            live = bg.workers()
+            if not live:
+                break
+            victim = rng.choice(sorted(live))
+            os.kill(live[victim], signal.SIGKILL)
+            killed.append(victim)
+        code, out, err, summary = bg.wait()
+        self.assertEqual(code, 0, "chaos seed %d:\n%s\n%s" % (seed, out, err))
+        self.assertEqual(len(killed), 2, "chaos seed %d: workers gone early" % seed)
+        self.assertGreaterEqual(summary["recoveries"], 3, "chaos seed %d:\n%s" % (seed, out))
+        self.assertIn("worker-1 was killed by signal 9", out)
+        self.assertIn("worker-4 was killed by signal 9", out)
+        self.assertEqual(summary["weights_sha256"], expected, "chaos seed %d" % seed)
+
+    def test_graceful_leave_shrinks_without_redoing_a_step(self):
+        job = elastic_job(self.tmp, replicas="{min: 1, max: 3}")
+        expected = self.reference(elastic_job(self.tmp, "ref.yaml"))
+        bg = Background(self.tmp, job, "--workers", "3", "--slowdown", SLOW)
+        bg.info()
+        deadline = time.monotonic() + 60
+        while len(bg.workers()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(2)
+        os.kill(bg.workers()["worker-2"], signal.SIGTERM)
+        code, out, err, summary = bg.wait()
+        self.assertEqual(code, 0, out + err)
+        self.assertEqual(summary["recoveries"], 0, out)
+        shrink = [r for r in summary["resizes"] if (r["from"], r["to"]) == (3, 2)]
+        self.assertEqual(len(shrink), 1, out)
+        self.assertIn("leave", shrink[0]["reason"])
+        self.assertNotIn("worker-2 was killed", out)
+        self.assertEqual(summary["weights_sha256"], expected)
+
+    def test_mismatched_joiner_is_refused_without_disturbing_the_job(self):
+        job = elastic_job(self.tmp)
+        expected = self.reference(job)
+        bg = Background(self.tmp, job, "--workers", "2", "--slowdown", SLOW)
+        info = bg.info()
+        agent = os.path.join(os.path.dirname(VF), "virtualflow-agent")
+        for field, value in (("virtualNodes", "6"), ("model", "{name: mlp, hiddenSizes: [64]}")):
+            other = elastic_job(self.tmp, "other-%s.yaml" % field, **{field: value})
+            rogue = subprocess.run([agent, "--job", other, "--coordinator", info["coordinator"],
+                                    "--job-id", info["job"], "--worker", "rogue-" + field,
+                                    "--token-file", info["token_file"]],
+                                   capture_output=True, text=True, timeout=60)
+            self.assertEqual(rogue.returncode, 3, rogue.stderr)
+            self.assertIn("refused", rogue.stderr)
+            self.assertIn("job spec differs", rogue.stderr)
+        code, out, err, summary = bg.wait()
+        self.assertEqual(code, 0, out + err)
+        self.assertEqual(summary["resizes"], [])
+        self.assertEqual(summary["recoveries"], 0)
+        self.assertEqual(summary["weights_sha256"], expected)
+
+    def test_bad_coordinator_input_gets_4xx_and_leaves_the_job_alone(self):
+        job = elastic_job(self.tmp)
+        expected = self.reference(job)
+        bg = Background(self.tmp, job, "--workers", "2", "--slowdown", SLOW)
+        info = bg.info()
+        with open(info["token_file"]) as f:
+            token = f.read().strip()
+        base = "%s/v1/jobs/%s" % (info["coordinator"], info["job"])
+
+        def call(method, path, body=b"", token_value=token, url=None):
+            req = urllib.request.Request(url or base + path, data=body or None, method=method)
+            if token_value is not None:
+                req.add_header("Authorization", "Bearer " + token_value)
+            req.add_header("Content-Type", "application/json")
+            try:
+                with urllib.request.urlopen(req, timeout=30) as resp:
+                    return resp.status
+            except urllib.error.HTTPError as e:
+                body = e.read()
+                self.assertIn(b"error", body)
+                return e.code
+
+        # Wait until training runs under a plan, so that epoch 0 is in the past.
+        self.assertEqual(call("GET", "/plan?after=0&timeout_ms=60000"), 200)
+        cases = [
+            ("malformed JSON", ("POST", "/report", b"{not json"), 400),
+            ("missing token", ("POST", "/report", b"{}", None), 401),
+            ("wrong token", ("POST", "/report", b"{}", "nope"), 401),
+            ("unknown job", ("GET", "", b"", token,
+                             info["coordinator"] + "/v1/jobs/default/nosuchjob/plan"), 404),
+            ("epoch from the past", ("POST", "/report", json.dumps(
+                {"worker": "worker-0", "epoch": 0, "step": 1, "loss": 0.1,
+                 "samplesPerSecond": 1.0, "secondsPerVirtualNode": 0.1,
+                 "hasState": True}).encode()), 409),
+            ("oversized body", ("POST", "/register", b"x" * (2 << 20)), 413),
+            ("store write to a past epoch", ("PUT", "/store/epoch-0/rank-0", b"x"), 409),
+        ]
+        for name, args, status in cases:
+            with self.subTest(case=name):
+                self.assertEqual(call(*args), status)
+        code, out, err, summary = bg.wait()
+        self.assertEqual(code, 0, out + err)
+        self.assertEqual(summary["recoveries"], 0)
+        self.assertEqual(summary["weights_sha256"], expected)
+
+
+if __name__ == "__main__":
+    unittest.main()
