@@ -9,7 +9,11 @@ PACKAGES=(
   libgtest-dev libgmock-dev libopenblas-dev
   dataset-fashion-mnist
   clang-format clang-tidy
+  openssl util-linux   # tests/e2e: certificates for the control plane, flock for the tools' cache
 )
+# tests/e2e/build-k8s-tools.sh builds Kubernetes from source with Go. The machine image brings a
+# recent Go; without one, Debian's golang-go bootstraps the toolchain that script pins.
+command -v go >/dev/null || PACKAGES+=(golang-go)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
