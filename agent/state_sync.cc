@@ -40,21 +40,37 @@ Result<SyncOutcome> SyncState(Communicator& comm, Executor& executor,
   }
   out.source_rank = source;
 
-  std::string bytes;
-  if (comm.rank() == source) bytes = SerializeState(executor.Snapshot());
-  int64_t size = static_cast<int64_t>(bytes.size());
+  // The small part of the state travels serialized (checksummed, versioned); the large
+  // buffers are broadcast straight into every member's own memory, with no copies: integrity
+  // on the wire is the transport's job, and a member at the newest step receives bytes equal
+  // to its own, so even a transfer cut short leaves its state intact.
+  std::string meta;
+  if (comm.rank() == source) meta = SerializeState(executor.SnapshotMetadata());
+  int64_t size = static_cast<int64_t>(meta.size());
   VF_RETURN_IF_ERROR(comm.Broadcast(&size, sizeof(size), source).WithContext("state size"));
-  bytes.resize(static_cast<size_t>(size));
-  if (before_transfer) before_transfer();
-  VF_RETURN_IF_ERROR(
-      comm.Broadcast(bytes.data(), bytes.size(), source).WithContext("state transfer"));
+  meta.resize(static_cast<size_t>(size));
+  VF_RETURN_IF_ERROR(comm.Broadcast(meta.data(), meta.size(), source).WithContext("state"));
+  TrainingState metadata;
   if (comm.rank() != source) {
-    VF_ASSIGN_OR_RETURN(TrainingState state,
-                        DeserializeState(bytes, "state from rank " + std::to_string(source)));
-    VF_RETURN_IF_ERROR(executor.Restore(state));
+    VF_ASSIGN_OR_RETURN(metadata,
+                        DeserializeState(meta, "state from rank " + std::to_string(source)));
+    // Checked before the buffers arrive, so a foreign state cannot overwrite this one.
+    if (metadata.job_fingerprint != executor.SnapshotMetadata().job_fingerprint) {
+      return FailedPrecondition("the state from rank " + std::to_string(source) +
+                                " belongs to a different job");
+    }
+    if (!executor.has_state() || executor.step() != newest) executor.InvalidateState();
   }
+  if (before_transfer) before_transfer();
+  int64_t bytes = size;
+  for (auto [data, count] : executor.StateBuffers()) {
+    VF_RETURN_IF_ERROR(
+        comm.Broadcast(data, count * sizeof(float), source).WithContext("state transfer"));
+    bytes += static_cast<int64_t>(count * sizeof(float));
+  }
+  if (comm.rank() != source) VF_RETURN_IF_ERROR(executor.RestoreMetadata(metadata));
   out.transferred = true;
-  out.bytes = size;
+  out.bytes = bytes;
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return out;
 }

@@ -72,6 +72,8 @@ int Run(int argc, char** argv) {
                   "seconds before a stuck rendezvous, collective or worker fails (default 60)");
   flags.AddString("slowdown", &slowdown,
                   "per-slot slowdown factors, cycled (e.g. 1,1,3,3): emulates slower devices");
+  flags.AddString("assignment", &o.assignment,
+                  "virtual nodes per worker: proportional (to measured speed; default) or even");
   flags.AddBool("quiet", &o.quiet, "print only the result");
   flags.AddString("run-info", &o.run_info_path,
                   "write the coordinator's URL, job id and token file to PATH (for tools)");
@@ -85,6 +87,9 @@ int Run(int argc, char** argv) {
   if (workers < 0 || workers > 1 << 20) return Fail("--workers must be at least 1", 2);
   if (workers > 0 && !o.capacity.empty()) return Fail("use --workers or --capacity, not both", 2);
   if (o.timeout <= 0) return Fail("--timeout must be positive", 2);
+  if (o.assignment != "proportional" && o.assignment != "even") {
+    return Fail("--assignment must be proportional or even", 2);
+  }
   if (!slowdown.empty()) {
     auto f = ParseFactors(slowdown);
     if (!f.ok()) return Fail(f.status().message(), 2);
@@ -131,6 +136,7 @@ int Run(int argc, char** argv) {
                               {"reason", r.reason}});
     }
     j["recoveries"] = s.recoveries;
+    j["rebalances"] = s.rebalances;
     j["worker_results"] = nlohmann::json::array();
     for (const auto& r : s.worker_results) j["worker_results"].push_back(nlohmann::json::parse(r));
     std::ofstream out(summary_path);

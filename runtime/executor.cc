@@ -85,33 +85,16 @@ Status Executor::InitializeFresh() {
   return Status::Ok();
 }
 
-Status Executor::Restore(const TrainingState& state) {
+Status Executor::RestoreMetadata(const TrainingState& state) {
   if (state.job_fingerprint != fingerprint_) {
     return FailedPrecondition(
         "the state belongs to a different job (its virtual nodes, batch size, model, dataset, "
         "optimizer, reduction or seed differ)");
   }
-  const size_t n = model_->parameter_count();
-  if (state.parameters.size() != n) {
-    return DataLoss("the state has " + std::to_string(state.parameters.size()) +
-                    " parameters, the model has " + std::to_string(n));
-  }
-  if (state.optimizer_slots.size() != slots_.size()) {
-    return DataLoss("the state has " + std::to_string(state.optimizer_slots.size()) +
-                    " optimizer slots, " + optimizer_->name() + " needs " +
-                    std::to_string(slots_.size()));
-  }
-  for (const auto& slot : state.optimizer_slots) {
-    if (slot.size() != n) return DataLoss("an optimizer slot has the wrong size");
-  }
   if (state.step < 0 || state.data_epoch != sharder_.EpochOf(state.step)) {
     return DataLoss("the state's step and data epoch do not agree");
   }
   VF_RETURN_IF_ERROR(reducer_->set_exponents(state.reducer_exponents));
-  device_.CopyFromHost(params_.data(), state.parameters.data(), n * sizeof(float));
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    device_.CopyFromHost(slots_[i].data(), state.optimizer_slots[i].data(), n * sizeof(float));
-  }
   step_ = state.step;
   optimizer_steps_ = state.optimizer_steps;
   membership_epoch_ = state.membership_epoch;
@@ -119,9 +102,32 @@ Status Executor::Restore(const TrainingState& state) {
   return Status::Ok();
 }
 
-TrainingState Executor::Snapshot() const {
-  TrainingState s;
+Status Executor::Restore(const TrainingState& state) {
   const size_t n = model_->parameter_count();
+  if (state.job_fingerprint == fingerprint_) {
+    if (state.parameters.size() != n) {
+      return DataLoss("the state has " + std::to_string(state.parameters.size()) +
+                      " parameters, the model has " + std::to_string(n));
+    }
+    if (state.optimizer_slots.size() != slots_.size()) {
+      return DataLoss("the state has " + std::to_string(state.optimizer_slots.size()) +
+                      " optimizer slots, " + optimizer_->name() + " needs " +
+                      std::to_string(slots_.size()));
+    }
+    for (const auto& slot : state.optimizer_slots) {
+      if (slot.size() != n) return DataLoss("an optimizer slot has the wrong size");
+    }
+  }
+  VF_RETURN_IF_ERROR(RestoreMetadata(state));
+  device_.CopyFromHost(params_.data(), state.parameters.data(), n * sizeof(float));
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    device_.CopyFromHost(slots_[i].data(), state.optimizer_slots[i].data(), n * sizeof(float));
+  }
+  return Status::Ok();
+}
+
+TrainingState Executor::SnapshotMetadata() const {
+  TrainingState s;
   s.job_fingerprint = fingerprint_;
   s.seed = job_.seed;
   s.step = step_;
@@ -129,6 +135,19 @@ TrainingState Executor::Snapshot() const {
   s.membership_epoch = membership_epoch_;
   s.optimizer_steps = optimizer_steps_;
   s.reducer_exponents = reducer_->exponents();
+  return s;
+}
+
+std::vector<std::pair<float*, size_t>> Executor::StateBuffers() {
+  std::vector<std::pair<float*, size_t>> out;
+  out.emplace_back(params_.data(), params_.size());
+  for (auto& s : slots_) out.emplace_back(s.data(), s.size());
+  return out;
+}
+
+TrainingState Executor::Snapshot() const {
+  TrainingState s = SnapshotMetadata();
+  const size_t n = model_->parameter_count();
   s.parameters.resize(n);
   device_.CopyToHost(s.parameters.data(), params_.data(), n * sizeof(float));
   for (const auto& slot : slots_) {

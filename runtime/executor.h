@@ -6,6 +6,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/comm/communicator.h"
@@ -54,6 +55,16 @@ class Executor {
   Status Restore(const TrainingState& state);
   // A host copy of the full state.
   TrainingState Snapshot() const;
+
+  // For state transfer between ranks without copying the large buffers: the state's small
+  // part (everything but parameters and optimizer slots), the large buffers themselves in device
+  // memory (parameters, then each optimizer slot), and the matching restore, which expects the
+  // buffers to have been filled already.
+  TrainingState SnapshotMetadata() const;
+  std::vector<std::pair<float*, size_t>> StateBuffers();
+  Status RestoreMetadata(const TrainingState& metadata);
+  // Marks the state as gone (its buffers are about to be overwritten).
+  void InvalidateState() { has_state_ = false; }
 
   // Runs the next step with the virtual nodes `local_vnodes` of this rank. Every rank of
   // `comm` calls Step together, and together their local_vnodes cover 0..V-1 exactly once.

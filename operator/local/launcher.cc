@@ -125,6 +125,11 @@ struct Worker {
   std::string err_path;
   std::string result_path;
   Clock::time_point started = Clock::now();
+  // Smoothed seconds per virtual node under the current plan, from its progress reports.
+  double speed_ema = 0.0;
+  int speed_samples = 0;
+  int64_t speed_epoch = -1;
+  int64_t speed_step = -1;
 };
 
 // Runs one job on local processes. Not thread-safe; RequestLocalJobStop is the only entry
@@ -141,7 +146,10 @@ class LocalCluster {
   Status Spawn(int slot);
   void Reap(Status* job_failure);
   Status Reconcile(const JobView& view);
-  Status Publish(const std::vector<Worker*>& members, const std::string& reason);
+  Status Publish(const std::vector<Worker*>& members, const std::string& reason,
+                 const std::vector<int>& counts = {});
+  // Moves virtual nodes between the current members when their measured speeds differ enough.
+  Status MaybeRebalance(const JobView& view);
   void PrintProgress(const JobView& view);
   void NoteResizePauses(const JobView& view, bool final = false);
   void StopAll();
@@ -175,6 +183,9 @@ class LocalCluster {
   std::map<int64_t, Clock::time_point> published_at_;
   std::map<int64_t, std::vector<std::string>> plan_members_;  // epoch -> worker names
   int recoveries_ = 0;
+  int rebalances_ = 0;
+  std::vector<int> plan_counts_;  // virtual nodes per rank in the current plan
+  Clock::time_point last_rebalance_ = Clock::now();
   bool done_ = false;
 };
 
@@ -287,9 +298,14 @@ int64_t LocalCluster::CurrentStep(const JobView& view) const {
   return step;
 }
 
-Status LocalCluster::Publish(const std::vector<Worker*>& members, const std::string& reason) {
+Status LocalCluster::Publish(const std::vector<Worker*>& members, const std::string& reason,
+                             const std::vector<int>& counts) {
   std::vector<Member> plan_members;
-  const auto assignment = EvenAssignment(job_.virtual_nodes, static_cast<int>(members.size()));
+  const auto assignment = counts.empty()
+                              ? EvenAssignment(job_.virtual_nodes, static_cast<int>(members.size()))
+                              : policy::ContiguousVirtualNodes(counts);
+  plan_counts_.clear();
+  for (const auto& a : assignment) plan_counts_.push_back(static_cast<int>(a.size()));
   for (size_t i = 0; i < members.size(); ++i) {
     plan_members.push_back({members[i]->name, static_cast<int>(i), assignment[i]});
   }
@@ -346,6 +362,68 @@ void LocalCluster::NoteResizePauses(const JobView& view, bool final) {
     }
     it = pending_pause_.erase(it);
   }
+}
+
+Status LocalCluster::MaybeRebalance(const JobView& view) {
+  // Fold each new report into the worker's smoothed speed. Single reports are noisy (a busy
+  // machine, a GC pause); a rebalance costs a pause, so it acts on averages only.
+  constexpr double kAlpha = 0.3;
+  constexpr int kMinSamples = 4;
+  for (auto& w : workers_) {
+    auto it = view.workers.find(w->name);
+    if (it == view.workers.end()) continue;
+    const Report& r = it->second.last_report;
+    if (r.seconds_per_virtual_node <= 0 || r.step == w->speed_step) continue;
+    if (r.epoch != w->speed_epoch) {
+      w->speed_epoch = r.epoch;
+      w->speed_samples = 0;
+    }
+    w->speed_ema = w->speed_samples == 0
+                       ? r.seconds_per_virtual_node
+                       : kAlpha * r.seconds_per_virtual_node + (1 - kAlpha) * w->speed_ema;
+    ++w->speed_samples;
+    w->speed_step = r.step;
+  }
+  if (o_.assignment != "proportional" || plan_size_ < 2 || Since(last_rebalance_) < 5.0) {
+    return Status::Ok();
+  }
+  const Plan& plan = view.plan;
+  if (plan.epoch != plan_epoch_ || static_cast<int>(plan.members.size()) != plan_size_) {
+    return Status::Ok();
+  }
+  // Speeds measured under the current plan only: a worker's time per virtual node does not
+  // depend on how many it holds, but a report from before a switch may predate a change.
+  std::vector<double> t;
+  std::vector<Worker*> members;
+  for (const Member& m : plan.members) {
+    for (auto& w : workers_) {
+      if (w->name != m.worker) continue;
+      if (w->speed_epoch != plan_epoch_ || w->speed_samples < kMinSamples) return Status::Ok();
+      members.push_back(w.get());
+      t.push_back(w->speed_ema);
+    }
+  }
+  if (members.size() != plan.members.size()) return Status::Ok();
+  const std::vector<int> counts = policy::SplitVirtualNodes(job_.virtual_nodes, t);
+  if (counts.empty() || counts == plan_counts_) return Status::Ok();
+  const double now = policy::SplitStepSeconds(plan_counts_, t);
+  const double better = policy::SplitStepSeconds(counts, t);
+  if (!(better < 0.85 * now)) return Status::Ok();
+  std::string from;
+  std::string to;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    from += (i ? "," : "") + std::to_string(plan_counts_[i]);
+    to += (i ? "," : "") + std::to_string(counts[i]);
+  }
+  if (!o_.quiet) {
+    std::printf("rebalance at step %lld: virtual nodes %s -> %s (predicted step %.1f -> %.1f ms)\n",
+                static_cast<long long>(last_step_), from.c_str(), to.c_str(), 1e3 * now,
+                1e3 * better);
+    std::fflush(stdout);
+  }
+  ++rebalances_;
+  last_rebalance_ = Clock::now();
+  return Publish(members, "rebalance", counts);
 }
 
 void LocalCluster::PrintProgress(const JobView& view) {
@@ -469,7 +547,7 @@ Status LocalCluster::Reconcile(const JobView& view) {
 
   bool same = static_cast<int>(members.size()) == plan_size_ && !lost;
   for (Worker* w : members) same = same && w->in_plan;
-  if (same && !failed) return Status::Ok();
+  if (same && !failed) return MaybeRebalance(view);
   if (members.empty()) return Status::Ok();
   bool shrinks = false;
   for (auto& w : workers_) {
@@ -539,6 +617,7 @@ Result<LocalRunSummary> LocalCluster::Collect() {
   s.seconds = Since(start_);
   s.resizes = resizes_;
   s.recoveries = recoveries_;
+  s.rebalances = rebalances_;
   bool have = false;
   for (auto& w : workers_) {
     const bool clean = !w->alive && WIFEXITED(w->status) && WEXITSTATUS(w->status) == 0;

@@ -21,6 +21,9 @@ struct LocalRunOptions {
   std::vector<double> slowdowns;   // per worker slot (cycled): artificial slowdown factors
   std::string run_info_path;       // write {coordinator, job, token_file} here once serving
   bool quiet = false;              // no progress or resize lines
+  // How virtual nodes are split among workers: "proportional" (by each worker's measured time
+  // per virtual node, rebalanced when that would cut the step time by more than 15%) or "even".
+  std::string assignment = "proportional";
 };
 
 // One membership change, as `vf run --summary-json` reports it.
@@ -46,6 +49,7 @@ struct LocalRunSummary {
   std::vector<ResizeEvent> resizes;
   int recoveries = 0;                       // plans published because a member failed
   std::vector<std::string> worker_results;  // each final member's result, as JSON text
+  int rebalances = 0;  // plans that only moved virtual nodes between the same workers
 };
 
 // Validates the job, its dataset and any checkpoint up front (one clear error, before any
