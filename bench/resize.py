@@ -159,7 +159,7 @@ def main():
                                             "(write)", "ratio"))
     cases = [("MLP 0.5M params", MLP, 600, 200)]
     if not a.skip_big:
-        cases.append(("MLP 107M params (~860MB)", BIG, 8, 3))
+        cases.append(("MLP 107M params (~860MB)", BIG, 24, 3))
     with tempfile.TemporaryDirectory() as tmp:
         for name, template, steps, at in cases:
             for label, before, after in (("grow", 1, 2), ("shrink", 2, 1)):

@@ -10,6 +10,7 @@
 #include "cli/flags.h"
 #include "operator/local/capacity.h"
 #include "operator/local/launcher.h"
+#include "operator/sim/commands.h"
 #include "runtime/status.h"
 
 namespace {
@@ -19,6 +20,8 @@ constexpr const char* kUsage =
     "Elastic deep-learning training on virtual nodes.\n\n"
     "Commands:\n"
     "  run JOB.yaml      train a VirtualFlowJob on this machine with local worker processes\n"
+    "  simulate TRACE    replay a job trace on a simulated GPU cluster under several policies\n"
+    "  trace generate    write a synthetic job trace (Poisson arrivals, a workload mix)\n"
     "  version           print the version\n\n"
     "Run `vf COMMAND --help` for a command's options.\n";
 
@@ -163,5 +166,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (cmd == "run") return Run(argc, argv);
+  if (cmd == "simulate") return vf::RunSimulateCommand(argc, argv);
+  if (cmd == "trace") return vf::RunTraceCommand(argc, argv);
   return Fail("unknown command '" + cmd + "' (see vf --help)", 2);
 }
