@@ -62,6 +62,8 @@ int main(int argc, char** argv) {
                   "seconds before a rendezvous, collective or plan wait fails (default 60)");
   flags.AddDouble("slowdown", &o.slowdown,
                   "make each virtual node take this many times longer (>= 1; experiments)");
+  flags.AddDouble("vnode-delay-ms", &o.vnode_delay_ms,
+                  "add this many milliseconds to each virtual node (a slower device; experiments)");
   flags.AddDouble("report-interval", &o.report_interval,
                   "seconds between progress reports (default 1)");
   auto positional = flags.Parse(argc, argv, 1);
@@ -80,6 +82,9 @@ int main(int argc, char** argv) {
   if (o.worker.empty()) return usage("--worker is required (see --help)");
   if (o.timeout <= 0) return usage("--timeout must be positive");
   if (o.slowdown < 1) return usage("--slowdown must be at least 1");
+  if (o.vnode_delay_ms < 0 || o.vnode_delay_ms > 600000) {
+    return usage("--vnode-delay-ms must be between 0 and 600000");
+  }
   if (!token_file.empty()) {
     std::ifstream in(token_file);
     std::stringstream ss;

@@ -78,6 +78,7 @@ Status RunWorker(const WorkerOptions& o) {
   auto device = CreateCpuDevice(1);
   VF_ASSIGN_OR_RETURN(auto executor, Executor::Create(job, *device, data.train));
   executor->set_slowdown(o.slowdown);
+  executor->set_vnode_delay(o.vnode_delay_ms / 1000.0);
   const char* fault_spec = std::getenv("VF_FAULT_INJECT");
   FaultInjector faults(fault_spec == nullptr ? "" : fault_spec, o.worker);
   executor->set_before_reduce([&faults](int64_t step) { faults.At("allreduce", step); });

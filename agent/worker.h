@@ -20,6 +20,7 @@ struct WorkerOptions {
   std::string result_path;       // JSON result written at the end (local runs)
   double timeout = 60.0;         // seconds bound on rendezvous, collectives and plan waits
   double slowdown = 1.0;         // >= 1: artificially slower device (heterogeneous experiments)
+  double vnode_delay_ms = 0.0;   // fixed extra milliseconds per virtual node (the same)
   double report_interval = 1.0;  // seconds between progress reports to the coordinator
 };
 

@@ -32,19 +32,22 @@ int Fail(const std::string& message, int code = 1) {
   return code;
 }
 
-vf::Result<std::vector<double>> ParseFactors(const std::string& text) {
+vf::Result<std::vector<double>> ParseList(const std::string& flag, const std::string& text,
+                                          double lo, double hi) {
   std::vector<double> out;
   std::stringstream in(text);
   std::string item;
   while (std::getline(in, item, ',')) {
     char* end = nullptr;
     const double v = std::strtod(item.c_str(), &end);
-    if (item.empty() || *end != '\0' || !(v >= 1.0) || v > 1000) {
-      return vf::InvalidArgument("--slowdown: '" + item + "' is not a factor between 1 and 1000");
+    if (item.empty() || *end != '\0' || !(v >= lo) || v > hi) {
+      std::ostringstream range;
+      range << lo << " and " << hi;
+      return vf::InvalidArgument(flag + ": '" + item + "' is not a number between " + range.str());
     }
     out.push_back(v);
   }
-  if (out.empty()) return vf::InvalidArgument("--slowdown is empty");
+  if (out.empty()) return vf::InvalidArgument(flag + " is empty");
   return out;
 }
 
@@ -53,6 +56,7 @@ int Run(int argc, char** argv) {
   int64_t workers = 0;
   std::string summary_path;
   std::string slowdown;
+  std::string delays;
   vf::FlagParser flags(
       "usage: vf run JOB.yaml [--workers N | --capacity SCHEDULE] [--steps N]\n"
       "              [--summary-json PATH]\n\n"
@@ -75,6 +79,9 @@ int Run(int argc, char** argv) {
                   "seconds before a stuck rendezvous, collective or worker fails (default 60)");
   flags.AddString("slowdown", &slowdown,
                   "per-slot slowdown factors, cycled (e.g. 1,1,3,3): emulates slower devices");
+  flags.AddString("vnode-delay-ms", &delays,
+                  "per-slot fixed milliseconds added to each virtual node, cycled (e.g. 10,10,60):"
+                  " emulates devices of known speed");
   flags.AddString("assignment", &o.assignment,
                   "virtual nodes per worker: proportional (to measured speed; default) or even");
   flags.AddBool("quiet", &o.quiet, "print only the result");
@@ -94,13 +101,18 @@ int Run(int argc, char** argv) {
     return Fail("--assignment must be proportional or even", 2);
   }
   if (!slowdown.empty()) {
-    auto f = ParseFactors(slowdown);
+    auto f = ParseList("--slowdown", slowdown, 1, 1000);
     if (!f.ok()) return Fail(f.status().message(), 2);
     o.slowdowns = *f;
   }
   if (!o.capacity.empty()) {
     auto schedule = vf::CapacitySchedule::Parse(o.capacity);
     if (!schedule.ok()) return Fail(schedule.status().message(), 2);
+  }
+  if (!delays.empty()) {
+    auto d = ParseList("--vnode-delay-ms", delays, 0, 600000);
+    if (!d.ok()) return Fail(d.status().message(), 2);
+    o.vnode_delays_ms = *d;
   }
   o.job_path = positional->front();
   o.workers = static_cast<int>(workers);

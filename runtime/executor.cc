@@ -208,10 +208,9 @@ Result<StepResult> Executor::Step(Communicator& comm, std::span<const int> local
       device_.Synchronize();
       const double took =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (slowdown_ > 1.0) {
-        std::this_thread::sleep_for(std::chrono::duration<double>(took * (slowdown_ - 1.0)));
-      }
-      out.compute_seconds += took * slowdown_;
+      const double extra = took * (slowdown_ - 1.0) + vnode_delay_;
+      if (extra > 0) std::this_thread::sleep_for(std::chrono::duration<double>(extra));
+      out.compute_seconds += took + extra;
     }
     if (before_reduce_) before_reduce_(step_);
     auto reduced = reducer_->Finish(comm, header_extra, grad_.data());

@@ -85,6 +85,9 @@ class Executor {
   // Makes every virtual node take `factor` times as long (factor >= 1) by sleeping after its
   // forward/backward: stands in for a slower device in heterogeneous experiments.
   void set_slowdown(double factor) { slowdown_ = factor < 1.0 ? 1.0 : factor; }
+  // Adds a fixed `seconds` to every virtual node (sleeping): a slower device of known speed,
+  // independent of how busy the host is.
+  void set_vnode_delay(double seconds) { vnode_delay_ = seconds < 0 ? 0 : seconds; }
   // Runs with the step number after the local gradients are computed and before they are
   // reduced: the fault-injection point for "a worker dies in the middle of an all-reduce".
   void set_before_reduce(std::function<void(int64_t)> hook) { before_reduce_ = std::move(hook); }
@@ -123,6 +126,7 @@ class Executor {
   int64_t membership_epoch_ = 0;
   bool has_state_ = false;
   double slowdown_ = 1.0;
+  double vnode_delay_ = 0.0;
   std::function<void(int64_t)> before_reduce_;
 };
 

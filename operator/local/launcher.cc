@@ -247,6 +247,12 @@ Status LocalCluster::Spawn(int slot) {
     args.push_back("--steps");
     args.push_back(std::to_string(o_.steps_override));
   }
+  if (!o_.vnode_delays_ms.empty()) {
+    std::ostringstream f;
+    f << o_.vnode_delays_ms[static_cast<size_t>(slot) % o_.vnode_delays_ms.size()];
+    args.push_back("--vnode-delay-ms");
+    args.push_back(f.str());
+  }
   if (!o_.slowdowns.empty()) {
     std::ostringstream f;
     f << o_.slowdowns[static_cast<size_t>(slot) % o_.slowdowns.size()];
