@@ -60,7 +60,7 @@ class AutoscalePolicy final : public Policy {
       if (!m.running[i]) continue;
       const PolicyJob& j = jobs[i];
       const int held = TotalWorkers(j.current);
-      int keep = held;
+      int keep = std::min(held, j.max_workers);  // max may have dropped since it grew
       if (held > j.min_workers && CooldownLeft(j, options_, now) <= 0.0) {
         // The slowest of its types is the one to give back.
         std::string drop = j.current.begin()->first;

@@ -1,4 +1,5 @@
 // The default policy: weighted fair share by priority within each job's min..max.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
@@ -51,7 +52,8 @@ class ElasticPolicy final : public Policy {
         if (!pinned[i]) continue;
         const int gpw = jobs[i].gpus_per_worker;
         for (const auto& [type, extra] : Minus(jobs[i].current, m.base[i])) {
-          const int keep = std::min(extra, pool.Free(type) / gpw);
+          const int room = jobs[i].max_workers - TotalWorkers(target[i]);  // max may have dropped
+          const int keep = std::min({extra, pool.Free(type) / gpw, room});
           if (keep > 0 && pool.TakeExact({{type, keep}}, gpw)) target[i][type] += keep;
         }
       }

@@ -445,6 +445,14 @@ TEST(ElasticPolicy, JobWhoseGpusVanishedStopsWithAReason) {
   EXPECT_NE(Reason(d, "j").find("stopped"), std::string::npos);
 }
 
+TEST(ElasticPolicy, JobInCooldownStillShrinksToALoweredMax) {
+  auto p = Make("elastic");
+  PolicyJob j = Job("j", 1, 1, 3);
+  j.current = {{"V100", 6}};
+  j.last_resize_time = 995.0;
+  EXPECT_EQ(Workers(Decide(*p, {j}, Gpus({{"V100", 8}})), "j"), 3);
+}
+
 // ---- autoscale -----------------------------------------------------------------------------
 
 PolicyJob Scaling(std::vector<std::pair<int, double>> measured, int current) {

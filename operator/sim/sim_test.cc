@@ -428,6 +428,20 @@ TEST(Simulator, ResizesPauseTheJob) {
   EXPECT_GE(r->jobs[0].paused_seconds, ResizePauseSeconds(w, c) - 1e-9);
 }
 
+TEST(Simulator, RecordsEveryAllocationChangeWithThePolicysReason) {
+  const WorkloadProfile w = SimpleWorkload();
+  SimOptions o;
+  o.record_events = true;
+  auto r = Simulate({Job(w, "a", 0.0, 8, 4000, 1, 8), Job(w, "b", 50.0, 4, 200, 10, 8)},
+                    SimpleCluster(8, 0), *MakePolicy("elastic"), o);
+  ASSERT_TRUE(r.ok());
+  ASSERT_GE(r->events.size(), 3u);
+  EXPECT_NE(r->events[0].find("a: started"), std::string::npos) << r->events[0];
+  bool shrank = false;
+  for (const auto& e : r->events) shrank = shrank || e.find("a: shrank") != std::string::npos;
+  EXPECT_TRUE(shrank);
+}
+
 TEST(Simulator, JobThatNeverFitsIsReportedUnfinished) {
   const WorkloadProfile w = SimpleWorkload();
   auto r = Simulate({Job(w, "small", 0.0, 2, 100), Job(w, "huge", 1.0, 8, 100, 1)},
