@@ -5,6 +5,7 @@ its step redone, and the final weights are bitwise those of an undisturbed stati
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import threading
@@ -31,11 +32,11 @@ def elastic_job(tmp, name="job.yaml", **overrides):
 class Background:
     """`vf run` in the background, with its run info (coordinator URL, token) once serving."""
 
-    def __init__(self, tmp, *args, env=None):
+    def __init__(self, tmp, *args, env=None, progress="0"):
         self.info_path = os.path.join(tmp, "run-info.json")
         self.summary_path = os.path.join(tmp, "summary.json")
         cmd = [VF, "run", *args, "--run-info", self.info_path, "--summary-json",
-               self.summary_path, "--progress-interval", "0"]
+               self.summary_path, "--progress-interval", progress]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, env={**os.environ, **(env or {})})
         self.out = []
@@ -54,6 +55,34 @@ class Background:
                     return json.load(f)
             time.sleep(0.05)
         raise AssertionError("vf never started serving")
+
+    def step(self):
+        """the newest step a progress line has reported (0 before the first)."""
+        for line in reversed(self.out):
+            m = re.match(r"step\s+(\d+)/", line)
+            if m:
+                return int(m.group(1))
+        return 0
+
+    def wait_for_step(self, step, timeout=300):
+        """blocks until progress reaches `step`; False if the run ended or time ran out."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            if self.step() >= step:
+                return True
+            time.sleep(0.02)
+        return False
+
+    def plan_members(self):
+        """names of the workers in the coordinator's newest plan."""
+        info = self.info()
+        with open(info["token_file"]) as f:
+            token = f.read().strip()
+        req = urllib.request.Request("%s/v1/jobs/%s/plan?after=0&timeout_ms=1000" %
+                                     (info["coordinator"], info["job"]))
+        req.add_header("Authorization", "Bearer " + token)
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return {m["worker"] for m in json.load(resp)["members"]}
 
     def workers(self):
         """pids of the live worker processes, by worker name."""
@@ -120,20 +149,28 @@ class ElasticTest(VfTestCase):
         # (worker-4) dies while the state is being sent to it.
         faults = "worker-1:allreduce@40,worker-4:state-transfer"
         bg = Background(self.tmp, job, "--workers", "3", "--slowdown", SLOW,
-                        env={"VF_FAULT_INJECT": faults})
+                        env={"VF_FAULT_INJECT": faults}, progress="0.05")
         bg.info()
+        # The two random kills land at random steps after the injected faults have played out,
+        # paced by the run's own progress rather than by wall time, so a fast or a loaded machine
+        # sees the same schedule.
+        targets = sorted(rng.sample(range(90, 260), 2))
         killed = []
-        for _ in range(2):
-            time.sleep(rng.uniform(2.0, 5.0))
+        for target in targets:
+            self.assertTrue(bg.wait_for_step(target),
+                            "chaos seed %d: run ended before step %d:\n%s" %
+                            (seed, target, "".join(bg.out)))
+            time.sleep(rng.uniform(0.0, 0.5))
+            # Only a member of the running plan: killing a joiner that is still warming up
+            # would not disturb a collective.
             live = bg.workers()
-            if not live:
-                break
-            victim = rng.choice(sorted(live))
+            members = sorted(set(live) & bg.plan_members())
+            self.assertTrue(members, "chaos seed %d: no live member at step %d" % (seed, target))
+            victim = rng.choice(members)
             os.kill(live[victim], signal.SIGKILL)
             killed.append(victim)
         code, out, err, summary = bg.wait()
         self.assertEqual(code, 0, "chaos seed %d:\n%s\n%s" % (seed, out, err))
-        self.assertEqual(len(killed), 2, "chaos seed %d: workers gone early" % seed)
         self.assertGreaterEqual(summary["recoveries"], 3, "chaos seed %d:\n%s" % (seed, out))
         self.assertIn("worker-1 was killed by signal 9", out)
         self.assertIn("worker-4 was killed by signal 9", out)
