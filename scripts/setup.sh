@@ -7,7 +7,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config git python3 procps
   libgloo-dev libcpprest-dev nlohmann-json3-dev libyaml-cpp-dev zlib1g-dev libssl-dev
   libgtest-dev libgmock-dev libopenblas-dev
-  dataset-fashion-mnist
+  dataset-fashion-mnist prometheus
   clang-format clang-tidy
   openssl util-linux   # tests/e2e: certificates for the control plane, flock for the tools' cache
 )

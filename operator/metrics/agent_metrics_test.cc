@@ -1,0 +1,159 @@
+#include "operator/metrics/agent_metrics.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <limits>
+#include <map>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/metrics/promtool.h"
+
+namespace vf {
+namespace {
+
+using metrics::MetricType;
+
+bool Contains(const std::string& text, const std::string& line) {
+  return text.find(line + "\n") != std::string::npos;
+}
+
+constexpr char kJobLabels[] = "{namespace=\"team\",job=\"mnist\"}";
+
+std::string Line(const std::string& name, const std::string& value) {
+  return name + kJobLabels + " " + value;
+}
+
+TEST(AgentMetrics, RegistersTheFixedFamiliesLabelledByNamespaceAndJobOnly) {
+  AgentMetrics m("team", "mnist");
+  std::map<std::string, MetricType> got;
+  for (const metrics::FamilyDescriptor& f : m.registry().Describe()) {
+    got[f.name] = f.type;
+    EXPECT_EQ(f.label_names, (std::vector<std::string>{"namespace", "job"})) << f.name;
+  }
+  const std::map<std::string, MetricType> want = {
+      {"vf_agent_steps_total", MetricType::kCounter},
+      {"vf_agent_step_duration_seconds", MetricType::kHistogram},
+      {"vf_agent_samples_per_second", MetricType::kGauge},
+      {"vf_agent_loss", MetricType::kGauge},
+      {"vf_agent_virtual_nodes", MetricType::kGauge},
+      {"vf_agent_epoch", MetricType::kGauge},
+      {"vf_agent_allreduce_seconds_total", MetricType::kCounter},
+      {"vf_agent_communicator_rebuild_seconds", MetricType::kHistogram},
+      {"vf_agent_state_transfer_bytes_total", MetricType::kCounter},
+      {"vf_agent_state_transfer_seconds_total", MetricType::kCounter},
+      {"vf_agent_recoveries_total", MetricType::kCounter},
+  };
+  EXPECT_EQ(got, want);
+}
+
+TEST(AgentMetrics, EverySeriesIsExportedFromTheStartAtZero) {
+  AgentMetrics m("team", "mnist");
+  const std::string text = m.registry().Serialize();
+  EXPECT_TRUE(Contains(text, Line("vf_agent_steps_total", "0")));
+  EXPECT_TRUE(Contains(text, Line("vf_agent_recoveries_total", "0")));
+  EXPECT_TRUE(Contains(text, Line("vf_agent_epoch", "0")));
+  EXPECT_TRUE(Contains(text, Line("vf_agent_step_duration_seconds_count", "0")));
+  EXPECT_EQ(text.find("pod"), std::string::npos);
+}
+
+TEST(AgentMetrics, OnStepCountsTimesAndSetsTheGauges) {
+  AgentMetrics m("team", "mnist");
+  m.OnStep(0.02, 0.75, 3200, 4);
+  m.OnStep(0.03, 0.5, 3300.5, 3);
+  const std::string text = m.registry().Serialize();
+  EXPECT_TRUE(Contains(text, Line("vf_agent_steps_total", "2")));
+  EXPECT_TRUE(Contains(text, Line("vf_agent_loss", "0.5")));
+  EXPECT_TRUE(Contains(text, Line("vf_agent_samples_per_second", "3300.5")));
+  EXPECT_TRUE(Contains(text, Line("vf_agent_virtual_nodes", "3")));
+  EXPECT_TRUE(Contains(text, Line("vf_agent_step_duration_seconds_count", "2")));
+  EXPECT_TRUE(Contains(text, Line("vf_agent_step_duration_seconds_sum", "0.05")));
+  EXPECT_TRUE(Contains(text,
+                       "vf_agent_step_duration_seconds_bucket{namespace=\"team\","
+                       "job=\"mnist\",le=\"0.025\"} 1"));
+}
+
+TEST(AgentMetrics, CollectivesMembershipAndRecoveries) {
+  AgentMetrics m("team", "mnist");
+  m.OnAllReduce(0.25);
+  m.OnAllReduce(0.5);
+  m.OnRebuild(1.5, 3);
+  m.OnStateTransfer(1 << 20, 0.125);
+  m.OnStateTransfer(1 << 20, 0.125);
+  m.OnRecovery();
+  m.SetVirtualNodes(8);
+  const std::string text = m.registry().Serialize();
+  EXPECT_TRUE(Contains(text, Line("vf_agent_allreduce_seconds_total", "0.75")));
+  EXPECT_TRUE(Contains(text, Line("vf_agent_epoch", "3")));
+  EXPECT_TRUE(Contains(text, Line("vf_agent_communicator_rebuild_seconds_count", "1")));
+  EXPECT_TRUE(Contains(text, Line("vf_agent_state_transfer_bytes_total", "2097152")));
+  EXPECT_TRUE(Contains(text, Line("vf_agent_state_transfer_seconds_total", "0.25")));
+  EXPECT_TRUE(Contains(text, Line("vf_agent_recoveries_total", "1")));
+  EXPECT_TRUE(Contains(text, Line("vf_agent_virtual_nodes", "8")));
+  m.SetEpoch(4);
+  EXPECT_EQ(m.epoch().Value(), 4);
+}
+
+TEST(AgentMetrics, StepBucketsSpanMillisecondsToMinutes) {
+  AgentMetrics m("team", "mnist");
+  const std::vector<double>& bounds = m.step_duration_seconds().bounds();
+  ASSERT_FALSE(bounds.empty());
+  EXPECT_LE(bounds.front(), 0.001);
+  EXPECT_GE(bounds.back(), 120);
+}
+
+TEST(AgentMetrics, FullExpositionPassesPromtool) {
+  const std::optional<std::string> promtool = metrics::FindPromtool();
+  if (!promtool) {
+    GTEST_SKIP() << "promtool not found on PATH (it comes with the Debian package 'prometheus'; "
+                    "scripts/setup.sh installs it): the exposition was not checked by Prometheus";
+  }
+  AgentMetrics m("team-a", "job\\with \"odd\"\nname");
+  m.OnStep(0.0123, 2.302585, 10240, 2);
+  m.OnStep(95, std::numeric_limits<double>::quiet_NaN(), 0, 2);
+  m.OnAllReduce(0.004);
+  m.OnRebuild(0.8, 2);
+  m.OnStateTransfer(123456789, 1.5);
+  m.OnRecovery();
+  const std::string text = m.registry().Serialize();
+  Result<metrics::PromtoolReport> report = metrics::PromtoolCheckMetrics(*promtool, text);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_TRUE(report->clean()) << "promtool exit " << report->exit_code << ":\n"
+                               << report->output << "\nexposition:\n"
+                               << text;
+}
+
+// The training loop, the plan watcher and a scraper touch the metrics from different threads.
+TEST(AgentMetrics, ConcurrentUpdatesAndScrapes) {
+  AgentMetrics m("team", "mnist");
+  std::atomic<bool> done{false};
+  std::thread scraper([&] {
+    while (!done.load()) ASSERT_FALSE(m.registry().Serialize().empty());
+  });
+  std::thread trainer([&] {
+    for (int i = 0; i < 5000; ++i) {
+      m.OnStep(0.01, 1.0 / (i + 1), 1000, 2);
+      m.OnAllReduce(0.001);
+    }
+  });
+  std::thread watcher([&] {
+    for (int i = 0; i < 5000; ++i) {
+      m.OnRebuild(0.1, i);
+      m.OnStateTransfer(10, 0.01);
+      if (i % 100 == 0) m.OnRecovery();
+    }
+  });
+  trainer.join();
+  watcher.join();
+  done = true;
+  scraper.join();
+  EXPECT_EQ(m.steps_total().Value(), 5000);
+  EXPECT_EQ(m.state_transfer_bytes_total().Value(), 50000);
+  EXPECT_EQ(m.recoveries_total().Value(), 50);
+}
+
+}  // namespace
+}  // namespace vf

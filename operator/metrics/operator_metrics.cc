@@ -1,0 +1,203 @@
+#include "operator/metrics/operator_metrics.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <set>
+#include <vector>
+
+namespace vf {
+namespace {
+
+using metrics::Counter;
+using metrics::Family;
+using metrics::Gauge;
+using metrics::Histogram;
+using metrics::Labels;
+
+// Resize pauses: a rebalance between two steps of a small model on one machine takes tens of
+// milliseconds; a grow that waits for a joiner's state transfer and an NCCL communicator takes
+// seconds to a minute; a resize stuck on a timeout shows up in the last buckets (up to 10 min).
+const std::vector<double> kPauseBuckets = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,  2.5,
+                                           5,    10,    30,   60,  120,  300, 600};
+// Reconciles read the informer cache and make a few API calls: about a millisecond when nothing
+// changes, up to seconds when pods are created or the API server is slow; 30 s is a stuck call.
+const std::vector<double> kReconcileBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                               0.25,  0.5,    1,     2.5,  5,     10,   30};
+// API calls: a millisecond against a local API server, a second or more under throttling
+// (429 retries count in the duration); 60 s is the longest timeout the client uses.
+const std::vector<double> kApiBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                         0.5,   1,      2.5,   5,    10,    30,   60};
+
+// The families' names and labels are fixed, so a registration can fail only by a bug here.
+template <typename T>
+T* Must(Result<T*> result) {
+  if (!result.ok()) {
+    std::fprintf(stderr, "OperatorMetrics: %s\n", result.status().ToString().c_str());
+    std::abort();
+  }
+  return *result;
+}
+
+Labels JobLabels(std::string_view ns, std::string_view job) {
+  return {{"namespace", std::string(ns)}, {"job", std::string(job)}};
+}
+
+Labels JobLabels(std::string_view ns, std::string_view job, const char* name,
+                 std::string_view value) {
+  Labels labels = JobLabels(ns, job);
+  labels.emplace(name, std::string(value));
+  return labels;
+}
+
+}  // namespace
+
+std::string_view ResizeReasonName(ResizeReason reason) {
+  switch (reason) {
+    case ResizeReason::kGrow:
+      return "grow";
+    case ResizeReason::kShrink:
+      return "shrink";
+    case ResizeReason::kFailure:
+      return "failure";
+    case ResizeReason::kLeave:
+      return "leave";
+    case ResizeReason::kRebalance:
+      return "rebalance";
+  }
+  return "unknown";
+}
+
+OperatorMetrics::OperatorMetrics() {
+  metrics::Registry& r = registry_;
+  jobs_ = Must(r.AddGauge("vf_operator_jobs", "VirtualFlowJobs by status phase.", {"phase"}));
+  job_workers_ = Must(r.AddGauge(
+      "vf_operator_job_workers",
+      "Workers of a job: current (pods), desired (policy), ready (in the plan), min and max "
+      "(spec).",
+      {"namespace", "job", "kind"}));
+  resizes_ = Must(r.AddCounter("vf_operator_resizes_total",
+                               "Membership changes of a job, by reason: grow, shrink, failure, "
+                               "leave, rebalance.",
+                               {"namespace", "job", "reason"}));
+  resize_pause_ = Must(r.AddHistogram("vf_operator_resize_pause_seconds",
+                                      "Time training stood still for one resize.",
+                                      {"namespace", "job"}, kPauseBuckets));
+  job_step_ = Must(r.AddGauge("vf_operator_job_step", "Last training step a job reported.",
+                              {"namespace", "job"}));
+  job_samples_per_second_ =
+      Must(r.AddGauge("vf_operator_job_samples_per_second",
+                      "Training throughput of a job, all workers together.", {"namespace", "job"}));
+  reconcile_duration_ =
+      &Must(r.AddHistogram("vf_operator_reconcile_duration_seconds",
+                           "Time one reconcile of one job took.", {}, kReconcileBuckets))
+           ->Add({});
+  reconcile_errors_ =
+      &Must(r.AddCounter("vf_operator_reconcile_errors_total", "Reconciles that failed."))->Add({});
+  workqueue_depth_ =
+      &Must(r.AddGauge("vf_operator_workqueue_depth", "Jobs waiting to be reconciled."))->Add({});
+  api_request_duration_ = Must(r.AddHistogram("vf_operator_api_request_duration_seconds",
+                                              "Kubernetes API calls by verb, watches excluded.",
+                                              {"verb"}, kApiBuckets));
+  api_request_errors_ = Must(r.AddCounter(
+      "vf_operator_api_request_errors_total",
+      "Kubernetes API calls that failed, by verb and HTTP code (or reason, with no answer).",
+      {"verb", "code"}));
+  gpus_ = Must(r.AddGauge("vf_operator_gpus", "GPUs on the cluster's nodes by product and state.",
+                          {"product", "state"}));
+  is_leader_ = &Must(r.AddGauge("vf_operator_is_leader",
+                                "1 if this replica holds the leader Lease, else 0."))
+                    ->Add({});
+  SetJobsByPhase({});
+}
+
+void OperatorMetrics::SetJobsByPhase(const std::map<std::string, int64_t>& jobs_by_phase) {
+  std::lock_guard<std::mutex> lock(replace_mu_);
+  std::set<std::string> keep;
+  for (const std::string_view phase : kJobPhases) {
+    keep.emplace(phase);
+    auto it = jobs_by_phase.find(std::string(phase));
+    jobs_->AddShared({{"phase", std::string(phase)}})
+        ->Set(it == jobs_by_phase.end() ? 0.0 : static_cast<double>(it->second));
+  }
+  for (const auto& [phase, count] : jobs_by_phase) {
+    keep.insert(phase);
+    jobs_->AddShared({{"phase", phase}})->Set(static_cast<double>(count));
+  }
+  for (const metrics::ChildSnapshot& child : jobs_->Collect().children) {
+    if (keep.count(child.label_values[0]) == 0) jobs_->Remove({{"phase", child.label_values[0]}});
+  }
+}
+
+void OperatorMetrics::SetJobWorkers(std::string_view ns, std::string_view job,
+                                    const WorkerCounts& counts) {
+  const std::pair<const char*, int64_t> kinds[] = {{"current", counts.current},
+                                                   {"desired", counts.desired},
+                                                   {"ready", counts.ready},
+                                                   {"min", counts.min},
+                                                   {"max", counts.max}};
+  for (const auto& [kind, value] : kinds) {
+    job_workers_->AddShared(JobLabels(ns, job, "kind", kind))->Set(static_cast<double>(value));
+  }
+}
+
+void OperatorMetrics::SetJobProgress(std::string_view ns, std::string_view job, int64_t step,
+                                     double samples_per_second) {
+  job_step_->AddShared(JobLabels(ns, job))->Set(static_cast<double>(step));
+  job_samples_per_second_->AddShared(JobLabels(ns, job))->Set(samples_per_second);
+}
+
+void OperatorMetrics::OnResize(std::string_view ns, std::string_view job, ResizeReason reason) {
+  resizes_->AddShared(JobLabels(ns, job, "reason", ResizeReasonName(reason)))->Increment();
+}
+
+void OperatorMetrics::ObserveResizePause(std::string_view ns, std::string_view job,
+                                         double seconds) {
+  resize_pause_->AddShared(JobLabels(ns, job))->Observe(seconds);
+}
+
+void OperatorMetrics::RemoveJob(std::string_view ns, std::string_view job) {
+  const Labels labels = JobLabels(ns, job);
+  job_workers_->RemoveMatching(labels);
+  resizes_->RemoveMatching(labels);
+  resize_pause_->RemoveMatching(labels);
+  job_step_->RemoveMatching(labels);
+  job_samples_per_second_->RemoveMatching(labels);
+}
+
+void OperatorMetrics::OnReconcile(double seconds, bool failed) {
+  reconcile_duration_->Observe(seconds);
+  if (failed) reconcile_errors_->Increment();
+}
+
+void OperatorMetrics::SetWorkqueueDepth(int64_t depth) {
+  workqueue_depth_->Set(static_cast<double>(depth));
+}
+
+void OperatorMetrics::OnApiRequest(std::string_view verb, double seconds,
+                                   std::string_view error_code) {
+  api_request_duration_->AddShared({{"verb", std::string(verb)}})->Observe(seconds);
+  if (!error_code.empty()) {
+    api_request_errors_->AddShared({{"verb", std::string(verb)}, {"code", std::string(error_code)}})
+        ->Increment();
+  }
+}
+
+void OperatorMetrics::SetGpuInventory(const std::map<std::string, GpuCounts>& by_product) {
+  std::lock_guard<std::mutex> lock(replace_mu_);
+  for (const metrics::ChildSnapshot& child : gpus_->Collect().children) {
+    if (by_product.count(child.label_values[0]) == 0) {
+      gpus_->RemoveMatching({{"product", child.label_values[0]}});
+    }
+  }
+  for (const auto& [product, counts] : by_product) {
+    const std::pair<const char*, int64_t> states[] = {
+        {"free", counts.free}, {"allocated", counts.allocated}, {"total", counts.total}};
+    for (const auto& [state, value] : states) {
+      gpus_->AddShared({{"product", product}, {"state", state}})->Set(static_cast<double>(value));
+    }
+  }
+}
+
+void OperatorMetrics::SetLeader(bool leader) { is_leader_->Set(leader ? 1.0 : 0.0); }
+
+}  // namespace vf
