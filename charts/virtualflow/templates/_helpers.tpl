@@ -1,0 +1,147 @@
+{{/*
+Names and labels shared by every template. Names are DNS-1123 labels of at most 63 characters.
+*/}}
+
+{{/* The chart's name: "virtualflow" unless nameOverride. */}}
+{{- define "virtualflow.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The release's prefix: the release name when it already holds the chart name (a release named
+"virtualflow" gives "virtualflow"), else "<release>-<chart>"; fullnameOverride replaces it.
+Kept to 53 characters so that suffixes such as "-operator" fit in 63.
+*/}}
+{{- define "virtualflow.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 53 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 53 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 53 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The operator's Deployment, Service and (by default) ServiceAccount: "virtualflow-operator". */}}
+{{- define "virtualflow.operatorName" -}}
+{{- printf "%s-operator" (include "virtualflow.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* "virtualflow-0.1.0", for the helm.sh/chart label. */}}
+{{- define "virtualflow.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The recommended labels (app.kubernetes.io/*) plus helm.sh/chart, on every object the chart
+renders. Call with (dict "ctx" $ "component" "operator").
+*/}}
+{{- define "virtualflow.labels" -}}
+helm.sh/chart: {{ include "virtualflow.chart" .ctx }}
+{{ include "virtualflow.selectorLabels" . }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: virtualflow
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+{{- end }}
+
+{{/* The labels that select the operator's pods (never change them: selectors are immutable). */}}
+{{- define "virtualflow.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "virtualflow.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/* The operator's ServiceAccount. */}}
+{{- define "virtualflow.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "virtualflow.operatorName" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* An image reference; the tag defaults to the chart's appVersion. Call with (list $ .image). */}}
+{{- define "virtualflow.image" -}}
+{{- $ctx := index . 0 }}
+{{- $image := index . 1 }}
+{{- $tag := default $ctx.Chart.AppVersion $image.tag }}
+{{- if hasPrefix "sha256:" $tag }}
+{{- printf "%s@%s" $image.repository $tag }}
+{{- else }}
+{{- printf "%s:%s" $image.repository $tag }}
+{{- end }}
+{{- end }}
+
+{{/*
+The coordinator's URL as worker pods use it: the Service's cluster DNS name in the release
+namespace.
+*/}}
+{{- define "virtualflow.coordinatorURL" -}}
+{{- printf "http://%s.%s.svc:%d" (include "virtualflow.operatorName" .) .Release.Namespace (int .Values.coordinator.port) }}
+{{- end }}
+
+{{/*
+Checks across values that the schema cannot word well; each failure says what to change.
+*/}}
+{{- define "virtualflow.validate" -}}
+{{- if and (gt (int .Values.replicaCount) 1) (not .Values.leaderElection.enabled) }}
+{{- fail (printf "replicaCount is %d but leaderElection.enabled is false: more than one operator would act on the same jobs; enable leader election or set replicaCount to 1" (int .Values.replicaCount)) }}
+{{- end }}
+{{- if eq (int .Values.coordinator.port) (int .Values.metrics.port) }}
+{{- fail (printf "coordinator.port and metrics.port are both %d: the coordinator and the metrics endpoint need a port each" (int .Values.coordinator.port)) }}
+{{- end }}
+{{- if and (not .Values.serviceAccount.create) .Values.rbac.create (not .Values.serviceAccount.name) }}
+{{- fail "serviceAccount.create is false and serviceAccount.name is empty: name the existing ServiceAccount the RBAC rules should be bound to" }}
+{{- end }}
+{{- end }}
+
+{{/*
+Name of the chart's cluster-scoped objects (ClusterRole, ClusterRoleBinding): prefixed with the
+release namespace, so that releases of the same name in two namespaces (one operator per team
+namespace, each with watchNamespace) do not collide.
+*/}}
+{{- define "virtualflow.clusterName" -}}
+{{- printf "%s-%s" .Release.Namespace (include "virtualflow.operatorName" .) | trunc 253 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The rules on the jobs' namespaces: everything but Nodes (cluster-scoped) and the Lease. */}}
+{{- define "virtualflow.jobRules" -}}
+# Watch jobs; write only their status (the spec belongs to the user).
+- apiGroups: [virtualflow.io]
+  resources: [virtualflowjobs]
+  verbs: [get, list, watch]
+- apiGroups: [virtualflow.io]
+  resources: [virtualflowjobs/status]
+  verbs: [get, update, patch]
+# Worker pods: created and deleted as jobs grow and shrink, never modified.
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch, create, delete]
+# The per-job coordinator token: created once, read back; never listed.
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get, create]
+# An Event for every resize.
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create, patch]
+{{- end }}
+
+{{/*
+The GPU inventory, read cluster-wide even with watchNamespace: Nodes (allocatable
+nvidia.com/gpu, the product label) and every Pod (other workloads hold GPUs too).
+*/}}
+{{- define "virtualflow.nodeRules" -}}
+- apiGroups: [""]
+  resources: [nodes]
+  verbs: [get, list, watch]
+{{- end }}
+{{- define "virtualflow.inventoryRules" -}}
+{{ include "virtualflow.nodeRules" . }}
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch]
+{{- end }}

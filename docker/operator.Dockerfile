@@ -1,0 +1,57 @@
+# syntax=docker/dockerfile:1
+# The operator image. Build from the repository root:
+#   docker build -f docker/operator.Dockerfile -t virtualflow/operator:0.1.0 .
+#
+# Stage 1 installs the build packages scripts/setup.sh installs and runs scripts/build.sh, the
+# README's build, for the one target. Stage 2 is debian:bookworm-slim with the binary and the
+# Debian packages of the shared libraries it loads, found by docker/runtime-packages.sh: no
+# compiler, no headers, no sources, no package lists.
+
+ARG BUILD_IMAGE=debian:bookworm
+ARG RUNTIME_IMAGE=debian:bookworm-slim
+
+FROM ${BUILD_IMAGE} AS build
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# The packages of scripts/setup.sh that the build needs (tests/e2e/test_chart.py checks that
+# the two lists agree). Left out: dataset-fashion-mnist and procps (for running jobs and tests),
+# prometheus (promtool checks the metrics format in tests), clang-format and clang-tidy
+# (lint), openssl, util-linux and Go (the end-to-end tests' tools).
+RUN apt-get update -q \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+      build-essential cmake ninja-build pkg-config git python3 \
+      libgloo-dev libcpprest-dev nlohmann-json3-dev libyaml-cpp-dev zlib1g-dev libssl-dev \
+      libgtest-dev libgmock-dev libopenblas-dev \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY . .
+# scripts/build.sh: the same CMake configuration as every developer's and CI's build
+# (RelWithDebInfo, warnings are errors), built for the operator only.
+RUN VF_BUILD_DIR=/build ./scripts/build.sh virtualflow-operator \
+ && mkdir -p /out \
+ && strip --strip-debug -o /out/virtualflow-operator /build/bin/virtualflow-operator \
+ && ./docker/runtime-packages.sh /out/virtualflow-operator > /out/runtime-packages \
+ && cat /out/runtime-packages
+
+FROM ${RUNTIME_IMAGE}
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+COPY --from=build /out/runtime-packages /tmp/runtime-packages
+# ca-certificates: for a --kubeconfig whose API server has a publicly signed certificate (in
+# the cluster the service account's own CA file is used).
+RUN apt-get update -q \
+ && DEBIAN_FRONTEND=noninteractive xargs -a /tmp/runtime-packages \
+      apt-get install -y -q --no-install-recommends ca-certificates \
+ && rm -rf /var/lib/apt/lists/* /var/cache/apt/* /var/log/apt /var/log/dpkg.log \
+      /tmp/runtime-packages \
+ && groupadd --system --gid 65532 virtualflow \
+ && useradd --system --uid 65532 --gid 65532 --home-dir /nonexistent --no-create-home \
+      --shell /usr/sbin/nologin virtualflow
+COPY --from=build /out/virtualflow-operator /usr/local/bin/virtualflow-operator
+
+LABEL org.opencontainers.image.title="virtualflow-operator" \
+      org.opencontainers.image.description="VirtualFlow Kubernetes operator: VirtualFlowJob controller and coordinator" \
+      org.opencontainers.image.version="0.1.0"
+# The chart's security context runs it as this user with a read-only root file system.
+USER 65532:65532
+# 7070: the coordinator agents talk to; 8080: /metrics, /healthz, /readyz.
+EXPOSE 7070 8080
+ENTRYPOINT ["/usr/local/bin/virtualflow-operator"]

@@ -1,0 +1,1076 @@
+"""The Helm chart (charts/virtualflow) with the pinned helm, and installed in a real control plane.
+
+Without a cluster: `helm lint --strict` passes; `helm template` renders for every combination of
+values that matters, every object carries the recommended labels, and the operator's flags,
+probes and security context are the ones the operator expects; bad values fail with the
+schema's message (or the chart's own, for rules across values); the chart's CRD is a copy of
+crds/virtualflowjob.yaml; the Grafana dashboard parses and queries only metrics the project
+exports (or DCGM's); the Dockerfiles install the build packages of scripts/setup.sh and run
+scripts/build.sh.
+
+With a control plane: `helm install` creates every object (the API server accepts them all, the
+CRD is established, the Deployment's pods pass the `restricted` Pod Security Standard), and the
+operator's ServiceAccount can do exactly what the operator needs: `kubectl auth can-i --as`
+says yes to each needed verb and resource and no to anything else, both cluster-wide and with
+watchNamespace. Upgrade and uninstall work. No kubelet runs the Deployment's pods, so
+`helm install --wait` is not used: the test checks the objects instead. When the operator is
+built (VF_BIN_DIR), the test runs it as those pods would (the Deployment's arguments and
+environment, the ServiceAccount's token): two replicas elect one leader, only it is ready, it
+runs a job without a single forbidden request, and the standby takes over when it stops; the
+same with watchNamespace.
+"""
+
+import filecmp
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+import unittest
+import urllib.error
+import urllib.request
+
+from controlplane import ControlPlane, ControlPlaneTestCase, _die_with_parent, bin_dir, free_port
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE_DIR = os.environ.get("VF_SOURCE_DIR") or os.path.dirname(os.path.dirname(HERE))
+CHART = os.path.join(SOURCE_DIR, "charts", "virtualflow")
+CRD_FILE = os.path.join(SOURCE_DIR, "crds", "virtualflowjob.yaml")
+CHART_CRD_FILE = os.path.join(CHART, "crds", "virtualflowjob.yaml")
+DASHBOARD = os.path.join(CHART, "dashboards", "virtualflow.json")
+SETUP_SCRIPT = os.path.join(SOURCE_DIR, "scripts", "setup.sh")
+EXAMPLE = os.path.join(SOURCE_DIR, "examples", "fashion-mnist.yaml")
+DOCKER_DIR = os.path.join(SOURCE_DIR, "docker")
+
+APP_VERSION = "0.1.0"
+RELEASE = "virtualflow"
+NS = "vf-system"
+OPERATOR = "virtualflow-operator"  # Deployment, Service, ServiceAccount of release RELEASE
+CRD_NAME = "virtualflowjobs.virtualflow.io"
+
+RECOMMENDED_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance",
+                      "app.kubernetes.io/version", "app.kubernetes.io/component",
+                      "app.kubernetes.io/part-of", "app.kubernetes.io/managed-by",
+                      "helm.sh/chart")
+
+# Values that change what is rendered: (name, helm arguments).
+VALUE_SETS = [
+    ("defaults", []),
+    ("everything-on", ["--set", "serviceMonitor.enabled=true", "--set", "dashboards.enabled=true",
+                       "--set", "serviceMonitor.labels.release=prometheus",
+                       "--set", "dashboards.annotations.grafana_folder=VirtualFlow"]),
+    ("one-namespace", ["--set", "watchNamespace=team-a", "--set", "serviceMonitor.enabled=true"]),
+    ("single-replica", ["--set", "replicaCount=1", "--set", "leaderElection.enabled=false"]),
+    ("own-account", ["--set", "rbac.create=false", "--set", "serviceAccount.create=false",
+                     "--set", "serviceAccount.name=ops"]),
+    ("customised", ["--set", "image.repository=mirror/vf/operator",
+                    "--set", "image.tag=0.2.0-rc1", "--set", "image.pullPolicy=Always",
+                    "--set", "agent.image.tag=sha256:" + "ab" * 32, "--set", "policy=autoscale",
+                    "--set", "coordinator.port=9000", "--set", "metrics.port=9001",
+                    "--set", "agent.metricsPort=9102",
+                    "--set", "nodeSelector.role=infra", "--set", "priorityClassName=high",
+                    "--set", "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+                             ".nodeSelectorTerms[0].matchExpressions[0].key=role",
+                    "--set", "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+                             ".nodeSelectorTerms[0].matchExpressions[0].operator=Exists"]),
+]
+
+SCHEMA_ERROR = "values don't meet the specifications of the schema(s)"
+# Values helm must refuse before rendering: (name, helm arguments, what the error must say).
+BAD_VALUES = [
+    ("no operator", ["--set", "replicaCount=0"],
+     [SCHEMA_ERROR, "at '/replicaCount': minimum: got 0, want 1"]),
+    ("replica count as text", ["--set-string", "replicaCount=two"],
+     [SCHEMA_ERROR, "at '/replicaCount': got string, want integer"]),
+    ("unknown policy", ["--set", "policy=fastest"],
+     [SCHEMA_ERROR, "at '/policy': value must be one of 'static', 'elastic', 'autoscale'"]),
+    ("unknown pull policy", ["--set", "image.pullPolicy=Sometimes"],
+     [SCHEMA_ERROR,
+      "at '/image/pullPolicy': value must be one of 'IfNotPresent', 'Always', 'Never'"]),
+    ("port above 65535", ["--set", "coordinator.port=70000"],
+     [SCHEMA_ERROR, "at '/coordinator/port': maximum: got 70,000, want 65,535"]),
+    ("port 0", ["--set", "metrics.port=0"],
+     [SCHEMA_ERROR, "at '/metrics/port': minimum: got 0, want 1"]),
+    ("agent metrics port above 65535", ["--set", "agent.metricsPort=65536"],
+     [SCHEMA_ERROR, "at '/agent/metricsPort': maximum: got 65,536, want 65,535"]),
+    ("unknown top-level key", ["--set", "replicas=3"],
+     [SCHEMA_ERROR, "additional properties 'replicas' not allowed"]),
+    ("misspelt key", ["--set", "leaderElection.leasename=x"],
+     [SCHEMA_ERROR, "at '/leaderElection': additional properties 'leasename' not allowed"]),
+    ("namespace that is not a name", ["--set", "watchNamespace=Team_A"],
+     [SCHEMA_ERROR, "at '/watchNamespace': 'Team_A' does not match pattern"]),
+    ("interval that is not a duration", ["--set", "serviceMonitor.interval=half a minute"],
+     [SCHEMA_ERROR, "at '/serviceMonitor/interval'"]),
+    ("image tag with a space", ["--set", "image.tag=latest version"],
+     [SCHEMA_ERROR, "at '/image/tag'"]),
+    ("boolean as text", ["--set-string", "rbac.create=yes"],
+     [SCHEMA_ERROR, "at '/rbac/create': got string, want boolean"]),
+    # Rules across values, worded by the chart.
+    ("two operators without leader election", ["--set", "leaderElection.enabled=false"],
+     ["replicaCount is 2 but leaderElection.enabled is false: more than one operator would act "
+      "on the same jobs; enable leader election or set replicaCount to 1"]),
+    ("one port for two endpoints", ["--set", "metrics.port=7070"],
+     ["coordinator.port and metrics.port are both 7070"]),
+    ("bindings for the default account", ["--set", "serviceAccount.create=false"],
+     ["serviceAccount.create is false and serviceAccount.name is empty"]),
+]
+
+# What the operator may do, as (verb, resource, subresource): exactly this and no more.
+JOB_RIGHTS = [
+    ("get", "virtualflowjobs.virtualflow.io", ""),
+    ("list", "virtualflowjobs.virtualflow.io", ""),
+    ("watch", "virtualflowjobs.virtualflow.io", ""),
+    ("get", "virtualflowjobs.virtualflow.io", "status"),
+    ("update", "virtualflowjobs.virtualflow.io", "status"),
+    ("patch", "virtualflowjobs.virtualflow.io", "status"),
+    ("get", "pods", ""), ("list", "pods", ""), ("watch", "pods", ""),
+    ("create", "pods", ""), ("delete", "pods", ""),
+    ("get", "secrets", ""), ("create", "secrets", ""),
+    ("create", "events", ""), ("patch", "events", ""),
+]
+NODE_RIGHTS = [("get", "nodes", ""), ("list", "nodes", ""), ("watch", "nodes", "")]
+# Read cluster-wide even with watchNamespace: the GPU inventory counts what every pod holds.
+INVENTORY_RIGHTS = NODE_RIGHTS + [("get", "pods", ""), ("list", "pods", ""), ("watch", "pods", "")]
+# Asked with the Lease's name for get and update (the Role names it).
+LEASE_RIGHTS = [("get", "leases.coordination.k8s.io", ""),
+                ("update", "leases.coordination.k8s.io", ""),
+                ("create", "leases.coordination.k8s.io", "")]
+# What it must not be able to do, in a job namespace.
+DENIED = [
+    ("create", "virtualflowjobs.virtualflow.io", ""),   # jobs belong to users
+    ("update", "virtualflowjobs.virtualflow.io", ""),
+    ("patch", "virtualflowjobs.virtualflow.io", ""),
+    ("delete", "virtualflowjobs.virtualflow.io", ""),
+    ("deletecollection", "virtualflowjobs.virtualflow.io", ""),
+    ("update", "pods", ""), ("patch", "pods", ""), ("deletecollection", "pods", ""),
+    ("update", "pods", "status"), ("create", "pods", "exec"), ("create", "pods", "eviction"),
+    ("get", "pods", "log"),
+    ("list", "secrets", ""), ("watch", "secrets", ""), ("update", "secrets", ""),
+    ("delete", "secrets", ""),
+    ("get", "events", ""), ("list", "events", ""), ("delete", "events", ""),
+    ("create", "nodes", ""), ("update", "nodes", ""), ("patch", "nodes", ""),
+    ("delete", "nodes", ""), ("patch", "nodes", "status"),
+    ("create", "deployments.apps", ""), ("list", "deployments.apps", ""),
+    ("get", "configmaps", ""), ("create", "services", ""), ("list", "services", ""),
+    ("create", "serviceaccounts", "token"),
+    ("create", "rolebindings.rbac.authorization.k8s.io", ""),
+    ("escalate", "clusterroles.rbac.authorization.k8s.io", ""),
+    ("list", "leases.coordination.k8s.io", ""), ("delete", "leases.coordination.k8s.io", ""),
+    ("update", "customresourcedefinitions.apiextensions.k8s.io", ""),
+    ("impersonate", "serviceaccounts", ""),
+]
+# Rules of Kubernetes' default policy that `kubectl auth can-i --list` also shows: what every
+# authenticated user may do (system:basic-user), and reading ClusterTrustBundles, which every
+# service account may (for projected volumes).
+EVERYONE = {"selfsubjectaccessreviews.authorization.k8s.io",
+            "selfsubjectrulesreviews.authorization.k8s.io",
+            "selfsubjectreviews.authentication.k8s.io",
+            "clustertrustbundles.certificates.k8s.io"}
+
+# The metrics the project exports (docs/metrics.md); a dashboard query may use these, a
+# histogram's _bucket/_sum/_count series, and DCGM exporter's DCGM_* metrics.
+OPERATOR_METRICS = {
+    "vf_operator_jobs", "vf_operator_job_workers", "vf_operator_resizes_total",
+    "vf_operator_job_step", "vf_operator_job_samples_per_second",
+    "vf_operator_reconcile_errors_total", "vf_operator_workqueue_depth",
+    "vf_operator_api_request_errors_total", "vf_operator_gpus", "vf_operator_is_leader"}
+AGENT_METRICS = {
+    "vf_agent_steps_total", "vf_agent_samples_per_second", "vf_agent_loss",
+    "vf_agent_virtual_nodes", "vf_agent_epoch", "vf_agent_allreduce_seconds_total",
+    "vf_agent_state_transfer_bytes_total", "vf_agent_state_transfer_seconds_total",
+    "vf_agent_recoveries_total"}
+HISTOGRAMS = {
+    "vf_operator_resize_pause_seconds", "vf_operator_reconcile_duration_seconds",
+    "vf_operator_api_request_duration_seconds", "vf_agent_step_duration_seconds",
+    "vf_agent_communicator_rebuild_seconds"}
+KNOWN_METRICS = (OPERATOR_METRICS | AGENT_METRICS |
+                 {h + s for h in HISTOGRAMS for s in ("_bucket", "_sum", "_count")})
+
+# PromQL words that are not metric names.
+PROMQL_WORDS = {
+    "sum", "min", "max", "avg", "count", "stddev", "stdvar", "topk", "bottomk", "quantile",
+    "count_values", "group", "by", "without", "on", "ignoring", "group_left", "group_right",
+    "bool", "and", "or", "unless", "offset", "rate", "irate", "increase", "delta", "idelta",
+    "deriv", "changes", "resets", "histogram_quantile", "abs", "ceil", "floor", "round",
+    "clamp", "clamp_min", "clamp_max", "label_replace", "label_join", "vector", "scalar",
+    "time", "timestamp", "absent", "absent_over_time", "sort", "sort_desc",
+    "avg_over_time", "min_over_time", "max_over_time", "sum_over_time", "count_over_time",
+    "last_over_time", "quantile_over_time", "predict_linear", "exp", "ln", "log2", "log10",
+    "sqrt"}
+
+
+def operator_binary():
+    """The built virtualflow-operator ($VF_BIN_DIR, else build/bin), or None."""
+    path = os.path.join(os.environ.get("VF_BIN_DIR") or os.path.join(SOURCE_DIR, "build", "bin"),
+                        "virtualflow-operator")
+    return path if os.access(path, os.X_OK) else None
+
+
+def http_get(url):
+    """(status, body) of a GET; (0, reason) when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except OSError as e:
+        return 0, str(e)
+
+
+def read(path):
+    with open(path) as f:
+        return f.read()
+
+
+def json_stream(text):
+    """The JSON values written one after another in TEXT (kubectl -o json of several objects)."""
+    decoder = json.JSONDecoder()
+    out, i = [], 0
+    while True:
+        while i < len(text) and text[i].isspace():
+            i += 1
+        if i >= len(text):
+            return out
+        value, i = decoder.raw_decode(text, i)
+        out.append(value)
+
+
+def metric_names(expr):
+    """The metric names a PromQL expression (with Grafana's $variables) selects."""
+    e = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)                 # strings
+    e = re.sub(r"\{[^}]*\}", "", e)                                # label matchers
+    e = re.sub(r"\[[^\]]*\]", "", e)                               # ranges
+    e = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", e)
+    e = re.sub(r"\$\{?\w+\}?", " ", e)                             # $__rate_interval, $job
+    e = re.sub(r"(?<![\w.])\d+(\.\d+)?(e[+-]?\d+)?([a-z]+\b)?", " ", e)  # numbers, durations
+    names = set()
+    for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", e):
+        word = m.group(0)
+        rest = e[m.end():].lstrip()
+        if word in PROMQL_WORDS or (rest.startswith("(") and word.islower() and
+                                    not word.startswith(("vf_", "DCGM_"))):
+            continue
+        names.add(word)
+    return names
+
+
+def dashboard_queries(dashboard):
+    """(where, expr) for every Prometheus query of a Grafana dashboard: panel targets (rows'
+    nested panels too), annotation queries and template variable queries."""
+    out = []
+
+    def panels(items):
+        for p in items:
+            for t in p.get("targets") or []:
+                if "expr" in t:
+                    out.append(("panel %r" % p.get("title"), t["expr"]))
+            panels(p.get("panels") or [])
+    panels(dashboard.get("panels") or [])
+    for a in dashboard.get("annotations", {}).get("list", []):
+        if a.get("expr"):
+            out.append(("annotation %r" % a["name"], a["expr"]))
+    for v in dashboard.get("templating", {}).get("list", []):
+        if v.get("type") != "query":
+            continue
+        q = v["query"]["query"] if isinstance(v.get("query"), dict) else v.get("query")
+        m = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", q.strip())
+        out.append(("variable %r" % v["name"], m.group(1) if m else q))
+    return out
+
+
+def setup_packages():
+    """The PACKAGES of scripts/setup.sh."""
+    text = read(SETUP_SCRIPT)
+    body = re.search(r"^PACKAGES=\((.*?)^\)", text, re.S | re.M).group(1)
+    body = re.sub(r"#.*", "", body)
+    return set(body.split())
+
+
+def dockerfile_stages(path):
+    """[(FROM line, the stage's instructions joined into one string)]."""
+    text = read(path).replace("\\\n", " ")
+    stages = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("FROM "):
+            stages.append([line, ""])
+        elif stages and line and not line.startswith("#"):
+            stages[-1][1] += line + "\n"
+    return [tuple(s) for s in stages]
+
+
+def apt_installed(stage_text):
+    """Packages named on `apt-get install` lines of a stage (options and variables left out)."""
+    out = set()
+    for m in re.finditer(r"apt-get install ([^&\n]*)", stage_text):
+        out.update(w for w in m.group(1).split() if not w.startswith(("-", "$")))
+    return out
+
+
+class Helm:
+    """The pinned helm, with its own config, cache and data directories."""
+
+    def __init__(self, tools):
+        self.path = os.path.join(tools, "helm")
+        self.home = tempfile.mkdtemp(prefix="vf-helm-")
+        self.env = dict(os.environ)
+        for var in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME"):
+            self.env[var] = os.path.join(self.home, var.lower())
+        self.env["KUBECONFIG"] = os.devnull
+        self.env["PATH"] = tools + os.pathsep + self.env.get("PATH", "")
+
+    def __call__(self, *args, kubeconfig=None, check=False, timeout=180):
+        env = dict(self.env)
+        if kubeconfig:
+            env["KUBECONFIG"] = kubeconfig
+        proc = subprocess.run([self.path, *args], capture_output=True, text=True, env=env,
+                              timeout=timeout)
+        if check and proc.returncode != 0:
+            raise AssertionError("helm %s failed (exit %d):\n%s%s" % (
+                " ".join(args), proc.returncode, proc.stdout, proc.stderr))
+        return proc
+
+    def close(self):
+        shutil.rmtree(self.home, ignore_errors=True)
+
+
+class ChartFilesTest(unittest.TestCase):
+    """The chart, its dashboard and the Dockerfiles, with helm but no cluster."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tools = bin_dir()
+        cls.helm = Helm(cls.tools)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.helm.close()
+
+    def template(self, *args, check=True, release=RELEASE, namespace=NS):
+        return self.helm("template", release, CHART, "-n", namespace, *args, check=check)
+
+    def objects(self, *args, release=RELEASE, namespace=NS):
+        """The objects `helm template` renders, as JSON (kubectl reads the YAML offline)."""
+        manifest = self.template(*args, release=release, namespace=namespace).stdout
+        proc = subprocess.run(
+            [os.path.join(self.tools, "kubectl"), "annotate", "--local", "-f", "-",
+             "vf-test-unused-", "-o", "json"],
+            input=manifest, capture_output=True, text=True, timeout=60,
+            env=dict(os.environ, KUBECONFIG=os.devnull))
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        objs = json_stream(proc.stdout)
+        self.assertEqual(len(objs), manifest.count("\n# Source: "), "objects lost in parsing")
+        return objs
+
+    @staticmethod
+    def find(objs, kind, name=None):
+        found = [o for o in objs if o["kind"] == kind and
+                 (name is None or o["metadata"]["name"] == name)]
+        return found[0] if len(found) == 1 else found
+
+    # ------------------------------------------------------------------ chart metadata
+
+    def test_chart_metadata(self):
+        text = read(os.path.join(CHART, "Chart.yaml"))
+        self.assertRegex(text, r"(?m)^apiVersion: v2$")
+        self.assertRegex(text, r"(?m)^name: virtualflow$")
+        self.assertRegex(text, r'(?m)^appVersion: "?%s"?$' % re.escape(APP_VERSION))
+        self.assertIn("http://json-schema.org/draft-07/schema#",
+                      json.loads(read(os.path.join(CHART, "values.schema.json")))["$schema"])
+
+    def test_crd_in_chart_is_a_copy_of_crds_dir(self):
+        self.assertTrue(filecmp.cmp(CRD_FILE, CHART_CRD_FILE, shallow=False),
+                        "%s differs from %s: copy it (cp %s %s)" % (
+                            os.path.relpath(CHART_CRD_FILE, SOURCE_DIR),
+                            os.path.relpath(CRD_FILE, SOURCE_DIR),
+                            os.path.relpath(CRD_FILE, SOURCE_DIR),
+                            os.path.relpath(CHART_CRD_FILE, SOURCE_DIR)))
+        self.assertEqual(os.listdir(os.path.join(CHART, "crds")), ["virtualflowjob.yaml"])
+
+    def test_every_value_is_documented_and_in_the_schema(self):
+        schema = json.loads(read(os.path.join(CHART, "values.schema.json")))
+        values = read(os.path.join(CHART, "values.yaml"))
+        top = re.findall(r"(?m)^([A-Za-z]\w*):", values)
+        self.assertEqual(sorted(set(top)), sorted(set(schema["properties"]) - {"global"}))
+        self.assertFalse(schema["additionalProperties"])
+        # Each top-level key has a comment above it or above its block's first key.
+        lines = values.splitlines()
+        for i, line in enumerate(lines):
+            m = re.match(r"([A-Za-z]\w*):", line)
+            if m:
+                above = lines[i - 1] if i else ""
+                below = lines[i + 1] if i + 1 < len(lines) else ""
+                self.assertTrue(above.startswith("#") or below.strip().startswith("#"),
+                                "values.yaml: %s has no comment" % m.group(1))
+
+    # ------------------------------------------------------------------ lint and render
+
+    def test_lint_strict(self):
+        for name, args in VALUE_SETS:
+            with self.subTest(name):
+                proc = self.helm("lint", "--strict", CHART, "-n", NS, *args)
+                self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+                self.assertIn("1 chart(s) linted, 0 chart(s) failed", proc.stdout)
+                self.assertNotIn("[WARNING]", proc.stdout)
+                self.assertNotIn("[ERROR]", proc.stdout)
+
+    def test_every_rendered_object_has_the_recommended_labels(self):
+        for name, args in VALUE_SETS:
+            with self.subTest(name):
+                objs = self.objects(*args)
+                self.assertTrue(objs)
+                for obj in objs:
+                    where = "%s %s" % (obj["kind"], obj["metadata"]["name"])
+                    labels = obj["metadata"].get("labels") or {}
+                    for key in RECOMMENDED_LABELS:
+                        self.assertIn(key, labels, where)
+                    self.assertEqual(labels["app.kubernetes.io/name"], "virtualflow", where)
+                    self.assertEqual(labels["app.kubernetes.io/instance"], RELEASE, where)
+                    self.assertEqual(labels["app.kubernetes.io/version"], APP_VERSION, where)
+                    self.assertEqual(labels["app.kubernetes.io/part-of"], "virtualflow", where)
+                    self.assertEqual(labels["app.kubernetes.io/managed-by"], "Helm", where)
+                    self.assertEqual(labels["helm.sh/chart"], "virtualflow-" + APP_VERSION, where)
+                    if obj["kind"] == "Deployment":
+                        pod_labels = obj["spec"]["template"]["metadata"]["labels"]
+                        for key in RECOMMENDED_LABELS:
+                            self.assertIn(key, pod_labels, where + " pod template")
+                        selector = obj["spec"]["selector"]["matchLabels"]
+                        self.assertLessEqual(selector.items(), pod_labels.items())
+                        self.assertNotIn("app.kubernetes.io/version", selector)
+                    namespaced = obj["kind"] not in ("ClusterRole", "ClusterRoleBinding")
+                    self.assertEqual("namespace" in obj["metadata"], namespaced, where)
+
+    def test_objects_per_value_set(self):
+        def kinds(objs):
+            return sorted(o["kind"] for o in objs)
+        self.assertEqual(kinds(self.objects()), [
+            "ClusterRole", "ClusterRoleBinding", "Deployment", "Role", "RoleBinding", "Service",
+            "ServiceAccount"])
+        self.assertEqual(kinds(self.objects(*dict(VALUE_SETS)["everything-on"])), [
+            "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "PodMonitor", "Role",
+            "RoleBinding", "Service", "ServiceAccount", "ServiceMonitor"])
+        self.assertEqual(kinds(self.objects(*dict(VALUE_SETS)["single-replica"])), [
+            "ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount"])
+        self.assertEqual(kinds(self.objects(*dict(VALUE_SETS)["own-account"])), [
+            "Deployment", "Service"])
+
+    def test_operator_deployment(self):
+        objs = self.objects()
+        deployment = self.find(objs, "Deployment", OPERATOR)
+        self.assertEqual(deployment["metadata"]["namespace"], NS)
+        self.assertEqual(deployment["spec"]["replicas"], 2)
+        pod = deployment["spec"]["template"]["spec"]
+        self.assertEqual(pod["serviceAccountName"], OPERATOR)
+        [container] = pod["containers"]
+        self.assertEqual(container["image"], "virtualflow/operator:" + APP_VERSION)
+        self.assertEqual(container["imagePullPolicy"], "IfNotPresent")
+        self.assertEqual(container["args"], [
+            "--leader-elect=true",
+            "--leader-election-namespace=" + NS,
+            "--leader-election-id=virtualflow-operator",
+            "--coordinator-listen=0.0.0.0:7070",
+            "--coordinator-url=http://virtualflow-operator.%s.svc:7070" % NS,
+            "--http-listen=0.0.0.0:8080",
+            "--agent-image=virtualflow/agent:" + APP_VERSION,
+            "--agent-metrics-port=9090",
+            "--policy=elastic"])
+        env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
+        self.assertEqual(env, {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"})
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        self.assertEqual(ports, {"coordinator": 7070, "metrics": 8080})
+        self.assertEqual(container["livenessProbe"]["httpGet"], {"path": "/healthz",
+                                                                 "port": "metrics"})
+        self.assertEqual(container["readinessProbe"]["httpGet"], {"path": "/readyz",
+                                                                  "port": "metrics"})
+        sc = container["securityContext"]
+        self.assertIs(sc["runAsNonRoot"], True)
+        self.assertIs(sc["readOnlyRootFilesystem"], True)
+        self.assertIs(sc["allowPrivilegeEscalation"], False)
+        self.assertEqual(sc["capabilities"], {"drop": ["ALL"]})
+        self.assertEqual(sc["seccompProfile"], {"type": "RuntimeDefault"})
+        self.assertEqual(pod["securityContext"]["runAsUser"], 65532)
+        self.assertIn("requests", container["resources"])
+        self.assertIn("limits", container["resources"])
+
+        service = self.find(objs, "Service", OPERATOR)
+        ports = {p["name"]: (p["port"], p["targetPort"]) for p in service["spec"]["ports"]}
+        self.assertEqual(ports, {"coordinator": (7070, "coordinator"),
+                                 "metrics": (8080, "metrics")})
+        self.assertEqual(service["spec"]["selector"], deployment["spec"]["selector"]["matchLabels"])
+
+    def test_operator_flags_follow_the_values(self):
+        objs = self.objects(*dict(VALUE_SETS)["customised"], release="vf", namespace="ops")
+        [container] = self.find(objs, "Deployment")["spec"]["template"]["spec"]["containers"]
+        self.assertEqual(container["image"], "mirror/vf/operator:0.2.0-rc1")
+        self.assertEqual(container["imagePullPolicy"], "Always")
+        args = container["args"]
+        self.assertIn("--coordinator-url=http://vf-virtualflow-operator.ops.svc:9000", args)
+        self.assertIn("--coordinator-listen=0.0.0.0:9000", args)
+        self.assertIn("--http-listen=0.0.0.0:9001", args)
+        self.assertIn("--agent-image=virtualflow/agent@sha256:" + "ab" * 32, args)
+        self.assertIn("--policy=autoscale", args)
+        self.assertIn("--agent-metrics-port=9102", args)
+        self.assertIn("--leader-election-namespace=ops", args)
+        self.assertEqual(self.find(objs, "Service")["metadata"]["name"], "vf-virtualflow-operator")
+
+        objs = self.objects(*dict(VALUE_SETS)["one-namespace"])
+        args = self.find(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+        self.assertEqual(args[0], "--namespace=team-a")
+        pod_monitor = self.find(objs, "PodMonitor")
+        self.assertEqual(pod_monitor["spec"]["namespaceSelector"], {"matchNames": ["team-a"]})
+
+        objs = self.objects(*dict(VALUE_SETS)["single-replica"])
+        args = self.find(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+        self.assertIn("--leader-elect=false", args)
+        self.assertFalse([a for a in args if a.startswith("--leader-election-")])
+
+    def test_monitors_and_dashboard_objects(self):
+        objs = self.objects(*dict(VALUE_SETS)["everything-on"])
+        monitor = self.find(objs, "ServiceMonitor")
+        self.assertEqual(monitor["apiVersion"], "monitoring.coreos.com/v1")
+        self.assertEqual(monitor["metadata"]["labels"]["release"], "prometheus")
+        self.assertEqual(monitor["spec"]["selector"]["matchLabels"],
+                         self.find(objs, "Service")["spec"]["selector"])
+        [endpoint] = monitor["spec"]["endpoints"]
+        self.assertEqual((endpoint["port"], endpoint["path"], endpoint["interval"]),
+                         ("metrics", "/metrics", "30s"))
+        self.assertIs(endpoint["honorLabels"], True)  # keep the metrics' namespace/job labels
+        pods = self.find(objs, "PodMonitor")
+        self.assertEqual(pods["apiVersion"], "monitoring.coreos.com/v1")
+        self.assertEqual(pods["spec"]["selector"],
+                         {"matchLabels": {"app.kubernetes.io/managed-by": "virtualflow-operator"}})
+        self.assertEqual(pods["spec"]["namespaceSelector"], {"any": True})
+        [endpoint] = pods["spec"]["podMetricsEndpoints"]
+        self.assertEqual(endpoint["port"], "metrics")
+        self.assertIs(endpoint["honorLabels"], True)
+
+        config_map = self.find(objs, "ConfigMap")
+        self.assertEqual(config_map["metadata"]["labels"]["grafana_dashboard"], "1")
+        self.assertEqual(config_map["metadata"]["annotations"], {"grafana_folder": "VirtualFlow"})
+        self.assertEqual(config_map["data"]["virtualflow.json"].strip(), read(DASHBOARD).strip())
+
+        objs = self.objects("--set", "serviceMonitor.enabled=true",
+                            "--set", "serviceMonitor.workers=false")
+        self.assertEqual([o["kind"] for o in objs if "monitoring" in o["apiVersion"]],
+                         ["ServiceMonitor"])
+
+    def test_rbac_rules_are_exactly_the_operators_needs(self):
+        def rights(rules):
+            out = set()
+            for r in rules:
+                for group in r["apiGroups"]:
+                    for resource in r["resources"]:
+                        for verb in r["verbs"]:
+                            out.add((group, resource, verb, tuple(r.get("resourceNames", []))))
+            return out
+
+        def expected(entries):
+            out = set()
+            for verb, resource, sub in entries:
+                name, _, group = resource.partition(".")
+                out.add((group, name + ("/" + sub if sub else ""), verb, ()))
+            return out
+
+        jobs, nodes = expected(JOB_RIGHTS), expected(NODE_RIGHTS)
+        lease = {("coordination.k8s.io", "leases", "create", ()),
+                 ("coordination.k8s.io", "leases", "get", ("virtualflow-operator",)),
+                 ("coordination.k8s.io", "leases", "update", ("virtualflow-operator",))}
+
+        objs = self.objects()
+        self.assertEqual(rights(self.find(objs, "ClusterRole")["rules"]), jobs | nodes)
+        role = self.find(objs, "Role")
+        self.assertEqual(role["metadata"]["namespace"], NS)
+        self.assertEqual(rights(role["rules"]), lease)
+        for binding in (self.find(objs, "ClusterRoleBinding"), self.find(objs, "RoleBinding")):
+            self.assertEqual(binding["subjects"], [{"kind": "ServiceAccount", "name": OPERATOR,
+                                                    "namespace": NS}])
+
+        objs = self.objects(*dict(VALUE_SETS)["one-namespace"])
+        self.assertEqual(rights(self.find(objs, "ClusterRole")["rules"]),
+                         expected(INVENTORY_RIGHTS))
+        roles = {r["metadata"]["namespace"]: rights(r["rules"]) for r in self.find(objs, "Role")}
+        self.assertEqual(roles, {"team-a": jobs, NS: lease})
+
+    def test_bad_values_fail_with_a_message_naming_the_value(self):
+        for name, args, expected in BAD_VALUES:
+            with self.subTest(name):
+                proc = self.template(*args, check=False)
+                self.assertNotEqual(proc.returncode, 0, "rendered with %s" % " ".join(args))
+                self.assertNotIn("kind: Deployment", proc.stdout)
+                for s in expected:
+                    self.assertIn(s, proc.stderr)
+
+    # ------------------------------------------------------------------ dashboard
+
+    def test_dashboard_queries_only_exported_metrics(self):
+        dashboard = json.loads(read(DASHBOARD))
+        self.assertEqual(dashboard["uid"], "virtualflow")
+        queries = dashboard_queries(dashboard)
+        self.assertGreaterEqual(len(queries), 10)
+        used = set()
+        for where, expr in queries:
+            with self.subTest(where, expr=expr):
+                names = metric_names(expr)
+                self.assertTrue(names, "no metric found in %s" % expr)
+                unknown = {n for n in names if n not in KNOWN_METRICS and
+                           not n.startswith("DCGM_")}
+                self.assertEqual(unknown, set(), "not a VirtualFlow or DCGM metric")
+                self.assertEqual(expr.count("("), expr.count(")"))
+                self.assertEqual(expr.count("{"), expr.count("}"))
+                used |= names
+        # The panels the dashboard is for.
+        for name in ("vf_operator_job_step", "vf_operator_job_workers",
+                     "vf_operator_resizes_total", "vf_operator_job_samples_per_second",
+                     "vf_agent_loss", "vf_operator_resize_pause_seconds_bucket",
+                     "vf_operator_gpus", "DCGM_FI_DEV_GPU_UTIL"):
+            self.assertIn(name, used)
+        annotations = [a for a in dashboard["annotations"]["list"] if a.get("expr")]
+        self.assertTrue(any("vf_operator_resizes_total" in a["expr"] for a in annotations))
+        # GPU utilisation is joined with the workers by pod.
+        dcgm = [e for _, e in queries if "DCGM_FI_DEV_GPU_UTIL" in e]
+        self.assertTrue(all(re.search(r"on \(namespace, pod\)", e) for e in dcgm), dcgm)
+        ids = [p["id"] for p in dashboard["panels"]]
+        self.assertEqual(len(ids), len(set(ids)), "panel ids repeat")
+
+    def test_metric_name_extraction(self):
+        self.assertEqual(metric_names(
+            'histogram_quantile(0.95, sum by (le, job) (rate(vf_agent_step_duration_seconds_bucket'
+            '{namespace=~"$namespace", job=~"$job"}[$__rate_interval])))'),
+            {"vf_agent_step_duration_seconds_bucket"})
+        self.assertEqual(metric_names(
+            'avg by (pod) (DCGM_FI_DEV_GPU_UTIL * on (namespace, pod) group_left (job) '
+            'count by (namespace, pod, job) (vf_agent_steps_total{job="a b"}))'),
+            {"DCGM_FI_DEV_GPU_UTIL", "vf_agent_steps_total"})
+        self.assertEqual(metric_names("up + node_load1 offset 5m"), {"up", "node_load1"})
+
+    # ------------------------------------------------------------------ Dockerfiles
+
+    def test_dockerfiles_run_the_readmes_build(self):
+        # What setup.sh installs for running jobs and tests, not for building.
+        build_packages = setup_packages() - {
+            "dataset-fashion-mnist", "procps", "prometheus", "clang-format", "clang-tidy",
+            "openssl", "util-linux"}
+        for name, target, final_base in (
+                ("operator.Dockerfile", "virtualflow-operator", "${RUNTIME_IMAGE}"),
+                ("agent.Dockerfile", "virtualflow-agent",
+                 "nvidia/cuda:${CUDA_VERSION}-runtime-${CUDA_DISTRO}")):
+            with self.subTest(name):
+                path = os.path.join(DOCKER_DIR, name)
+                stages = dockerfile_stages(path)
+                self.assertEqual(len(stages), 2)
+                (build_from, build), (final_from, final) = stages
+                self.assertTrue(build_from.endswith(" AS build"), build_from)
+                self.assertEqual(apt_installed(build), build_packages,
+                                 "%s installs other packages than scripts/setup.sh" % name)
+                self.assertIn("./scripts/build.sh %s" % target, build)
+                self.assertEqual(final_from, "FROM " + final_base)
+                self.assertIn("COPY --from=build /out/%s /usr/local/bin/%s" % (target, target),
+                              final)
+                self.assertIn("USER 65532:65532", final)
+                self.assertIn('ENTRYPOINT ["/usr/local/bin/%s"]' % target, final)
+                # No build tools and no sources in the final image.
+                self.assertFalse(apt_installed(final) & {"build-essential", "cmake", "git",
+                                                         "ninja-build", "python3"})
+                self.assertNotRegex(final, r"(?m)^COPY (?!--from=build)")
+        text = read(os.path.join(DOCKER_DIR, "operator.Dockerfile"))
+        self.assertIn("ARG BUILD_IMAGE=debian:bookworm\n", text)
+        self.assertIn("ARG RUNTIME_IMAGE=debian:bookworm-slim\n", text)
+        text = read(os.path.join(DOCKER_DIR, "agent.Dockerfile"))
+        self.assertIn("-DVF_WITH_CUDA=ON -DVF_WITH_NCCL=ON", text)
+        self.assertIn("FROM nvidia/cuda:${CUDA_VERSION}-devel-${CUDA_DISTRO} AS build", text)
+        self.assertIn("dataset-fashion-mnist", apt_installed(dockerfile_stages(
+            os.path.join(DOCKER_DIR, "agent.Dockerfile"))[1][1]))
+
+
+# Stand-ins for the Prometheus Operator's CRDs (not part of this project), so that the chart's
+# ServiceMonitor and PodMonitor can be installed; they check group, version, kind and scope only.
+MONITOR_CRDS = "".join("""---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: %(plural)s.monitoring.coreos.com
+spec:
+  group: monitoring.coreos.com
+  scope: Namespaced
+  names: {kind: %(kind)s, listKind: %(kind)sList, plural: %(plural)s, singular: %(singular)s}
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema:
+          type: object
+          x-kubernetes-preserve-unknown-fields: true
+""" % {"kind": kind, "plural": kind.lower() + "s", "singular": kind.lower()}
+    for kind in ("ServiceMonitor", "PodMonitor"))
+
+
+class ChartInstallTest(ControlPlaneTestCase):
+    """helm install into a real control plane, and the installed operator's permissions."""
+
+    @classmethod
+    def setUpClass(cls):
+        # Other suites start control planes on this machine too: a start that fails for want of
+        # a port or under load is tried again.
+        for attempt in range(3):
+            try:
+                cls.cp = ControlPlane().start()
+                break
+            except (RuntimeError, TimeoutError, OSError):
+                if attempt == 2:
+                    raise
+                time.sleep(5)
+        cls.helm = Helm(cls.cp.bin)
+        # kubectl's discovery cache of this server only: a cache left by an earlier control
+        # plane on the same port would not know the CRDs.
+        cls.cache = os.path.join(cls.cp.dir, "kubectl-cache")
+        cls.run_kubectl("apply", "-f", "-", input=MONITOR_CRDS, check=True)
+        cls.run_kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                        "crd/servicemonitors.monitoring.coreos.com",
+                        "crd/podmonitors.monitoring.coreos.com", check=True)
+        for ns in (NS, "team-a", "team-b", "vf-team-system"):
+            cls.cp.create_namespace(ns)
+        # The operator's pods must pass the strictest Pod Security Standard.
+        for ns in (NS, "vf-team-system"):
+            cls.run_kubectl("label", "namespace", ns,
+                            "pod-security.kubernetes.io/enforce=restricted", check=True)
+        cls.install = cls.helm(
+            "install", RELEASE, CHART, "-n", NS, "--set", "serviceMonitor.enabled=true",
+            "--set", "dashboards.enabled=true", kubeconfig=cls.cp.kubeconfig)
+
+    @classmethod
+    def tearDownClass(cls):
+        if getattr(cls, "helm", None):
+            cls.helm.close()
+        super().tearDownClass()
+
+    @classmethod
+    def run_kubectl(cls, *args, input=None, check=False):
+        return cls.cp.kubectl("--cache-dir", cls.cache, *args, input=input, check=check)
+
+    def kubectl(self, *args, input=None, check=False):
+        return self.run_kubectl(*args, input=input, check=check)
+
+    def setUp(self):
+        self.operators = {}   # operator processes this test started: pod name -> (process, URL)
+        self.stopped = set()  # those it stopped on purpose
+
+    def run_helm(self, *args, check=True):
+        return self.helm(*args, kubeconfig=self.cp.kubeconfig, check=check)
+
+    def can_i(self, verb, resource, subresource="", namespace=NS, name=None,
+              account=(NS, OPERATOR)):
+        args = ["auth", "can-i", verb, resource + ("/" + name if name else "")]
+        args += ["-n", namespace, "--as=system:serviceaccount:%s:%s" % account]
+        if subresource:
+            args.append("--subresource=" + subresource)
+        proc = self.kubectl(*args)
+        answer = proc.stdout.strip()
+        self.assertIn(answer, ("yes", "no"), proc.stderr)
+        return answer == "yes"
+
+    def rights_list(self, namespace, account=(NS, OPERATOR)):
+        """`kubectl auth can-i --list` for ACCOUNT in NAMESPACE, less what everyone may do, as
+        {(resource, resource names): verbs}."""
+        out = self.kubectl("auth", "can-i", "--list", "-n", namespace,
+                              "--as=system:serviceaccount:%s:%s" % account, check=True).stdout
+        rights = {}
+        for line in out.splitlines()[1:]:
+            m = re.match(r"(\S+)\s+\[\]\s+\[(.*?)\]\s+\[(.*?)\]\s*$", line)
+            if not m or m.group(1) in EVERYONE:
+                continue
+            key = (m.group(1), tuple(m.group(2).split()))
+            rights.setdefault(key, set()).update(m.group(3).split())
+        return rights
+
+    @staticmethod
+    def expected_list(entries):
+        out = {}
+        for verb, resource, sub in entries:
+            out.setdefault((resource + ("/" + sub if sub else ""), ()), set()).add(verb)
+        return out
+
+    # ------------------------------------------------------------------ install
+
+    def test_install_creates_every_object(self):
+        self.assertEqual(self.install.returncode, 0, self.install.stdout + self.install.stderr)
+        self.assertIn("STATUS: deployed", self.install.stdout)
+        self.assertNotIn("PodSecurity", self.install.stderr)  # helm shows admission warnings
+        self.assertIn("http://virtualflow-operator.%s.svc:7070" % NS, self.install.stdout)  # NOTES
+        crd = self.cp.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/" + CRD_NAME)
+        self.assertIsNotNone(crd, "the chart's crds/ were not installed")
+        self.cp.wait_for("the CRD to be Established", lambda: any(
+            c["type"] == "Established" and c["status"] == "True" for c in (self.cp.get(
+                "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/" + CRD_NAME)
+                ["status"].get("conditions") or [])))
+
+        # Every object of the release's manifest exists, as Helm rendered it.
+        manifest = self.run_helm("get", "manifest", RELEASE, "-n", NS).stdout
+        objs = json_stream(self.kubectl("get", "-f", "-", "-o", "json", input=manifest,
+                                           check=True).stdout)
+        objs = objs[0]["items"] if objs and objs[0]["kind"] == "List" else objs
+        self.assertEqual(sorted(o["kind"] for o in objs), [
+            "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "PodMonitor", "Role",
+            "RoleBinding", "Service", "ServiceAccount", "ServiceMonitor"])
+        for obj in objs:
+            self.assertEqual(obj["metadata"]["labels"]["app.kubernetes.io/instance"], RELEASE)
+            self.assertEqual(obj["metadata"]["annotations"]["meta.helm.sh/release-name"], RELEASE)
+
+        service = self.cp.get("/api/v1/namespaces/%s/services/%s" % (NS, OPERATOR))
+        self.assertTrue(service["spec"]["clusterIP"])
+        self.assertEqual(sorted(p["name"] for p in service["spec"]["ports"]),
+                         ["coordinator", "metrics"])
+
+        # The Deployment controller creates the operator's pods, so the API server (and the
+        # `restricted` Pod Security admission) accepted the pod template. No kubelet runs them.
+        selector = "app.kubernetes.io/instance=%s,app.kubernetes.io/component=operator" % RELEASE
+        pods = self.cp.wait_for("the operator's 2 pods", lambda: (lambda items: len(items) == 2
+                                and items)(self.cp.request(
+                                    "GET", "/api/v1/namespaces/%s/pods?labelSelector=%s" % (
+                                        NS, selector))["items"]))
+        for pod in pods:
+            spec = pod["spec"]
+            self.assertEqual(spec["serviceAccountName"], OPERATOR)
+            container = spec["containers"][0]
+            self.assertIn("--coordinator-url=http://virtualflow-operator.%s.svc:7070" % NS,
+                          container["args"])
+            self.assertEqual(container["securityContext"]["capabilities"], {"drop": ["ALL"]})
+        deployment = self.cp.get("/apis/apps/v1/namespaces/%s/deployments/%s" % (NS, OPERATOR))
+        failures = [c for c in deployment["status"].get("conditions") or []
+                    if c["type"] == "ReplicaFailure"]
+        self.assertEqual(failures, [])
+
+    # ------------------------------------------------------------------ the real operator
+
+    def start_operator(self, namespace, deployment, pod):
+        """Starts the built operator as pod POD of DEPLOYMENT would run: the Deployment's
+        arguments (listening on free loopback ports instead), POD_NAME and POD_NAMESPACE, and a
+        token of the Deployment's ServiceAccount (in a kubeconfig, for the token a kubelet would
+        mount). Returns (process, base URL of its HTTP endpoint); stopped at the test's end."""
+        obj = self.cp.get("/apis/apps/v1/namespaces/%s/deployments/%s" % (namespace, deployment))
+        pod_spec = obj["spec"]["template"]["spec"]
+        container = pod_spec["containers"][0]
+        self.assertEqual({e["name"] for e in container["env"]}, {"POD_NAME", "POD_NAMESPACE"})
+        kubeconfig = os.path.join(self.cp.dir, pod + ".kubeconfig")
+        token = self.cp.token(pod_spec["serviceAccountName"], namespace)
+        with open(kubeconfig, "w") as f:
+            json.dump({"apiVersion": "v1", "kind": "Config",
+                       "clusters": [{"name": "e2e", "cluster": {
+                           "server": self.cp.server, "certificate-authority": self.cp.ca_file}}],
+                       "users": [{"name": "sa", "user": {"token": token}}],
+                       "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "sa"}}],
+                       "current-context": "e2e"}, f)
+        http, coordinator = free_port(), free_port()
+        args = [a.replace("0.0.0.0:8080", "127.0.0.1:%d" % http)
+                .replace("0.0.0.0:7070", "127.0.0.1:%d" % coordinator)
+                for a in container["args"]]
+        log = open(os.path.join(self.cp.logs, pod + ".log"), "wb")
+        proc = subprocess.Popen([operator_binary(), "--kubeconfig", kubeconfig, *args],
+                                stdout=log, stderr=subprocess.STDOUT,
+                                preexec_fn=_die_with_parent,
+                                env=dict(os.environ, POD_NAME=pod, POD_NAMESPACE=namespace))
+
+        def stop():
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            log.close()
+        self.addCleanup(stop)
+        self.operators[pod] = (proc, "http://127.0.0.1:%d" % http)
+        return proc, "http://127.0.0.1:%d" % http
+
+    def operator_log(self, pod):
+        try:
+            with open(os.path.join(self.cp.logs, pod + ".log"), errors="replace") as f:
+                return f.read()[-3000:]
+        except OSError as e:
+            return "(no log: %s)" % e
+
+    def check_operators(self):
+        """Fails at once when a started operator died or was refused a request by RBAC."""
+        for pod, (proc, url) in self.operators.items():
+            if pod in self.stopped:
+                continue
+            self.assertIsNone(proc.poll(), "%s exited:\n%s" % (pod, self.operator_log(pod)))
+            metrics = http_get(url + "/metrics")[1]
+            self.assertFalse('code="403"' in metrics, "%s was forbidden a request:\n%s" % (
+                pod, self.operator_log(pod)))
+
+    def until(self, what, predicate, timeout=60):
+        """Polls PREDICATE until it is truthy (returned), checking the operators meanwhile."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.check_operators()
+            self.cp.check_alive()
+            value = predicate()
+            if value:
+                return value
+            self.assertLess(time.monotonic(), deadline, "timed out waiting for " + what)
+            time.sleep(0.25)
+
+    def run_job(self, namespace):
+        """Applies the example job to NAMESPACE and waits for the operator to create its worker
+        pods (returned) and write its status."""
+        self.kubectl("apply", "-n", namespace, "-f", EXAMPLE, check=True)
+        self.addCleanup(self.kubectl, "delete", "vfjob", "fashion-mnist", "-n", namespace,
+                        "--wait=false")
+        pods = self.until("the job's worker pods", lambda: self.cp.request(
+            "GET", "/api/v1/namespaces/%s/pods?labelSelector=app.kubernetes.io%%2F"
+            "managed-by%%3Dvirtualflow-operator" % namespace)["items"])
+        self.until("the job's status", lambda: self.cp.get(
+            "/apis/virtualflow.io/v1alpha1/namespaces/%s/virtualflowjobs/fashion-mnist" %
+            namespace).get("status", {}).get("phase"))
+        return pods
+
+    def test_operator_runs_with_the_charts_flags_and_rights(self):
+        """The real operator, run as the Deployment would run it, elects a leader, becomes
+        ready, and runs a job without one forbidden request; a standby takes over when the
+        leader stops."""
+        if operator_binary() is None:
+            self.skipTest("virtualflow-operator is not built (set VF_BIN_DIR)")
+        self.assertEqual(self.install.returncode, 0, self.install.stderr)
+        self.cp.add_gpu_node("chart-gpu-1", gpus=4)
+        for pod in ("virtualflow-operator-a", "virtualflow-operator-b"):
+            self.start_operator(NS, OPERATOR, pod)
+
+        def leader():
+            lease = self.cp.get("/apis/coordination.k8s.io/v1/namespaces/%s/leases/"
+                                "virtualflow-operator" % NS)
+            holder = (lease or {}).get("spec", {}).get("holderIdentity")
+            ready = {pod: http_get(url + "/readyz")[0] == 200
+                     for pod, (_, url) in self.operators.items() if pod not in self.stopped}
+            return holder if holder and ready.get(holder) and sum(ready.values()) == 1 else None
+
+        first = self.until("one ready leader", leader)
+        [standby] = [p for p in self.operators if p != first]
+        standby_url = self.operators[standby][1]
+        status, body = http_get(standby_url + "/readyz")
+        self.assertEqual(status, 503, body)
+        self.assertIn("not the leader", body)
+        self.assertEqual(http_get(standby_url + "/healthz")[0], 200)
+        self.assertIn("vf_operator_is_leader 0", http_get(standby_url + "/metrics")[1])
+        self.assertIn("vf_operator_is_leader 1",
+                      http_get(self.operators[first][1] + "/metrics")[1])
+
+        # A job: the leader creates its token Secret and worker pods and writes its status.
+        pods = self.run_job("team-b")
+        container = pods[0]["spec"]["containers"][0]
+        self.assertIs(pods[0]["spec"]["automountServiceAccountToken"], False)
+        self.assertEqual(container["image"], "virtualflow/agent:" + APP_VERSION)
+        self.assertIn({"name": "metrics", "containerPort": 9090, "protocol": "TCP"},
+                      container["ports"])
+
+        # The leader stops (a rolling update, a drained node): it gives the Lease up and the
+        # standby leads.
+        proc = self.operators[first][0]
+        proc.terminate()
+        self.assertEqual(proc.wait(30), 0, self.operator_log(first))
+        self.stopped.add(first)
+        self.assertEqual(self.until("the standby to lead", leader), standby)
+        self.check_operators()
+        for pod in self.operators:
+            self.assertNotIn("forbidden", self.operator_log(pod).lower())
+
+    def test_service_account_can_do_exactly_what_the_operator_needs(self):
+        self.assertEqual(self.install.returncode, 0, self.install.stderr)
+        for namespace in ("team-a", NS, "default"):
+            for verb, resource, sub in JOB_RIGHTS + NODE_RIGHTS:
+                with self.subTest("yes: %s %s/%s in %s" % (verb, resource, sub, namespace)):
+                    self.assertTrue(self.can_i(verb, resource, sub, namespace))
+            for verb, resource, sub in DENIED:
+                with self.subTest("no: %s %s/%s in %s" % (verb, resource, sub, namespace)):
+                    self.assertFalse(self.can_i(verb, resource, sub, namespace))
+        # The Lease: its own name, in its own namespace.
+        for verb, resource, _ in LEASE_RIGHTS:
+            with self.subTest("lease: " + verb):
+                name = None if verb == "create" else "virtualflow-operator"
+                self.assertTrue(self.can_i(verb, resource, name=name))
+                self.assertFalse(self.can_i(verb, resource, name=name, namespace="team-a"))
+        self.assertFalse(self.can_i("get", "leases.coordination.k8s.io", name="kube-scheduler"))
+        self.assertFalse(self.can_i("update", "leases.coordination.k8s.io", name="other"))
+
+        # Nothing else: the complete list of what the account may do.
+        everywhere = self.expected_list(JOB_RIGHTS + NODE_RIGHTS)
+        self.assertEqual(self.rights_list("team-a"), everywhere)
+        in_release = dict(everywhere)
+        in_release[("leases.coordination.k8s.io", ())] = {"create"}
+        in_release[("leases.coordination.k8s.io", ("virtualflow-operator",))] = {"get", "update"}
+        self.assertEqual(self.rights_list(NS), in_release)
+
+    def test_watch_namespace_limits_the_rights_to_that_namespace(self):
+        account = ("vf-team-system", "vf-team-virtualflow-operator")
+        self.run_helm("install", "vf-team", CHART, "-n", "vf-team-system",
+                      "--set", "watchNamespace=team-a", "--set", "replicaCount=1")
+        try:
+            for verb, resource, sub in JOB_RIGHTS:
+                everywhere = (verb, resource, sub) in INVENTORY_RIGHTS
+                with self.subTest("%s %s/%s" % (verb, resource, sub)):
+                    self.assertTrue(self.can_i(verb, resource, sub, "team-a", account=account))
+                    self.assertEqual(self.can_i(verb, resource, sub, "team-b", account=account),
+                                     everywhere)
+                    self.assertEqual(self.can_i(verb, resource, sub, "vf-team-system",
+                                                account=account), everywhere)
+            for verb, resource, sub in INVENTORY_RIGHTS:
+                self.assertTrue(self.can_i(verb, resource, sub, "team-b", account=account))
+            self.assertTrue(self.can_i("update", "leases.coordination.k8s.io", "",
+                                       "vf-team-system", "virtualflow-operator", account=account))
+            self.assertEqual(self.rights_list("team-b", account),
+                             self.expected_list(INVENTORY_RIGHTS))
+            self.assertEqual(self.rights_list("team-a", account),
+                             self.expected_list(JOB_RIGHTS + NODE_RIGHTS))
+            # The operator's own pod passes Pod Security there too.
+            deployment = "vf-team-virtualflow-operator"
+            self.cp.wait_for("vf-team's operator pod", lambda: self.cp.request(
+                "GET", "/api/v1/namespaces/vf-team-system/pods?labelSelector="
+                "app.kubernetes.io/instance=vf-team")["items"])
+            args = self.cp.get("/apis/apps/v1/namespaces/vf-team-system/deployments/" + deployment)[
+                "spec"]["template"]["spec"]["containers"][0]["args"]
+            self.assertIn("--namespace=team-a", args)
+
+            # The operator itself runs a job in its namespace with only these rights.
+            if operator_binary() is not None:
+                self.cp.add_gpu_node("chart-gpu-2", gpus=4)
+                _, url = self.start_operator("vf-team-system", deployment, "vf-team-operator")
+                self.until("the operator to lead", lambda: http_get(url + "/readyz")[0] == 200)
+                self.run_job("team-a")
+                self.check_operators()
+                self.assertNotIn("forbidden", self.operator_log("vf-team-operator").lower())
+        finally:
+            self.run_helm("uninstall", "vf-team", "-n", "vf-team-system", check=False)
+
+    def test_upgrade_and_uninstall(self):
+        self.run_helm("install", "vf-upgrade", CHART, "-n", "team-b", "--set", "replicaCount=1",
+                      "--set", "leaderElection.leaseName=vf-upgrade")
+        path = "/apis/apps/v1/namespaces/team-b/deployments/vf-upgrade-virtualflow-operator"
+        def args():
+            return self.cp.get(path)["spec"]["template"]["spec"]["containers"][0]["args"]
+        self.assertIn("--policy=elastic", args())
+        self.run_helm("upgrade", "vf-upgrade", CHART, "-n", "team-b", "--reuse-values",
+                      "--set", "policy=static")
+        self.assertIn("--policy=static", args())
+        self.assertIn("--leader-election-id=vf-upgrade", args())
+        self.assertIn("REVISION", self.run_helm("history", "vf-upgrade", "-n", "team-b").stdout)
+        # A bad value on upgrade changes nothing.
+        bad = self.run_helm("upgrade", "vf-upgrade", CHART, "-n", "team-b", "--reuse-values",
+                            "--set", "policy=fastest", check=False)
+        self.assertNotEqual(bad.returncode, 0)
+        self.assertIn("value must be one of 'static', 'elastic', 'autoscale'", bad.stderr)
+        self.assertIn("--policy=static", args())
+
+        self.run_helm("uninstall", "vf-upgrade", "-n", "team-b")
+        self.assertIsNone(self.cp.get(path))
+        self.assertIsNone(self.cp.get("/apis/rbac.authorization.k8s.io/v1/clusterroles/"
+                                      "team-b-vf-upgrade-virtualflow-operator"))
+        # Helm never deletes a CRD: the jobs (and their data) outlive the operator.
+        self.assertIsNotNone(self.cp.get(
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/" + CRD_NAME))
+
+
+if __name__ == "__main__":
+    unittest.main()
