@@ -7,9 +7,10 @@ temporary directory. stop() tears everything down; it also runs at interpreter e
 SIGTERM/SIGINT, and every child gets SIGKILL if this process dies first.
 
 Nodes are fake: Node objects that advertise nvidia.com/gpu and are marked Ready through the status
-subresource. No kubelet runs, so nothing runs a pod's containers (a pod runner plays the kubelet in
-later tests); the scheduler, the garbage collector and every other controller are the real ones.
-See README.md beside this file.
+subresource. No kubelet runs; start_pod_runner() starts vf-pod-runner, which plays the kubelet for
+the nodes labelled virtualflow.io/pod-runner=true (add_gpu_node's default): it runs each pod bound
+to them as a local process and keeps the pod's status true. The scheduler, the garbage collector
+and every other controller are the real ones. See README.md beside this file.
 """
 
 import atexit
@@ -38,6 +39,8 @@ BUILD_SCRIPT = os.path.join(HERE, "build-k8s-tools.sh")
 DEFAULT_GPU_PRODUCT = "NVIDIA-A100-SXM4-40GB"
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+# The label of the nodes vf-pod-runner plays the kubelet for.
+POD_RUNNER_LABEL = "virtualflow.io/pod-runner"
 
 # The in-cluster names of the API server; its serving certificate covers them all, plus the
 # first address of SERVICE_CIDR (the `kubernetes` Service's ClusterIP).
@@ -180,6 +183,8 @@ class ControlPlane:
         self.bin = None
         self._stopped = True
         self._ssl = None
+        self.pod_runner = None
+        self.pod_log_dir = None
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -256,6 +261,9 @@ class ControlPlane:
             return
         self._stopped = True
         _LIVE.discard(self)
+        # The pod runner first, while the API server is still there: it kills its pods'
+        # processes (SIGTERM, then SIGKILL) before it exits.
+        self.stop_pod_runner()
         for component in reversed(self.components):
             component.stop()
         self.components = []
@@ -556,11 +564,15 @@ class ControlPlane:
     # ---------------------------------------------------------------- fake GPU nodes
 
     def add_gpu_node(self, name, gpus, product=DEFAULT_GPU_PRODUCT, cpu="64", memory="256Gi",
-                     pods="110", labels=None):
+                     pods="110", labels=None, pod_runner=True):
         """Creates Node NAME advertising GPUS nvidia.com/gpu of PRODUCT and marks it Ready, so that
-        the scheduler binds pods to it. Returns the Node."""
+        the scheduler binds pods to it. With POD_RUNNER (the default) the node carries the label
+        virtualflow.io/pod-runner=true, so that a pod runner (start_pod_runner) runs its pods.
+        Returns the Node."""
         node_labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
                        "kubernetes.io/arch": "amd64", GPU_PRODUCT_LABEL: product}
+        if pod_runner:
+            node_labels[POD_RUNNER_LABEL] = "true"
         node_labels.update(labels or {})
         self.request("POST", "/api/v1/nodes", {
             "apiVersion": "v1", "kind": "Node",
@@ -652,6 +664,65 @@ class ControlPlane:
         except ApiError as e:
             if e.status != 404:
                 raise
+
+    # ---------------------------------------------------------------- the pod runner
+
+    def start_pod_runner(self, bin_dir, path=None, log_dir=None, timeout=60):
+        """Starts vf-pod-runner from BIN_DIR as the kubelet of every node labelled
+        virtualflow.io/pod-runner=true, with the admin kubeconfig, and waits until it has listed
+        the nodes and pods. PATH (a directory or a list of them; default: BIN_DIR) goes first on
+        the PATH of the pods' commands, so that a pod whose command is `virtualflow-agent` runs
+        the freshly built one. Each container's output goes to LOG_DIR (default: pods/ in the
+        control plane's directory) as <namespace>_<pod>_<container>.log. The runner is a
+        component like the others: it dies with the test, dump_logs() shows its log, and stop()
+        stops it (and so every pod's process) first. Returns the Component."""
+        if self.pod_runner is not None:
+            raise RuntimeError("a pod runner is already running")
+        binary = os.path.join(bin_dir, "vf-pod-runner")
+        if not os.access(binary, os.X_OK):
+            raise RuntimeError("vf-pod-runner not found in %s; build the vf-pod-runner target"
+                               % bin_dir)
+        if path is None:
+            path = [bin_dir]
+        elif isinstance(path, str):
+            path = [path]
+        self.pod_log_dir = log_dir or os.path.join(self.dir, "pods")
+        os.makedirs(self.pod_log_dir, exist_ok=True)
+        log_path = os.path.join(self.logs, "pod-runner.log")
+        offset = os.path.getsize(log_path) if os.path.exists(log_path) else 0  # a restart appends
+        runner = self._spawn("pod-runner", [
+            binary, "--kubeconfig", self.kubeconfig, "--log-dir", self.pod_log_dir,
+            "--path", os.pathsep.join(os.path.abspath(p) for p in path)])
+        self.pod_runner = runner
+
+        def synced():
+            runner.check_alive()
+            with open(runner.log_path, "rb") as f:
+                f.seek(offset)
+                return b" synced: " in f.read()
+        self.wait_for("vf-pod-runner to list nodes and pods", synced, timeout)
+        return runner
+
+    def stop_pod_runner(self, timeout=15):
+        """Stops the pod runner (SIGTERM: it SIGTERMs its pods' processes, SIGKILLs them a few
+        seconds later and exits). Returns its exit status (0 for a clean stop), or None when none
+        runs. Pods keep the status they had, as when a kubelet stops."""
+        runner, self.pod_runner = self.pod_runner, None
+        if runner is None:
+            return None
+        runner.stop(timeout=timeout)
+        if runner in self.components:
+            self.components.remove(runner)  # stopped on purpose: check_alive() must not fail
+        return runner.proc.returncode
+
+    def pod_log(self, namespace, pod, container):
+        """What the pod runner captured of a container's stdout and stderr ("" if nothing)."""
+        try:
+            with open(os.path.join(self.pod_log_dir, "%s_%s_%s.log" % (namespace, pod, container)),
+                      errors="replace") as f:
+                return f.read()
+        except (OSError, TypeError):
+            return ""
 
     def wait_for(self, what, predicate, timeout=60, interval=0.25):
         """Polls PREDICATE until truthy (returned); on timeout raises TimeoutError. Fails fast
