@@ -241,6 +241,24 @@ class Client::Impl {
   const std::shared_ptr<RateLimiter>& limiter() const { return limiter_; }
   uint64_t requests_sent() const { return requests_.load(); }
 
+  void set_observer(RequestObserver observer) {
+    std::shared_ptr<const RequestObserver> next;
+    if (observer) next = std::make_shared<const RequestObserver>(std::move(observer));
+    std::lock_guard<std::mutex> lock(observer_mu_);
+    observer_ = std::move(next);
+  }
+
+  // Reports one request, sent at `sent`, to the observer if there is one.
+  void Observe(std::string_view verb, int http_status, Clock::time_point sent) {
+    std::shared_ptr<const RequestObserver> observer;
+    {
+      std::lock_guard<std::mutex> lock(observer_mu_);
+      observer = observer_;
+    }
+    if (observer == nullptr) return;
+    (*observer)(verb, http_status, std::chrono::duration<double>(Clock::now() - sent).count());
+  }
+
   web::http::client::http_client_config HttpConfig(Clock::duration timeout) const {
     web::http::client::http_client_config http;
     http.set_timeout(std::chrono::duration_cast<std::chrono::microseconds>(timeout));
@@ -323,9 +341,10 @@ class Client::Impl {
 
   // One API call: rate limit, send, decode; 429s retried as the server asks. The answer must be
   // a JSON object.
-  ApiResult<json> Call(const std::string& context, const web::http::method& method,
-                       const std::string& path_and_query, const json* body,
-                       const std::string& content_type, Clock::time_point deadline) {
+  ApiResult<json> Call(std::string_view verb, const std::string& context,
+                       const web::http::method& method, const std::string& path_and_query,
+                       const json* body, const std::string& content_type,
+                       Clock::time_point deadline) {
     for (int attempt = 0;; ++attempt) {
       if (!limiter_->Wait(deadline)) {
         return MakeError(Reason::kDeadlineExceeded,
@@ -333,7 +352,10 @@ class Client::Impl {
       }
       web::http::http_request request = NewRequest(method, path_and_query);
       if (body != nullptr) SetJsonBody(request, *body, content_type);
+      const Clock::time_point sent = Clock::now();
       std::variant<RawResponse, ApiError> exchanged = Exchange(std::move(request), deadline);
+      const auto* answered = std::get_if<RawResponse>(&exchanged);
+      Observe(verb, answered != nullptr ? answered->code : 0, sent);
       if (auto* error = std::get_if<ApiError>(&exchanged)) {
         error->context = context;
         return std::move(*error);
@@ -382,6 +404,8 @@ class Client::Impl {
   TokenSource tokens_;
   web::http::client::http_client http_;
   std::atomic<uint64_t> requests_{0};
+  std::mutex observer_mu_;
+  std::shared_ptr<const RequestObserver> observer_;  // guarded by observer_mu_
 };
 
 ApiStatus Client::Impl::Watch(const Resource& resource, std::string_view ns,
@@ -436,6 +460,15 @@ ApiStatus Client::Impl::Watch(const Resource& resource, std::string_view ns,
     auto promise = std::make_shared<std::promise<web::http::http_response>>();
     std::future<web::http::http_response> future = promise->get_future();
     ++requests_;
+    const Clock::time_point sent = Clock::now();
+    // Reported however the wait for the headers ends.
+    int answered = 0;
+    struct ObserveOnExit {
+      Impl& impl;
+      const Clock::time_point& sent;
+      const int& code;
+      ~ObserveOnExit() { impl.Observe("watch", code, sent); }
+    } observe_on_exit{*this, sent, answered};
     try {
       http.request(NewRequest(web::http::methods::GET, path), cancel.get_token())
           .then([promise](pplx::task<web::http::http_response> done) {
@@ -455,6 +488,7 @@ ApiStatus Client::Impl::Watch(const Resource& resource, std::string_view ns,
     }
     try {
       response = future.get();
+      answered = response.status_code();
     } catch (const web::http::http_exception& e) {
       return failed(TransportError(e));
     } catch (const std::exception& e) {
@@ -576,10 +610,13 @@ Result<std::unique_ptr<Client>> Client::Create(const Config& config, ClientOptio
 const Config& Client::config() const { return impl_->config(); }
 const std::shared_ptr<RateLimiter>& Client::rate_limiter() const { return impl_->limiter(); }
 uint64_t Client::requests_sent() const { return impl_->requests_sent(); }
+void Client::set_request_observer(RequestObserver observer) {
+  impl_->set_observer(std::move(observer));
+}
 
 ApiResult<json> Client::Get(const Resource& resource, std::string_view ns, std::string_view name,
                             const CallOptions& options) {
-  return impl_->Call("get " + Describe(resource, ns, name), web::http::methods::GET,
+  return impl_->Call("get", "get " + Describe(resource, ns, name), web::http::methods::GET,
                      ResourcePath(resource, ns, name), nullptr, "",
                      impl_->Deadline(options.timeout));
 }
@@ -600,7 +637,7 @@ ApiResult<ObjectList> Client::List(const Resource& resource, std::string_view ns
                // A continuation is pinned to the first page's version already; the server
                // refuses both at once.
                {"resourceVersion", next.empty() ? options.resource_version : ""}});
-    ApiResult<json> page = impl_->Call(context, web::http::methods::GET,
+    ApiResult<json> page = impl_->Call("list", context, web::http::methods::GET,
                                        ResourcePath(resource, ns) + query, nullptr, "", deadline);
     if (!page.ok()) {
       if (page.reason() == Reason::kGone && !next.empty()) {
@@ -639,7 +676,7 @@ ApiResult<json> Client::Create(const Resource& resource, std::string_view ns, js
   }
   std::string name = MetadataString(object, "name");
   if (name.empty()) name = MetadataString(object, "generateName") + "*";
-  return impl_->Call("create " + Describe(resource, ns, name), web::http::methods::POST,
+  return impl_->Call("create", "create " + Describe(resource, ns, name), web::http::methods::POST,
                      ResourcePath(resource, ns), &object, "application/json",
                      impl_->Deadline(options.timeout));
 }
@@ -659,7 +696,7 @@ ApiResult<json> Client::Replace(const Resource& resource, std::string_view ns, j
   FillTypeMeta(resource, object);
   const std::string name = MetadataString(object, "name");
   if (name.empty()) return NamedObjectError("replace", resource, ns);
-  return impl_->Call("replace " + Describe(resource, ns, name), web::http::methods::PUT,
+  return impl_->Call("update", "replace " + Describe(resource, ns, name), web::http::methods::PUT,
                      ResourcePath(resource, ns, name), &object, "application/json",
                      impl_->Deadline(options.timeout));
 }
@@ -667,7 +704,7 @@ ApiResult<json> Client::Replace(const Resource& resource, std::string_view ns, j
 ApiResult<json> Client::MergePatch(const Resource& resource, std::string_view ns,
                                    std::string_view name, const json& patch,
                                    const CallOptions& options) {
-  return impl_->Call("patch " + Describe(resource, ns, name), web::http::methods::PATCH,
+  return impl_->Call("patch", "patch " + Describe(resource, ns, name), web::http::methods::PATCH,
                      ResourcePath(resource, ns, name), &patch, "application/merge-patch+json",
                      impl_->Deadline(options.timeout));
 }
@@ -687,7 +724,7 @@ ApiResult<json> Client::Delete(const Resource& resource, std::string_view ns, st
   if (options.grace_period_seconds.has_value()) {
     body["gracePeriodSeconds"] = *options.grace_period_seconds;
   }
-  return impl_->Call("delete " + Describe(resource, ns, name), web::http::methods::DEL,
+  return impl_->Call("delete", "delete " + Describe(resource, ns, name), web::http::methods::DEL,
                      ResourcePath(resource, ns, name), &body, "application/json",
                      impl_->Deadline(options.timeout));
 }
@@ -697,16 +734,16 @@ ApiResult<json> Client::ReplaceStatus(const Resource& resource, std::string_view
   FillTypeMeta(resource, object);
   const std::string name = MetadataString(object, "name");
   if (name.empty()) return NamedObjectError("replace status of", resource, ns);
-  return impl_->Call("replace status of " + Describe(resource, ns, name), web::http::methods::PUT,
-                     ResourcePath(resource, ns, name, "status"), &object, "application/json",
-                     impl_->Deadline(options.timeout));
+  return impl_->Call("update", "replace status of " + Describe(resource, ns, name),
+                     web::http::methods::PUT, ResourcePath(resource, ns, name, "status"), &object,
+                     "application/json", impl_->Deadline(options.timeout));
 }
 
 ApiResult<json> Client::PatchStatus(const Resource& resource, std::string_view ns,
                                     std::string_view name, const json& patch,
                                     const CallOptions& options) {
-  return impl_->Call("patch status of " + Describe(resource, ns, name), web::http::methods::PATCH,
-                     ResourcePath(resource, ns, name, "status"), &patch,
+  return impl_->Call("patch", "patch status of " + Describe(resource, ns, name),
+                     web::http::methods::PATCH, ResourcePath(resource, ns, name, "status"), &patch,
                      "application/merge-patch+json", impl_->Deadline(options.timeout));
 }
 
@@ -719,7 +756,7 @@ ApiResult<json> Client::CreateEvent(const Resource& resource, const json& object
   const std::string context =
       "create event for " +
       Describe(resource, MetadataString(object, "namespace"), MetadataString(object, "name"));
-  return impl_->Call(context, web::http::methods::POST, ResourcePath(kEvents, ns), &event,
+  return impl_->Call("create", context, web::http::methods::POST, ResourcePath(kEvents, ns), &event,
                      "application/json", impl_->Deadline(options.timeout));
 }
 

@@ -107,6 +107,16 @@ struct DeleteOptions {
 // The type of a core/v1 Event: routine, or something a person should look at.
 enum class EventType { kNormal, kWarning };
 
+// Told about every HTTP request a Client sends, retries and watch connections included, so that
+// the operator can export request latency and errors without the client knowing about metrics.
+// `verb` is the Kubernetes verb: "get", "list" (once per page), "watch", "create", "update"
+// (Replace, ReplaceStatus), "patch" (MergePatch, PatchStatus) or "delete". `http_status` is the
+// answer's code, or 0 when none came (connection failed, timed out, cancelled). `seconds` runs
+// from sending to the complete answer; for a watch, to the answer's headers. Called on the
+// thread that made the call, once the request is over; it must be quick, must not throw and
+// must not call the client.
+using RequestObserver = std::function<void(std::string_view verb, int http_status, double seconds)>;
+
 // Talks to one API server as one identity. Calls block the calling thread until the answer is
 // complete, the call's timeout passes or (for Watch) the caller stops it; they never throw. The
 // calling thread must not be one of cpprest's own (an http_listener handler or a task
@@ -125,6 +135,10 @@ class Client {
   const std::shared_ptr<RateLimiter>& rate_limiter() const;
   // Requests sent so far, retries and watch connections included.
   uint64_t requests_sent() const;
+
+  // Replaces the observer (null: none). Thread-safe, and may be called at any time; requests
+  // already under way may still report to the one before.
+  void set_request_observer(RequestObserver observer);
 
   // GET one object.
   ApiResult<nlohmann::json> Get(const Resource& resource, std::string_view ns,

@@ -303,6 +303,109 @@ TEST(ClientTest, SharedRateLimiterBoundsTheRequestRate) {
   EXPECT_EQ(client->requests_sent(), static_cast<uint64_t>(kCalls));
 }
 
+// What a RequestObserver was told. Thread-safe.
+class ObservedRequests {
+ public:
+  RequestObserver Observer() {
+    return [this](std::string_view verb, int status, double took) {
+      std::lock_guard<std::mutex> lock(mu_);
+      seen_.push_back(std::string(verb) + " " + std::to_string(status));
+      seconds_.push_back(took);
+    };
+  }
+  std::vector<std::string> Get() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return seen_;
+  }
+  std::vector<double> Seconds() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return seconds_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::string> seen_;
+  std::vector<double> seconds_;
+};
+
+TEST(RequestObserverTest, ReportsEachRequestWithItsKubernetesVerbAndStatus) {
+  FakeServer server([&](const Request& request, Connection& c, std::stop_token) {
+    if (request.Query().find("watch=true") != std::string::npos) {
+      c.StartChunked();
+      c.Chunk(Event("ADDED", "a", "2"));
+      c.EndChunked();
+    } else if (request.method == "GET" && request.Path().ends_with("/configmaps")) {
+      c.Respond(200, R"({"metadata":{"resourceVersion":"1"},"items":[]})");
+    } else if (request.method == "GET") {
+      c.Respond(404, kNotFound);
+    } else if (request.method == "POST") {
+      c.Respond(201, R"({"metadata":{"name":"a"}})");
+    } else if (request.method == "PUT") {
+      c.Respond(409, R"({"kind":"Status","reason":"Conflict","message":"modified","code":409})");
+    } else {
+      c.Respond(200, R"({"metadata":{"name":"a"}})");
+    }
+  });
+  std::unique_ptr<Client> client = NewClient(server.url());
+  ObservedRequests observed;
+  client->set_request_observer(observed.Observer());
+  EXPECT_EQ(client->Get(kConfigMaps, "ns", "a").reason(), Reason::kNotFound);
+  EXPECT_TRUE(client->List(kConfigMaps, "ns").ok());
+  EXPECT_TRUE(client->Create(kConfigMaps, "ns", json{{"metadata", {{"name", "a"}}}}).ok());
+  EXPECT_EQ(client->Replace(kConfigMaps, "ns", json{{"metadata", {{"name", "a"}}}}).reason(),
+            Reason::kConflict);
+  EXPECT_EQ(client->ReplaceStatus(kConfigMaps, "ns", json{{"metadata", {{"name", "a"}}}}).reason(),
+            Reason::kConflict);
+  EXPECT_TRUE(client->MergePatch(kConfigMaps, "ns", "a", json::object()).ok());
+  EXPECT_TRUE(client->PatchStatus(kConfigMaps, "ns", "a", json::object()).ok());
+  EXPECT_TRUE(client->Delete(kConfigMaps, "ns", "a").ok());
+  EXPECT_TRUE(client->Watch(kConfigMaps, "ns", {}, [](WatchEvent) {}).ok());
+  EXPECT_EQ(observed.Get(), (std::vector<std::string>{"get 404", "list 200", "create 201",
+                                                      "update 409", "update 409", "patch 200",
+                                                      "patch 200", "delete 200", "watch 200"}));
+  for (double took : observed.Seconds()) {
+    EXPECT_GE(took, 0.0);
+    EXPECT_LT(took, 30.0);
+  }
+}
+
+TEST(RequestObserverTest, ReportsEveryPageAndEveryThrottledRetry) {
+  std::atomic<int> calls{0};
+  FakeServer server([&](const Request& request, Connection& c, std::stop_token) {
+    if (calls++ == 0) {
+      c.Respond(429, R"({"kind":"Status","reason":"TooManyRequests","code":429})",
+                "Retry-After: 1\r\n");
+    } else if (request.Query().find("continue=") == std::string::npos) {
+      c.Respond(200, R"({"metadata":{"resourceVersion":"1","continue":"next"},"items":[]})");
+    } else {
+      c.Respond(200, R"({"metadata":{"resourceVersion":"1"},"items":[]})");
+    }
+  });
+  std::unique_ptr<Client> client = NewClient(server.url());
+  ObservedRequests observed;
+  client->set_request_observer(observed.Observer());
+  ASSERT_TRUE(client->List(kConfigMaps, "ns").ok());
+  EXPECT_EQ(observed.Get(), (std::vector<std::string>{"list 429", "list 200", "list 200"}));
+}
+
+TEST(RequestObserverTest, ARequestWithoutAnAnswerIsReportedWithStatusZero) {
+  int port;
+  {
+    FakeServer server([](const Request&, Connection&, std::stop_token) {});
+    port = server.port();
+  }
+  std::unique_ptr<Client> client = NewClient("http://127.0.0.1:" + std::to_string(port));
+  ObservedRequests observed;
+  client->set_request_observer(observed.Observer());
+  EXPECT_EQ(client->Get(kConfigMaps, "ns", "a").reason(), Reason::kTransport);
+  EXPECT_EQ(client->Watch(kConfigMaps, "ns", {}, [](WatchEvent) {}).reason(), Reason::kTransport);
+  EXPECT_EQ(observed.Get(), (std::vector<std::string>{"get 0", "watch 0"}));
+  // And none once it is taken away.
+  client->set_request_observer(nullptr);
+  EXPECT_FALSE(client->Get(kConfigMaps, "ns", "a").ok());
+  EXPECT_EQ(observed.Get().size(), 2u);
+}
+
 TEST(WatchTest, EventsArriveAsSentWhateverTheChunking) {
   Recorder recorder;
   std::atomic<bool> first_seen{false};

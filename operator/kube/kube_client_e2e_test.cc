@@ -17,7 +17,10 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <stop_token>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -25,6 +28,7 @@
 
 #include "operator/kube/client.h"
 #include "operator/kube/config.h"
+#include "operator/kube/leader_election.h"
 #include "operator/kube/reflector.h"
 
 // See client_test.cc: cpprest's exit-time continuation, not a leak per request.
@@ -588,6 +592,222 @@ TEST_F(KubeconfigE2E, WrongTokenIsUnauthorized) {
   ASSERT_FALSE(ns.ok());
   EXPECT_EQ(ns.reason(), Reason::kUnauthorized);
   EXPECT_EQ(ns.error().http_code, 401);
+}
+
+TEST_F(KubeconfigE2E, RequestObserverSeesEachVerbAndStatus) {
+  Result<Config> config = LoadKubeconfig(Env("VF_TEST_KUBECONFIG"));
+  ASSERT_TRUE(config.ok());
+  Result<std::unique_ptr<Client>> observed = Client::Create(*config);
+  ASSERT_TRUE(observed.ok());
+  std::mutex mu;
+  std::vector<std::string> seen;
+  (*observed)->set_request_observer([&](std::string_view verb, int status, double took) {
+    EXPECT_GE(took, 0.0);
+    std::lock_guard<std::mutex> lock(mu);
+    seen.push_back(std::string(verb) + " " + std::to_string(status));
+  });
+  Client& c = **observed;
+  const std::string name = Unique("observed");
+  ApiResult<json> created = c.Create(kConfigMaps, kNs, ConfigMap(name));
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  EXPECT_TRUE(c.Get(kConfigMaps, kNs, name).ok());
+  EXPECT_EQ(c.Get(kConfigMaps, kNs, name + "-missing").reason(), Reason::kNotFound);
+  // A write that changes nothing leaves the version as it was: change something, so that the
+  // second write is stale.
+  json changed = *created;
+  changed["data"] = {{"k", "1"}};
+  EXPECT_TRUE(c.Replace(kConfigMaps, kNs, changed).ok());
+  EXPECT_EQ(c.Replace(kConfigMaps, kNs, changed).reason(), Reason::kConflict);
+  EXPECT_TRUE(c.MergePatch(kConfigMaps, kNs, name, json{{"data", {{"k", "v"}}}}).ok());
+  ListOptions list;
+  list.page_size = 0;
+  EXPECT_TRUE(c.List(kConfigMaps, kNs, list).ok());
+  WatchOptions watch;
+  watch.timeout_seconds = 1;
+  EXPECT_TRUE(c.Watch(kConfigMaps, kNs, watch, [](WatchEvent) {}).ok());
+  EXPECT_TRUE(c.Delete(kConfigMaps, kNs, name).ok());
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(seen, (std::vector<std::string>{"create 201", "get 200", "get 404", "update 200",
+                                            "update 409", "patch 200", "list 200", "watch 200",
+                                            "delete 200"}));
+}
+
+// ---- Leader election on a real Lease ----
+
+// One candidate: an elector on a client of its own, run on a thread, its callbacks recorded.
+// Short durations keep the tests quick: lease 2 s, renew deadline 1.5 s, retry every 0.2 s.
+// Thread-safe.
+class Candidate {
+ public:
+  Candidate(const std::string& lease, const std::string& identity, bool release_on_cancel = true) {
+    Result<Config> config = LoadKubeconfig(Env("VF_TEST_KUBECONFIG"));
+    EXPECT_TRUE(config.ok()) << config.status().ToString();
+    Result<std::unique_ptr<Client>> client = Client::Create(*config);
+    EXPECT_TRUE(client.ok()) << client.status().ToString();
+    client_ = std::move(client).value();
+    LeaderElectionConfig election;
+    election.ns = kNs;
+    election.name = lease;
+    election.identity = identity;
+    election.lease_duration = seconds(2);
+    election.renew_deadline = milliseconds(1500);
+    election.retry_period = milliseconds(200);
+    election.release_on_cancel = release_on_cancel;
+    election.on_started_leading = [this](std::stop_token) { ++started_; };
+    election.on_stopped_leading = [this] { ++stopped_; };
+    election.on_new_leader = [this](const std::string& leader) {
+      std::lock_guard<std::mutex> lock(mu_);
+      leaders_.push_back(leader);
+    };
+    Result<std::unique_ptr<LeaderElector>> elector = LeaderElector::Create(*client_, election);
+    EXPECT_TRUE(elector.ok()) << elector.status().ToString();
+    elector_ = std::move(elector).value();
+  }
+  ~Candidate() { Stop(); }
+
+  void Start() {
+    result_ = std::async(std::launch::async, [this] { return elector_->Run(stop_.get_token()); });
+  }
+  void Stop() {
+    stop_.request_stop();
+    if (result_.valid()) result_.wait();
+  }
+  // Run's result, once it has returned within `timeout`.
+  std::optional<Status> Outcome(milliseconds timeout = milliseconds(10000)) {
+    if (!result_.valid() || result_.wait_for(timeout) != std::future_status::ready) {
+      return std::nullopt;
+    }
+    return result_.get();
+  }
+  bool leading() const { return elector_->IsLeader(); }
+  int started() const { return started_.load(); }
+  int stopped() const { return stopped_.load(); }
+  std::vector<std::string> leaders() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return leaders_;
+  }
+
+ private:
+  std::unique_ptr<Client> client_;
+  std::unique_ptr<LeaderElector> elector_;
+  std::stop_source stop_;
+  std::future<Status> result_;
+  std::atomic<int> started_{0};
+  std::atomic<int> stopped_{0};
+  std::mutex mu_;
+  std::vector<std::string> leaders_;
+};
+
+TEST_F(KubeconfigE2E, LeaderElectionOfTwoCandidatesExactlyOneLeads) {
+  const std::string lease = Unique("election");
+  Candidate a(lease, "a");
+  Candidate b(lease, "b");
+  a.Start();
+  b.Start();
+  ASSERT_TRUE(WaitFor([&] { return a.leading() || b.leading(); }, seconds(20)));
+  // For a few lease durations: never both, never neither.
+  for (int i = 0; i < 60; ++i) {
+    EXPECT_NE(a.leading(), b.leading()) << "at " << i * 100 << " ms";
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  EXPECT_EQ(a.started() + b.started(), 1);
+  EXPECT_EQ(a.stopped() + b.stopped(), 0);
+  const std::string leader = a.leading() ? "a" : "b";
+  ApiResult<json> current = client().Get(kLeases, kNs, lease);
+  ASSERT_TRUE(current.ok()) << current.status().ToString();
+  EXPECT_EQ((*current)["spec"]["holderIdentity"], leader);
+  EXPECT_EQ((*current)["spec"]["leaseDurationSeconds"], 2);
+  // Both learned who leads.
+  EXPECT_EQ(a.leaders(), std::vector<std::string>{leader});
+  EXPECT_EQ(b.leaders(), std::vector<std::string>{leader});
+}
+
+TEST_F(KubeconfigE2E, LeaderElectionReleaseOnCancelHandsOverPromptly) {
+  const std::string lease = Unique("election");
+  Candidate a(lease, "a");
+  a.Start();
+  ASSERT_TRUE(WaitFor([&] { return a.leading(); }, seconds(20)));
+  Candidate b(lease, "b");
+  b.Start();
+  ASSERT_TRUE(WaitFor([&] { return b.leaders() == std::vector<std::string>{"a"}; }, seconds(20)));
+  EXPECT_FALSE(b.leading());
+
+  a.Stop();
+  const Clock::time_point released = Clock::now();
+  std::optional<Status> result = a.Outcome();
+  ASSERT_TRUE(result.has_value());
+  EXPECT_TRUE(result->ok()) << result->ToString();
+  EXPECT_EQ(a.stopped(), 1);
+  // Taken over within b's retry period (plus jitter), not after the 2 s lease.
+  ASSERT_TRUE(WaitFor([&] { return b.leading(); }, seconds(10)));
+  EXPECT_LT(Clock::now() - released, milliseconds(1500));
+  ApiResult<json> current = client().Get(kLeases, kNs, lease);
+  ASSERT_TRUE(current.ok());
+  EXPECT_EQ((*current)["spec"]["holderIdentity"], "b");
+  EXPECT_EQ((*current)["spec"]["leaseTransitions"], 1);
+  EXPECT_EQ(b.leaders(), (std::vector<std::string>{"a", "b"}));
+}
+
+TEST_F(KubeconfigE2E, LeaderElectionTakeoverAfterExpiryIncrementsLeaseTransitions) {
+  const std::string lease = Unique("election");
+  {
+    Candidate a(lease, "a", /*release_on_cancel=*/false);
+    a.Start();
+    ASSERT_TRUE(WaitFor([&] { return a.leading(); }, seconds(20)));
+  }  // stopped without releasing: the Lease stays a's until it expires
+  ApiResult<json> left = client().Get(kLeases, kNs, lease);
+  ASSERT_TRUE(left.ok());
+  EXPECT_EQ((*left)["spec"]["holderIdentity"], "a");
+  EXPECT_EQ((*left)["spec"]["leaseTransitions"], 0);
+
+  Candidate b(lease, "b");
+  const Clock::time_point start = Clock::now();
+  b.Start();
+  ASSERT_TRUE(WaitFor([&] { return b.leading(); }, seconds(20)));
+  // b first saw a's record when it started, and waited the lease out by its own clock.
+  EXPECT_GE(Clock::now() - start, milliseconds(2000));
+  ApiResult<json> current = client().Get(kLeases, kNs, lease);
+  ASSERT_TRUE(current.ok());
+  EXPECT_EQ((*current)["spec"]["holderIdentity"], "b");
+  EXPECT_EQ((*current)["spec"]["leaseTransitions"], 1);
+  EXPECT_NE((*current)["spec"]["acquireTime"], (*left)["spec"]["acquireTime"]);
+}
+
+TEST_F(KubeconfigE2E, LeaderElectionLeaderWhoseLeaseIsTakenStopsLeading) {
+  const std::string lease = Unique("election");
+  Candidate a(lease, "a");
+  a.Start();
+  ASSERT_TRUE(WaitFor([&] { return a.leading(); }, seconds(20)));
+  // Someone else writes the Lease as theirs (as if a's renewals had been lost): read, modify,
+  // write, again on a conflict with a's renewals.
+  ApiResult<json> replaced = client().Get(kLeases, kNs, lease);
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    ApiResult<json> current = client().Get(kLeases, kNs, lease);
+    ASSERT_TRUE(current.ok()) << current.status().ToString();
+    json usurped = *current;
+    usurped["spec"]["holderIdentity"] = "usurper";
+    std::string now = FormatMicroTime(std::chrono::system_clock::now());
+    usurped["spec"]["renewTime"] = now;
+    usurped["spec"]["acquireTime"] = now;
+    replaced = client().Replace(kLeases, kNs, usurped);
+    if (replaced.reason() != Reason::kConflict) break;
+  }
+  ASSERT_TRUE(replaced.ok()) << replaced.status().ToString();
+  const Clock::time_point taken = Clock::now();
+  std::optional<Status> result = a.Outcome();
+  ASSERT_TRUE(result.has_value()) << "a kept running";
+  EXPECT_EQ(result->code(), StatusCode::kFailedPrecondition) << result->ToString();
+  EXPECT_NE(result->message().find("now held by usurper"), std::string::npos) << result->ToString();
+  // At its next renewal, well within the renew deadline.
+  EXPECT_LT(Clock::now() - taken, milliseconds(1500));
+  EXPECT_FALSE(a.leading());
+  EXPECT_EQ(a.started(), 1);
+  EXPECT_EQ(a.stopped(), 1);
+  EXPECT_EQ(a.leaders(), (std::vector<std::string>{"a", "usurper"}));
+  // And a left the usurper's record alone.
+  ApiResult<json> current = client().Get(kLeases, kNs, lease);
+  ASSERT_TRUE(current.ok());
+  EXPECT_EQ((*current)["spec"]["holderIdentity"], "usurper");
 }
 
 // ---- Bearer tokens from a kubeconfig ----

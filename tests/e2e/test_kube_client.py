@@ -4,8 +4,9 @@ Starts a control plane, sets up two service accounts with narrow RBAC, and runs 
 kube_client_e2e_test GoogleTest binary once per way of authenticating:
 
 - a kubeconfig with client certificates (the admin kubeconfig): CRUD of ConfigMaps, Secrets,
-  Leases and Node status, Events, error reasons, watches, bookmarks, 410 handling, the reflector
-  and the rate limiter;
+  Leases and Node status, Events, error reasons, watches, bookmarks, 410 handling, the reflector,
+  the rate limiter, the request observer, and leader election on a Lease (one leader of two,
+  hand-over on release, takeover after expiry, a leader whose Lease is taken stops);
 - a kubeconfig with a service account's bearer token, inline and from a file;
 - in-cluster configuration: a service-account directory (token from `kubectl create token`, the
   CA, the namespace) named by VF_SERVICEACCOUNT_DIR, and KUBERNETES_SERVICE_HOST/PORT.
