@@ -49,9 +49,12 @@ int main(int argc, char** argv) {
       "Trains the virtual nodes the coordinator's membership plans give this worker, and\n"
       "follows those plans between steps. Started by `vf run` or by the operator, one per pod.\n"
       "The job's coordinator token comes from --token-file or the VF_JOB_TOKEN environment\n"
-      "variable. SIGTERM makes the worker leave gracefully at the next step boundary.\n\n"
+      "variable. Without --job, the manifest itself (YAML or JSON) is read from the VF_JOB_SPEC\n"
+      "environment variable, which is how the operator hands it to pods. VF_VNODE_DELAY_MS\n"
+      "sets --vnode-delay-ms from a pod's environment. SIGTERM makes the worker leave gracefully "
+      "at the next step boundary.\n\n"
       "Exit status: 0 finished or left; 1 this worker failed; 2 usage; 3 the job cannot go on.");
-  flags.AddString("job", &o.job_path, "the VirtualFlowJob manifest");
+  flags.AddString("job", &o.job_path, "the VirtualFlowJob manifest (default: $VF_JOB_SPEC)");
   flags.AddString("coordinator", &o.coordinator_url, "coordinator URL, e.g. http://10.0.0.1:7070");
   flags.AddString("job-id", &o.job_id, "NAMESPACE/NAME (default: from the job's metadata)");
   flags.AddString("worker", &o.worker, "this worker's unique name within the job");
@@ -66,6 +69,9 @@ int main(int argc, char** argv) {
                   "add this many milliseconds to each virtual node (a slower device; experiments)");
   flags.AddDouble("report-interval", &o.report_interval,
                   "seconds between progress reports (default 1)");
+  int64_t metrics_port = -1;
+  flags.AddInt("metrics-port", &metrics_port,
+               "serve Prometheus /metrics on this port (0: any free port; default: none)");
   auto positional = flags.Parse(argc, argv, 1);
   if (flags.help_requested()) {
     std::fputs(flags.Help().c_str(), stdout);
@@ -77,11 +83,26 @@ int main(int argc, char** argv) {
   };
   if (!positional.ok()) return usage(positional.status().message());
   if (!positional->empty()) return usage("unexpected argument '" + positional->front() + "'");
-  if (o.job_path.empty()) return usage("--job is required (see --help)");
+  if (o.job_path.empty()) {
+    const char* spec = std::getenv("VF_JOB_SPEC");
+    if (spec == nullptr || *spec == '\0') {
+      return usage("--job is required unless VF_JOB_SPEC holds the manifest (see --help)");
+    }
+    o.job_text = spec;
+  }
   if (o.coordinator_url.empty()) return usage("--coordinator is required (see --help)");
   if (o.worker.empty()) return usage("--worker is required (see --help)");
   if (o.timeout <= 0) return usage("--timeout must be positive");
+  if (metrics_port < -1 || metrics_port > 65535) return usage("--metrics-port must be 0..65535");
+  o.metrics_port = static_cast<int>(metrics_port);
   if (o.slowdown < 1) return usage("--slowdown must be at least 1");
+  // Pods get experiment knobs through their environment (spec.template.env).
+  if (const char* delay = std::getenv("VF_VNODE_DELAY_MS");
+      delay != nullptr && o.vnode_delay_ms == 0) {
+    char* end = nullptr;
+    o.vnode_delay_ms = std::strtod(delay, &end);
+    if (end == delay || *end != '\0') return usage("VF_VNODE_DELAY_MS must be a number");
+  }
   if (o.vnode_delay_ms < 0 || o.vnode_delay_ms > 600000) {
     return usage("--vnode-delay-ms must be between 0 and 600000");
   }

@@ -1,20 +1,25 @@
 #include "agent/worker.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "agent/fault.h"
 #include "agent/plan_watcher.h"
 #include "agent/state_sync.h"
 #include "operator/coordinator/client.h"
+#include "operator/metrics/agent_metrics.h"
+#include "operator/metrics/http_exporter.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/store.h"
 #include "runtime/executor.h"
@@ -59,19 +64,39 @@ std::string BuildId() { return std::string("virtualflow ") + VF_VERSION; }
 void RequestLeave() { g_leave.store(true); }
 
 Status RunWorker(const WorkerOptions& o) {
-  VF_ASSIGN_OR_RETURN(JobSpec job, LoadJobFile(o.job_path));
+  const std::string source = o.job_path.empty() ? "$VF_JOB_SPEC" : o.job_path;
+  VF_ASSIGN_OR_RETURN(
+      JobSpec job, o.job_path.empty() ? ParseJobYaml(o.job_text, source) : LoadJobFile(o.job_path));
   if (o.steps_override > 0) {
     job.steps = o.steps_override;
     job.epochs = 0;
   }
-  VF_RETURN_IF_ERROR(ValidateJob(job).WithContext(o.job_path));
+  VF_RETURN_IF_ERROR(ValidateJob(job).WithContext(source));
   const std::string job_id = o.job_id.empty() ? job.namespace_name + "/" + job.name : o.job_id;
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout * 1000));
+
+  const size_t slash = job_id.find('/');
+  AgentMetrics metrics(job_id.substr(0, slash), job_id.substr(slash + 1));
+  std::unique_ptr<MetricsServer> metrics_server;
+  if (o.metrics_port >= 0) {
+    VF_ASSIGN_OR_RETURN(metrics_server,
+                        MetricsServer::Start(metrics.registry(), "0.0.0.0", o.metrics_port));
+    std::fprintf(stderr, "virtualflow-agent: %s: metrics on port %d\n", o.worker.c_str(),
+                 metrics_server->port());
+  }
 
   CoordinatorClient client(o.coordinator_url, job_id, o.token, o.worker,
                            std::chrono::milliseconds(10000));
   // Registered but not ready: the controller sees the worker starting and waits for warm-up.
-  VF_RETURN_IF_ERROR(client.Register(job.Fingerprint(), BuildId(), false));
+  // A coordinator that is not serving yet (an operator starting or restarting) is waited for.
+  const auto register_deadline = Clock::now() + timeout;
+  while (true) {
+    const Status s = client.Register(job.Fingerprint(), BuildId(), false);
+    if (s.ok()) break;
+    if (s.code() != StatusCode::kUnavailable && s.code() != StatusCode::kNotFound) return s;
+    if (Clock::now() > register_deadline) return s.WithContext("registering");
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
 
   // Warm-up: everything slow happens before the worker counts, so members never wait for it.
   VF_ASSIGN_OR_RETURN(DatasetSplits data, LoadJobDataset(job));
@@ -83,6 +108,18 @@ Status RunWorker(const WorkerOptions& o) {
   FaultInjector faults(fault_spec == nullptr ? "" : fault_spec, o.worker);
   executor->set_before_reduce([&faults](int64_t step) { faults.At("allreduce", step); });
   VF_RETURN_IF_ERROR(client.Register(job.Fingerprint(), BuildId(), true));
+
+  bool leave_sent = false;
+  // Reports keep the controller informed; one that fails is not fatal. A coordinator that has
+  // forgotten this worker (the operator restarted) gets it registered again, leave request
+  // included, and training never stops for it.
+  auto report = [&](const Report& r) -> Status {
+    const Status s = client.Report(r);
+    if (s.code() != StatusCode::kNotFound) return s;
+    VF_RETURN_IF_ERROR(client.Register(job.Fingerprint(), BuildId(), true));
+    if (leave_sent) (void)client.Leave();
+    return client.Report(r);
+  };
 
   PlanWatcher watcher(client);
   CoordinatorStore coordinator_store(client);
@@ -106,7 +143,6 @@ Status RunWorker(const WorkerOptions& o) {
   int64_t epoch = 0;    // plan this worker trains under (or last one it looked at)
   int64_t agreed = 0;   // epoch all members agreed in-band to switch to
   bool member = false;  // has been a member of some plan
-  bool leave_sent = false;
   bool need_switch = true;
   auto switch_started = Clock::now();
   double last_pause = 0.0;
@@ -156,6 +192,7 @@ Status RunWorker(const WorkerOptions& o) {
         continue;
       }
       auto sync = SyncState(**c, *executor, initialize, [&] { faults.At("state-transfer"); });
+      if (sync.ok() && sync->transferred) metrics.OnStateTransfer(sync->bytes, sync->seconds);
       if (!sync.ok()) {
         if (sync.status().code() == StatusCode::kDataLoss ||
             sync.status().code() == StatusCode::kFailedPrecondition) {
@@ -171,19 +208,23 @@ Status RunWorker(const WorkerOptions& o) {
       need_switch = false;
       executor->set_membership_epoch(epoch);
       last_pause = Since(switch_started);
+      metrics.OnRebuild(last_pause, epoch);
+      metrics.SetVirtualNodes(static_cast<int>(mine.size()));
       Report r;
       r.epoch = epoch;
       r.step = executor->step();
       r.pause_seconds = last_pause;
       r.has_state = true;
-      (void)client.Report(r);
+      (void)report(r);
     }
 
     if (executor->step() >= total) break;
 
     const int64_t header[1] = {watcher.latest_epoch()};
+    const auto step_started = Clock::now();
     auto result = executor->Step(*comm, mine, header);
     if (!result.ok()) {
+      metrics.OnRecovery();
       if (result.status().code() == StatusCode::kNumerical) return result.status();
       // A member died or stalled: nothing of the step was applied. Report, drop the
       // communicator and redo the step under the next plan.
@@ -194,6 +235,13 @@ Status RunWorker(const WorkerOptions& o) {
       continue;
     }
     last = *result;
+    {
+      const double seconds = Since(step_started);
+      metrics.OnStep(seconds, last.loss,
+                     seconds > 0 ? static_cast<double>(job.global_batch_size) / seconds : 0.0,
+                     static_cast<int>(mine.size()));
+      metrics.OnAllReduce(std::max(0.0, seconds - last.compute_seconds));
+    }
     if (!trained) {
       first_step_unix =
           std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
@@ -228,7 +276,7 @@ Status RunWorker(const WorkerOptions& o) {
                                   : 0.0;
       r.pause_seconds = last_pause;
       r.has_state = true;
-      (void)client.Report(r);
+      (void)report(r);
       last_report = Clock::now();
       steps_since_report = 0;
       compute_since_report = 0.0;
@@ -260,6 +308,26 @@ Status RunWorker(const WorkerOptions& o) {
     VF_ASSIGN_OR_RETURN(LossStats test, executor->Evaluate(data.test));
     result["test_accuracy"] = static_cast<double>(test.correct) / static_cast<double>(test.samples);
     result["test_loss"] = test.loss_sum / static_cast<double>(test.samples);
+    // The controller learns the outcome from this report (a pod has no result file).
+    Report r;
+    r.epoch = epoch;
+    r.step = executor->step();
+    r.loss = trained ? last.loss : std::numeric_limits<double>::quiet_NaN();
+    r.has_state = true;
+    r.finished = true;
+    r.weights_sha256 = result["weights_sha256"].get<std::string>();
+    r.test_accuracy = result["test_accuracy"].get<double>();
+    // The outcome must not be lost to a coordinator that is briefly away (an operator restart).
+    const auto deadline = Clock::now() + timeout;
+    Status sent = report(r);
+    while (sent.code() == StatusCode::kUnavailable && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      sent = report(r);
+    }
+    if (!sent.ok()) {
+      std::fprintf(stderr, "virtualflow-agent: %s: warning: final report not delivered: %s\n",
+                   o.worker.c_str(), sent.message().c_str());
+    }
   }
   if (!o.result_path.empty()) VF_RETURN_IF_ERROR(WriteJson(o.result_path, result));
   return Status::Ok();

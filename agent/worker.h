@@ -12,6 +12,7 @@ namespace vf {
 // How a worker is started (flags of virtualflow-agent).
 struct WorkerOptions {
   std::string job_path;
+  std::string job_text;          // the manifest itself (YAML or JSON), when job_path is empty
   std::string coordinator_url;   // e.g. http://127.0.0.1:7070
   std::string job_id;            // "namespace/name"; default from the job file's metadata
   std::string worker;            // unique name of this worker within the job
@@ -22,6 +23,7 @@ struct WorkerOptions {
   double slowdown = 1.0;         // >= 1: artificially slower device (heterogeneous experiments)
   double vnode_delay_ms = 0.0;   // fixed extra milliseconds per virtual node (the same)
   double report_interval = 1.0;  // seconds between progress reports to the coordinator
+  int metrics_port = -1;         // serve /metrics on this port (0: any free one; < 0: none)
 };
 
 // Exit codes of virtualflow-agent.

@@ -196,7 +196,10 @@ Status CoordinatorClient::Report(const vf::Report& report) {
                               {"samplesPerSecond", Number(report.samples_per_second)},
                               {"secondsPerVirtualNode", Number(report.seconds_per_virtual_node)},
                               {"pauseSeconds", Number(report.pause_seconds)},
-                              {"hasState", report.has_state}}));
+                              {"hasState", report.has_state},
+                              {"finished", report.finished},
+                              {"weightsSha256", report.weights_sha256},
+                              {"testAccuracy", Number(report.test_accuracy)}}));
 }
 
 Status CoordinatorClient::Leave() { return Post("leave", wire::Dump(json{{"worker", worker_}})); }

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -45,6 +46,10 @@ struct Report {
   double seconds_per_virtual_node = 0;
   double pause_seconds = 0;  // time the last membership switch cost this worker
   bool has_state = false;    // holds the full training state (may serve joiners)
+  // Set once, by rank 0 of the final plan, when the job has trained all its steps.
+  bool finished = false;
+  std::string weights_sha256;  // of the final weights; empty unless finished
+  double test_accuracy = std::numeric_limits<double>::quiet_NaN();  // NaN: not evaluated
 };
 
 // What the coordinator knows about one registered worker.

@@ -681,6 +681,20 @@ void CoordinatorServer::Impl::HandleReport(const http_request& request, const Ro
     if (has_state.ok()) report.has_state = *has_state;
     status = has_state.status();
   }
+  // The final report's fields are optional, so older agents keep working.
+  if (status.ok() && object.contains("finished")) {
+    Result<bool> finished = wire::BoolField(object, "finished");
+    if (finished.ok()) report.finished = *finished;
+    status = finished.status();
+  }
+  if (status.ok() && object.contains("weightsSha256")) {
+    Result<std::string> sha = wire::StringField(object, "weightsSha256");
+    if (sha.ok()) report.weights_sha256 = *sha;
+    status = sha.status();
+  }
+  if (status.ok() && object.contains("testAccuracy")) {
+    status = read_number("testAccuracy", report.test_accuracy);
+  }
   if (!status.ok()) return SendStatus(request, status);
   SendNoContentOr(request, coordinator_.RecordReport(
                                route.job, object.at("worker").get<std::string>(), report));
