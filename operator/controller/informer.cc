@@ -1,0 +1,119 @@
+#include "operator/controller/informer.h"
+
+#include <cstdio>
+#include <utility>
+
+namespace vf::controller {
+
+using nlohmann::json;
+
+std::string ObjectKey(const json& object) {
+  const json& meta = object.value("metadata", json::object());
+  const std::string name = meta.value("name", "");
+  const std::string ns = meta.value("namespace", "");
+  return ns.empty() ? name : ns + "/" + name;
+}
+
+Informer::Informer(kube::Client& client, const kube::Resource& resource, std::string ns,
+                   kube::ReflectorOptions options, OnChange on_change)
+    : client_(client), resource_(resource), ns_(std::move(ns)), on_change_(std::move(on_change)) {
+  kube::ReflectorHandlers handlers;
+  handlers.on_sync = [this](std::vector<json> items, const std::string&) {
+    Sync(std::move(items));
+  };
+  handlers.on_event = [this](kube::WatchEvent event) { Apply(event); };
+  handlers.on_error = [this](const kube::ApiError& error) {
+    std::fprintf(stderr, "virtualflow-operator: informer %s: %s (retrying)\n",
+                 std::string(resource_.resource).c_str(), error.ToString().c_str());
+  };
+  reflector_ = std::make_unique<kube::Reflector>(client_, resource_, ns_, std::move(options),
+                                                 std::move(handlers));
+}
+
+Informer::~Informer() { Stop(); }
+
+void Informer::Start() {
+  thread_ = std::jthread([this](std::stop_token stop) { reflector_->Run(stop); });
+}
+
+void Informer::Stop() {
+  if (thread_.joinable()) {
+    thread_.request_stop();
+    thread_.join();
+  }
+}
+
+bool Informer::synced() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return synced_;
+}
+
+bool Informer::WaitForSync(std::stop_token stop) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  return synced_cv_.wait(lock, stop, [this] { return synced_; });
+}
+
+std::optional<json> Informer::Get(const std::string& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = objects_.find(key);
+  if (it == objects_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::vector<json> Informer::List(const std::function<bool(const json&)>& keep) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<json> out;
+  for (const auto& [key, object] : objects_) {
+    if (!keep || keep(object)) out.push_back(object);
+  }
+  return out;
+}
+
+void Informer::Sync(std::vector<json> items) {
+  std::map<std::string, json> fresh;
+  for (auto& item : items) {
+    std::string key = ObjectKey(item);
+    fresh.emplace(std::move(key), std::move(item));
+  }
+  std::vector<std::pair<json, json>> changes;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [key, object] : objects_) {
+      auto it = fresh.find(key);
+      if (it == fresh.end()) {
+        changes.emplace_back(object, json());
+      } else if (it->second != object) {
+        changes.emplace_back(object, it->second);
+      }
+    }
+    for (const auto& [key, object] : fresh) {
+      if (objects_.count(key) == 0) changes.emplace_back(json(), object);
+    }
+    objects_ = std::move(fresh);
+    synced_ = true;
+  }
+  synced_cv_.notify_all();
+  if (on_change_) {
+    for (const auto& [before, after] : changes) on_change_(before, after);
+  }
+}
+
+void Informer::Apply(const kube::WatchEvent& event) {
+  const std::string key = ObjectKey(event.object);
+  json before;
+  json after;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = objects_.find(key);
+    if (it != objects_.end()) before = it->second;
+    if (event.type == kube::WatchEventType::kDeleted) {
+      objects_.erase(key);
+    } else {
+      objects_[key] = event.object;
+      after = event.object;
+    }
+  }
+  if (on_change_) on_change_(before, after);
+}
+
+}  // namespace vf::controller

@@ -1,0 +1,74 @@
+// An informer: a thread-safe, read-only mirror of one kind of object, kept current by a
+// Reflector (list, then watch) on a thread of its own, with a callback for every change so a
+// controller can queue the keys that need another look.
+#pragma once
+
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stop_token>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "operator/kube/client.h"
+#include "operator/kube/reflector.h"
+
+namespace vf::controller {
+
+// "namespace/name" for namespaced objects, "name" for cluster-scoped ones.
+std::string ObjectKey(const nlohmann::json& object);
+
+// Mirrors the objects of one resource. Get/List/synced are thread-safe and may be called while
+// the reflector runs; the change callback runs on the informer's own thread, one at a time,
+// with no lock held.
+class Informer {
+ public:
+  // Called with the object's old and new state (null when absent) after every change.
+  using OnChange = std::function<void(const nlohmann::json& before, const nlohmann::json& after)>;
+
+  // `client` must outlive the informer. `ns` "" watches all namespaces.
+  Informer(kube::Client& client, const kube::Resource& resource, std::string ns,
+           kube::ReflectorOptions options, OnChange on_change);
+  ~Informer();
+  Informer(const Informer&) = delete;
+  Informer& operator=(const Informer&) = delete;
+
+  // Starts the reflector thread. Call once.
+  void Start();
+  // Stops it and waits for it.
+  void Stop();
+
+  // True once the first full list has been applied.
+  bool synced() const;
+  // Blocks until synced() or `stop`; false if stopped first.
+  bool WaitForSync(std::stop_token stop) const;
+
+  std::optional<nlohmann::json> Get(const std::string& key) const;
+  // Every object for which `keep` is true (all when it is null), in key order.
+  std::vector<nlohmann::json> List(
+      const std::function<bool(const nlohmann::json&)>& keep = nullptr) const;
+
+ private:
+  void Sync(std::vector<nlohmann::json> items);
+  void Apply(const kube::WatchEvent& event);
+
+  kube::Client& client_;
+  const kube::Resource resource_;
+  const std::string ns_;
+  OnChange on_change_;
+  std::unique_ptr<kube::Reflector> reflector_;
+  std::jthread thread_;
+
+  mutable std::mutex mu_;
+  mutable std::condition_variable_any synced_cv_;
+  std::map<std::string, nlohmann::json> objects_;
+  bool synced_ = false;
+};
+
+}  // namespace vf::controller

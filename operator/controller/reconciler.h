@@ -1,0 +1,101 @@
+// The VirtualFlowJob reconciler: level-triggered, by key. Each call reads the job, its pods and
+// the cluster's nodes from the informer caches and the job's membership from the coordinator,
+// and moves the world one step toward what the job asks for: the token Secret, worker pods
+// (created and deleted), the next membership plan, and the status subresource.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "operator/controller/informer.h"
+#include "operator/controller/inventory.h"
+#include "operator/controller/worker_pod.h"
+#include "operator/coordinator/coordinator.h"
+#include "operator/kube/client.h"
+#include "operator/policy/policy.h"
+#include "runtime/status.h"
+
+namespace vf::controller {
+
+// What a reconcile asks of the work queue afterwards. Value type.
+struct ReconcileResult {
+  // Look again after this long even if nothing changes (0: only on a change).
+  std::chrono::milliseconds requeue_after{0};
+};
+
+// Things the reconciler reports for metrics, none required. Value type.
+struct ReconcilerHooks {
+  std::function<void(const std::string& job, const std::string& kind, int from, int to)> on_resize;
+  std::function<void(const std::string& job, double pause_seconds)> on_resize_pause;
+  // After every reconcile of a job that exists: its phase, workers and progress.
+  std::function<void(const std::string& job, const nlohmann::json& status,
+                     const nlohmann::json& spec)>
+      on_job_status;
+  std::function<void(const std::string& job)> on_job_gone;
+  std::function<void(const ClusterGpus& gpus)> on_inventory;
+};
+
+// Value type.
+struct ReconcilerOptions {
+  PodSettings pods;
+  std::string policy = "elastic";
+  double join_batch_seconds = 20;
+};
+
+// Reconciles one job at a time per key. Reconcile may run on several threads for different
+// keys (the work queue never hands out one key twice at once); its own bookkeeping is guarded
+// by a mutex, and the informers, the coordinator and the client are thread-safe.
+class Reconciler {
+ public:
+  // Everything passed in must outlive the reconciler.
+  static Result<std::unique_ptr<Reconciler>> Create(kube::Client& client, const Informer& jobs,
+                                                    const Informer& pods, const Informer& nodes,
+                                                    Coordinator& coordinator,
+                                                    ReconcilerOptions options,
+                                                    ReconcilerHooks hooks = {});
+
+  // `key` is "namespace/name".
+  Result<ReconcileResult> Reconcile(const std::string& key);
+
+ private:
+  Reconciler(kube::Client& client, const Informer& jobs, const Informer& pods,
+             const Informer& nodes, Coordinator& coordinator, ReconcilerOptions options,
+             ReconcilerHooks hooks, std::unique_ptr<policy::Policy> policy);
+
+  Result<std::string> EnsureToken(const nlohmann::json& job);
+  Status EnsureCoordinatorJob(const std::string& key, const nlohmann::json& job,
+                              const std::string& token, const std::string& fingerprint);
+  // Workers the policy gives the job now, and why when it waits.
+  std::pair<int, std::string> DesiredWorkers(const std::string& key, const ClusterGpus& gpus);
+  Status PatchStatus(const nlohmann::json& job, const nlohmann::json& status);
+  void Event(const nlohmann::json& job, bool warning, const std::string& reason,
+             const std::string& message);
+
+  kube::Client& client_;
+  const Informer& jobs_;
+  const Informer& pods_;
+  const Informer& nodes_;
+  Coordinator& coordinator_;
+  const ReconcilerOptions options_;
+  const ReconcilerHooks hooks_;
+  const std::unique_ptr<policy::Policy> policy_;
+
+  std::mutex mu_;
+  // Pods created but not yet seen in the cache, by job key: name -> when created.
+  std::map<std::string, std::map<std::string, std::chrono::steady_clock::time_point>> expected_;
+  // Job UID -> its coordinator token, once read or created.
+  std::map<std::string, std::string> tokens_;
+  // Job key -> UID of the incarnation registered with the coordinator.
+  std::map<std::string, std::string> registered_;
+  // Job key -> failed pods already counted and reported.
+  std::map<std::string, std::set<std::string>> failures_seen_;
+};
+
+}  // namespace vf::controller

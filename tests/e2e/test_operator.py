@@ -1,0 +1,317 @@
+"""The operator (virtualflow-operator) against a real control plane: `kubectl apply` of a
+VirtualFlowJob runs it on fake GPU nodes through the real scheduler and the pod runner; the job
+grows when a node is added, shrinks on cordon and drain, survives pod deletion and an operator
+restart, and ends with the weights of a local static run; deleting the job collects its pods and
+Secret; an operator that loses its Lease stops acting; jobs competing for too few GPUs share them
+within their bounds and the one that cannot start says why."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+from controlplane import Component, ControlPlaneTestCase, free_port
+
+SOURCE_DIR = os.environ.get("VF_SOURCE_DIR",
+                            os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+BIN_DIR = os.environ.get("VF_BIN_DIR", os.path.join(SOURCE_DIR, "build", "bin"))
+CRD_FILE = os.path.join(SOURCE_DIR, "crds", "virtualflowjob.yaml")
+EXAMPLE = os.path.join(SOURCE_DIR, "examples", "fashion-mnist.yaml")
+NS = "training"
+
+
+def job_manifest(name, steps, virtual_nodes=8, replicas=(1, 4), delay_ms=None, batch=256,
+                 hidden=(128,), cooldown=0):
+    """A VirtualFlowJob as a dict; DELAY_MS paces each virtual node so events land mid-run."""
+    spec = {
+        "virtualNodes": virtual_nodes, "globalBatchSize": batch,
+        "replicas": {"min": replicas[0], "max": replicas[1]}, "gpusPerWorker": 1,
+        "model": {"name": "mlp", "hiddenSizes": list(hidden)},
+        "dataset": {"name": "fashion-mnist"},
+        "optimizer": {"name": "sgd", "learningRate": 0.05, "momentum": 0.9},
+        "steps": steps, "reduction": "exact", "seed": 7,
+        "elasticity": {"policy": "elastic", "cooldownSeconds": cooldown},
+        "template": {"image": "virtualflow/agent:e2e"},
+    }
+    if delay_ms:
+        spec["template"]["env"] = [{"name": "VF_VNODE_DELAY_MS", "value": str(delay_ms)}]
+    return {"apiVersion": "virtualflow.io/v1alpha1", "kind": "VirtualFlowJob",
+            "metadata": {"name": name, "namespace": NS}, "spec": spec}
+
+
+def local_sha(manifest, workers):
+    """weights_sha256 of a local static `vf run` of the same job file, in the environment the pod
+    runner gives pods (their own env only): OpenBLAS picks its kernels from the environment
+    (OPENBLAS_CORETYPE), and bitwise identity needs the same kernels."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "job.json")
+        with open(path, "w") as f:
+            json.dump(manifest, f)
+        summary = os.path.join(tmp, "summary.json")
+        run = subprocess.run([os.path.join(BIN_DIR, "vf"), "run", path, "--workers", str(workers),
+                              "--progress-interval", "0", "--summary-json", summary],
+                             capture_output=True, text=True, timeout=900,
+                             env={"PATH": BIN_DIR + os.pathsep + "/usr/bin:/bin",
+                                  "HOSTNAME": "local"})
+        if run.returncode != 0:
+            raise AssertionError("local run failed:\n%s\n%s" % (run.stdout, run.stderr))
+        with open(summary) as f:
+            return json.load(f)["weights_sha256"]
+
+
+class OperatorTest(ControlPlaneTestCase):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.cp.create_namespace(NS)
+        cls.cp.kubectl("apply", "-f", CRD_FILE, check=True)
+        cls.cp.wait_for("virtualflowjobs to be served",
+                        lambda: cls.cp.kubectl("get", "vfj", "-A").returncode == 0)
+        cls.runner_logs = os.path.join(cls.cp.dir, "pods")
+        os.makedirs(cls.runner_logs, exist_ok=True)
+        cls.cp.start_pod_runner(BIN_DIR, path=BIN_DIR, log_dir=cls.runner_logs)
+        cls.coordinator_port = free_port()
+        cls.operator = None
+        cls.operators = 0
+
+    @classmethod
+    def tearDownClass(cls):
+        if cls.operator:
+            cls.operator.stop()
+        super().tearDownClass()
+
+    # ------------------------------------------------------------------ helpers
+
+    @classmethod
+    def start_operator(cls, identity="operator-1", extra=()):
+        cls.operators += 1
+        argv = [os.path.join(BIN_DIR, "virtualflow-operator"), "--kubeconfig", cls.cp.kubeconfig,
+                "--coordinator-listen", "127.0.0.1:%d" % cls.coordinator_port,
+                "--http-listen", "127.0.0.1:0", "--agent-metrics-port", "0",
+                "--join-batch-seconds", "3", "--leader-election-namespace", "default",
+                # A short Lease, so that a successor takes over from a killed operator quickly.
+                "--leader-election-lease-duration", "4", "--leader-election-renew-deadline", "3",
+                "--leader-election-retry-period", "1",
+                "--identity", identity, *extra]
+        # Not one of the control plane's components: the tests kill it on purpose, and the
+        # control plane's waits fail fast when a component dies.
+        cls.operator = Component("operator-%d" % cls.operators, argv,
+                                 os.path.join(cls.cp.logs, "operator-%d.log" % cls.operators))
+        return cls.operator
+
+    def run(self, result=None):
+        result = result if result is not None else self.defaultTestResult()
+        before = len(result.failures) + len(result.errors)
+        out = super().run(result)
+        if self.operator and len(result.failures) + len(result.errors) > before:
+            sys.stderr.write("----- %s -----\n%s\n" % (self.operator.name,
+                                                       self.operator.tail(60)))
+        return out
+
+    def setUp(self):
+        if self.operator is None or not self.operator.alive():
+            self.start_operator()
+
+    def apply(self, manifest):
+        self.cp.kubectl("apply", "-f", "-", input=json.dumps(manifest), check=True)
+
+    def job(self, name):
+        return self.cp.get("/apis/virtualflow.io/v1alpha1/namespaces/%s/virtualflowjobs/%s" % (
+            NS, name)) or {}
+
+    def status(self, name):
+        return self.job(name).get("status") or {}
+
+    def pods(self, name):
+        return self.cp.request("GET", "/api/v1/namespaces/%s/pods?labelSelector=%s" % (
+            NS, "virtualflow.io/job%3D" + name))["items"]
+
+    def wait_status(self, name, what, predicate, timeout=240):
+        def check():
+            self.operator.check_alive()
+            status = self.status(name)
+            if status.get("phase") == "Failed":
+                raise AssertionError("job %s failed: %s" % (name, status.get("message")))
+            return status if predicate(status) else None
+        return self.cp.wait_for("job %s: %s" % (name, what), check, timeout=timeout)
+
+    def wait_step(self, name, step, timeout=240):
+        return self.wait_status(name, "step >= %d" % step,
+                                lambda s: s.get("step", 0) >= step and s.get("phase") != "Succeeded",
+                                timeout)
+
+    def wait_workers(self, name, workers, timeout=120):
+        return self.wait_status(
+            name, "%d workers running" % workers,
+            lambda s: s.get("workers") == workers and s.get("phase") == "Running", timeout)
+
+    def wait_succeeded(self, name, timeout=600):
+        return self.wait_status(name, "Succeeded", lambda s: s.get("phase") == "Succeeded", timeout)
+
+    def delete_job(self, name):
+        self.cp.kubectl("delete", "vfj", "-n", NS, name, "--wait=false")
+
+    def reset_nodes(self, *nodes):
+        """Deletes every fake node, then adds NODES as (name, gpus) pairs."""
+        for node in self.cp.request("GET", "/api/v1/nodes")["items"]:
+            self.cp.delete_node(node["metadata"]["name"])
+        for name, gpus in nodes:
+            self.cp.add_gpu_node(name, gpus=gpus)
+
+    def events(self, name):
+        out = self.cp.kubectl("get", "events", "-n", NS, "--field-selector",
+                              "involvedObject.name=" + name, "-o", "json", check=True).stdout
+        return [(e["reason"], e["message"]) for e in json.loads(out)["items"]]
+
+    # ------------------------------------------------------------------ tests
+
+    def test_1_example_job_runs_to_success(self):
+        """kubectl apply of the example; printer columns; status with step, loss, assignment."""
+        self.reset_nodes(("gpu-a", 2), ("gpu-b", 2))
+        self.cp.kubectl("apply", "-n", NS, "-f", EXAMPLE, check=True)
+        self.wait_status("fashion-mnist", "running on 4 workers",
+                         lambda s: s.get("workers") == 4 and s.get("phase") == "Running")
+        pods = self.pods("fashion-mnist")
+        self.assertEqual({p["spec"]["nodeName"] for p in pods}, {"gpu-a", "gpu-b"})
+        for p in pods:
+            self.assertEqual(p["metadata"]["ownerReferences"][0]["kind"], "VirtualFlowJob")
+        status = self.wait_succeeded("fashion-mnist")
+        self.assertEqual(status["step"], status["totalSteps"])
+        self.assertEqual(status["totalSteps"], 8 * (60000 // 256))
+        self.assertGreaterEqual(status["testAccuracy"], 0.85)
+        self.assertRegex(status["weightsSha256"], "^[0-9a-f]{64}$")
+        self.assertGreater(status["loss"], 0)
+        self.assertEqual(len(status["assignment"]), 4)
+        held = sorted(v for a in status["assignment"] for v in a["virtualNodes"])
+        self.assertEqual(held, list(range(8)))
+        self.assertEqual(status["observedGeneration"], self.job("fashion-mnist")["metadata"]["generation"])
+        conditions = {c["type"]: c["status"] for c in status["conditions"]}
+        self.assertEqual(conditions["Succeeded"], "True")
+        table = self.cp.kubectl("get", "vfjobs", "-n", NS, check=True).stdout.splitlines()
+        self.assertEqual(table[0].split()[:6], ["NAME", "VIRTUAL", "NODES", "WORKERS", "STEP", "PHASE"])
+        row = table[1].split()
+        self.assertEqual(row[:5], ["fashion-mnist", "8", "4", str(status["step"]), "Succeeded"])
+        self.delete_job("fashion-mnist")
+
+    def test_2_grows_shrinks_and_survives_pod_loss_with_static_weights(self):
+        name = "elastic"
+        manifest = job_manifest(name, steps=900, delay_ms=8)
+        self.reset_nodes(("gpu-1", 2))
+        self.apply(manifest)
+        self.wait_workers(name, 2)
+        self.wait_step(name, 40)
+        # A node joins: the job grows to 4 workers between two steps.
+        self.cp.add_gpu_node("gpu-2", gpus=2)
+        self.wait_workers(name, 4)
+        grown = self.status(name)["lastResize"]
+        self.assertEqual((grown["from"], grown["to"]), (2, 4), grown)
+        # Draining it takes the GPUs back: its workers leave gracefully.
+        self.cp.drain("gpu-2", grace_period_seconds=30, timeout=120)
+        self.wait_workers(name, 2)
+        # Preemption of a training pod: its worker leaves, a replacement joins.
+        member = self.status(name)["assignment"][1]["worker"]
+        self.cp.kubectl("delete", "pod", "-n", NS, member, "--wait=false", check=True)
+        self.wait_status(name, "pod %s replaced" % member,
+                         lambda s: s.get("workers") == 2 and s.get("phase") == "Running" and
+                         member not in [a["worker"] for a in s.get("assignment", [])])
+        # A worker killed outright (force delete, no grace): the others redo the step.
+        victim = self.status(name)["assignment"][0]["worker"]
+        self.cp.kubectl("delete", "pod", "-n", NS, victim, "--grace-period=0", "--force",
+                        check=True)
+        status = self.wait_succeeded(name)
+        self.assertGreaterEqual(status["restarts"].get("preemption", 0), 1, status)
+        reasons = [r for r, _ in self.events(name)]
+        self.assertIn("Resized", reasons)
+        self.assertEqual(status["weightsSha256"], local_sha(manifest, 2))
+        self.delete_job(name)
+
+    def test_3_operator_restart_does_not_restart_workers(self):
+        name = "restart"
+        manifest = job_manifest(name, steps=1500, delay_ms=8)
+        self.reset_nodes(("gpu-r", 3))
+        self.apply(manifest)
+        self.wait_workers(name, 3)
+        self.wait_step(name, 50)
+        before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in self.pods(name)}
+        epoch = self.status(name)["epoch"]
+        os.killpg(self.operator.proc.pid, signal.SIGKILL)
+        self.operator.proc.wait(10)
+        step_at_kill = self.status(name)["step"]
+        time.sleep(2)  # the workers train on with nobody watching
+        self.start_operator(identity="operator-2")
+        status = self.wait_succeeded(name)
+        after = {p["metadata"]["name"]: p["metadata"]["uid"] for p in self.pods(name)}
+        self.assertEqual(after, before, "workers were replaced")
+        # Each worker exits 0 once the job is over (rank 0 after evaluating the test set).
+        self.cp.wait_for("the workers to exit 0", lambda: all(
+            p["status"].get("phase") == "Succeeded" for p in self.pods(name)), timeout=120)
+        self.assertEqual(status["epoch"], epoch, "the restart switched membership")
+        self.assertGreater(status["step"], step_at_kill)
+        self.assertEqual(status["weightsSha256"], local_sha(manifest, 1))
+        self.delete_job(name)
+
+    def test_4_competing_jobs_share_gpus_and_a_third_waits(self):
+        self.reset_nodes(("gpu-c1", 2), ("gpu-c2", 2))
+        a = job_manifest("share-a", steps=400, delay_ms=8, replicas=(1, 4))
+        b = job_manifest("share-b", steps=400, delay_ms=8, replicas=(1, 4))
+        c = job_manifest("share-c", steps=100, replicas=(3, 4))
+        self.apply(a)
+        self.wait_workers("share-a", 4)
+        self.apply(b)
+        self.apply(c)
+        # Fair share: two each; neither below its minimum; the third cannot get its 3.
+        self.wait_workers("share-a", 2)
+        self.wait_workers("share-b", 2)
+        waiting = self.wait_status("share-c", "Pending with a reason",
+                                   lambda s: s.get("phase") == "Pending" and s.get("conditions"))
+        running = {c["type"]: c for c in waiting["conditions"]}["Running"]
+        self.assertEqual(running["status"], "False")
+        self.assertEqual(running["reason"], "WaitingForGPUs")
+        self.assertIn("waiting", running["message"])
+        self.assertEqual(self.pods("share-c"), [])
+        for name in ("share-a", "share-b", "share-c"):
+            self.delete_job(name)
+
+    def test_5_deleting_a_job_collects_its_pods_and_secret(self):
+        name = "collected"
+        self.reset_nodes(("gpu-g", 2))
+        self.apply(job_manifest(name, steps=5000, delay_ms=8))
+        self.wait_workers(name, 2)
+        secret = "/api/v1/namespaces/%s/secrets/%s-vf-token" % (NS, name)
+        self.assertIsNotNone(self.cp.get(secret))
+        self.delete_job(name)
+        # The garbage collector follows the owner references (it may take it a while to learn
+        # about a new custom resource type).
+        self.cp.wait_for("pods and Secret to be collected",
+                         lambda: not self.pods(name) and self.cp.get(secret) is None, timeout=120)
+
+    def test_6_an_operator_that_lost_its_lease_stops_acting(self):
+        lease_path = "/apis/coordination.k8s.io/v1/namespaces/default/leases/virtualflow-operator"
+        self.cp.wait_for("the operator to hold the Lease",
+                         lambda: (self.cp.get(lease_path) or {}).get("spec", {}).get(
+                             "holderIdentity"))
+        self.reset_nodes(("gpu-l", 2))
+        lease = self.cp.get(lease_path)
+        holder = lease["spec"]["holderIdentity"]
+        lease["spec"]["holderIdentity"] = "someone-else"
+        lease["spec"]["leaseDurationSeconds"] = 3600
+        self.cp.request("PUT", lease_path, lease)
+        self.cp.wait_for("the operator %s to exit" % holder,
+                         lambda: not self.operator.alive(), timeout=60)
+        self.assertEqual(self.operator.proc.returncode, 1)
+        self.assertIn("leadership lost", self.operator.tail(20))
+        # Nobody acts on a new job now.
+        self.apply(job_manifest("orphan", steps=50))
+        time.sleep(5)
+        self.assertEqual(self.pods("orphan"), [])
+        self.assertEqual(self.status("orphan"), {})
+        self.delete_job("orphan")
+        self.cp.request("DELETE", lease_path)
+
+
+if __name__ == "__main__":
+    unittest.main()
