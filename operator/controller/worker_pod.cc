@@ -95,13 +95,18 @@ PodLife PodLifeOf(const json& pod) {
 }
 
 namespace {
+// Points into `pod` itself (json::value() returns copies, which would dangle).
 const json* Terminated(const json& pod) {
-  const json& status = pod.value("status", json::object());
-  auto it = status.find("containerStatuses");
-  if (it == status.end() || !it->is_array() || it->empty()) return nullptr;
-  const json& state = (*it)[0].value("state", json::object());
-  auto t = state.find("terminated");
-  if (t == state.end() || !t->is_object()) return nullptr;
+  auto status = pod.find("status");
+  if (status == pod.end() || !status->is_object()) return nullptr;
+  auto statuses = status->find("containerStatuses");
+  if (statuses == status->end() || !statuses->is_array() || statuses->empty()) return nullptr;
+  const json& first = (*statuses)[0];
+  if (!first.is_object()) return nullptr;
+  auto state = first.find("state");
+  if (state == first.end() || !state->is_object()) return nullptr;
+  auto t = state->find("terminated");
+  if (t == state->end() || !t->is_object()) return nullptr;
   return &*t;
 }
 }  // namespace

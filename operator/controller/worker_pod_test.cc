@@ -7,18 +7,14 @@ namespace {
 
 using nlohmann::json;
 
-json Job(){return {{"apiVersion", "virtualflow.io/v1alpha1"},
-                   {"kind", "VirtualFlowJob"},
-                   {"metadata", {{"name", "mnist"}, {"namespace", "team"}, {"uid", "u-1"}}},
-                   {"spec",
-                    {{"virtualNodes", 8},
-                     {"globalBatchSize", 256},
-                     {"gpusPerWorker", 2},
-                     {"template",
-                      {{"image", "example/agent:1"},
-                       {"nodeSelector", {{"pool", "gpu"}}},
-                       {"env", {{{"name", "X"}, {"value", "1"}}}}}}}}},
-                  {"status", {{"phase", "Running"}}}};
+json Job() {
+  return json::parse(R"({
+    "apiVersion": "virtualflow.io/v1alpha1", "kind": "VirtualFlowJob",
+    "metadata": {"name": "mnist", "namespace": "team", "uid": "u-1"},
+    "spec": {"virtualNodes": 8, "globalBatchSize": 256, "gpusPerWorker": 2,
+             "template": {"image": "example/agent:1", "nodeSelector": {"pool": "gpu"},
+                          "env": [{"name": "X", "value": "1"}]}},
+    "status": {"phase": "Running"}})");
 }
 
 TEST(WorkerPodTest, BuildsAPodTheAgentCanRun) {
@@ -70,12 +66,14 @@ TEST(WorkerPodTest, LifeFollowsPhaseAndDeletion) {
   pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z";
   EXPECT_EQ(PodLifeOf(pod), PodLife::kTerminating);
   pod["status"]["phase"] = "Failed";
-  pod["status"]["containerStatuses"] = {
-      {{"state", {{"terminated", {{"exitCode", 3}, {"message", "a\nlast line\n"}}}}}}};
+  pod["status"]["containerStatuses"] =
+      json::parse(R"([{"state": {"terminated": {"exitCode": 3, "message": "a\nlast line\n"}}}])");
   EXPECT_EQ(PodLifeOf(pod), PodLife::kFailed);
   EXPECT_EQ(PodExitCode(pod), 3);
   EXPECT_EQ(PodTerminationMessage(pod), "last line");
   EXPECT_EQ(PodExitCode(json::object()), -1);
+  pod["status"]["containerStatuses"] = json::parse("[null]");
+  EXPECT_EQ(PodExitCode(pod), -1);
 }
 
 }  // namespace
