@@ -21,8 +21,10 @@
 #include <vector>
 
 #include <cpprest/http_listener.h>
+
 #include <cpprest/uri.h>
 #include <nlohmann/json.hpp>
+#include "operator/net/listen.h"
 
 #include "operator/coordinator/wire.h"
 
@@ -381,46 +383,6 @@ std::string BearerToken(const http_request& request) {
   return value.substr(start);
 }
 
-// A port that was free a moment ago: the listener API needs a concrete port to bind.
-Result<int> PickFreePort(const std::string& host) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  addrinfo* found = nullptr;
-  const int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), "0", &hints, &found);
-  if (rc != 0) {
-    return InvalidArgument("cannot resolve coordinator host '" + host + "': " + gai_strerror(rc));
-  }
-  std::string error = "no address";
-  int port = -1;
-  for (addrinfo* ai = found; ai != nullptr && port < 0; ai = ai->ai_next) {
-    const int fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
-    if (fd < 0) {
-      error = std::strerror(errno);
-      continue;
-    }
-    sockaddr_storage bound{};
-    socklen_t length = sizeof(bound);
-    if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
-        getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length) == 0) {
-      port = bound.ss_family == AF_INET6
-                 ? ntohs(reinterpret_cast<const sockaddr_in6*>(&bound)->sin6_port)
-                 : ntohs(reinterpret_cast<const sockaddr_in*>(&bound)->sin_port);
-    } else {
-      error = std::strerror(errno);
-    }
-    close(fd);
-  }
-  freeaddrinfo(found);
-  if (port < 0) return Unavailable("cannot find a free port on '" + host + "': " + error);
-  return port;
-}
-
-std::string HostForUri(const std::string& host) {
-  return host.find(':') != std::string::npos ? "[" + host + "]" : host;
-}
-
 // A long poll waiting for a plan or a key. The coordinator's callback owns it; the timer holds
 // it weakly, so a poll that was answered costs nothing more than its timer entry.
 struct Poll {
@@ -509,7 +471,8 @@ CoordinatorServer::Impl::Guard CoordinatorServer::Impl::Enter() {
 }
 
 Status CoordinatorServer::Impl::Open() {
-  const std::string address = "http://" + HostForUri(host_) + ":" + std::to_string(port_) + "/";
+  const std::string address =
+      "http://" + net::HostForUri(host_) + ":" + std::to_string(port_) + "/";
   try {
     listener_ = std::make_unique<web::http::experimental::listener::http_listener>(address);
     // A raw pointer: the listener belongs to this object, and Stop closes it before the object
@@ -839,7 +802,7 @@ Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Coordinator&
   for (int attempt = 0; attempt < (port == 0 ? kPortAttempts : 1); ++attempt) {
     int chosen = port;
     if (chosen == 0) {
-      VF_ASSIGN_OR_RETURN(chosen, PickFreePort(host));
+      VF_ASSIGN_OR_RETURN(chosen, net::PickFreePort(host));
     }
     auto impl = std::make_shared<Impl>(coordinator, host, chosen);
     last = impl->Open();
@@ -855,7 +818,7 @@ CoordinatorServer::~CoordinatorServer() { Stop(); }
 int CoordinatorServer::port() const { return impl_->port(); }
 
 std::string CoordinatorServer::url() const {
-  return "http://" + HostForUri(impl_->host()) + ":" + std::to_string(impl_->port());
+  return "http://" + net::HostForUri(impl_->host()) + ":" + std::to_string(impl_->port());
 }
 
 void CoordinatorServer::Stop() { impl_->Stop(); }

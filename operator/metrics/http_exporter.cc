@@ -16,6 +16,8 @@
 
 #include <cpprest/http_listener.h>
 
+#include "operator/net/listen.h"
+
 #include "runtime/metrics/text_format.h"
 
 namespace vf {
@@ -66,47 +68,6 @@ void Send(const http_request& request, status_code code, const std::string& body
   } catch (...) {
     // The listener closed the connection already: nothing left to do.
   }
-}
-
-// A port that was free a moment ago: cpprest's listener needs a concrete port to bind, and says
-// nothing of the one it got for port 0.
-Result<int> PickFreePort(const std::string& host) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  addrinfo* found = nullptr;
-  const int rc = getaddrinfo(host.c_str(), "0", &hints, &found);
-  if (rc != 0) {
-    return InvalidArgument("cannot resolve metrics host '" + host + "': " + gai_strerror(rc));
-  }
-  std::string error = "no address";
-  int port = -1;
-  for (addrinfo* ai = found; ai != nullptr && port < 0; ai = ai->ai_next) {
-    const int fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
-    if (fd < 0) {
-      error = std::strerror(errno);
-      continue;
-    }
-    sockaddr_storage bound{};
-    socklen_t length = sizeof(bound);
-    if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
-        getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length) == 0) {
-      port = bound.ss_family == AF_INET6
-                 ? ntohs(reinterpret_cast<const sockaddr_in6*>(&bound)->sin6_port)
-                 : ntohs(reinterpret_cast<const sockaddr_in*>(&bound)->sin_port);
-    } else {
-      error = std::strerror(errno);
-    }
-    close(fd);
-  }
-  freeaddrinfo(found);
-  if (port < 0) return Unavailable("cannot find a free port on '" + host + "': " + error);
-  return port;
-}
-
-std::string HostForUri(const std::string& host) {
-  return host.find(':') != std::string::npos ? "[" + host + "]" : host;
 }
 
 }  // namespace
@@ -169,7 +130,8 @@ bool MetricsServer::Impl::Enter() {
 }
 
 Status MetricsServer::Impl::Open() {
-  const std::string address = "http://" + HostForUri(host_) + ":" + std::to_string(port_) + "/";
+  const std::string address =
+      "http://" + net::HostForUri(host_) + ":" + std::to_string(port_) + "/";
   try {
     listener_ = std::make_unique<web::http::experimental::listener::http_listener>(address);
     // Weak: the listener belongs to this object, and a strong reference from its handler would
@@ -255,7 +217,7 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const metrics::Regis
   for (int attempt = 0; attempt < (port == 0 ? kPortAttempts : 1); ++attempt) {
     int chosen = port;
     if (chosen == 0) {
-      VF_ASSIGN_OR_RETURN(chosen, PickFreePort(host));
+      VF_ASSIGN_OR_RETURN(chosen, net::PickFreePort(host));
     }
     auto impl = std::make_shared<Impl>(registry, host, chosen, readiness);
     last = impl->Open();
@@ -271,7 +233,7 @@ MetricsServer::~MetricsServer() { Stop(); }
 int MetricsServer::port() const { return impl_->port(); }
 
 std::string MetricsServer::url() const {
-  return "http://" + HostForUri(impl_->host()) + ":" + std::to_string(impl_->port());
+  return "http://" + net::HostForUri(impl_->host()) + ":" + std::to_string(impl_->port());
 }
 
 void MetricsServer::Stop() { impl_->Stop(); }
