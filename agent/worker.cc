@@ -146,6 +146,7 @@ Status RunWorker(const WorkerOptions& o) {
   bool need_switch = true;
   auto switch_started = Clock::now();
   double last_pause = 0.0;
+  Report last_progress;  // the last periodic report; the final one repeats its rates
   auto last_report = Clock::now();
   int64_t steps_since_report = 0;
   double compute_since_report = 0.0;
@@ -277,6 +278,7 @@ Status RunWorker(const WorkerOptions& o) {
       r.pause_seconds = last_pause;
       r.has_state = true;
       (void)report(r);
+      last_progress = r;
       last_report = Clock::now();
       steps_since_report = 0;
       compute_since_report = 0.0;
@@ -309,7 +311,9 @@ Status RunWorker(const WorkerOptions& o) {
     result["test_accuracy"] = static_cast<double>(test.correct) / static_cast<double>(test.samples);
     result["test_loss"] = test.loss_sum / static_cast<double>(test.samples);
     // The controller learns the outcome from this report (a pod has no result file).
-    Report r;
+    // It repeats the last progress report's rates, so whoever shows progress from the newest
+    // report keeps showing them.
+    Report r = last_progress;
     r.epoch = epoch;
     r.step = executor->step();
     r.loss = trained ? last.loss : std::numeric_limits<double>::quiet_NaN();
