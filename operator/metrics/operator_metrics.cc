@@ -138,6 +138,15 @@ void OperatorMetrics::SetJobWorkers(std::string_view ns, std::string_view job,
   for (const auto& [kind, value] : kinds) {
     job_workers_->AddShared(JobLabels(ns, job, "kind", kind))->Set(static_cast<double>(value));
   }
+  // A counter or histogram series that first appears with its first event hides that event
+  // from increase() and rate(): Prometheus has no earlier sample to subtract. So the job's
+  // resize counters (every reason) and its pause histogram exist, at zero, from the start.
+  for (const ResizeReason reason :
+       {ResizeReason::kGrow, ResizeReason::kShrink, ResizeReason::kFailure, ResizeReason::kLeave,
+        ResizeReason::kRebalance}) {
+    resizes_->AddShared(JobLabels(ns, job, "reason", ResizeReasonName(reason)));
+  }
+  resize_pause_->AddShared(JobLabels(ns, job));
 }
 
 void OperatorMetrics::SetJobProgress(std::string_view ns, std::string_view job, int64_t step,

@@ -65,6 +65,8 @@ class OperatorMetrics {
   // Sets vf_operator_jobs for every phase: each of kJobPhases (0 where `jobs_by_phase` has no
   // entry), and any other phase it names; a phase neither known nor named is dropped.
   void SetJobsByPhase(const std::map<std::string, int64_t>& jobs_by_phase);
+  // Also creates the job's resize counters (every reason) and pause histogram at zero, so that
+  // Prometheus' increase() counts the first resize.
   void SetJobWorkers(std::string_view ns, std::string_view job, const WorkerCounts& counts);
   void SetJobProgress(std::string_view ns, std::string_view job, int64_t step,
                       double samples_per_second);

@@ -104,6 +104,26 @@ TEST(OperatorMetrics, JobSeriesCarryNamespaceJobAndTheirKindOrReason) {
       text, "vf_operator_job_samples_per_second{namespace=\"team\",job=\"mnist\"} 5120.5"));
 }
 
+TEST(OperatorMetrics, AJobsResizeSeriesStartAtZero) {
+  OperatorMetrics m;
+  m.SetJobWorkers("team", "mnist", {.current = 1, .desired = 1, .ready = 0, .min = 1, .max = 4});
+  const std::string text = m.registry().Serialize();
+  for (const char* reason : {"grow", "shrink", "failure", "leave", "rebalance"}) {
+    EXPECT_TRUE(
+        Contains(text, std::string("vf_operator_resizes_total{namespace=\"team\",job=\"mnist\","
+                                   "reason=\"") +
+                           reason + "\"} 0"))
+        << reason << "\n"
+        << text;
+  }
+  EXPECT_TRUE(
+      Contains(text, "vf_operator_resize_pause_seconds_count{namespace=\"team\",job=\"mnist\"} 0"));
+  m.OnResize("team", "mnist", ResizeReason::kGrow);
+  EXPECT_TRUE(
+      Contains(m.registry().Serialize(),
+               "vf_operator_resizes_total{namespace=\"team\",job=\"mnist\",reason=\"grow\"} 1"));
+}
+
 TEST(OperatorMetrics, ResizeReasonsHaveTheirLabelNames) {
   EXPECT_EQ(ResizeReasonName(ResizeReason::kGrow), "grow");
   EXPECT_EQ(ResizeReasonName(ResizeReason::kShrink), "shrink");
