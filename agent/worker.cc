@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "agent/fault.h"
@@ -22,6 +23,7 @@
 #include "operator/metrics/http_exporter.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/store.h"
+#include "runtime/device.h"
 #include "runtime/executor.h"
 #include "runtime/job/spec.h"
 
@@ -55,8 +57,17 @@ const Member* FindMember(const Plan& plan, const std::string& worker) {
   return nullptr;
 }
 
+// Whether this worker trains on the GPU (with NCCL) or the CPU (with Gloo): the GPU when the
+// process sees one (a pod given `nvidia.com/gpu: 1` sees it as device 0) unless VF_DEVICE=cpu.
+bool UseGpu() {
+  const char* forced = std::getenv("VF_DEVICE");
+  if (forced != nullptr && std::string_view(forced) == "cpu") return false;
+  return CudaDeviceCount() > 0;
+}
+
 // The build identity joiners must share with the job: the same binary version and reduction
-// arithmetic, or weights would silently diverge.
+// arithmetic, or weights would silently diverge. (A job's workers also share the collective
+// backend: they all request the same GPUs, or all run on the CPU.)
 std::string BuildId() { return std::string("virtualflow ") + VF_VERSION; }
 
 }  // namespace
@@ -89,6 +100,7 @@ Status RunWorker(const WorkerOptions& o) {
                            std::chrono::milliseconds(10000));
   // Registered but not ready: the controller sees the worker starting and waits for warm-up.
   // A coordinator that is not serving yet (an operator starting or restarting) is waited for.
+  const bool gpu = UseGpu();
   const auto register_deadline = Clock::now() + timeout;
   while (true) {
     const Status s = client.Register(job.Fingerprint(), BuildId(), false);
@@ -100,7 +112,14 @@ Status RunWorker(const WorkerOptions& o) {
 
   // Warm-up: everything slow happens before the worker counts, so members never wait for it.
   VF_ASSIGN_OR_RETURN(DatasetSplits data, LoadJobDataset(job));
-  auto device = CreateCpuDevice(1);
+  std::unique_ptr<Device> device;
+  if (gpu) {
+    VF_ASSIGN_OR_RETURN(device, CreateCudaDevice(0));
+  } else {
+    device = CreateCpuDevice(1);
+  }
+  std::fprintf(stderr, "virtualflow-agent: %s: device %s\n", o.worker.c_str(),
+               device->Name().c_str());
   VF_ASSIGN_OR_RETURN(auto executor, Executor::Create(job, *device, data.train));
   executor->set_slowdown(o.slowdown);
   executor->set_vnode_delay(o.vnode_delay_ms / 1000.0);
@@ -186,8 +205,9 @@ Status RunWorker(const WorkerOptions& o) {
       }
       comm.reset();
       prefixed = std::make_unique<PrefixStore>(plan->store_prefix, coordinator_store);
-      auto c = CreateGlooCommunicator(*prefixed, me->rank, static_cast<int>(plan->members.size()),
-                                      copts);
+      const int world = static_cast<int>(plan->members.size());
+      auto c = gpu ? CreateNcclCommunicator(*prefixed, me->rank, world, copts)
+                   : CreateGlooCommunicator(*prefixed, me->rank, world, copts);
       if (!c.ok()) {
         (void)client.ReportFailure(epoch, executor->step(), c.status().message());
         continue;

@@ -38,7 +38,9 @@ RUN cmake -S . -B /build -G Ninja -DVF_WITH_CUDA=ON -DVF_WITH_NCCL=ON \
  && VF_BUILD_DIR=/build ./scripts/build.sh virtualflow-agent \
  && mkdir -p /out \
  && strip --strip-debug -o /out/virtualflow-agent /build/bin/virtualflow-agent \
- && ./docker/runtime-packages.sh /out/virtualflow-agent > /out/runtime-packages \
+ && strip --strip-debug -o /out/libvirtualflow-cuda.so /build/bin/libvirtualflow-cuda.so \
+ && ./docker/runtime-packages.sh /out/virtualflow-agent /out/libvirtualflow-cuda.so \
+      > /out/runtime-packages \
  && cat /out/runtime-packages
 
 FROM nvidia/cuda:${CUDA_VERSION}-runtime-${CUDA_DISTRO}
@@ -56,6 +58,8 @@ RUN apt-get update -q \
  && useradd --system --uid 65532 --gid 65532 --home-dir /nonexistent --no-create-home \
       --shell /usr/sbin/nologin virtualflow
 COPY --from=build /out/virtualflow-agent /usr/local/bin/virtualflow-agent
+# The CUDA device and NCCL communicator, which the agent loads from beside itself on a GPU.
+COPY --from=build /out/libvirtualflow-cuda.so /usr/local/bin/libvirtualflow-cuda.so
 
 LABEL org.opencontainers.image.title="virtualflow-agent" \
       org.opencontainers.image.description="VirtualFlow agent: trains a job's virtual nodes on CUDA with NCCL" \

@@ -25,8 +25,9 @@ RUN apt-get update -q \
 WORKDIR /src
 COPY . .
 # scripts/build.sh: the same CMake configuration as every developer's and CI's build
-# (RelWithDebInfo, warnings are errors), built for the operator only.
-RUN VF_BUILD_DIR=/build ./scripts/build.sh virtualflow-operator \
+# (RelWithDebInfo, warnings are errors), built for the operator only, which uses no GPU
+# (VF_CUDA=off: no CUDA toolkit in this image).
+RUN VF_CUDA=off VF_BUILD_DIR=/build ./scripts/build.sh virtualflow-operator \
  && mkdir -p /out \
  && strip --strip-debug -o /out/virtualflow-operator /build/bin/virtualflow-operator \
  && ./docker/runtime-packages.sh /out/virtualflow-operator > /out/runtime-packages \

@@ -152,4 +152,12 @@ class DeviceBuffer {
 // The host CPU. `threads` BLAS threads; workers use 1 so that several share a machine's cores.
 std::unique_ptr<Device> CreateCpuDevice(int threads = 1);
 
+// Number of CUDA GPUs this process can use: 0 when the build has no CUDA, there is no driver or
+// no GPU, with the reason in `why` when given.
+int CudaDeviceCount(std::string* why = nullptr);
+
+// GPU `ordinal` with its own stream and cuBLAS handle. Returns an error, never throws, when the
+// build has no CUDA or there is no such GPU.
+Result<std::unique_ptr<Device>> CreateCudaDevice(int ordinal = 0);
+
 }  // namespace vf

@@ -14,6 +14,8 @@ PACKAGES=(
 # tests/e2e/build-k8s-tools.sh builds Kubernetes from source with Go. The machine image brings a
 # recent Go; without one, Debian's golang-go bootstraps the toolchain that script pins.
 command -v go >/dev/null || PACKAGES+=(golang-go)
+# scripts/setup-cuda.sh installs the CUDA wheels with pip when the machine has no toolkit.
+python3 -m pip --version >/dev/null 2>&1 || PACKAGES+=(python3-pip)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -24,14 +26,21 @@ done
 
 if [ "${#missing[@]}" -eq 0 ]; then
   echo "setup: all ${#PACKAGES[@]} packages present"
-  exit 0
+else
+  install_packages=1
 fi
 
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
-  command -v sudo >/dev/null || { echo "setup: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
-  SUDO="sudo"
+if [ -n "${install_packages:-}" ]; then
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "setup: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+    SUDO="sudo"
+  fi
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
-echo "setup: installing ${missing[*]}"
-$SUDO apt-get update -q
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+
+# The CUDA compiler, runtime, cuBLAS and NCCL (the machine's, or the pinned Python wheels in a
+# cache), so that every build compiles the GPU code; scripts/build.sh asks again for the flags.
+"$(dirname "$0")/setup-cuda.sh" >/dev/null

@@ -214,6 +214,9 @@ Status LocalCluster::Start() {
   }
   // Workers die with this process rather than linger if it is killed.
   setenv("VF_EXIT_WITH_PARENT", std::to_string(getpid()).c_str(), 1);
+  // Local workers share this machine, and NCCL cannot put two ranks of one communicator on the
+  // same GPU: they train on the CPU with Gloo unless the caller set VF_DEVICE.
+  setenv("VF_DEVICE", "cpu", 0);
   return Status::Ok();
 }
 

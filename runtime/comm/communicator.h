@@ -50,4 +50,13 @@ std::unique_ptr<Communicator> CreateLocalCommunicator();
 Result<std::unique_ptr<Communicator>> CreateGlooCommunicator(Store& store, int rank, int size,
                                                              const CommOptions& options);
 
+// NCCL on CUDA device `cuda_device`; buffers are device memory. Rank 0 publishes the NCCL
+// unique id in `store` (use a PrefixStore per epoch), the others read it; initialisation is
+// non-blocking and bounded by options.timeout, and so is every collective (a dead peer gets the
+// communicator aborted, not a hang). Returns an error, never throws, if NCCL is not compiled in,
+// there is no such device, or rendezvous fails.
+Result<std::unique_ptr<Communicator>> CreateNcclCommunicator(Store& store, int rank, int size,
+                                                             const CommOptions& options,
+                                                             int cuda_device = 0);
+
 }  // namespace vf

@@ -1,0 +1,439 @@
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/device/cuda/device.h"
+
+namespace vf {
+namespace {
+
+constexpr int kThreads = 256;
+// Grid-stride loops: enough blocks to fill any current GPU, few enough to launch cheaply.
+constexpr int kMaxBlocks = 4096;
+
+int Blocks(size_t n) {
+  const size_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<int>(b < kMaxBlocks ? (b == 0 ? 1 : b) : kMaxBlocks);
+}
+
+// A CUDA error leaves the context unusable (sticky errors), so the process cannot go on: say
+// what failed, in one line, and end with a status of its own.
+[[noreturn]] void Die(const char* what, const char* detail) {
+  std::fprintf(stderr, "virtualflow: CUDA device: %s: %s\n", what, detail);
+  std::fflush(stderr);
+  std::_Exit(70);
+}
+
+void Check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) Die(what, cudaGetErrorString(e));
+}
+
+void CheckBlas(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) Die(what, cublasGetStatusString(s));
+}
+
+void CheckLaunch(const char* kernel) { Check(cudaGetLastError(), kernel); }
+
+// ---------------------------------------------------------------- kernels
+
+template <typename T>
+__global__ void FillKernel(T* x, T value, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    x[i] = value;
+  }
+}
+
+__global__ void AddBiasActivateKernel(float* y, const float* bias, int rows, int cols, bool relu) {
+  const size_t n = static_cast<size_t>(rows) * cols;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const float v = y[i] + bias[i % cols];
+    // `v < 0` as on the CPU, so that NaN propagates.
+    y[i] = relu && v < 0.f ? 0.f : v;
+  }
+}
+
+__global__ void ReluBackwardKernel(float* dy, const float* y, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    dy[i] = y[i] > 0.f ? dy[i] : 0.f;
+  }
+}
+
+// One thread per column, rows in increasing order: the CPU backend's summation order.
+__global__ void SumRowsKernel(const float* x, int rows, int cols, float* out) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  float s = 0.f;
+  for (int r = 0; r < rows; ++r) s += x[static_cast<size_t>(r) * cols + c];
+  out[c] = s;
+}
+
+// One thread per row (the models' output layers are narrow). Mirrors the CPU backend's
+// arithmetic; exp and log come from CUDA's math library, so the loss and gradient agree with
+// the CPU to a few ulps, not bitwise.
+__global__ void SoftmaxCrossEntropyKernel(const float* logits, const int32_t* labels, int rows,
+                                          int cols, double scale, float* dlogits, double* row_loss,
+                                          int32_t* row_correct) {
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  const float* row = logits + static_cast<size_t>(r) * cols;
+  float* grad = dlogits == nullptr ? nullptr : dlogits + static_cast<size_t>(r) * cols;
+  const int32_t label = labels[r];
+  const bool valid = label >= 0 && label < cols;
+  int argmax = 0;
+  for (int c = 1; c < cols; ++c) {
+    if (row[c] > row[argmax]) argmax = c;
+  }
+  const double max = row[argmax];
+  double sum = 0.0;
+  for (int c = 0; c < cols; ++c) sum += exp(static_cast<double>(row[c]) - max);
+  const double log_sum = log(sum);
+  if (!valid) {
+    row_loss[r] = nan("");
+    row_correct[r] = 0;
+    if (grad != nullptr) {
+      for (int c = 0; c < cols; ++c) grad[c] = nanf("");
+    }
+    return;
+  }
+  row_loss[r] = log_sum - (static_cast<double>(row[label]) - max);
+  row_correct[r] = argmax == label ? 1 : 0;
+  if (grad != nullptr) {
+    const double inv_sum = 1.0 / sum;
+    for (int c = 0; c < cols; ++c) {
+      const double p = exp(static_cast<double>(row[c]) - max) * inv_sum;
+      grad[c] = static_cast<float>((p - (c == label ? 1.0 : 0.0)) * scale);
+    }
+  }
+}
+
+// Largest |x| as the bit pattern of a non-negative float: unsigned order is float order and
+// every NaN is above +Inf. Max is order-independent, so the atomic gives the same answer on
+// every run.
+__global__ void MaxAbsBitsKernel(const float* x, size_t n, uint32_t* out) {
+  __shared__ uint32_t block_max[kThreads];
+  uint32_t best = 0;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    best = max(best, __float_as_uint(x[i]) & 0x7fffffffu);
+  }
+  block_max[threadIdx.x] = best;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s /= 2) {
+    if (static_cast<int>(threadIdx.x) < s) {
+      block_max[threadIdx.x] = max(block_max[threadIdx.x], block_max[threadIdx.x + s]);
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) atomicMax(out, block_max[0]);
+}
+
+// acc[i] += round_half_even(x[i] * scale), the product exact in double. __double2ll_rn rounds
+// half to even like the CPU's magic-number addition, and from 2^52 up every double is an
+// integer already; the sums wrap (unsigned) rather than overflow. An element beyond `limit`
+// (or NaN) sets *bad and adds nothing.
+__global__ void AccumulateFixedKernel(const float* x, size_t n, double scale, double limit,
+                                      int64_t* acc, uint32_t* bad) {
+  bool flagged = false;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const double v = __dmul_rn(static_cast<double>(x[i]), scale);
+    const bool ok = fabs(v) <= limit;
+    flagged |= !ok;
+    const long long q = ok ? __double2ll_rn(v) : 0;
+    acc[i] = static_cast<int64_t>(static_cast<unsigned long long>(acc[i]) +
+                                  static_cast<unsigned long long>(q));
+  }
+  if (flagged) atomicOr(bad, 1u);
+}
+
+// out[i] = float((double(acc[i]) * unit) * scale): two IEEE multiplications and one rounding to
+// float, the CPU backend's exact operation order.
+__global__ void FixedToFloatKernel(const int64_t* acc, size_t n, double unit, double scale,
+                                   float* out) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    out[i] = __double2float_rn(__dmul_rn(__dmul_rn(__ll2double_rn(acc[i]), unit), scale));
+  }
+}
+
+__global__ void AxpyKernel(float alpha, const float* x, float* y, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    y[i] = __fadd_rn(y[i], __fmul_rn(alpha, x[i]));
+  }
+}
+
+__global__ void ScaleKernel(float* x, float alpha, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    x[i] = __fmul_rn(x[i], alpha);
+  }
+}
+
+// The optimizer updates, one fused pass each, in the CPU backend's operation order with every
+// multiplication and addition rounded on its own (__fmul_rn/__fadd_rn are never contracted).
+__global__ void SgdMomentumKernel(float* param, const float* grad, float* velocity, size_t n,
+                                  float lr, float mu, float wd, bool nesterov) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const float g = __fadd_rn(grad[i], __fmul_rn(wd, param[i]));
+    const float v = __fadd_rn(__fmul_rn(mu, velocity[i]), g);
+    velocity[i] = v;
+    const float step = nesterov ? __fadd_rn(g, __fmul_rn(mu, v)) : v;
+    param[i] = __fsub_rn(param[i], __fmul_rn(lr, step));
+  }
+}
+
+__global__ void AdamWKernel(float* param, const float* grad, float* m, float* v, size_t n, float lr,
+                            float b1, float b2, float one_minus_b1, float one_minus_b2, float decay,
+                            float bc1, float bc2, float eps) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const float g = grad[i];
+    const float mi = __fadd_rn(__fmul_rn(b1, m[i]), __fmul_rn(one_minus_b1, g));
+    const float vi = __fadd_rn(__fmul_rn(b2, v[i]), __fmul_rn(__fmul_rn(one_minus_b2, g), g));
+    m[i] = mi;
+    v[i] = vi;
+    const float m_hat = __fdiv_rn(mi, bc1);
+    const float v_hat = __fdiv_rn(vi, bc2);
+    param[i] = __fsub_rn(__fmul_rn(param[i], decay),
+                         __fdiv_rn(__fmul_rn(lr, m_hat), __fadd_rn(__fsqrt_rn(v_hat), eps)));
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- the device
+
+CudaDevice::CudaDevice(int ordinal) : ordinal_(ordinal) {
+  Check(cudaSetDevice(ordinal), "cudaSetDevice");
+  cudaDeviceProp prop{};
+  Check(cudaGetDeviceProperties(&prop, ordinal), "cudaGetDeviceProperties");
+  name_ = "cuda:" + std::to_string(ordinal) + " (" + prop.name + ")";
+  cudaStream_t stream = nullptr;
+  Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  stream_ = stream;
+  cublasHandle_t blas = nullptr;
+  CheckBlas(cublasCreate(&blas), "cublasCreate");
+  blas_ = blas;
+  CheckBlas(cublasSetStream(blas, stream), "cublasSetStream");
+  // Full float32 products (no TF32 tensor cores), and no atomics inside cuBLAS: its results
+  // are then the same on every run on the same GPU model.
+  CheckBlas(cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+  CheckBlas(cublasSetAtomicsMode(blas, CUBLAS_ATOMICS_NOT_ALLOWED), "cublasSetAtomicsMode");
+  void* word = nullptr;
+  Check(cudaMalloc(&word, sizeof(uint32_t)), "cudaMalloc");
+  word_ = static_cast<uint32_t*>(word);
+}
+
+CudaDevice::~CudaDevice() {
+  // Best effort: a failing teardown must not end the process.
+  cudaSetDevice(ordinal_);
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  cudaFree(word_);
+  cudaFree(row_loss_);
+  cudaFree(row_correct_);
+  if (blas_ != nullptr) cublasDestroy(blas_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+Result<void*> CudaDevice::Allocate(size_t bytes) {
+  void* p = nullptr;
+  // cudaMalloc aligns to at least 256 bytes; a zero-byte request still gets a unique pointer.
+  const cudaError_t e = cudaMalloc(&p, bytes == 0 ? 1 : bytes);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // out-of-memory is not sticky: clear it and report
+    return Internal(name_ + ": cannot allocate " + std::to_string(bytes) +
+                    " bytes: " + cudaGetErrorString(e));
+  }
+  Check(cudaMemsetAsync(p, 0, bytes == 0 ? 1 : bytes, stream_), "cudaMemset");
+  Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  return p;
+}
+
+void CudaDevice::Free(void* ptr) noexcept {
+  if (ptr == nullptr) return;
+  // Work queued on the buffer must finish before its memory is reused.
+  cudaStreamSynchronize(stream_);
+  cudaFree(ptr);
+}
+
+void CudaDevice::CopyFromHost(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  // From pageable memory the call returns once the source has been staged, so the caller may
+  // reuse it at once.
+  Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "copy to device");
+}
+
+void CudaDevice::CopyToHost(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "copy to host");
+  Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+}
+
+void CudaDevice::Copy(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copy on device");
+}
+
+void CudaDevice::Fill(float* x, float value, size_t n) {
+  if (n == 0) return;
+  FillKernel<<<Blocks(n), kThreads, 0, stream_>>>(x, value, n);
+  CheckLaunch("Fill");
+}
+
+void CudaDevice::FillInt64(int64_t* x, int64_t value, size_t n) {
+  if (n == 0) return;
+  FillKernel<<<Blocks(n), kThreads, 0, stream_>>>(x, value, n);
+  CheckLaunch("FillInt64");
+}
+
+void CudaDevice::Synchronize() { Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
+
+void CudaDevice::Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha,
+                      const float* a, const float* b, float beta, float* c) {
+  if (m <= 0 || n <= 0) return;
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: the same memory, the
+  // operands swapped, the leading dimensions the stored row lengths (as for the CPU's BLAS).
+  const int lda = transpose_a ? m : k;
+  const int ldb = transpose_b ? k : n;
+  CheckBlas(cublasSgemm(blas_, transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                        transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b,
+                        ldb < 1 ? 1 : ldb, a, lda < 1 ? 1 : lda, &beta, c, n),
+            "cublasSgemm");
+}
+
+void CudaDevice::AddBiasActivate(float* y, const float* bias, int rows, int cols, bool relu) {
+  if (rows <= 0 || cols <= 0) return;
+  AddBiasActivateKernel<<<Blocks(static_cast<size_t>(rows) * cols), kThreads, 0, stream_>>>(
+      y, bias, rows, cols, relu);
+  CheckLaunch("AddBiasActivate");
+}
+
+void CudaDevice::ReluBackward(float* dy, const float* y, size_t n) {
+  if (n == 0) return;
+  ReluBackwardKernel<<<Blocks(n), kThreads, 0, stream_>>>(dy, y, n);
+  CheckLaunch("ReluBackward");
+}
+
+void CudaDevice::SumRows(const float* x, int rows, int cols, float* out) {
+  if (cols <= 0) return;
+  SumRowsKernel<<<(cols + kThreads - 1) / kThreads, kThreads, 0, stream_>>>(x, rows < 0 ? 0 : rows,
+                                                                            cols, out);
+  CheckLaunch("SumRows");
+}
+
+void CudaDevice::EnsureRowScratch(int rows) {
+  if (rows <= row_capacity_) return;
+  cudaFree(row_loss_);
+  cudaFree(row_correct_);
+  void* loss = nullptr;
+  void* correct = nullptr;
+  Check(cudaMalloc(&loss, sizeof(double) * static_cast<size_t>(rows)), "cudaMalloc");
+  Check(cudaMalloc(&correct, sizeof(int32_t) * static_cast<size_t>(rows)), "cudaMalloc");
+  row_loss_ = static_cast<double*>(loss);
+  row_correct_ = static_cast<int32_t*>(correct);
+  row_capacity_ = rows;
+}
+
+LossStats CudaDevice::SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows,
+                                          int cols, float grad_scale, float* dlogits) {
+  LossStats stats;
+  stats.samples = rows < 0 ? 0 : rows;
+  if (cols <= 0 || rows <= 0) return stats;
+  EnsureRowScratch(rows);
+  SoftmaxCrossEntropyKernel<<<(rows + kThreads - 1) / kThreads, kThreads, 0, stream_>>>(
+      logits, labels, rows, cols, static_cast<double>(grad_scale), dlogits, row_loss_,
+      row_correct_);
+  CheckLaunch("SoftmaxCrossEntropy");
+  std::vector<double> loss(static_cast<size_t>(rows));
+  std::vector<int32_t> correct(static_cast<size_t>(rows));
+  CopyToHost(loss.data(), row_loss_, loss.size() * sizeof(double));
+  CopyToHost(correct.data(), row_correct_, correct.size() * sizeof(int32_t));
+  for (int r = 0; r < rows; ++r) {
+    stats.loss_sum += loss[static_cast<size_t>(r)];
+    stats.correct += correct[static_cast<size_t>(r)];
+  }
+  return stats;
+}
+
+float CudaDevice::MaxAbs(const float* x, size_t n) {
+  uint32_t bits = 0;
+  if (n > 0) {
+    Check(cudaMemsetAsync(word_, 0, sizeof(uint32_t), stream_), "cudaMemset");
+    MaxAbsBitsKernel<<<Blocks(n), kThreads, 0, stream_>>>(x, n, word_);
+    CheckLaunch("MaxAbs");
+    CopyToHost(&bits, word_, sizeof(bits));
+  }
+  if (bits > 0x7f800000u) return std::numeric_limits<float>::quiet_NaN();
+  float out;
+  static_assert(sizeof(out) == sizeof(bits));
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+
+bool CudaDevice::AccumulateFixed(const float* x, size_t n, int exponent, int64_t limit,
+                                 int64_t* acc) {
+  if (n == 0) return true;
+  // As on the CPU: clamp the exponent (every non-zero float overflows anyway), and compare with
+  // the largest double not above the integer limit.
+  const double scale = std::ldexp(1.0, exponent < 1000 ? exponent : 1000);
+  double lim = static_cast<double>(limit);
+  if (lim >= 0x1p63 || static_cast<int64_t>(lim) > limit) lim = std::nextafter(lim, 0.0);
+  Check(cudaMemsetAsync(word_, 0, sizeof(uint32_t), stream_), "cudaMemset");
+  AccumulateFixedKernel<<<Blocks(n), kThreads, 0, stream_>>>(x, n, scale, lim, acc, word_);
+  CheckLaunch("AccumulateFixed");
+  uint32_t bad = 0;
+  CopyToHost(&bad, word_, sizeof(bad));
+  return bad == 0;
+}
+
+void CudaDevice::FixedToFloat(const int64_t* acc, size_t n, int exponent, double scale,
+                              float* out) {
+  if (n == 0) return;
+  FixedToFloatKernel<<<Blocks(n), kThreads, 0, stream_>>>(acc, n, std::ldexp(1.0, -exponent), scale,
+                                                          out);
+  CheckLaunch("FixedToFloat");
+}
+
+void CudaDevice::Axpy(float alpha, const float* x, float* y, size_t n) {
+  if (n == 0) return;
+  AxpyKernel<<<Blocks(n), kThreads, 0, stream_>>>(alpha, x, y, n);
+  CheckLaunch("Axpy");
+}
+
+void CudaDevice::Scale(float* x, float alpha, size_t n) {
+  if (n == 0) return;
+  ScaleKernel<<<Blocks(n), kThreads, 0, stream_>>>(x, alpha, n);
+  CheckLaunch("Scale");
+}
+
+void CudaDevice::SgdMomentumStep(float* param, const float* grad, float* velocity, size_t n,
+                                 const SgdUpdate& h) {
+  if (n == 0) return;
+  SgdMomentumKernel<<<Blocks(n), kThreads, 0, stream_>>>(param, grad, velocity, n, h.learning_rate,
+                                                         h.momentum, h.weight_decay, h.nesterov);
+  CheckLaunch("SgdMomentumStep");
+}
+
+void CudaDevice::AdamWStep(float* param, const float* grad, float* m, float* v, size_t n,
+                           const AdamWUpdate& h) {
+  if (n == 0) return;
+  AdamWKernel<<<Blocks(n), kThreads, 0, stream_>>>(
+      param, grad, m, v, n, h.learning_rate, h.beta1, h.beta2, 1.f - h.beta1, 1.f - h.beta2,
+      1.f - h.learning_rate * h.weight_decay, h.bias_correction1, h.bias_correction2, h.epsilon);
+  CheckLaunch("AdamWStep");
+}
+
+}  // namespace vf

@@ -1,0 +1,84 @@
+// The CUDA backend of Device: cuBLAS for matrix products, fused elementwise kernels for the
+// rest, all queued on one stream of one GPU.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "runtime/device.h"
+
+// The CUDA types the header needs, declared as the CUDA headers do, so that users of this header
+// need no CUDA include path.
+struct CUstream_st;
+struct cublasContext;
+
+namespace vf {
+
+// One GPU as a Device. Kernels are queued in order on the device's own stream; results that
+// come back to the host (CopyToHost, MaxAbs, AccumulateFixed's flag, the loss statistics) wait
+// for the stream. Every kernel is deterministic: reductions run in a fixed order or combine
+// with max/or, never with floating-point atomics; multiply-adds are not contracted (--fmad=false)
+// so elementwise results equal the CPU backend's bit for bit, and the exact-reduction kernels
+// equal them everywhere. A CUDA error leaves a CUDA context unusable, so it ends the process
+// with a one-line message and exit status 70; the job's other workers go on without it.
+// Not thread-safe: one thread drives a device.
+class CudaDevice final : public Device {
+ public:
+  // Use CreateCudaDevice(), which reports a missing GPU as a Status.
+  explicit CudaDevice(int ordinal);
+  ~CudaDevice() override;
+  CudaDevice(const CudaDevice&) = delete;
+  CudaDevice& operator=(const CudaDevice&) = delete;
+
+  DeviceKind kind() const override { return DeviceKind::kCuda; }
+  std::string Name() const override { return name_; }
+  int ordinal() const { return ordinal_; }
+
+  Result<void*> Allocate(size_t bytes) override;
+  void Free(void* ptr) noexcept override;
+  void CopyFromHost(void* dst, const void* src, size_t bytes) override;
+  void CopyToHost(void* dst, const void* src, size_t bytes) override;
+  void Copy(void* dst, const void* src, size_t bytes) override;
+  void Fill(float* x, float value, size_t n) override;
+  void FillInt64(int64_t* x, int64_t value, size_t n) override;
+  void Synchronize() override;
+
+  void Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const float* a,
+            const float* b, float beta, float* c) override;
+  void AddBiasActivate(float* y, const float* bias, int rows, int cols, bool relu) override;
+  void ReluBackward(float* dy, const float* y, size_t n) override;
+  void SumRows(const float* x, int rows, int cols, float* out) override;
+  // The loss sum is added on the host in row order, as the CPU backend does.
+  LossStats SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows, int cols,
+                                float grad_scale, float* dlogits) override;
+
+  float MaxAbs(const float* x, size_t n) override;
+  bool AccumulateFixed(const float* x, size_t n, int exponent, int64_t limit,
+                       int64_t* acc) override;
+  void FixedToFloat(const int64_t* acc, size_t n, int exponent, double scale, float* out) override;
+
+  void Axpy(float alpha, const float* x, float* y, size_t n) override;
+  void Scale(float* x, float alpha, size_t n) override;
+  void SgdMomentumStep(float* param, const float* grad, float* velocity, size_t n,
+                       const SgdUpdate& h) override;
+  void AdamWStep(float* param, const float* grad, float* m, float* v, size_t n,
+                 const AdamWUpdate& h) override;
+
+ private:
+  // Grows the per-row scratch of SoftmaxCrossEntropy to `rows` rows.
+  void EnsureRowScratch(int rows);
+
+  int ordinal_;
+  std::string name_;
+  CUstream_st* stream_ = nullptr;
+  cublasContext* blas_ = nullptr;
+  // Device scratch: one word for MaxAbs and AccumulateFixed's flag, and per-row loss, prediction
+  // flags for SoftmaxCrossEntropy (with their host copies).
+  uint32_t* word_ = nullptr;
+  double* row_loss_ = nullptr;
+  int32_t* row_correct_ = nullptr;
+  int row_capacity_ = 0;
+};
+
+}  // namespace vf

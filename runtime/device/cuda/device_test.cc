@@ -1,0 +1,262 @@
+// The CUDA device against the CPU device: the exact-reduction and elementwise kernels must agree
+// bit for bit, the matrix product and softmax to a stated tolerance. Without a GPU (or a
+// driver) every case but the first skips and says why.
+#include "runtime/device/cuda/device.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "runtime/device.h"
+
+namespace vf {
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+std::vector<float> RandomFloats(size_t n, uint32_t seed, float lo = -1.f, float hi = 1.f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST(CudaDeviceWithoutGpu, CreateSaysWhyThereIsNone) {
+  std::string why;
+  if (CudaDeviceCount(&why) > 0) GTEST_SKIP() << "a GPU is present";
+  EXPECT_FALSE(why.empty());
+  auto device = CreateCudaDevice(0);
+  ASSERT_FALSE(device.ok());
+  EXPECT_EQ(device.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(device.status().message().find("no CUDA device"), std::string::npos)
+      << device.status().ToString();
+}
+
+// A CPU device and GPU 0, with helpers that run the same kernel on both.
+class CudaDeviceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (CudaDeviceCount(&why) == 0) GTEST_SKIP() << "no CUDA device: " << why;
+    auto gpu = CreateCudaDevice(0);
+    ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
+    gpu_ = std::move(*gpu);
+  }
+
+  template <typename T>
+  DeviceBuffer<T> Upload(Device& d, const std::vector<T>& host) {
+    auto b = DeviceBuffer<T>::Create(d, host.size());
+    EXPECT_TRUE(b.ok());
+    d.CopyFromHost(b->data(), host.data(), host.size() * sizeof(T));
+    return std::move(*b);
+  }
+
+  template <typename T>
+  std::vector<T> Download(Device& d, const DeviceBuffer<T>& b) {
+    std::vector<T> host(b.size());
+    d.CopyToHost(host.data(), b.data(), host.size() * sizeof(T));
+    return host;
+  }
+
+  std::unique_ptr<Device> cpu_ = CreateCpuDevice(1);
+  std::unique_ptr<Device> gpu_;
+};
+
+TEST_F(CudaDeviceTest, NameAndZeroedMemory) {
+  EXPECT_EQ(gpu_->kind(), DeviceKind::kCuda);
+  EXPECT_EQ(gpu_->Name().rfind("cuda:0 (", 0), 0u) << gpu_->Name();
+  auto b = DeviceBuffer<float>::Create(*gpu_, 1 << 20);
+  ASSERT_TRUE(b.ok());
+  for (float x : Download(*gpu_, *b)) ASSERT_EQ(x, 0.f);
+  EXPECT_EQ(CreateCudaDevice(1 << 20).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(CudaDeviceTest, ExactKernelsMatchTheCpuBitForBit) {
+  const size_t n = 300001;
+  auto x = RandomFloats(n, 1, -3.f, 3.f);
+  x[7] = 1e-30f;
+  x[8] = -0.f;
+  for (int64_t limit : {int64_t{1} << 50, (int64_t{1} << 62) - 1}) {
+    for (int exponent : {20, 44, -3}) {
+      std::vector<int64_t> start(n);
+      for (size_t i = 0; i < n; ++i) start[i] = static_cast<int64_t>(i) * 977 - 5000;
+      auto c_acc = Upload(*cpu_, start);
+      auto g_acc = Upload(*gpu_, start);
+      auto c_x = Upload(*cpu_, x);
+      auto g_x = Upload(*gpu_, x);
+      EXPECT_EQ(cpu_->MaxAbs(c_x.data(), n), gpu_->MaxAbs(g_x.data(), n));
+      const bool c_ok = cpu_->AccumulateFixed(c_x.data(), n, exponent, limit, c_acc.data());
+      const bool g_ok = gpu_->AccumulateFixed(g_x.data(), n, exponent, limit, g_acc.data());
+      EXPECT_TRUE(c_ok);
+      EXPECT_EQ(c_ok, g_ok);
+      EXPECT_EQ(Download(*cpu_, c_acc), Download(*gpu_, g_acc)) << exponent << " " << limit;
+      auto c_out = DeviceBuffer<float>::Create(*cpu_, n);
+      auto g_out = DeviceBuffer<float>::Create(*gpu_, n);
+      cpu_->FixedToFloat(c_acc.data(), n, exponent, 0.125, c_out->data());
+      gpu_->FixedToFloat(g_acc.data(), n, exponent, 0.125, g_out->data());
+      EXPECT_TRUE(SameBits(Download(*cpu_, *c_out), Download(*gpu_, *g_out))) << exponent;
+    }
+  }
+}
+
+TEST_F(CudaDeviceTest, OverflowNanAndInfAreReportedAsOnTheCpu) {
+  std::vector<float> x = {1.f, 2.f, -4.f};
+  auto g = Upload(*gpu_, x);
+  auto acc = DeviceBuffer<int64_t>::Create(*gpu_, x.size());
+  EXPECT_TRUE(gpu_->AccumulateFixed(g.data(), x.size(), 10, 4096, acc->data()));
+  EXPECT_FALSE(gpu_->AccumulateFixed(g.data(), x.size(), 11, 4096, acc->data()));
+  EXPECT_EQ(gpu_->MaxAbs(g.data(), x.size()), 4.f);
+  x[1] = kInf;
+  auto inf = Upload(*gpu_, x);
+  EXPECT_EQ(gpu_->MaxAbs(inf.data(), x.size()), kInf);
+  x[2] = kNaN;
+  auto nan = Upload(*gpu_, x);
+  EXPECT_TRUE(std::isnan(gpu_->MaxAbs(nan.data(), x.size())));
+  EXPECT_FALSE(gpu_->AccumulateFixed(nan.data(), x.size(), 0, 1 << 20, acc->data()));
+  EXPECT_EQ(gpu_->MaxAbs(g.data(), 0), 0.f);
+}
+
+TEST_F(CudaDeviceTest, ElementwiseKernelsAndOptimizersMatchTheCpuBitForBit) {
+  const int rows = 37;
+  const int cols = 515;
+  const size_t n = static_cast<size_t>(rows) * cols;
+  const auto y0 = RandomFloats(n, 2);
+  const auto bias = RandomFloats(cols, 3);
+  const auto g0 = RandomFloats(n, 4);
+  const auto p0 = RandomFloats(n, 5);
+  const auto v0 = RandomFloats(n, 6, 0.f, 1.f);
+  for (bool relu : {false, true}) {
+    auto cy = Upload(*cpu_, y0);
+    auto gy = Upload(*gpu_, y0);
+    auto cb = Upload(*cpu_, bias);
+    auto gb = Upload(*gpu_, bias);
+    cpu_->AddBiasActivate(cy.data(), cb.data(), rows, cols, relu);
+    gpu_->AddBiasActivate(gy.data(), gb.data(), rows, cols, relu);
+    ASSERT_TRUE(SameBits(Download(*cpu_, cy), Download(*gpu_, gy))) << relu;
+    auto cd = Upload(*cpu_, g0);
+    auto gd = Upload(*gpu_, g0);
+    cpu_->ReluBackward(cd.data(), cy.data(), n);
+    gpu_->ReluBackward(gd.data(), gy.data(), n);
+    EXPECT_TRUE(SameBits(Download(*cpu_, cd), Download(*gpu_, gd)));
+    auto cs = DeviceBuffer<float>::Create(*cpu_, cols);
+    auto gs = DeviceBuffer<float>::Create(*gpu_, cols);
+    cpu_->SumRows(cy.data(), rows, cols, cs->data());
+    gpu_->SumRows(gy.data(), rows, cols, gs->data());
+    EXPECT_TRUE(SameBits(Download(*cpu_, *cs), Download(*gpu_, *gs)));
+  }
+  {
+    auto cx = Upload(*cpu_, g0);
+    auto gx = Upload(*gpu_, g0);
+    auto cy = Upload(*cpu_, p0);
+    auto gy = Upload(*gpu_, p0);
+    cpu_->Axpy(0.3f, cx.data(), cy.data(), n);
+    gpu_->Axpy(0.3f, gx.data(), gy.data(), n);
+    cpu_->Scale(cy.data(), 1.7f, n);
+    gpu_->Scale(gy.data(), 1.7f, n);
+    EXPECT_TRUE(SameBits(Download(*cpu_, cy), Download(*gpu_, gy)));
+  }
+  for (bool nesterov : {false, true}) {
+    auto cp = Upload(*cpu_, p0);
+    auto gp = Upload(*gpu_, p0);
+    auto cg = Upload(*cpu_, g0);
+    auto gg = Upload(*gpu_, g0);
+    auto cv = Upload(*cpu_, v0);
+    auto gv = Upload(*gpu_, v0);
+    const SgdUpdate h{
+        .learning_rate = 0.05f, .momentum = 0.9f, .weight_decay = 1e-4f, .nesterov = nesterov};
+    for (int step = 0; step < 3; ++step) {
+      cpu_->SgdMomentumStep(cp.data(), cg.data(), cv.data(), n, h);
+      gpu_->SgdMomentumStep(gp.data(), gg.data(), gv.data(), n, h);
+    }
+    EXPECT_TRUE(SameBits(Download(*cpu_, cp), Download(*gpu_, gp))) << nesterov;
+    EXPECT_TRUE(SameBits(Download(*cpu_, cv), Download(*gpu_, gv))) << nesterov;
+  }
+  {
+    auto cp = Upload(*cpu_, p0);
+    auto gp = Upload(*gpu_, p0);
+    auto cg = Upload(*cpu_, g0);
+    auto gg = Upload(*gpu_, g0);
+    auto cm = Upload(*cpu_, v0);
+    auto gm = Upload(*gpu_, v0);
+    auto cv = Upload(*cpu_, v0);
+    auto gv = Upload(*gpu_, v0);
+    const AdamWUpdate h{.learning_rate = 1e-3f,
+                        .weight_decay = 0.01f,
+                        .bias_correction1 = 0.1f,
+                        .bias_correction2 = 0.001f};
+    cpu_->AdamWStep(cp.data(), cg.data(), cm.data(), cv.data(), n, h);
+    gpu_->AdamWStep(gp.data(), gg.data(), gm.data(), gv.data(), n, h);
+    EXPECT_TRUE(SameBits(Download(*cpu_, cp), Download(*gpu_, gp)));
+    EXPECT_TRUE(SameBits(Download(*cpu_, cm), Download(*gpu_, gm)));
+    EXPECT_TRUE(SameBits(Download(*cpu_, cv), Download(*gpu_, gv)));
+  }
+}
+
+TEST_F(CudaDeviceTest, GemmAgreesWithTheCpuAndRepeatsBitForBit) {
+  const int m = 33;
+  const int n = 70;
+  const int k = 129;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      const auto a = RandomFloats(static_cast<size_t>(m) * k, 7);
+      const auto b = RandomFloats(static_cast<size_t>(k) * n, 8);
+      const auto c0 = RandomFloats(static_cast<size_t>(m) * n, 9);
+      auto ca = Upload(*cpu_, a);
+      auto cb = Upload(*cpu_, b);
+      auto cc = Upload(*cpu_, c0);
+      auto ga = Upload(*gpu_, a);
+      auto gb = Upload(*gpu_, b);
+      auto gc = Upload(*gpu_, c0);
+      auto gc2 = Upload(*gpu_, c0);
+      cpu_->Gemm(ta, tb, m, n, k, 0.5f, ca.data(), cb.data(), 0.25f, cc.data());
+      gpu_->Gemm(ta, tb, m, n, k, 0.5f, ga.data(), gb.data(), 0.25f, gc.data());
+      gpu_->Gemm(ta, tb, m, n, k, 0.5f, ga.data(), gb.data(), 0.25f, gc2.data());
+      const auto want = Download(*cpu_, cc);
+      const auto got = Download(*gpu_, gc);
+      EXPECT_TRUE(SameBits(got, Download(*gpu_, gc2))) << "not deterministic";
+      // Each entry sums k products of magnitude <= 1: float32 rounding stays within k ulps of
+      // the largest partial sum.
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_NEAR(got[i], want[i], 1e-5f * k) << "ta=" << ta << " tb=" << tb << " i=" << i;
+      }
+    }
+  }
+}
+
+TEST_F(CudaDeviceTest, SoftmaxCrossEntropyAgreesWithTheCpu) {
+  const int rows = 257;
+  const int cols = 10;
+  const auto logits = RandomFloats(static_cast<size_t>(rows) * cols, 10, -8.f, 8.f);
+  std::vector<int32_t> labels(rows);
+  for (int r = 0; r < rows; ++r) labels[static_cast<size_t>(r)] = (r * 7) % cols;
+  auto cl = Upload(*cpu_, logits);
+  auto gl = Upload(*gpu_, logits);
+  auto cy = Upload(*cpu_, labels);
+  auto gy = Upload(*gpu_, labels);
+  auto cg = DeviceBuffer<float>::Create(*cpu_, logits.size());
+  auto gg = DeviceBuffer<float>::Create(*gpu_, logits.size());
+  const LossStats c = cpu_->SoftmaxCrossEntropy(cl.data(), cy.data(), rows, cols, 0.5f, cg->data());
+  const LossStats g = gpu_->SoftmaxCrossEntropy(gl.data(), gy.data(), rows, cols, 0.5f, gg->data());
+  EXPECT_EQ(c.samples, g.samples);
+  EXPECT_EQ(c.correct, g.correct);
+  EXPECT_NEAR(c.loss_sum, g.loss_sum, 1e-9 * std::abs(c.loss_sum));
+  const auto want = Download(*cpu_, *cg);
+  const auto got = Download(*gpu_, *gg);
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-7f) << i;
+}
+
+}  // namespace
+}  // namespace vf

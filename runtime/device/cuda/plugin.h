@@ -1,0 +1,30 @@
+// The boundary between the binaries and libvirtualflow-cuda.so, the shared library that holds
+// the CUDA device and the NCCL communicator. Binaries load it only when they use a GPU
+// (loader.cc), so the CPU path never maps the CUDA libraries (hundreds of megabytes) and runs
+// where they are not installed. Both sides come from the same build, so C++ types cross it.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "runtime/comm/communicator.h"
+#include "runtime/device.h"
+
+namespace vf {
+
+// The entry points of the library; the version in the symbol name changes with this struct.
+struct CudaPlugin {
+  int (*device_count)(std::string* why);
+  Result<std::unique_ptr<Device>> (*create_device)(int ordinal);
+  Result<std::unique_ptr<Communicator>> (*create_nccl_communicator)(Store& store, int rank,
+                                                                    int size,
+                                                                    const CommOptions& options,
+                                                                    int cuda_device);
+};
+
+// File name of the library, looked for beside the running executable.
+inline constexpr const char* kCudaPluginFile = "libvirtualflow-cuda.so";
+// Its one exported symbol: `extern "C" const CudaPlugin* vf_cuda_plugin_v1()`.
+inline constexpr const char* kCudaPluginSymbol = "vf_cuda_plugin_v1";
+
+}  // namespace vf
