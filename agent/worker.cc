@@ -59,10 +59,14 @@ const Member* FindMember(const Plan& plan, const std::string& worker) {
 
 // Whether this worker trains on the GPU (with NCCL) or the CPU (with Gloo): the GPU when the
 // process sees one (a pod given `nvidia.com/gpu: 1` sees it as device 0) unless VF_DEVICE=cpu.
-bool UseGpu() {
+// `why` says why not, when not.
+bool UseGpu(std::string* why) {
   const char* forced = std::getenv("VF_DEVICE");
-  if (forced != nullptr && std::string_view(forced) == "cpu") return false;
-  return CudaDeviceCount() > 0;
+  if (forced != nullptr && std::string_view(forced) == "cpu") {
+    *why = "VF_DEVICE=cpu";
+    return false;
+  }
+  return CudaDeviceCount(why) > 0;
 }
 
 // The build identity joiners must share with the job: the same binary version and reduction
@@ -100,7 +104,8 @@ Status RunWorker(const WorkerOptions& o) {
                            std::chrono::milliseconds(10000));
   // Registered but not ready: the controller sees the worker starting and waits for warm-up.
   // A coordinator that is not serving yet (an operator starting or restarting) is waited for.
-  const bool gpu = UseGpu();
+  std::string no_gpu;
+  const bool gpu = UseGpu(&no_gpu);
   const auto register_deadline = Clock::now() + timeout;
   while (true) {
     const Status s = client.Register(job.Fingerprint(), BuildId(), false);
@@ -118,8 +123,10 @@ Status RunWorker(const WorkerOptions& o) {
   } else {
     device = CreateCpuDevice(1);
   }
-  std::fprintf(stderr, "virtualflow-agent: %s: device %s\n", o.worker.c_str(),
-               device->Name().c_str());
+  // Which device, and why not the GPU: a GPU pod that trains on its CPU (a build without CUDA,
+  // a driver that finds no GPU) must say so.
+  std::fprintf(stderr, "virtualflow-agent: %s: device %s%s%s\n", o.worker.c_str(),
+               device->Name().c_str(), gpu ? "" : "; no GPU: ", gpu ? "" : no_gpu.c_str());
   VF_ASSIGN_OR_RETURN(auto executor, Executor::Create(job, *device, data.train));
   executor->set_slowdown(o.slowdown);
   executor->set_vnode_delay(o.vnode_delay_ms / 1000.0);
