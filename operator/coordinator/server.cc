@@ -43,7 +43,6 @@ constexpr int64_t kDefaultPollMs = 30000;
 constexpr int64_t kMaxPlanPollMs = 60000;
 constexpr int64_t kMaxStorePollMs = 120000;
 constexpr size_t kReadChunkBytes = 64 << 10;
-constexpr int kPortAttempts = 5;
 constexpr std::chrono::seconds kStopFlushTime(2);
 
 std::string CurrentExceptionMessage() {
@@ -797,18 +796,12 @@ Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Coordinator&
   if (port < 0 || port > 65535) {
     return InvalidArgument("coordinator port " + std::to_string(port) + " is not in 0..65535");
   }
-  Status last;
-  // A port picked free can be taken by someone else before the listener binds it; try again.
-  for (int attempt = 0; attempt < (port == 0 ? kPortAttempts : 1); ++attempt) {
-    int chosen = port;
-    if (chosen == 0) {
-      VF_ASSIGN_OR_RETURN(chosen, net::PickFreePort(host));
-    }
-    auto impl = std::make_shared<Impl>(coordinator, host, chosen);
-    last = impl->Open();
-    if (last.ok()) return std::unique_ptr<CoordinatorServer>(new CoordinatorServer(impl));
-  }
-  return last.WithContext("coordinator server");
+  std::shared_ptr<Impl> impl;
+  VF_RETURN_IF_ERROR(net::OpenOnPort(host, port, [&](int chosen) {
+                       impl = std::make_shared<Impl>(coordinator, host, chosen);
+                       return impl->Open();
+                     }).WithContext("coordinator server"));
+  return std::unique_ptr<CoordinatorServer>(new CoordinatorServer(impl));
 }
 
 CoordinatorServer::CoordinatorServer(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}

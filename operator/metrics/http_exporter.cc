@@ -28,7 +28,6 @@ using web::http::http_response;
 using web::http::status_code;
 using web::http::status_codes;
 
-constexpr int kPortAttempts = 5;
 constexpr char kPlainText[] = "text/plain; charset=utf-8";
 
 std::string CurrentExceptionMessage() {
@@ -212,18 +211,12 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const metrics::Regis
   if (port < 0 || port > 65535) {
     return InvalidArgument("metrics port " + std::to_string(port) + " is not in 0..65535");
   }
-  Status last;
-  // A port picked free can be taken by someone else before the listener binds it; try again.
-  for (int attempt = 0; attempt < (port == 0 ? kPortAttempts : 1); ++attempt) {
-    int chosen = port;
-    if (chosen == 0) {
-      VF_ASSIGN_OR_RETURN(chosen, net::PickFreePort(host));
-    }
-    auto impl = std::make_shared<Impl>(registry, host, chosen, readiness);
-    last = impl->Open();
-    if (last.ok()) return std::unique_ptr<MetricsServer>(new MetricsServer(impl));
-  }
-  return last.WithContext("metrics server");
+  std::shared_ptr<Impl> impl;
+  VF_RETURN_IF_ERROR(net::OpenOnPort(host, port, [&](int chosen) {
+                       impl = std::make_shared<Impl>(registry, host, chosen, readiness);
+                       return impl->Open();
+                     }).WithContext("metrics server"));
+  return std::unique_ptr<MetricsServer>(new MetricsServer(impl));
 }
 
 MetricsServer::MetricsServer(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}

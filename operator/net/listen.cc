@@ -43,6 +43,20 @@ Result<int> PickFreePort(const std::string& host) {
   return port;
 }
 
+Status OpenOnPort(const std::string& host, int port, const std::function<Status(int)>& open) {
+  constexpr int kAttempts = 5;
+  Status last;
+  for (int attempt = 0; attempt < (port == 0 ? kAttempts : 1); ++attempt) {
+    int chosen = port;
+    if (chosen == 0) {
+      VF_ASSIGN_OR_RETURN(chosen, PickFreePort(host));
+    }
+    last = open(chosen);
+    if (last.ok()) return last;
+  }
+  return last;
+}
+
 std::string HostForUri(const std::string& host) {
   return host.find(':') != std::string::npos ? "[" + host + "]" : host;
 }
