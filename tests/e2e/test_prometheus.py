@@ -241,7 +241,7 @@ class PrometheusTest(ControlPlaneTestCase):
             "--identity", "operator-1"], os.path.join(cp.logs, "operator.log"))
         cls.targets_file = os.path.join(cp.dir, "workers.json")
         cls.targets = WorkerTargets(cp, cls.targets_file)
-        cls.prometheus = Prometheus(os.path.join(cp.dir), os.path.join(cp.logs, "prometheus.log"), [
+        cls.prometheus = Prometheus(cp.dir, os.path.join(cp.logs, "prometheus.log"), [
             {"job_name": "virtualflow-operator", "honor_labels": True,
              "static_configs": [{"targets": ["127.0.0.1:%d" % cls.operator_port],
                                  "labels": {"pod": "operator-1"}}]},

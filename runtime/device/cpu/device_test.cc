@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "runtime/device.h"
+#include "runtime/device/test_util.h"
 
 namespace vf {
 namespace {
@@ -28,17 +29,8 @@ class CpuDeviceTest : public ::testing::Test {
   std::unique_ptr<Device> device_ = CreateCpuDevice(1);
 };
 
-std::vector<float> RandomFloats(size_t n, uint32_t seed, float lo = -1.f, float hi = 1.f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
-
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using testing_util::RandomFloats;
+using testing_util::SameBits;
 
 // ---- Identity and memory ----
 

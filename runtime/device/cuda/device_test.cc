@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "runtime/device.h"
+#include "runtime/device/test_util.h"
 
 namespace vf {
 namespace {
@@ -22,17 +23,8 @@ namespace {
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-std::vector<float> RandomFloats(size_t n, uint32_t seed, float lo = -1.f, float hi = 1.f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
-
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using testing_util::RandomFloats;
+using testing_util::SameBits;
 
 TEST(CudaDeviceWithoutGpu, CreateSaysWhyThereIsNone) {
   std::string why;
