@@ -29,6 +29,14 @@ class Communicator {
 
   virtual Status AllReduce(int64_t* data, size_t count, ReduceOp op) = 0;
   virtual Status AllReduce(float* data, size_t count, ReduceOp op) = 0;
+  // In-place reduce-scatter: `data` holds size() * shard elements, in size() shards of `shard`
+  // elements; afterwards shard rank() holds the reduction over ranks and the other shards are
+  // unspecified. Together with AllGather it is an all-reduce whose two halves may move
+  // different types (exact mode sums int64 and gathers float).
+  virtual Status ReduceScatter(int64_t* data, size_t shard, ReduceOp op) = 0;
+  // In-place all-gather: `data` holds size() * shard_bytes bytes; rank r's bytes
+  // [r * shard_bytes, (r + 1) * shard_bytes) are copied to every other rank.
+  virtual Status AllGather(void* data, size_t shard_bytes) = 0;
   // Copies `bytes` bytes at `data` on rank `root` into `data` on every other rank.
   virtual Status Broadcast(void* data, size_t bytes, int root) = 0;
   virtual Status Barrier() = 0;

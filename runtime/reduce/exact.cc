@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "runtime/reduce/header.h"
 #include "runtime/reduce/reducer.h"
@@ -25,9 +26,13 @@ class ExactReducer : public Reducer {
   }
 
   Status Init() {
-    // The accumulator carries the gradient and, in its last three slots, the loss statistics,
-    // so one SUM collective moves both.
-    VF_ASSIGN_OR_RETURN(acc_, DeviceBuffer<int64_t>::Create(device_, count_ + 3));
+    // The accumulator carries the loss statistics in its first three slots (three more give
+    // their bytes room in the gathered float buffer, see Combine), then the gradient, then room
+    // for padding to whole shards: with n <= V ranks, n * shard never exceeds this.
+    const size_t total = kHead + count_;
+    const size_t v = static_cast<size_t>(std::max(virtual_nodes_, 1));
+    capacity_ = std::max(total + v, kHead * v);
+    VF_ASSIGN_OR_RETURN(acc_, DeviceBuffer<int64_t>::Create(device_, capacity_));
     return Status::Ok();
   }
 
@@ -54,7 +59,7 @@ class ExactReducer : public Reducer {
       // agreed (see reducer.h).
       if (exponents_[i] == kUnsetExponent || overflow_) continue;
       if (!device_.AccumulateFixed(grad + b.offset, b.size, exponents_[i], kFixedPointLimit,
-                                   acc_.data() + b.offset)) {
+                                   acc_.data() + kHead + b.offset)) {
         overflow_ = true;
       }
     }
@@ -74,8 +79,15 @@ class ExactReducer : public Reducer {
     h.unset_scale = std::any_of(exponents_.begin(), exponents_.end(),
                                 [](int32_t e) { return e == kUnsetExponent; });
     h.bucket_max = local_max_;
-    VF_RETURN_IF_ERROR(h.AllReduce(comm));
+    // This rank already knows the step will be redone or fail: its sums mean nothing.
+    const bool convert = !(h.non_finite || h.overflow || h.unset_scale);
 
+    const int64_t stats[kStats] = {loss_fixed_, correct_, samples_};
+    device_.CopyFromHost(acc_.data(), stats, sizeof(stats));
+    int64_t totals[kStats];
+    VF_RETURN_IF_ERROR(Combine(comm, convert, mean_grad, h, totals));
+
+    // From here on `h` is the MAX over all ranks, so every rank takes the same branch.
     ReduceResult result;
     result.header_extra = h.extra;
     if (h.non_finite) {
@@ -87,19 +99,6 @@ class ExactReducer : public Reducer {
       result.redo = true;
       return result;
     }
-
-    const int64_t stats[3] = {loss_fixed_, correct_, samples_};
-    device_.CopyFromHost(acc_.data() + count_, stats, sizeof(stats));
-    VF_RETURN_IF_ERROR(comm.AllReduce(acc_.data(), acc_.size(), ReduceOp::kSum)
-                           .WithContext("gradient all-reduce"));
-    const double inv_v = 1.0 / static_cast<double>(virtual_nodes_);
-    for (size_t i = 0; i < buckets_.size(); ++i) {
-      const GradientBucket& b = buckets_[i];
-      device_.FixedToFloat(acc_.data() + b.offset, b.size, exponents_[i], inv_v,
-                           mean_grad + b.offset);
-    }
-    int64_t totals[3];
-    device_.CopyToHost(totals, acc_.data() + count_, sizeof(totals));
     result.totals.loss_sum = static_cast<double>(totals[0]) / kLossScale;
     result.totals.correct = totals[1];
     result.totals.samples = totals[2];
@@ -123,13 +122,102 @@ class ExactReducer : public Reducer {
   }
 
  private:
+  static constexpr size_t kStats = 3;  // loss sum, correct predictions, samples
+  static constexpr size_t kHead = 2 * kStats;
+
+  // Sums the accumulators of all ranks, writes the mean gradient (when `convert`) and the summed
+  // statistics, and turns `h` into the MAX of every rank's header.
+  //
+  // Alone, a rank converts its accumulator directly. Otherwise two collectives do it all:
+  //  1. a reduce-scatter sums the int64 accumulator, leaving each rank one shard of the total;
+  //  2. each rank converts its shard to float and appends its header, and an all-gather of
+  //     these chunks gives everyone the whole mean gradient and every rank's header.
+  // Each rank sends 1.5x the bytes of a float all-reduce (2x for an int64 all-reduce) and
+  // converts 1/n of the values, and the header costs no collective of its own. The conversion
+  // is a function of the integer sum alone, so the result has the same bits whichever rank
+  // converts a value. The statistics stay integers: rank 0 owns them (shard 0 holds at least
+  // kHead slots) and passes their bytes through its chunk's first kHead float slots, which the
+  // all-gather copies without arithmetic. When the headers call for a redo or report a NaN, the
+  // gathered gradient is discarded, so a rank that knew it would not be used skips converting.
+  Status Combine(Communicator& comm, bool convert, float* mean_grad, internal::StepHeader& h,
+                 int64_t* totals) {
+    const double inv_v = 1.0 / static_cast<double>(virtual_nodes_);
+    const size_t n = static_cast<size_t>(comm.size());
+    if (n == 1) {
+      if (convert) {
+        for (size_t i = 0; i < buckets_.size(); ++i) {
+          const GradientBucket& b = buckets_[i];
+          device_.FixedToFloat(acc_.data() + kHead + b.offset, b.size, exponents_[i], inv_v,
+                               mean_grad + b.offset);
+        }
+      }
+      device_.CopyToHost(totals, acc_.data(), kStats * sizeof(int64_t));
+      return Status::Ok();
+    }
+    const size_t shard = std::max((kHead + count_ + n - 1) / n, kHead);
+    if (shard * n > capacity_) {
+      return Internal("a world of " + std::to_string(n) + " ranks is larger than the job's " +
+                      std::to_string(virtual_nodes_) + " virtual nodes");
+    }
+    const std::vector<int64_t> wire = h.ToWire();
+    const size_t wire_bytes = wire.size() * sizeof(int64_t);
+    const size_t chunk = shard + wire_bytes / sizeof(float);  // in float slots
+    if (gathered_.size() < n * chunk) {
+      gathered_.Reset();
+      VF_ASSIGN_OR_RETURN(gathered_, DeviceBuffer<float>::Create(device_, n * chunk));
+    }
+
+    VF_RETURN_IF_ERROR(comm.ReduceScatter(acc_.data(), shard, ReduceOp::kSum)
+                           .WithContext("gradient reduce-scatter"));
+    const size_t rank = static_cast<size_t>(comm.rank());
+    const size_t lo = rank * shard;
+    const size_t hi = lo + shard;
+    float* mine = gathered_.data() + rank * chunk;
+    if (convert) {
+      for (size_t i = 0; i < buckets_.size(); ++i) {
+        const GradientBucket& b = buckets_[i];
+        const size_t begin = std::max(lo, kHead + b.offset);
+        const size_t end = std::min(hi, kHead + b.offset + b.size);
+        if (begin >= end) continue;
+        device_.FixedToFloat(acc_.data() + begin, end - begin, exponents_[i], inv_v,
+                             mine + (begin - lo));
+      }
+    }
+    static_assert(kHead * sizeof(float) == kStats * sizeof(int64_t));
+    if (rank == 0) device_.Copy(mine, acc_.data(), kStats * sizeof(int64_t));
+    device_.CopyFromHost(mine + shard, wire.data(), wire_bytes);
+    VF_RETURN_IF_ERROR(
+        comm.AllGather(gathered_.data(), chunk * sizeof(float)).WithContext("gradient all-gather"));
+
+    std::vector<int64_t> merged = wire;
+    std::vector<int64_t> theirs(wire.size());
+    for (size_t c = 0; c < n; ++c) {
+      device_.CopyToHost(theirs.data(), gathered_.data() + c * chunk + shard, wire_bytes);
+      for (size_t k = 0; k < merged.size(); ++k) merged[k] = std::max(merged[k], theirs[k]);
+      // Chunk c holds accumulator slots [c * shard, (c + 1) * shard); the gradient starts at
+      // slot kHead and ends at kHead + count_, and the rest is statistics and padding.
+      const size_t begin = std::max(c * shard, kHead);
+      const size_t end = std::min((c + 1) * shard, kHead + count_);
+      if (begin < end) {
+        device_.Copy(mean_grad + (begin - kHead),
+                     gathered_.data() + c * chunk + (begin - c * shard),
+                     (end - begin) * sizeof(float));
+      }
+    }
+    h.FromWire(merged);
+    device_.CopyToHost(totals, gathered_.data(), kStats * sizeof(int64_t));
+    return Status::Ok();
+  }
+
   Device& device_;
   std::vector<GradientBucket> buckets_;
   int virtual_nodes_;
   size_t count_ = 0;
   std::vector<int32_t> exponents_;
   std::vector<float> local_max_;
-  DeviceBuffer<int64_t> acc_;
+  size_t capacity_ = 0;           // elements of acc_
+  DeviceBuffer<int64_t> acc_;     // statistics, gradient sums, padding (see Init)
+  DeviceBuffer<float> gathered_;  // every rank's converted shard and header (see Combine)
   bool non_finite_ = false;
   bool overflow_ = false;
   int64_t loss_fixed_ = 0;

@@ -1,6 +1,7 @@
 // The per-step MAX header shared by both reducers (see reducer.h).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -19,9 +20,17 @@ struct StepHeader {
   bool unset_scale = false;       // exact mode: no scale chosen yet
   std::vector<float> bucket_max;  // largest |gradient| per bucket, all finite when !non_finite
 
-  // One int64 MAX all-reduce. Non-negative floats are ordered like their bit patterns, so the
-  // maxima travel as integers with the flags in the same collective.
+  // One int64 MAX all-reduce of the wire form.
   Status AllReduce(Communicator& comm);
+
+  // The wire form: int64 words whose elementwise MAX over ranks is the header's MAX.
+  // Non-negative floats are ordered like their bit patterns, so the maxima travel as integers
+  // with the flags. Its length depends only on extra.size() and bucket_max.size().
+  std::vector<int64_t> ToWire() const;
+  // Replaces the fields with those of `wire` (a ToWire of a header of the same shape).
+  void FromWire(std::span<const int64_t> wire);
+  // Words in the wire form of a header of this shape.
+  size_t WireSize() const { return extra.size() + 3 + bucket_max.size(); }
 };
 
 }  // namespace vf::internal

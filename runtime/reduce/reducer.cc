@@ -31,9 +31,9 @@ int32_t ExponentFor(float max_abs) {
 
 namespace internal {
 
-Status StepHeader::AllReduce(Communicator& comm) {
+std::vector<int64_t> StepHeader::ToWire() const {
   std::vector<int64_t> wire;
-  wire.reserve(extra.size() + 3 + bucket_max.size());
+  wire.reserve(WireSize());
   wire.insert(wire.end(), extra.begin(), extra.end());
   wire.push_back(non_finite ? 1 : 0);
   wire.push_back(overflow ? 1 : 0);
@@ -43,14 +43,23 @@ Status StepHeader::AllReduce(Communicator& comm) {
     const float v = std::isfinite(m) ? std::fabs(m) : 0.f;
     wire.push_back(static_cast<int64_t>(std::bit_cast<uint32_t>(v)));
   }
-  VF_RETURN_IF_ERROR(comm.AllReduce(wire.data(), wire.size(), ReduceOp::kMax)
-                         .WithContext("step header all-reduce"));
+  return wire;
+}
+
+void StepHeader::FromWire(std::span<const int64_t> wire) {
   size_t i = 0;
   for (auto& e : extra) e = wire[i++];
   non_finite = wire[i++] != 0;
   overflow = wire[i++] != 0;
   unset_scale = wire[i++] != 0;
   for (auto& m : bucket_max) m = std::bit_cast<float>(static_cast<uint32_t>(wire[i++]));
+}
+
+Status StepHeader::AllReduce(Communicator& comm) {
+  std::vector<int64_t> wire = ToWire();
+  VF_RETURN_IF_ERROR(comm.AllReduce(wire.data(), wire.size(), ReduceOp::kMax)
+                         .WithContext("step header all-reduce"));
+  FromWire(wire);
   return Status::Ok();
 }
 

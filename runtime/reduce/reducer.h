@@ -1,9 +1,10 @@
 // Gradient reduction across virtual nodes and ranks (invariants 3-5).
 //
-// Every step runs two collectives: a small int64 MAX "header" (each bucket's largest gradient
+// Every step first runs a small int64 MAX "header" collective (each bucket's largest gradient
 // magnitude, NaN and overflow flags, and caller-supplied fields such as the newest membership
-// epoch a rank has seen, so agreeing on membership costs no extra round trip), then the SUM of
-// the gradients themselves.
+// epoch a rank has seen, so agreeing on membership costs no extra round trip), then sums the
+// gradients themselves: fast mode with a float all-reduce, exact mode with an int64
+// reduce-scatter, a conversion of each rank's shard to float, and a float all-gather.
 //
 // Exact mode keeps one power-of-two scale 2^e per bucket. A virtual node's gradient is rounded
 // to int64 at that scale the moment it is computed and summed as integers, locally and then

@@ -86,6 +86,7 @@ StepOutcome Reduce(Reduction mode, const std::vector<std::vector<int>>& mapping,
         }
         EXPECT_EQ(res->totals.samples, 10 * kV);
         EXPECT_EQ(res->totals.correct, kV * (kV - 1) / 2);
+        EXPECT_EQ(res->totals.loss_sum, kV + kV * (kV - 1) / 2.0);  // sum of 1 + v
         got_extra[static_cast<size_t>(r)] = res->header_extra;
         break;
       }

@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <exception>
@@ -13,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
@@ -23,6 +25,8 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/attr.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
 
 namespace vf {
 namespace {
@@ -263,6 +267,67 @@ Status GlooCommunicator::AllReduce(int64_t* data, size_t count, ReduceOp op) {
 
 Status GlooCommunicator::AllReduce(float* data, size_t count, ReduceOp op) {
   return AllReduceImpl(data, count, op);
+}
+
+// Gloo 0.5 has no reduce-scatter in its tag-based API (only the older algorithm classes, with
+// their own buffer registration), so this is a plain ring over unbound buffers: n - 1 steps, in
+// step s rank r sends shard r - s - 1 to its right-hand neighbour and adds shard r - s - 2 from
+// its left-hand one into its own copy, so that after the last step shard r holds all n
+// contributions. Each rank sends and receives (n - 1) / n of the buffer, like the first half of
+// Gloo's ring all-reduce.
+Status GlooCommunicator::ReduceScatter(int64_t* data, size_t shard, ReduceOp op) {
+  VF_RETURN_IF_ERROR(CheckUsable("reduce-scatter"));
+  if (op != ReduceOp::kSum && op != ReduceOp::kMax) {
+    return InvalidArgument("unknown reduce op " + std::to_string(static_cast<int>(op)))
+        .WithContext(Describe("reduce-scatter"));
+  }
+  if (size_ == 1 || shard == 0) return Status::Ok();
+  if (scratch_.size() < shard) scratch_.resize(shard);
+  return Run("reduce-scatter", [&](uint32_t tag) {
+    // Slot prefix 0x7f: one Gloo's own collectives do not use, so no late message of theirs can
+    // be matched here.
+    const uint64_t slot = gloo::Slot::build(0x7f, tag);
+    const size_t bytes = shard * sizeof(int64_t);
+    auto out = context_->createUnboundBuffer(data, bytes * static_cast<size_t>(size_));
+    auto in = context_->createUnboundBuffer(scratch_.data(), bytes);
+    const int right = (rank_ + 1) % size_;
+    const int left = (rank_ + size_ - 1) % size_;
+    const auto timeout = context_->getTimeout();
+    for (int s = 0; s + 1 < size_; ++s) {
+      const size_t send_shard = static_cast<size_t>((rank_ - s - 1 + 2 * size_) % size_);
+      const size_t recv_shard = static_cast<size_t>((rank_ - s - 2 + 2 * size_) % size_);
+      out->send(right, slot, send_shard * bytes, bytes);
+      in->recv(left, slot, 0, bytes);
+      // False only after an abort, which nothing here requests; timeouts throw.
+      if (!in->waitRecv(timeout)) throw gloo::IoException("reduce-scatter receive was aborted");
+      int64_t* __restrict dst = data + recv_shard * shard;
+      const int64_t* __restrict src = scratch_.data();
+      if (op == ReduceOp::kSum) {
+        // Unsigned addition: wraps like the two's-complement hardware would, without the
+        // undefined behaviour of a signed overflow. Exact mode keeps sums below 2^62.
+        for (size_t i = 0; i < shard; ++i) {
+          dst[i] =
+              static_cast<int64_t>(static_cast<uint64_t>(dst[i]) + static_cast<uint64_t>(src[i]));
+        }
+      } else {
+        for (size_t i = 0; i < shard; ++i) dst[i] = std::max(dst[i], src[i]);
+      }
+      // The shard just sent is read again only as a later step's destination, after this wait.
+      if (!out->waitSend(timeout)) throw gloo::IoException("reduce-scatter send was aborted");
+    }
+  });
+}
+
+Status GlooCommunicator::AllGather(void* data, size_t shard_bytes) {
+  VF_RETURN_IF_ERROR(CheckUsable("all-gather"));
+  if (size_ == 1 || shard_bytes == 0) return Status::Ok();
+  return Run("all-gather", [&](uint32_t tag) {
+    gloo::AllgatherOptions opts(context_);
+    // No input buffer: each rank's part of the output is its input (in place).
+    opts.setOutput(static_cast<uint8_t*>(data), shard_bytes * static_cast<size_t>(size_));
+    opts.setTag(tag);
+    gloo::allgather(opts);
+  });
 }
 
 Status GlooCommunicator::Broadcast(void* data, size_t bytes, int root) {

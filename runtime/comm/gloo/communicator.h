@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "runtime/comm/communicator.h"
 #include "runtime/status.h"
@@ -35,6 +36,8 @@ class GlooCommunicator final : public Communicator {
 
   Status AllReduce(int64_t* data, size_t count, ReduceOp op) override;
   Status AllReduce(float* data, size_t count, ReduceOp op) override;
+  Status ReduceScatter(int64_t* data, size_t shard, ReduceOp op) override;
+  Status AllGather(void* data, size_t shard_bytes) override;
   Status Broadcast(void* data, size_t bytes, int root) override;
   Status Barrier() override;
 
@@ -63,6 +66,8 @@ class GlooCommunicator final : public Communicator {
   uint32_t next_tag_ = 0;
   // The first failure; OK while the communicator is usable.
   Status broken_;
+  // Receive buffer of ReduceScatter, kept between calls (one shard).
+  std::vector<int64_t> scratch_;
 };
 
 }  // namespace vf

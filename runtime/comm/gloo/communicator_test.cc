@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -229,6 +230,89 @@ TEST_P(GlooWorldTest, ManyCollectivesInARowStayMatched) {
   });
 }
 
+TEST_P(GlooWorldTest, ReduceScatterLeavesEachRankItsShardOfTheSum) {
+  const int n = size();
+  for (size_t shard : {size_t{1}, size_t{7}, size_t{100003}}) {
+    RunRanks(n, [&](int rank) {
+      std::vector<int64_t> sum(shard * n);
+      std::vector<int64_t> max(shard * n);
+      for (size_t i = 0; i < sum.size(); ++i) {
+        // Values near 2^60 with both signs, so a lost or doubled contribution shows.
+        sum[i] =
+            (int64_t{1} << 58) * (rank % 2 == 0 ? 1 : -1) + static_cast<int64_t>(i * 31) + rank;
+        max[i] = static_cast<int64_t>((i + static_cast<size_t>(rank) * 5) % 11) - 5;
+      }
+      Status s = comms_[rank]->ReduceScatter(sum.data(), shard, ReduceOp::kSum);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      s = comms_[rank]->ReduceScatter(max.data(), shard, ReduceOp::kMax);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      const int odd = n / 2;  // ranks contributing -2^58
+      for (size_t j = 0; j < shard; ++j) {
+        const size_t i = static_cast<size_t>(rank) * shard + j;
+        const int64_t want_sum =
+            (int64_t{1} << 58) * (n - 2 * odd) + n * static_cast<int64_t>(i * 31) + n * (n - 1) / 2;
+        ASSERT_EQ(sum[i], want_sum) << "rank " << rank << " element " << i << " shard " << shard;
+        int64_t want_max = INT64_MIN;
+        for (int r = 0; r < n; ++r) {
+          want_max =
+              std::max(want_max, static_cast<int64_t>((i + static_cast<size_t>(r) * 5) % 11) - 5);
+        }
+        ASSERT_EQ(max[i], want_max) << "rank " << rank << " element " << i;
+      }
+    });
+  }
+}
+
+TEST_P(GlooWorldTest, AllGatherGivesEveryRankEveryShard) {
+  const int n = size();
+  for (size_t shard_bytes : {size_t{1}, size_t{13}, size_t{1} << 20}) {
+    RunRanks(n, [&](int rank) {
+      std::vector<uint8_t> data(shard_bytes * n, 0xee);
+      for (size_t j = 0; j < shard_bytes; ++j) {
+        data[rank * shard_bytes + j] = static_cast<uint8_t>(rank * 37 + j);
+      }
+      Status s = comms_[rank]->AllGather(data.data(), shard_bytes);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      for (int r = 0; r < n; ++r) {
+        for (size_t j = 0; j < shard_bytes; ++j) {
+          ASSERT_EQ(data[r * shard_bytes + j], static_cast<uint8_t>(r * 37 + j))
+              << "rank " << rank << " shard " << r << " byte " << j;
+        }
+      }
+    });
+  }
+}
+
+TEST_P(GlooWorldTest, ReduceScatterThenAllGatherIsAnAllReduce) {
+  // The exact reducer's pattern: sum int64 shards, convert each rank's shard, gather the
+  // results; interleaved with ordinary collectives so tags stay matched.
+  const int n = size();
+  constexpr size_t kShard = 4099;
+  RunRanks(n, [&](int rank) {
+    for (int round = 0; round < 3; ++round) {
+      std::vector<int64_t> acc(kShard * n);
+      for (size_t i = 0; i < acc.size(); ++i) acc[i] = static_cast<int64_t>(i) * (rank + round);
+      Status s = comms_[rank]->ReduceScatter(acc.data(), kShard, ReduceOp::kSum);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      std::vector<double> out(kShard * n, -1.0);
+      for (size_t j = 0; j < kShard; ++j) {
+        out[rank * kShard + j] = static_cast<double>(acc[rank * kShard + j]);
+      }
+      s = comms_[rank]->AllGather(out.data(), kShard * sizeof(double));
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      const int64_t factor = n * (n - 1) / 2 + n * round;
+      for (size_t i = 0; i < out.size(); ++i) {
+        ASSERT_EQ(out[i], static_cast<double>(static_cast<int64_t>(i) * factor))
+            << "rank " << rank << " element " << i << " round " << round;
+      }
+      int64_t one = 1;
+      s = comms_[rank]->AllReduce(&one, 1, ReduceOp::kSum);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      ASSERT_EQ(one, n);
+    }
+  });
+}
+
 TEST_P(GlooWorldTest, BroadcastRootOutsideTheWorldIsInvalidAndHarmless) {
   RunRanks(size(), [&](int rank) {
     uint8_t byte = 0;
@@ -432,6 +516,42 @@ TEST_P(GlooFailureTest, PeerLeavingDuringACollectiveFailsIt) {
     EXPECT_TRUE(results[rank].code() == StatusCode::kUnavailable ||
                 results[rank].code() == StatusCode::kDeadlineExceeded)
         << "rank " << rank << ": " << StatusCodeName(results[rank].code()) << " "
+        << results[rank].ToString();
+    EXPECT_LT(took[rank], 0.8 * std::chrono::duration<double>(timeout).count()) << "rank " << rank;
+  }
+}
+
+TEST_P(GlooFailureTest, PeerLeavingDuringAReduceScatterFailsItOnEveryRank) {
+  // Only the leaver's ring neighbours talk to it; the others learn of it because a rank whose
+  // collective failed closes its connections.
+  const int n = size();
+  const int leaver = n - 1;
+  const auto timeout = milliseconds(5000);
+  MemoryStore store;
+  Comms comms = ConnectAll(store, n, Options(timeout));
+  ASSERT_TRUE(AllConnected(comms));
+
+  std::vector<Status> results(n);
+  std::vector<double> took(n, 0);
+  RunRanks(n, [&](int rank) {
+    if (rank == leaver) {
+      std::this_thread::sleep_for(milliseconds(200));
+      comms[rank].reset();
+      return;
+    }
+    constexpr size_t kShard = size_t{1} << 18;
+    std::vector<int64_t> data(kShard * n, 1);
+    const auto start = Clock::now();
+    results[rank] = comms[rank]->ReduceScatter(data.data(), kShard, ReduceOp::kSum);
+    took[rank] = SecondsSince(start);
+  });
+  for (int rank = 0; rank < n; ++rank) {
+    if (rank == leaver) continue;
+    EXPECT_TRUE(results[rank].code() == StatusCode::kUnavailable ||
+                results[rank].code() == StatusCode::kDeadlineExceeded)
+        << "rank " << rank << ": " << StatusCodeName(results[rank].code()) << " "
+        << results[rank].ToString();
+    EXPECT_NE(results[rank].message().find("reduce-scatter"), std::string::npos)
         << results[rank].ToString();
     EXPECT_LT(took[rank], 0.8 * std::chrono::duration<double>(timeout).count()) << "rank " << rank;
   }

@@ -13,6 +13,12 @@ Status LocalCommunicator::AllReduce(float* /*data*/, size_t /*count*/, ReduceOp 
   return Status::Ok();
 }
 
+Status LocalCommunicator::ReduceScatter(int64_t* /*data*/, size_t /*shard*/, ReduceOp /*op*/) {
+  return Status::Ok();
+}
+
+Status LocalCommunicator::AllGather(void* /*data*/, size_t /*shard_bytes*/) { return Status::Ok(); }
+
 Status LocalCommunicator::Broadcast(void* /*data*/, size_t /*bytes*/, int root) {
   // Rejected rather than ignored so a caller's rank arithmetic bug shows up in single-worker runs
   // too, not only once the job scales out.

@@ -36,6 +36,12 @@ TEST(LocalCommunicator, CollectivesLeaveDataAsIs) {
   EXPECT_TRUE(comm->Broadcast(bytes, sizeof(bytes), 0).ok());
   EXPECT_EQ(std::string(bytes, 4), "abcd");
   EXPECT_TRUE(comm->Barrier().ok());
+
+  // One rank's shard is the whole buffer, already reduced and already gathered.
+  EXPECT_TRUE(comm->ReduceScatter(ints, 3, ReduceOp::kSum).ok());
+  EXPECT_TRUE(comm->AllGather(bytes, sizeof(bytes)).ok());
+  EXPECT_EQ(ints[1], -2);
+  EXPECT_EQ(std::string(bytes, 4), "abcd");
 }
 
 TEST(LocalCommunicator, BroadcastFromAnotherRootIsInvalid) {

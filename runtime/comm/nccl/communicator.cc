@@ -409,6 +409,43 @@ Status NcclCommunicator::AllReduce(float* data, size_t count, ReduceOp op) {
   return AllReduceImpl(data, count, op);
 }
 
+Status NcclCommunicator::ReduceScatter(int64_t* data, size_t shard, ReduceOp op) {
+  VF_RETURN_IF_ERROR(CheckUsable("reduce-scatter"));
+  ncclRedOp_t nccl_op = ncclNumOps;
+  switch (op) {
+    case ReduceOp::kSum:
+      nccl_op = ncclSum;
+      break;
+    case ReduceOp::kMax:
+      nccl_op = ncclMax;
+      break;
+  }
+  if (nccl_op == ncclNumOps) {
+    return InvalidArgument("unknown reduce op " + std::to_string(static_cast<int>(op)))
+        .WithContext(Describe("reduce-scatter"));
+  }
+  if (shard == 0) return Status::Ok();
+  const size_t bytes = shard * sizeof(int64_t) * static_cast<size_t>(size_);
+  // In place: NCCL's in-place form receives into the rank's own shard of the send buffer.
+  return RunOn("reduce-scatter", data, bytes, [&](void* buffer) {
+    int64_t* all = static_cast<int64_t*>(buffer);
+    return ncclReduceScatter(all, all + static_cast<size_t>(rank_) * shard, shard, ncclInt64,
+                             nccl_op, comm_, stream_);
+  });
+}
+
+Status NcclCommunicator::AllGather(void* data, size_t shard_bytes) {
+  VF_RETURN_IF_ERROR(CheckUsable("all-gather"));
+  if (shard_bytes == 0) return Status::Ok();
+  const size_t bytes = shard_bytes * static_cast<size_t>(size_);
+  // In place: the rank's own shard of the output is the input.
+  return RunOn("all-gather", data, bytes, [&](void* buffer) {
+    uint8_t* all = static_cast<uint8_t*>(buffer);
+    return ncclAllGather(all + static_cast<size_t>(rank_) * shard_bytes, all, shard_bytes,
+                         ncclUint8, comm_, stream_);
+  });
+}
+
 Status NcclCommunicator::Broadcast(void* data, size_t bytes, int root) {
   VF_RETURN_IF_ERROR(CheckUsable("broadcast"));
   if (root < 0 || root >= size_) {

@@ -48,6 +48,8 @@ class NcclCommunicator final : public Communicator {
 
   Status AllReduce(int64_t* data, size_t count, ReduceOp op) override;
   Status AllReduce(float* data, size_t count, ReduceOp op) override;
+  Status ReduceScatter(int64_t* data, size_t shard, ReduceOp op) override;
+  Status AllGather(void* data, size_t shard_bytes) override;
   Status Broadcast(void* data, size_t bytes, int root) override;
   Status Barrier() override;
 

@@ -202,6 +202,21 @@ TEST(NcclCommunicator, AllReduceFloat) {
   }
 }
 
+TEST(NcclCommunicator, ReduceScatterAndAllGatherInAWorldOfOne) {
+  std::string why;
+  if (!HaveGpu(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  MemoryStore store;
+  std::unique_ptr<Communicator> comm = WorldOfOne(store);
+  ASSERT_NE(comm, nullptr);
+  const std::vector<int64_t> values = {3, -9, int64_t{1} << 50, 0};
+  DeviceBuffer<int64_t> buffer(values.size());
+  buffer.Upload(values);
+  ASSERT_TRUE(comm->ReduceScatter(buffer.data(), values.size(), ReduceOp::kSum).ok());
+  EXPECT_EQ(buffer.Download(), values);
+  ASSERT_TRUE(comm->AllGather(buffer.data(), values.size() * sizeof(int64_t)).ok());
+  EXPECT_EQ(buffer.Download(), values);
+}
+
 TEST(NcclCommunicator, ZeroCountIsANoOp) {
   std::string why;
   if (!HaveGpu(&why)) GTEST_SKIP() << "no CUDA device: " << why;
