@@ -4,10 +4,12 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 "$root/scripts/setup.sh"
-"$root/scripts/build.sh" vf-bench >/dev/null
+"$root/scripts/build.sh" vf-bench vf virtualflow-agent >/dev/null
 bin="${VF_BUILD_DIR:-$root/build}/bin/vf-bench"
 "$bin" vnode-overhead
 echo
 "$bin" reduction
 echo
 "$bin" memory
+echo
+python3 "$root/bench/exact_vs_fast.py" --vf "${VF_BUILD_DIR:-$root/build}/bin/vf"
