@@ -226,6 +226,21 @@ Result<Cluster> LoadCluster(const std::string& path) {
       if (n <= 0) return InvalidArgument(Where(path, kv.second, "shared_cores must be positive"));
       c.shared_cores[kv.first.as<std::string>()] = n;
     }
+    for (const auto& kv : root["core_contention"]) {
+      const double f = kv.second.as<double>();
+      if (!(f >= 0.0 && f < 10.0)) {
+        return InvalidArgument(
+            Where(path, kv.second, "core_contention must be a fraction in [0, 10), e.g. 0.15"));
+      }
+      const std::string type = kv.first.as<std::string>();
+      if (!root["shared_cores"] || !root["shared_cores"][type]) {
+        return InvalidArgument(Where(path, kv.second,
+                                     "core_contention of '" + type +
+                                         "' needs shared_cores for it: only workers that share "
+                                         "cores contend for them"));
+      }
+      c.core_contention[type] = f;
+    }
     for (const auto& kv : root["speed_hints"]) {
       c.speed_hints[kv.first.as<std::string>()] = kv.second.as<double>();
     }
@@ -304,7 +319,15 @@ Result<StepPrediction> PredictStep(const WorkloadProfile& workload, const Cluste
   for (const auto& [type, ms] : by_type) {
     double t = ms.first;
     auto cores = cluster.shared_cores.find(type);
-    if (cores != cluster.shared_cores.end()) t = std::max(t, ms.second / cores->second);
+    if (cores != cluster.shared_cores.end()) {
+      t = std::max(t, ms.second / cores->second);
+      auto contention = cluster.core_contention.find(type);
+      auto count = workers.find(type);
+      if (contention != cluster.core_contention.end() && count != workers.end() &&
+          count->second >= 2) {
+        t *= 1.0 + contention->second;
+      }
+    }
     p.compute_seconds = std::max(p.compute_seconds, t);
   }
   p.allreduce_seconds =

@@ -76,6 +76,10 @@ struct Cluster {
   double start_seconds = 0.0;
   // Types whose workers share a pool of cores (local CPU "devices"): cores per type.
   std::map<std::string, int> shared_cores;
+  // Shared-core types only: how much slower each worker computes while two or more of them run
+  // at once (0.15: 15% slower), because the cores share caches, memory bandwidth or a physical
+  // core. Measured by running two single-worker jobs side by side.
+  std::map<std::string, double> core_contention;
   // Relative speed hints per type for the policies (higher is faster).
   std::map<std::string, double> speed_hints;
 
@@ -105,8 +109,9 @@ double RingAllReduceSeconds(const Cluster& cluster, int workers, double bytes);
 
 // Step time of `workload` with `virtual_nodes` virtual nodes and global batch `global_batch`
 // on `workers`: the slowest worker's virtual nodes x its seconds per virtual node (plus its
-// per-step work), where workers of a shared-core type cannot together exceed their cores,
-// plus one ring all-reduce of the gradients (stretched by workers / cores on shared cores).
+// per-step work), where workers of a shared-core type cannot together exceed their cores and
+// slow each other by the type's core contention when two or more run, plus one ring all-reduce of
+// the gradients (stretched by workers / cores on shared cores).
 Result<StepPrediction> PredictStep(const WorkloadProfile& workload, const Cluster& cluster,
                                    const policy::Allocation& workers, int virtual_nodes,
                                    int64_t global_batch, SplitMode split);

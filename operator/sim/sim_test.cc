@@ -204,6 +204,45 @@ TEST(StepModel, SharedCoresBoundTheComputeOfTimeSharedWorkers) {
   EXPECT_NEAR(p->compute_seconds, 0.3, 1e-12);
 }
 
+TEST(StepModel, CoreContentionSlowsComputeOnlyWhenWorkersShareTheCores) {
+  Cluster c = SimpleCluster(4, 0);
+  c.shared_cores["fast"] = 2;
+  c.core_contention["fast"] = 0.25;
+  // Alone, a worker has the cores to itself.
+  auto p = PredictStep(SimpleWorkload(), c, {{"fast", 1}}, 8, 256, SplitMode::kProportional);
+  ASSERT_TRUE(p.ok());
+  EXPECT_NEAR(p->compute_seconds, 0.8, 1e-12);
+  // Two workers of 4 nodes each: 0.4 s, 25% slower side by side.
+  p = PredictStep(SimpleWorkload(), c, {{"fast", 2}}, 8, 256, SplitMode::kProportional);
+  ASSERT_TRUE(p.ok());
+  EXPECT_NEAR(p->compute_seconds, 0.5, 1e-12);
+  // Three on two cores: the shared-core bound 0.4, then the contention.
+  p = PredictStep(SimpleWorkload(), c, {{"fast", 3}}, 8, 256, SplitMode::kProportional);
+  ASSERT_TRUE(p.ok());
+  EXPECT_NEAR(p->compute_seconds, 0.5, 1e-12);
+  // The all-reduce is not scaled by it.
+  EXPECT_NEAR(p->allreduce_seconds, 1.5 * RingAllReduceSeconds(c, 3, 4e6), 1e-12);
+}
+
+TEST(StepModel, CoreContentionNeedsSharedCoresAndAFraction) {
+  auto c = LoadCluster(TempFile("contention.yaml",
+                                "gpus: {cpu: 4}\nshared_cores: {cpu: 2}\n"
+                                "core_contention: {cpu: 0.15}\n"));
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->core_contention.at("cpu"), 0.15);
+  c = LoadCluster(
+      TempFile("contention-alone.yaml", "gpus: {cpu: 4}\ncore_contention: {cpu: 0.15}\n"));
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("needs shared_cores"), std::string::npos)
+      << c.status().message();
+  c = LoadCluster(TempFile("contention-negative.yaml",
+                           "gpus: {cpu: 4}\nshared_cores: {cpu: 2}\n"
+                           "core_contention: {cpu: -0.1}\n"));
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("core_contention must be"), std::string::npos)
+      << c.status().message();
+}
+
 TEST(StepModel, PerStepWorkCountsOncePerWorker) {
   WorkloadProfile w = SimpleWorkload();
   w.devices["fast"].per_step_seconds = 0.05;

@@ -1,22 +1,25 @@
 #!/usr/bin/env python3
 """Checks the simulator's step-time model against measured local runs of the example job.
 
-1. Calibrates the model's two CPU numbers from single-worker runs only: `vf run` with V=4, B=128
-   and V=8, B=256 (both micro-batch 32) gives seconds per virtual node and per-step work,
-   measured as in 3.
+1. Calibrates the model's CPU numbers from single-worker runs only: `vf run` with V=4, B=128
+   and V=8, B=256 (both micro-batch 32) gives seconds per virtual node and per-step work; the
+   V=8 run again while a second single-worker run keeps the other core busy gives the core
+   contention (how much slower a worker computes when workers run side by side).
 2. Calibrates the all-reduce cost for N = 2..4, fitted to the ring model (latency + bytes /
    bandwidth, stretched by N / cores on 2 cores): by default from `vf run` with N workers and
    one virtual node each (V=N, B=32N: the step minus one virtual node's compute), which the
    prediction below never sees (it has 2 to 4 virtual nodes per worker); with --allreduce bench
-   from `vf-bench reduction --workers N` (the exact reducer's header + int64 all-reduce of the
-   MLP's 535,818 values, isolated; both are printed).
+   from `vf-bench reduction --workers N` (the exact reducer's collectives of the MLP's 535,818
+   values, isolated; both are printed).
 3. Measures `vf run examples/fashion-mnist.yaml --workers N` (V=8, B=256) for N = 1..4. Step
-   time comes from rank 0's progress lines, timed as they arrive: each window's seconds over its
-   steps. The machine's two cores are shared with whatever else runs, so the estimate is the
-   10th percentile of the windows (the least disturbed ones), best of --rounds rounds that each
-   run every configuration once; that run's median is printed too.
+   time comes from rank 0's progress lines, timed as they arrive. The step time of a run is, by
+   default, the mean over its progress windows after the first (--statistic mean): the rate
+   the run kept up; the 10th percentile and the median of the windows are reported too. Each
+   configuration keeps its best of --rounds rounds, each round running every configuration
+   once, so slow phases of the machine hit all of them alike.
 4. Predicts the same with `vf simulate --predict` on a 2-core cluster whose workers time-share
-   the cores, and prints the error per worker count.
+   the cores, and prints the error per worker count, for the chosen statistic and (one line)
+   for the others, each calibrated and measured by that statistic.
 
 Usage: validate_step_time.py --bin-dir build/bin [--rounds 3] [--steps 1500] [--interval 0.5]
 """
@@ -35,6 +38,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 EXAMPLE = os.path.join(ROOT, "examples", "fashion-mnist.yaml")
 PARAMETERS = 535818
+# Bytes per parameter in the ring cost model: exact mode reduce-scatters int64 (8) and
+# all-gathers float32 (4), an all-reduce's two halves, so 6 on average.
+BYTES_PER_PARAMETER = 6
 CORES = 2
 
 
@@ -56,9 +62,8 @@ def job_file(tmp, virtual_nodes, batch):
 
 
 def step_windows(vf, job, workers, steps, interval):
-    """Seconds per step in each progress window of one `vf run`: rank 0 prints its step count
-    every `interval` seconds; a pseudo-terminal delivers each line as it is printed, and the
-    time between lines over the steps between them is that window's step time."""
+    """Progress of one `vf run` as (time, step) rows: rank 0 prints its step count every
+    `interval` seconds, and a pseudo-terminal delivers each line as it is printed."""
     master, slave = pty.openpty()
     proc = subprocess.Popen([vf, "run", job, "--workers", str(workers), "--steps", str(steps),
                              "--progress-interval", str(interval)],
@@ -82,9 +87,20 @@ def step_windows(vf, job, workers, steps, interval):
     os.close(master)
     if proc.wait() != 0:
         raise RuntimeError("vf run failed for %s with %d workers" % (job, workers))
-    # The first window includes the first steps' set-up; the last may be short.
-    pairs = list(zip(rows, rows[1:]))[1:-1]
-    return [(tb - ta) / (sb - sa) for (ta, sa), (tb, sb) in pairs if sb > sa]
+    return rows
+
+
+def step_seconds_beside(vf, job, steps, interval):
+    """step_seconds of a single-worker run while a second single-worker run of the same job
+    keeps the other core busy (started first, stopped after)."""
+    other = subprocess.Popen([vf, "run", job, "--workers", "1", "--steps", str(steps * 2),
+                              "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(1.0)  # past its start-up
+        return step_seconds(vf, job, 1, steps, interval)
+    finally:
+        other.terminate()
+        other.wait()
 
 
 def percentile(values, q):
@@ -92,13 +108,22 @@ def percentile(values, q):
     return v[min(len(v) - 1, int(q * len(v)))]
 
 
+STATISTICS = ("mean", "p10", "median")
+
+
 def step_seconds(vf, job, workers, steps, interval):
-    """(fast, median) step time: the 10th percentile of the windows estimates the machine
-    without the other load it shares its two cores with; the median is what the load allowed."""
-    w = step_windows(vf, job, workers, steps, interval)
+    """Step time of one run by each statistic, from the progress windows after the first (which
+    includes set-up; the last, possibly short, window is left out too):
+      mean    all those steps over all that time: the rate the run kept up;
+      p10     the 10th percentile of the windows: the machine without most of the other load
+              it shares its two cores with;
+      median  the median window."""
+    rows = step_windows(vf, job, workers, steps, interval)[1:-1]
+    w = [(tb - ta) / (sb - sa) for (ta, sa), (tb, sb) in zip(rows, rows[1:]) if sb > sa]
     if len(w) < 5:
         raise RuntimeError("too few progress windows (%d); run more --steps" % len(w))
-    return percentile(w, 0.10), percentile(w, 0.5)
+    mean = (rows[-1][0] - rows[0][0]) / (rows[-1][1] - rows[0][1])
+    return {"mean": mean, "p10": percentile(w, 0.10), "median": percentile(w, 0.5)}
 
 
 def allreduce_seconds(bench, workers, repeats):
@@ -140,6 +165,67 @@ def fit_ring(points, nbytes, cores):
     return lat, 1.0 / inv_bw
 
 
+def predict(sim, tmp, per_node, per_step, latency, bandwidth, contention):
+    """`vf simulate --predict` of the example job on 1..4 workers, from a profile and a cluster
+    holding exactly these numbers; {workers: row}."""
+    profiles = os.path.join(tmp, "profiles.yaml")
+    with open(profiles, "w") as f:
+        f.write("workloads:\n  fashion-mnist-mlp:\n    parameters: %d\n"
+                "    gradient_bytes_per_parameter: %d\n    devices:\n      cpu:\n"
+                "        seconds_per_micro_batch: {32: %.6g}\n"
+                "        per_step_seconds: %.6g\n        source: measured\n"
+                % (PARAMETERS, BYTES_PER_PARAMETER, per_node, per_step))
+    cluster = os.path.join(tmp, "cluster.yaml")
+    with open(cluster, "w") as f:
+        f.write("name: local-2-core\ngpus: {cpu: 4}\nshared_cores: {cpu: %d}\n"
+                "core_contention: {cpu: %.6g}\n"
+                "network: {latency_seconds: %.6g, bandwidth_bytes_per_second: %.6g}\n"
+                % (CORES, contention, latency, bandwidth))
+    out = subprocess.run(sim + ["--predict", "fashion-mnist-mlp", "--cluster", cluster,
+                                "--profiles", profiles, "--workers", "1,2,3,4",
+                                "--virtual-nodes", "8", "--global-batch", "256", "--json"],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError("prediction failed: " + out.stderr)
+    return {r["workers"]: r for r in json.loads(out.stdout)}
+
+
+def evaluate(runs, stat, bench_points, allreduce_source, sim, tmp):
+    """Calibrates and predicts from the `stat` step times (each configuration's best round by
+    that statistic) and compares; returns everything the report prints."""
+    best = {key: min(v[stat] for v in values) for key, values in runs.items()}
+    # 1. Compute calibration from one worker, and how much two workers side by side slow each
+    #    other (cores sharing caches, memory bandwidth or a physical core).
+    t4 = best[("calibrate", 4)]
+    t8 = best[("example", 1)]
+    per_node = (t8 - t4) / 4.0
+    per_step = max(0.0, t4 - 4.0 * per_node)
+    if per_node <= 0.0:
+        raise RuntimeError("V=8 was not slower than V=4: the machine is too noisy")
+    contention = max(0.0, best[("beside", 1)] / t8 - 1.0)
+    # 2. All-reduce inside real steps: N workers with one virtual node each, minus the compute.
+    run_points = []
+    for n in (2, 3, 4):
+        busy = per_node + per_step
+        compute = max(busy, n * busy / CORES) * (1.0 + contention)
+        run_points.append((n, max(0.0, best[("one-node", n)] - compute)))
+    points = run_points if allreduce_source == "runs" else bench_points
+    latency, bandwidth = fit_ring(points, PARAMETERS * float(BYTES_PER_PARAMETER), CORES)
+    # 3. and 4.
+    measured = {n: best[("example", n)] for n in (1, 2, 3, 4)}
+    predicted = predict(sim, tmp, per_node, per_step, latency, bandwidth, contention)
+    errors = {n: (predicted[n]["step_seconds"] - measured[n]) / measured[n] for n in measured}
+    return {"statistic": stat, "t4": t4, "t8": t8, "seconds_per_virtual_node": per_node,
+            "beside": best[("beside", 1)], "core_contention": contention,
+            "per_step_seconds": per_step, "allreduce_in_steps": run_points,
+            "latency_seconds": latency, "bandwidth_bytes_per_second": bandwidth,
+            "measured_step_seconds": measured,
+            "predicted_step_seconds": {n: predicted[n]["step_seconds"] for n in predicted},
+            "predicted_allreduce_seconds": {n: predicted[n]["allreduce_seconds"]
+                                            for n in predicted},
+            "errors": errors, "largest_error": max(abs(e) for e in errors.values())}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--bin-dir", default=os.path.join(ROOT, "build", "bin"))
@@ -147,6 +233,9 @@ def main():
     p.add_argument("--interval", type=float, default=0.5, help="seconds per progress window")
     p.add_argument("--repeats", type=int, default=5, help="vf-bench runs per worker count")
     p.add_argument("--rounds", type=int, default=3, help="runs of every configuration")
+    p.add_argument("--statistic", choices=STATISTICS, default="mean",
+                   help="step time of a run: mean (default), p10 or median of its progress "
+                        "windows; the others are reported too")
     p.add_argument("--allreduce", choices=["runs", "bench"], default="runs",
                    help="calibrate the all-reduce from N-worker runs with one virtual node each "
                         "(default) or from vf-bench reduction")
@@ -166,6 +255,7 @@ def main():
         configs = {
             ("calibrate", 4): (job_file(tmp, 4, 128), 1),
             ("example", 1): (EXAMPLE, 1),  # V=8, B=256: also the second calibration point
+            ("beside", 1): (EXAMPLE, 1),  # the same beside a second one: core contention
             ("one-node", 2): (job_file(tmp, 2, 64), 2),
             ("one-node", 3): (job_file(tmp, 3, 96), 3),
             ("one-node", 4): (job_file(tmp, 4, 128), 4),
@@ -173,94 +263,57 @@ def main():
             ("example", 3): (EXAMPLE, 3),
             ("example", 4): (EXAMPLE, 4),
         }
-        best = {}
+        runs = {key: [] for key in configs}
         for r in range(a.rounds):
             for key, (job, workers) in configs.items():
-                fast, median = step_seconds(vf, job, workers, a.steps, a.interval)
-                if key not in best or fast < best[key][0]:
-                    best[key] = (fast, median)
-            print("round %d: %s" % (r + 1, ", ".join("%s/%d %.2f ms" % (k[0], k[1], 1e3 * v[0])
-                                                     for k, v in best.items())), flush=True)
-        # 1. Compute calibration from one worker.
-        t4 = best[("calibrate", 4)][0]
-        t8 = best[("example", 1)][0]
-        per_node = (t8 - t4) / 4.0
-        per_step = max(0.0, t4 - 4.0 * per_node)
-        if per_node <= 0.0:
-            raise RuntimeError("V=8 was not slower than V=4: the machine is too noisy")
-        # 2. All-reduce calibration: vf-bench's isolated collective, and the cost inside real
-        #    steps (N workers with one virtual node each: the step minus its compute).
+                if key[0] == "beside":
+                    runs[key].append(step_seconds_beside(vf, job, a.steps, a.interval))
+                else:
+                    runs[key].append(step_seconds(vf, job, workers, a.steps, a.interval))
+            print("round %d (%s ms): %s" % (r + 1, a.statistic, ", ".join(
+                "%s/%d %.2f" % (k[0], k[1], 1e3 * v[-1][a.statistic]) for k, v in runs.items())),
+                  flush=True)
         bench_points = [(n, allreduce_seconds(bench, n, a.repeats)) for n in (2, 3, 4)]
-        run_points = []
-        for n in (2, 3, 4):
-            busy = per_node + per_step
-            compute = max(busy, n * busy / CORES)
-            run_points.append((n, max(0.0, best[("one-node", n)][0] - compute)))
-        reduce_points = run_points if a.allreduce == "runs" else bench_points
-        nbytes = PARAMETERS * 8.0
-        latency, bandwidth = fit_ring(reduce_points, nbytes, CORES)
-        # 3. Measured step times of the example job.
-        measured = {n: best[("example", n)][0] for n in (1, 2, 3, 4)}
-        loaded = {n: best[("example", n)][1] for n in (1, 2, 3, 4)}
-        # 4. Predictions from a profile and cluster holding exactly these numbers.
-        profiles = os.path.join(tmp, "profiles.yaml")
-        with open(profiles, "w") as f:
-            f.write("workloads:\n  fashion-mnist-mlp:\n    parameters: %d\n"
-                    "    gradient_bytes_per_parameter: 8\n    devices:\n      cpu:\n"
-                    "        seconds_per_micro_batch: {32: %.6g}\n"
-                    "        per_step_seconds: %.6g\n        source: measured\n"
-                    % (PARAMETERS, per_node, per_step))
-        cluster = os.path.join(tmp, "cluster.yaml")
-        with open(cluster, "w") as f:
-            f.write("name: local-2-core\ngpus: {cpu: 4}\nshared_cores: {cpu: %d}\n"
-                    "network: {latency_seconds: %.6g, bandwidth_bytes_per_second: %.6g}\n"
-                    % (CORES, latency, bandwidth))
-        out = subprocess.run(sim + ["--predict", "fashion-mnist-mlp", "--cluster", cluster,
-                                    "--profiles", profiles, "--workers", "1,2,3,4",
-                                    "--virtual-nodes", "8", "--global-batch", "256", "--json"],
-                             capture_output=True, text=True)
-        if out.returncode != 0:
-            raise RuntimeError("prediction failed: " + out.stderr)
-        out = out.stdout
-        predicted = {r["workers"]: r for r in json.loads(out)}
+        results = {stat: evaluate(runs, stat, bench_points, a.allreduce, sim, tmp)
+                   for stat in STATISTICS}
     load_after = load()
 
+    r = results[a.statistic]
     print("load average before/after: %s / %s" % (load_before, load_after))
-    print("one worker, micro-batch 32: V=4 %.3f ms, V=8 %.3f ms per step" % (1e3 * t4, 1e3 * t8))
+    print("step time of a run: %s of its progress windows (%.1f s each), best of %d rounds"
+          % (a.statistic, a.interval, a.rounds))
+    print("one worker, micro-batch 32: V=4 %.3f ms, V=8 %.3f ms per step"
+          % (1e3 * r["t4"], 1e3 * r["t8"]))
     print("calibration: %.3f ms per virtual node, %.3f ms per step"
-          % (1e3 * per_node, 1e3 * per_step))
+          % (1e3 * r["seconds_per_virtual_node"], 1e3 * r["per_step_seconds"]))
+    print("core contention: V=8 beside a second single-worker run %.3f ms per step: %+.1f%%"
+          % (1e3 * r["beside"], 100.0 * r["core_contention"]))
     print("all-reduce, vf-bench (isolated, exact, %d values): %s" % (PARAMETERS, ", ".join(
         "N=%d %.2f ms" % (n, 1e3 * s) for n, s in bench_points)))
     print("all-reduce inside steps (V=N, B=32N runs minus compute): %s" % ", ".join(
-        "N=%d %.2f ms" % (n, 1e3 * s) for n, s in run_points))
+        "N=%d %.2f ms" % (n, 1e3 * s) for n, s in r["allreduce_in_steps"]))
     print("the prediction uses: %s" % a.allreduce)
-    print("ring fit: latency %.3g s per step, bandwidth %.3g bytes/s" % (latency, bandwidth))
-    print("measured: 10th percentile of %.1f s progress windows, best of %d rounds "
-          "(that run's median in [])" % (a.interval, a.rounds))
-    print("%-8s %12s %10s %13s %15s %10s" % ("workers", "measured ms", "[median]",
-                                               "predicted ms", "of which a-r ms", "error"))
-    errors = {}
+    print("ring fit: latency %.3g s per step, bandwidth %.3g bytes/s"
+          % (r["latency_seconds"], r["bandwidth_bytes_per_second"]))
+    print("%-8s %12s %13s %15s %10s" % ("workers", "measured ms", "predicted ms",
+                                        "of which a-r ms", "error"))
     for n in (1, 2, 3, 4):
-        m = measured[n]
-        pr = predicted[n]["step_seconds"]
-        errors[n] = (pr - m) / m
-        print("%-8d %12.2f %10s %13.2f %15.2f %+9.1f%%" % (
-            n, 1e3 * m, "[%.2f]" % (1e3 * loaded[n]), 1e3 * pr,
-            1e3 * predicted[n]["allreduce_seconds"], 100.0 * errors[n]))
-    worst = max(abs(e) for e in errors.values())
-    print("largest error: %.1f%%" % (100.0 * worst))
+        print("%-8d %12.2f %13.2f %15.2f %+9.1f%%" % (
+            n, 1e3 * r["measured_step_seconds"][n], 1e3 * r["predicted_step_seconds"][n],
+            1e3 * r["predicted_allreduce_seconds"][n], 100.0 * r["errors"][n]))
+    print("largest error: %.1f%%" % (100.0 * r["largest_error"]))
+    print("the same, calibrated and measured by each statistic: " + "; ".join(
+        "%s: %s (largest %.1f%%)" % (stat, ", ".join("%+.1f%%" % (100.0 * results[stat]["errors"][n])
+                                                      for n in (1, 2, 3, 4)),
+                                     100.0 * results[stat]["largest_error"])
+        for stat in STATISTICS))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"load_before": load_before, "load_after": load_after,
-                       "seconds_per_virtual_node": per_node, "per_step_seconds": per_step,
-                       "allreduce_bench": bench_points, "allreduce_in_steps": run_points,
-                       "allreduce_source": a.allreduce, "latency_seconds": latency,
-                       "bandwidth_bytes_per_second": bandwidth,
-                       "measured_step_seconds": measured,
-                       "median_step_seconds_under_load": loaded,
-                       "predicted_step_seconds": {n: predicted[n]["step_seconds"]
-                                                  for n in predicted},
-                       "errors": errors}, f, indent=2)
+                       "statistic": a.statistic, "allreduce_source": a.allreduce,
+                       "allreduce_bench": bench_points,
+                       "runs": {"%s/%d" % k: v for k, v in runs.items()},
+                       "results": results}, f, indent=2)
     return 0
 
 
