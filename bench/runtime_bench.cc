@@ -106,7 +106,7 @@ void OnRanks(int ranks, Body body) {
   for (auto& t : threads) t.join();
 }
 
-// Median seconds of one reducer Finish (header + gradient all-reduce) of `n` values.
+// Median seconds of one reducer Finish (all of its collectives and conversions) of `n` values.
 double ReduceTime(Reduction mode, size_t n, int ranks, int repeats) {
   std::vector<double> times(static_cast<size_t>(ranks));
   OnRanks(ranks, [&](int r, Communicator& comm, Device& dev) {
