@@ -14,6 +14,7 @@
 #include <latch>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -489,8 +490,10 @@ TEST_P(GlooFailureTest, PeerThatLeftFailsTheNextCollectiveAndBreaksTheCommunicat
   }
 }
 
-TEST_P(GlooFailureTest, PeerLeavingDuringACollectiveFailsIt) {
-  const int n = size();
+// The last rank leaves 200 ms into `collective`, which the others are blocked in; every other
+// rank must fail it with kUnavailable or kDeadlineExceeded, naming `op`, well before the timeout.
+template <typename Collective>
+void ExpectPeerLeavingDuringItFailsEveryRank(int n, std::string_view op, Collective collective) {
   const int leaver = n - 1;
   const auto timeout = milliseconds(5000);
   MemoryStore store;
@@ -501,14 +504,12 @@ TEST_P(GlooFailureTest, PeerLeavingDuringACollectiveFailsIt) {
   std::vector<double> took(n, 0);
   RunRanks(n, [&](int rank) {
     if (rank == leaver) {
-      // The others are blocked in the allreduce, waiting for this rank, when it goes.
       std::this_thread::sleep_for(milliseconds(200));
       comms[rank].reset();
       return;
     }
-    std::vector<float> data(size_t{1} << 20, 1.0f);
     const auto start = Clock::now();
-    results[rank] = comms[rank]->AllReduce(data.data(), data.size(), ReduceOp::kSum);
+    results[rank] = collective(*comms[rank]);
     took[rank] = SecondsSince(start);
   });
   for (int rank = 0; rank < n; ++rank) {
@@ -517,44 +518,27 @@ TEST_P(GlooFailureTest, PeerLeavingDuringACollectiveFailsIt) {
                 results[rank].code() == StatusCode::kDeadlineExceeded)
         << "rank " << rank << ": " << StatusCodeName(results[rank].code()) << " "
         << results[rank].ToString();
+    EXPECT_NE(results[rank].message().find(op), std::string::npos) << results[rank].ToString();
     EXPECT_LT(took[rank], 0.8 * std::chrono::duration<double>(timeout).count()) << "rank " << rank;
   }
+}
+
+TEST_P(GlooFailureTest, PeerLeavingDuringACollectiveFailsIt) {
+  ExpectPeerLeavingDuringItFailsEveryRank(size(), "allreduce", [](Communicator& comm) {
+    std::vector<float> data(size_t{1} << 20, 1.0f);
+    return comm.AllReduce(data.data(), data.size(), ReduceOp::kSum);
+  });
 }
 
 TEST_P(GlooFailureTest, PeerLeavingDuringAReduceScatterFailsItOnEveryRank) {
   // Only the leaver's ring neighbours talk to it; the others learn of it because a rank whose
   // collective failed closes its connections.
   const int n = size();
-  const int leaver = n - 1;
-  const auto timeout = milliseconds(5000);
-  MemoryStore store;
-  Comms comms = ConnectAll(store, n, Options(timeout));
-  ASSERT_TRUE(AllConnected(comms));
-
-  std::vector<Status> results(n);
-  std::vector<double> took(n, 0);
-  RunRanks(n, [&](int rank) {
-    if (rank == leaver) {
-      std::this_thread::sleep_for(milliseconds(200));
-      comms[rank].reset();
-      return;
-    }
+  ExpectPeerLeavingDuringItFailsEveryRank(n, "reduce-scatter", [n](Communicator& comm) {
     constexpr size_t kShard = size_t{1} << 18;
     std::vector<int64_t> data(kShard * n, 1);
-    const auto start = Clock::now();
-    results[rank] = comms[rank]->ReduceScatter(data.data(), kShard, ReduceOp::kSum);
-    took[rank] = SecondsSince(start);
+    return comm.ReduceScatter(data.data(), kShard, ReduceOp::kSum);
   });
-  for (int rank = 0; rank < n; ++rank) {
-    if (rank == leaver) continue;
-    EXPECT_TRUE(results[rank].code() == StatusCode::kUnavailable ||
-                results[rank].code() == StatusCode::kDeadlineExceeded)
-        << "rank " << rank << ": " << StatusCodeName(results[rank].code()) << " "
-        << results[rank].ToString();
-    EXPECT_NE(results[rank].message().find("reduce-scatter"), std::string::npos)
-        << results[rank].ToString();
-    EXPECT_LT(took[rank], 0.8 * std::chrono::duration<double>(timeout).count()) << "rank " << rank;
-  }
 }
 
 TEST_P(GlooFailureTest, PeerThatStopsCallingCollectivesTimesOut) {

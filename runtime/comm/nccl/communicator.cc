@@ -86,6 +86,17 @@ constexpr ncclDataType_t kNcclType<int64_t> = ncclInt64;
 template <>
 constexpr ncclDataType_t kNcclType<float> = ncclFloat32;
 
+// NCCL's operation for `op`, or ncclNumOps for a value outside the enum.
+ncclRedOp_t ToNcclOp(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kMax:
+      return ncclMax;
+  }
+  return ncclNumOps;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Communicator>> NcclCommunicator::Create(Store& store, int rank, int size,
@@ -381,15 +392,7 @@ Status NcclCommunicator::Run(std::string_view op, Fn&& enqueue) {
 template <typename T>
 Status NcclCommunicator::AllReduceImpl(T* data, size_t count, ReduceOp op) {
   VF_RETURN_IF_ERROR(CheckUsable("allreduce"));
-  ncclRedOp_t nccl_op = ncclNumOps;
-  switch (op) {
-    case ReduceOp::kSum:
-      nccl_op = ncclSum;
-      break;
-    case ReduceOp::kMax:
-      nccl_op = ncclMax;
-      break;
-  }
+  const ncclRedOp_t nccl_op = ToNcclOp(op);
   if (nccl_op == ncclNumOps) {
     return InvalidArgument("unknown reduce op " + std::to_string(static_cast<int>(op)))
         .WithContext(Describe("allreduce"));
@@ -411,15 +414,7 @@ Status NcclCommunicator::AllReduce(float* data, size_t count, ReduceOp op) {
 
 Status NcclCommunicator::ReduceScatter(int64_t* data, size_t shard, ReduceOp op) {
   VF_RETURN_IF_ERROR(CheckUsable("reduce-scatter"));
-  ncclRedOp_t nccl_op = ncclNumOps;
-  switch (op) {
-    case ReduceOp::kSum:
-      nccl_op = ncclSum;
-      break;
-    case ReduceOp::kMax:
-      nccl_op = ncclMax;
-      break;
-  }
+  const ncclRedOp_t nccl_op = ToNcclOp(op);
   if (nccl_op == ncclNumOps) {
     return InvalidArgument("unknown reduce op " + std::to_string(static_cast<int>(op)))
         .WithContext(Describe("reduce-scatter"));
