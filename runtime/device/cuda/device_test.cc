@@ -26,17 +26,6 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 using testing_util::RandomFloats;
 using testing_util::SameBits;
 
-TEST(CudaDeviceWithoutGpu, CreateSaysWhyThereIsNone) {
-  std::string why;
-  if (CudaDeviceCount(&why) > 0) GTEST_SKIP() << "a GPU is present";
-  EXPECT_FALSE(why.empty());
-  auto device = CreateCudaDevice(0);
-  ASSERT_FALSE(device.ok());
-  EXPECT_EQ(device.status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_NE(device.status().message().find("no CUDA device"), std::string::npos)
-      << device.status().ToString();
-}
-
 // A CPU device and GPU 0, with helpers that run the same kernel on both.
 class CudaDeviceTest : public ::testing::Test {
  protected:
