@@ -29,6 +29,8 @@ if [ -n "${CUDA_HOME:-}" ] && [ -x "$CUDA_HOME/bin/nvcc" ]; then
   nvcc="$CUDA_HOME/bin/nvcc"
 elif command -v nvcc >/dev/null; then
   nvcc="$(command -v nvcc)"
+elif [ -x /usr/local/cuda/bin/nvcc ]; then
+  nvcc=/usr/local/cuda/bin/nvcc
 fi
 
 nccl_root="${NCCL_ROOT:-}"
@@ -36,7 +38,8 @@ if [ -z "$nccl_root" ] && [ -n "$nvcc" ]; then
   if [ -f /usr/include/nccl.h ]; then
     nccl_root=/usr
   else
-    nccl_root="$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) or list(nvidia.nccl.__path__)[0])' 2>/dev/null || true)"
+    # The wheel's nvidia/nccl is a namespace package: no __file__, one __path__ entry.
+    nccl_root="$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null || true)"
   fi
 fi
 
