@@ -255,7 +255,8 @@ TEST_F(CpuDeviceTest, SumRowsMatchesSequentialSumOnRandomData) {
 
 // Per-row loss logsumexp(z) - z[label] in double.
 double ReferenceRowLoss(const std::vector<double>& z, int label) {
-  const double max = *std::max_element(z.begin(), z.end());
+  double max = z.at(0);
+  for (double v : z) max = std::max(max, v);
   double sum = 0;
   for (double v : z) sum += std::exp(v - max);
   return max + std::log(sum) - z[label];
