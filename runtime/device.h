@@ -61,6 +61,10 @@ class Device {
   virtual void FillInt64(int64_t* x, int64_t value, size_t n) = 0;
   // Waits until all queued work on the device is done.
   virtual void Synchronize() = 0;
+  // Bytes in use in the device's own memory now, as its driver counts them (a GPU: the whole
+  // device, runtime context and library workspaces included). 0 for a device without memory of
+  // its own; on the CPU the process's resident set is the measure.
+  virtual size_t MemoryInUse() { return 0; }
 
   // c[m,n] = alpha * op(a) * op(b) + beta * c, where op(a) is [m,k] and op(b) is [k,n].
   virtual void Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha,

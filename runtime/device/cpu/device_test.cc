@@ -53,6 +53,12 @@ TEST_F(CpuDeviceTest, AllocateReturnsZeroedAlignedMemory) {
   }
 }
 
+TEST_F(CpuDeviceTest, HasNoMemoryOfItsOwn) {
+  auto b = DeviceBuffer<float>::Create(*device_, 1 << 20);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(device_->MemoryInUse(), 0u);
+}
+
 TEST_F(CpuDeviceTest, AllocateZeroesReusedMemory) {
   for (int round = 0; round < 4; ++round) {
     Result<void*> p = device_->Allocate(4096);

@@ -301,6 +301,14 @@ void CudaDevice::FillInt64(int64_t* x, int64_t value, size_t n) {
 
 void CudaDevice::Synchronize() { Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
 
+size_t CudaDevice::MemoryInUse() {
+  size_t free_bytes = 0;
+  size_t total_bytes = 0;
+  Check(cudaSetDevice(ordinal_), "cudaSetDevice");
+  Check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+  return total_bytes - free_bytes;
+}
+
 void CudaDevice::Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha,
                       const float* a, const float* b, float beta, float* c) {
   if (m <= 0 || n <= 0) return;

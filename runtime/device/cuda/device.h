@@ -43,6 +43,7 @@ class CudaDevice final : public Device {
   void Fill(float* x, float value, size_t n) override;
   void FillInt64(int64_t* x, int64_t value, size_t n) override;
   void Synchronize() override;
+  size_t MemoryInUse() override;
 
   void Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const float* a,
             const float* b, float beta, float* c) override;

@@ -65,6 +65,21 @@ TEST_F(CudaDeviceTest, NameAndZeroedMemory) {
   EXPECT_EQ(CreateCudaDevice(1 << 20).status().code(), StatusCode::kInvalidArgument);
 }
 
+TEST_F(CudaDeviceTest, MemoryInUseCountsAnAllocation) {
+  // The driver hands out memory in pages of up to 2 MiB, so 64 MiB moves the count by at least
+  // 62 MiB; nothing else allocates on this device meanwhile.
+  const size_t before = gpu_->MemoryInUse();
+  EXPECT_GT(before, 0u);
+  size_t during = 0;
+  {
+    auto b = DeviceBuffer<float>::Create(*gpu_, size_t{16} << 20);
+    ASSERT_TRUE(b.ok());
+    during = gpu_->MemoryInUse();
+    EXPECT_GE(during, before + (size_t{62} << 20));
+  }
+  EXPECT_LE(gpu_->MemoryInUse() + (size_t{62} << 20), during);
+}
+
 TEST_F(CudaDeviceTest, ExactKernelsMatchTheCpuBitForBit) {
   const size_t n = 300001;
   auto x = RandomFloats(n, 1, -3.f, 3.f);
