@@ -1,9 +1,11 @@
 // vf-bench: the runtime's benchmarks. Each prints a ratio measured within one run against a
 // baseline from the same run, so results compare across machines.
 //
-//   vf-bench vnode-overhead   one worker, same global batch, V=8 vs V=1: time per step
+//   vf-bench vnode-overhead   one worker, same global batch, V nodes vs 1: time per step
 //   vf-bench reduction        4 Gloo workers: all-reduce time, exact vs fast, and MLP step time
-//   vf-bench memory           peak RSS of one worker at two global batches, same micro-batch
+//   vf-bench memory           peak memory of one worker at two global batches, same micro-batch
+//   vf-bench throughput       samples per second of one worker at one configuration
+// --device cuda runs vnode-overhead, memory and throughput on the GPU.
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,6 +14,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -57,37 +61,100 @@ T Check(Result<T> r) {
   return std::move(r).value();
 }
 
-// Median seconds per step of `job` on one worker (after warm-up steps that settle the scale).
-double TimePerStep(const JobSpec& job, const Dataset& train, int steps, int repeats) {
-  auto dev = CreateCpuDevice(1);
+// What one single-worker measurement runs on.
+struct Setup {
+  std::string device = "cpu";  // cpu or cuda
+  Reduction reduction = Reduction::kExact;
+  int steps = 20;   // per measurement
+  int repeats = 5;  // measurements; the median is reported
+};
+
+std::unique_ptr<Device> MakeDevice(const std::string& kind) {
+  if (kind == "cpu") return CreateCpuDevice(1);
+  if (kind == "cuda") return Check(CreateCudaDevice(0));
+  Check(InvalidArgument("--device must be cpu or cuda, not '" + kind + "'"));
+  return nullptr;
+}
+
+// Timing of one worker running all of a job's virtual nodes.
+struct StepTiming {
+  double seconds_per_step = 0.0;  // median over the repeats
+  size_t peak_device_bytes = 0;   // largest Device::MemoryInUse() after a step
+};
+
+// Times `job` on one worker (after warm-up steps that settle the scale).
+StepTiming TimePerStep(const JobSpec& job, const Dataset& train, const Setup& setup) {
+  auto dev = MakeDevice(setup.device);
   auto comm = CreateLocalCommunicator();
   auto ex = Check(Executor::Create(job, *dev, train));
   Check(ex->InitializeFresh());
   std::vector<int> all(static_cast<size_t>(job.virtual_nodes));
   for (int v = 0; v < job.virtual_nodes; ++v) all[static_cast<size_t>(v)] = v;
-  for (int i = 0; i < 3; ++i) Check(ex->Step(*comm, all).status());
-  std::vector<double> samples;
-  for (int r = 0; r < repeats; ++r) {
-    const auto t0 = Clock::now();
-    for (int i = 0; i < steps; ++i) Check(ex->Step(*comm, all).status());
-    samples.push_back(Seconds(t0, Clock::now()) / steps);
+  StepTiming out;
+  for (int i = 0; i < 3; ++i) {
+    Check(ex->Step(*comm, all).status());
+    dev->Synchronize();
+    out.peak_device_bytes = std::max(out.peak_device_bytes, dev->MemoryInUse());
   }
-  return Median(samples);
+  std::vector<double> samples;
+  for (int r = 0; r < setup.repeats; ++r) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < setup.steps; ++i) Check(ex->Step(*comm, all).status());
+    dev->Synchronize();
+    samples.push_back(Seconds(t0, Clock::now()) / setup.steps);
+    out.peak_device_bytes = std::max(out.peak_device_bytes, dev->MemoryInUse());
+  }
+  out.seconds_per_step = Median(samples);
+  return out;
 }
 
-int VnodeOverhead(const Dataset& train, int steps, int repeats) {
-  std::printf(
-      "virtual-node overhead: one worker, exact reduction, V=8 vs V=1 at equal global "
-      "batch (median of %d x %d steps)\n",
-      repeats, steps);
-  std::printf("%12s %12s %14s %14s %8s\n", "global batch", "micro (V=8)", "V=1 ms/step",
-              "V=8 ms/step", "ratio");
-  for (int64_t b : {256, 512, 1024, 2048}) {
-    const double t1 = TimePerStep(MlpJob(1, b, Reduction::kExact), train, steps, repeats);
-    const double t8 = TimePerStep(MlpJob(8, b, Reduction::kExact), train, steps, repeats);
-    std::printf("%12lld %12lld %14.2f %14.2f %8.3f\n", static_cast<long long>(b),
-                static_cast<long long>(b / 8), 1e3 * t1, 1e3 * t8, t8 / t1);
+// Parses "32,64,128" into positive integers.
+std::vector<int64_t> ParseList(const std::string& flag, const std::string& text) {
+  std::vector<int64_t> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    char* end = nullptr;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v <= 0) {
+      Check(InvalidArgument("--" + flag + " wants positive integers separated by commas, not '" +
+                            text + "'"));
+    }
+    out.push_back(v);
   }
+  if (out.empty()) Check(InvalidArgument("--" + flag + " is empty"));
+  return out;
+}
+
+int VnodeOverhead(const Dataset& train, const Setup& setup, int virtual_nodes,
+                  const std::vector<int64_t>& micro_batches) {
+  std::printf(
+      "virtual-node overhead: one worker on %s, %s reduction, V=%d vs V=1 at equal global "
+      "batch (median of %d x %d steps)\n",
+      setup.device.c_str(), ReductionName(setup.reduction), virtual_nodes, setup.repeats,
+      setup.steps);
+  std::printf("%12s %12s %14s %14s %8s\n", "global batch", "micro-batch", "V=1 ms/step",
+              ("V=" + std::to_string(virtual_nodes) + " ms/step").c_str(), "ratio");
+  for (int64_t micro : micro_batches) {
+    const int64_t b = micro * virtual_nodes;
+    const double t1 = TimePerStep(MlpJob(1, b, setup.reduction), train, setup).seconds_per_step;
+    const double tv =
+        TimePerStep(MlpJob(virtual_nodes, b, setup.reduction), train, setup).seconds_per_step;
+    std::printf("%12lld %12lld %14.3f %14.3f %8.3f\n", static_cast<long long>(b),
+                static_cast<long long>(micro), 1e3 * t1, 1e3 * tv, tv / t1);
+  }
+  return 0;
+}
+
+int Throughput(const Dataset& train, const Setup& setup, int virtual_nodes, int64_t global_batch) {
+  const StepTiming t =
+      TimePerStep(MlpJob(virtual_nodes, global_batch, setup.reduction), train, setup);
+  std::printf(
+      "throughput device=%s reduction=%s global_batch=%lld virtual_nodes=%d micro_batch=%lld "
+      "ms_per_step=%.4f samples_per_second=%.1f\n",
+      setup.device.c_str(), ReductionName(setup.reduction), static_cast<long long>(global_batch),
+      virtual_nodes, static_cast<long long>(global_batch / virtual_nodes), 1e3 * t.seconds_per_step,
+      static_cast<double>(global_batch) / t.seconds_per_step);
   return 0;
 }
 
@@ -173,77 +240,137 @@ int RunReductionBench(const Dataset& train, int ranks, int repeats, int steps) {
   return 0;
 }
 
-// Child process: trains `steps` steps at the given batch and exits; the parent reads its
-// peak resident set size.
-int MemoryChild(const Dataset& train, int virtual_nodes, int64_t global_batch, int steps) {
-  (void)TimePerStep(MlpJob(virtual_nodes, global_batch, Reduction::kExact), train, steps, 1);
+// Child process: trains a few steps at the given batch, prints the device's peak memory in
+// use and exits; the parent also reads the child's peak resident set size.
+int MemoryChild(const Dataset& train, Setup setup, int virtual_nodes, int64_t global_batch) {
+  setup.steps = 5;
+  setup.repeats = 1;
+  const StepTiming t =
+      TimePerStep(MlpJob(virtual_nodes, global_batch, setup.reduction), train, setup);
+  std::printf("peak_device_bytes %zu\n", t.peak_device_bytes);
   return 0;
 }
 
-long PeakRssKiB(const std::string& self, int virtual_nodes, int64_t global_batch) {
+struct PeakMemory {
+  long rss_kib = 0;
+  size_t device_bytes = 0;
+};
+
+PeakMemory MeasureInChild(const std::string& self, const std::vector<std::string>& common,
+                          int virtual_nodes, int64_t global_batch) {
+  std::vector<std::string> args = {self,
+                                   "memory-child",
+                                   "--virtual-nodes",
+                                   std::to_string(virtual_nodes),
+                                   "--global-batch",
+                                   std::to_string(global_batch)};
+  args.insert(args.end(), common.begin(), common.end());
+  int fds[2];
+  if (pipe(fds) != 0) Check(Internal("vf-bench: pipe failed"));
   const pid_t pid = fork();
   if (pid == 0) {
-    const std::string v = std::to_string(virtual_nodes);
-    const std::string b = std::to_string(global_batch);
-    execl(self.c_str(), self.c_str(), "memory-child", "--virtual-nodes", v.c_str(),
-          "--global-batch", b.c_str(), static_cast<char*>(nullptr));
+    dup2(fds[1], STDOUT_FILENO);
+    close(fds[0]);
+    close(fds[1]);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(self.c_str(), argv.data());
     std::_Exit(127);
   }
+  close(fds[1]);
+  std::string output;
+  char buf[256];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof(buf))) > 0;) output.append(buf, buf + n);
+  close(fds[0]);
   int status = 0;
   struct rusage usage {};
   wait4(pid, &status, 0, &usage);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    std::fprintf(stderr, "vf-bench: memory child failed\n");
-    std::exit(1);
+  PeakMemory out;
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 ||
+      std::sscanf(output.c_str(), "peak_device_bytes %zu", &out.device_bytes) != 1) {
+    Check(Internal("vf-bench: memory child (V=" + std::to_string(virtual_nodes) +
+                   ", B=" + std::to_string(global_batch) + ") failed"));
   }
-  return usage.ru_maxrss;
+  out.rss_kib = usage.ru_maxrss;
+  return out;
 }
 
-int Memory(const std::string& self) {
-  std::printf("peak memory of one worker (RSS, includes the resident dataset)\n");
-  std::printf("%8s %14s %12s %14s\n", "V", "global batch", "micro-batch", "peak RSS MiB");
+// Peak memory at micro-batch m: V nodes at B = V*m, 16V nodes at B = 16V*m (same micro-batch,
+// 16x the global batch), and V nodes at 16V*m (16x the micro-batch).
+int Memory(const std::string& self, const std::vector<std::string>& common, const Setup& setup,
+           int virtual_nodes, int64_t micro_batch) {
+  const bool gpu = setup.device == "cuda";
+  std::printf("peak memory of one worker on %s (%s)\n", setup.device.c_str(),
+              gpu ? "device memory in use, the whole GPU, sampled after every step"
+                  : "RSS, includes the resident dataset");
+  std::printf("%8s %14s %12s %14s\n", "V", "global batch", "micro-batch", "peak MiB");
   struct Case {
     int v;
     int64_t b;
   };
-  std::vector<long> rss;
-  for (Case c : {Case{8, 256}, Case{128, 4096}, Case{8, 4096}}) {
-    const long kib = PeakRssKiB(self, c.v, c.b);
-    rss.push_back(kib);
+  const int v = virtual_nodes;
+  const int64_t m = micro_batch;
+  std::vector<double> peak;
+  for (Case c : {Case{v, v * m}, Case{16 * v, 16 * v * m}, Case{v, 16 * v * m}}) {
+    const PeakMemory p = MeasureInChild(self, common, c.v, c.b);
+    const double mib = gpu ? static_cast<double>(p.device_bytes) / (1 << 20)
+                           : static_cast<double>(p.rss_kib) / 1024.0;
+    peak.push_back(mib);
     std::printf("%8d %14lld %12lld %14.1f\n", c.v, static_cast<long long>(c.b),
-                static_cast<long long>(c.b / c.v), static_cast<double>(kib) / 1024.0);
+                static_cast<long long>(c.b / c.v), mib);
   }
-  std::printf("ratio, global batch 16x at equal micro-batch: %.3f\n",
-              static_cast<double>(rss[1]) / static_cast<double>(rss[0]));
-  std::printf("ratio, micro-batch 16x at equal global batch: %.3f\n",
-              static_cast<double>(rss[2]) / static_cast<double>(rss[1]));
+  std::printf("ratio, global batch 16x at equal micro-batch: %.3f\n", peak[1] / peak[0]);
+  std::printf("ratio, micro-batch 16x at equal global batch: %.3f\n", peak[2] / peak[1]);
   return 0;
 }
 
 }  // namespace
 }  // namespace vf
 
+constexpr char kUsage[] =
+    "usage: vf-bench BENCHMARK [options]\n"
+    "\n"
+    "Benchmarks (each prints a ratio against a baseline measured in the same run):\n"
+    "  vnode-overhead    one worker, V virtual nodes vs 1 at the same global batch\n"
+    "  reduction         Gloo workers: exact vs fast reduction, alone and in a whole step\n"
+    "  memory            peak memory at the same micro-batch as the global batch grows 16x\n"
+    "  throughput        samples per second of one worker at --global-batch and --virtual-nodes\n"
+    "  checkpoint-write  seconds to write a checkpoint like --checkpoint\n";
+
 int main(int argc, char** argv) {
   using namespace vf;
   if (argc < 2) {
-    std::fprintf(stderr,
-                 "usage: vf-bench vnode-overhead|reduction|memory|checkpoint-write [--help]\n");
+    std::fprintf(stderr, "%s(vf-bench --help lists the options)\n", kUsage);
     return 2;
   }
   const std::string cmd = argv[1];
   int64_t steps = 20, repeats = 5, ranks = 4, virtual_nodes = 8, global_batch = 256;
+  int64_t micro_batch = 0;
   std::string dataset = "/usr/share/datasets/fashion-mnist";
-  std::string checkpoint;
-  FlagParser flags("usage: vf-bench vnode-overhead|reduction|memory [options]");
+  std::string checkpoint, device = "cpu", reduction = "exact", micro_batches;
+  FlagParser flags(kUsage);
   flags.AddInt("steps", &steps, "steps per measurement (default 20)");
   flags.AddInt("repeats", &repeats, "measurements per point; the median is reported (default 5)");
   flags.AddInt("workers", &ranks, "Gloo workers for `reduction` (default 4)");
-  flags.AddInt("virtual-nodes", &virtual_nodes, "memory-child only");
-  flags.AddInt("global-batch", &global_batch, "memory-child only");
-  flags.AddString("dataset", &dataset, "Fashion-MNIST directory");
+  flags.AddString("device", &device,
+                  "cpu or cuda, for vnode-overhead, memory and throughput (default cpu)");
+  flags.AddString("reduction", &reduction,
+                  "exact or fast, for vnode-overhead and throughput (default exact)");
+  flags.AddInt("virtual-nodes", &virtual_nodes,
+               "virtual nodes: vnode-overhead's many-node side, memory's smallest case, "
+               "throughput's job (default 8)");
+  flags.AddString("micro-batches", &micro_batches,
+                  "vnode-overhead: micro-batches at V nodes, comma-separated (default "
+                  "32,64,128,256 on cpu, 64,256,1024 on cuda)");
+  flags.AddInt("micro-batch", &micro_batch,
+               "memory: the micro-batch held fixed (default 32 on cpu, 256 on cuda)");
+  flags.AddInt("global-batch", &global_batch, "throughput: the global batch (default 256)");
+  flags.AddString("dataset", &dataset,
+                  "Fashion-MNIST directory, or `synthetic` (60,000 generated images)");
   flags.AddString("checkpoint", &checkpoint, "checkpoint-write: the checkpoint to copy");
   auto pos = flags.Parse(argc, argv, 2);
-  if (flags.help_requested()) {
+  if (flags.help_requested() || cmd == "--help" || cmd == "-h") {
     std::fputs(flags.Help().c_str(), stdout);
     return 0;
   }
@@ -251,21 +378,80 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "vf-bench: error: %s\n", pos.status().message().c_str());
     return 2;
   }
+  const std::vector<std::string> known = {"vnode-overhead", "reduction",        "memory",
+                                          "throughput",     "checkpoint-write", "memory-child"};
+  if (std::find(known.begin(), known.end(), cmd) == known.end()) {
+    std::fprintf(stderr, "vf-bench: error: unknown benchmark '%s' (see --help)\n", cmd.c_str());
+    return 2;
+  }
+  if (reduction != "exact" && reduction != "fast") {
+    std::fprintf(stderr, "vf-bench: error: --reduction must be exact or fast, not '%s'\n",
+                 reduction.c_str());
+    return 2;
+  }
+  if (device != "cpu" && device != "cuda") {
+    std::fprintf(stderr, "vf-bench: error: --device must be cpu or cuda, not '%s'\n",
+                 device.c_str());
+    return 2;
+  }
+  if (steps <= 0 || repeats <= 0 || virtual_nodes <= 0 || global_batch <= 0 || micro_batch < 0) {
+    std::fprintf(stderr, "vf-bench: error: counts and batches must be positive\n");
+    return 2;
+  }
+  const bool gpu = device == "cuda";
+  Setup setup;
+  setup.device = device;
+  setup.reduction = reduction == "exact" ? Reduction::kExact : Reduction::kFast;
+  setup.steps = static_cast<int>(steps);
+  setup.repeats = static_cast<int>(repeats);
+  if (gpu) {
+    std::string why;
+    if (CudaDeviceCount(&why) == 0) {
+      std::fprintf(stderr, "vf-bench: error: --device cuda: no CUDA device: %s\n", why.c_str());
+      return 1;
+    }
+  }
   if (cmd == "checkpoint-write") dataset.clear();
-  auto data = dataset.empty() ? Result<DatasetSplits>(DatasetSplits{}) : LoadFashionMnist(dataset);
+  Result<DatasetSplits> data = DatasetSplits{};
+  if (dataset == "synthetic") {
+    data = MakeSyntheticDataset(60000, 1000, 28, 28, 10, 1);
+  } else if (!dataset.empty()) {
+    data = LoadFashionMnist(dataset);
+  }
   if (!data.ok()) {
     std::fprintf(stderr, "vf-bench: error: %s\n", data.status().message().c_str());
     return 1;
   }
   const Dataset& train = data->train;
   if (cmd == "vnode-overhead") {
-    return VnodeOverhead(train, static_cast<int>(steps), static_cast<int>(repeats));
+    const std::string list =
+        !micro_batches.empty() ? micro_batches : (gpu ? "64,256,1024" : "32,64,128,256");
+    return VnodeOverhead(train, setup, static_cast<int>(virtual_nodes),
+                         ParseList("micro-batches", list));
+  }
+  if (cmd == "throughput") {
+    if (global_batch % virtual_nodes != 0) {
+      std::fprintf(stderr,
+                   "vf-bench: error: --global-batch must be a multiple of --virtual-nodes\n");
+      return 2;
+    }
+    return Throughput(train, setup, static_cast<int>(virtual_nodes), global_batch);
   }
   if (cmd == "reduction") {
+    if (gpu) {
+      std::fprintf(stderr, "vf-bench: error: reduction runs Gloo workers on the cpu only\n");
+      return 2;
+    }
     return RunReductionBench(train, static_cast<int>(ranks), static_cast<int>(repeats),
                              static_cast<int>(steps));
   }
-  if (cmd == "memory") return Memory(argv[0]);
+  // What a memory child needs to run as its parent does.
+  const std::vector<std::string> common = {"--device", device,      "--reduction",
+                                           reduction,  "--dataset", dataset};
+  if (cmd == "memory") {
+    return Memory(argv[0], common, setup, static_cast<int>(virtual_nodes),
+                  micro_batch > 0 ? micro_batch : (gpu ? 256 : 32));
+  }
   if (cmd == "checkpoint-write") {
     // Seconds to write a checkpoint the size of `--checkpoint`'s state, as the agent does.
     auto state = ReadCheckpoint(checkpoint);
@@ -286,8 +472,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (cmd == "memory-child") {
-    return MemoryChild(train, static_cast<int>(virtual_nodes), global_batch, 5);
+    return MemoryChild(train, setup, static_cast<int>(virtual_nodes), global_batch);
   }
-  std::fprintf(stderr, "vf-bench: unknown benchmark '%s'\n", cmd.c_str());
-  return 2;
+  return 2;  // not reached: every known benchmark returns above
 }

@@ -1,0 +1,90 @@
+"""vf-bench's command line: every benchmark runs (briefly), and bad input gets a clear error."""
+import os
+import re
+import subprocess
+import unittest
+
+VF_BENCH = os.path.join(os.environ["VF_BIN_DIR"], "vf-bench")
+TINY = ["--dataset", "synthetic", "--steps", "2", "--repeats", "1"]
+
+
+def run(*args):
+    p = subprocess.run([VF_BENCH, *args], capture_output=True, text=True, timeout=300)
+    return p.returncode, p.stdout, p.stderr
+
+
+def has_gpu():
+    return os.path.exists("/dev/nvidia0")
+
+
+class VfBenchTest(unittest.TestCase):
+    def test_help_lists_every_benchmark_and_option(self):
+        rc, out, _ = run("--help")
+        self.assertEqual(rc, 0)
+        for word in ["vnode-overhead", "reduction", "memory", "throughput", "--device",
+                     "--micro-batches", "--reduction"]:
+            self.assertIn(word, out)
+
+    def test_no_benchmark_is_a_usage_error(self):
+        rc, _, err = run()
+        self.assertEqual(rc, 2)
+        self.assertIn("usage: vf-bench", err)
+
+    def test_unknown_benchmark_and_bad_values_are_named(self):
+        cases = [
+            (["bogus"], "unknown benchmark 'bogus'"),
+            (["throughput", "--device", "tpu"], "--device must be cpu or cuda"),
+            (["throughput", "--reduction", "approximate"], "--reduction must be exact or fast"),
+            (["throughput", "--global-batch", "100", "--virtual-nodes", "3", *TINY],
+             "multiple of --virtual-nodes"),
+            (["vnode-overhead", "--micro-batches", "32,x", *TINY], "--micro-batches wants"),
+            (["throughput", "--dataset", "/nonexistent"], "/nonexistent"),
+        ]
+        for args, message in cases:
+            with self.subTest(args=args):
+                rc, _, err = run(*args)
+                self.assertNotEqual(rc, 0)
+                self.assertIn(message, err)
+                self.assertEqual(len(err.strip().splitlines()), 1, err)
+
+    def test_throughput_reports_a_rate(self):
+        rc, out, err = run("throughput", "--virtual-nodes", "4", "--global-batch", "64",
+                           "--reduction", "fast", *TINY)
+        self.assertEqual(rc, 0, err)
+        fields = dict(re.findall(r"(\w+)=(\S+)", out))
+        self.assertEqual(fields["device"], "cpu")
+        self.assertEqual(fields["reduction"], "fast")
+        self.assertEqual(fields["micro_batch"], "16")
+        rate = float(fields["samples_per_second"])
+        step = float(fields["ms_per_step"])
+        self.assertGreater(rate, 0)
+        self.assertAlmostEqual(rate * step / 1e3, 64, delta=0.5)
+
+    def test_vnode_overhead_prints_a_ratio_per_micro_batch(self):
+        rc, out, err = run("vnode-overhead", "--virtual-nodes", "4", "--micro-batches", "8,16",
+                           *TINY)
+        self.assertEqual(rc, 0, err)
+        rows = re.findall(r"^\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", out, re.M)
+        self.assertEqual([(r[0], r[1]) for r in rows], [("32", "8"), ("64", "16")])
+        for r in rows:
+            self.assertAlmostEqual(float(r[4]), float(r[3]) / float(r[2]), delta=0.002)
+
+    def test_memory_measures_three_children(self):
+        rc, out, err = run("memory", "--virtual-nodes", "2", "--micro-batch", "4",
+                           "--dataset", "synthetic")
+        self.assertEqual(rc, 0, err)
+        rows = re.findall(r"^\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)$", out, re.M)
+        self.assertEqual([(r[0], r[1], r[2]) for r in rows],
+                         [("2", "8", "4"), ("32", "128", "4"), ("2", "128", "64")])
+        self.assertTrue(all(float(r[3]) > 10 for r in rows), rows)  # MiB of a real process
+        self.assertIn("ratio, global batch 16x at equal micro-batch", out)
+
+    @unittest.skipIf(has_gpu(), "this machine has a GPU")
+    def test_cuda_without_a_gpu_says_so(self):
+        rc, _, err = run("throughput", "--device", "cuda", *TINY)
+        self.assertEqual(rc, 1)
+        self.assertIn("no CUDA device", err)
+
+
+if __name__ == "__main__":
+    unittest.main()
