@@ -87,6 +87,14 @@ class Device {
   // exceeds `limit` (acc is then unspecified and must be discarded).
   virtual bool AccumulateFixed(const float* x, size_t n, int exponent, int64_t limit,
                                int64_t* acc) = 0;
+  // The same two without a round trip to the host, for a reducer that reads its results once
+  // per step rather than once per virtual node (a GPU waits for each round trip). The results
+  // stay in this device's memory: *max_bits = max(*max_bits, bit pattern of the largest |x[i]|)
+  // (as unsigned: float order, every NaN above +Inf), and *bad becomes non-zero where
+  // AccumulateFixed would return false (it is never cleared here).
+  virtual void MaxAbsInto(const float* x, size_t n, uint32_t* max_bits) = 0;
+  virtual void AccumulateFixedInto(const float* x, size_t n, int exponent, int64_t limit,
+                                   int64_t* acc, uint32_t* bad) = 0;
   // out[i] = float(double(acc[i]) * 2^-exponent * scale).
   virtual void FixedToFloat(const int64_t* acc, size_t n, int exponent, double scale,
                             float* out) = 0;

@@ -82,8 +82,8 @@ class Executor {
   int64_t step() const { return step_; }
   // False until InitializeFresh or Restore succeeds: a joiner has no state of its own.
   bool has_state() const { return has_state_; }
-  // Makes every virtual node take `factor` times as long (factor >= 1) by sleeping after its
-  // forward/backward: stands in for a slower device in heterogeneous experiments.
+  // Makes every virtual node take `factor` times as long (factor >= 1) by sleeping after the
+  // step's forward/backward passes: stands in for a slower device in heterogeneous experiments.
   void set_slowdown(double factor) { slowdown_ = factor < 1.0 ? 1.0 : factor; }
   // Adds a fixed `seconds` to every virtual node (sleeping): a slower device of known speed,
   // independent of how busy the host is.

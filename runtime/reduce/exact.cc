@@ -1,5 +1,6 @@
 // Exact reduction: per-bucket fixed point in int64 (see reducer.h for the scheme).
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -33,12 +34,17 @@ class ExactReducer : public Reducer {
     const size_t v = static_cast<size_t>(std::max(virtual_nodes_, 1));
     capacity_ = std::max(total + v, kHead * v);
     VF_ASSIGN_OR_RETURN(acc_, DeviceBuffer<int64_t>::Create(device_, capacity_));
+    // One maximum per bucket and the overflow flag, collected on the device over a step's
+    // virtual nodes and read once in Finish.
+    host_flags_.assign(buckets_.size() + 1, 0);
+    VF_ASSIGN_OR_RETURN(flags_, DeviceBuffer<uint32_t>::Create(device_, host_flags_.size()));
     return Status::Ok();
   }
 
   void Begin() override {
     device_.FillInt64(acc_.data(), 0, acc_.size());
-    std::fill(local_max_.begin(), local_max_.end(), 0.f);
+    std::fill(host_flags_.begin(), host_flags_.end(), 0u);
+    device_.CopyFromHost(flags_.data(), host_flags_.data(), host_flags_.size() * sizeof(uint32_t));
     non_finite_ = false;
     overflow_ = false;
     loss_fixed_ = 0;
@@ -46,22 +52,19 @@ class ExactReducer : public Reducer {
     samples_ = 0;
   }
 
+  // Queues the node's work and returns: maxima and overflow stay on the device until Finish, so
+  // a GPU runs a step's virtual nodes without waiting for the host between them. A NaN or an
+  // overflow spoils the sums of its bucket, which Finish then discards.
   Status Add(const float* grad, const LossStats& stats) override {
+    uint32_t* overflow_flag = flags_.data() + buckets_.size();
     for (size_t i = 0; i < buckets_.size(); ++i) {
       const GradientBucket& b = buckets_[i];
-      const float m = device_.MaxAbs(grad + b.offset, b.size);
-      if (!std::isfinite(m)) {
-        non_finite_ = true;
-        continue;
-      }
-      local_max_[i] = std::max(local_max_[i], m);
+      device_.MaxAbsInto(grad + b.offset, b.size, flags_.data() + i);
       // With no scale yet this pass only measures; the step is recomputed once the scale is
       // agreed (see reducer.h).
-      if (exponents_[i] == kUnsetExponent || overflow_) continue;
-      if (!device_.AccumulateFixed(grad + b.offset, b.size, exponents_[i], kFixedPointLimit,
-                                   acc_.data() + kHead + b.offset)) {
-        overflow_ = true;
-      }
+      if (exponents_[i] == kUnsetExponent) continue;
+      device_.AccumulateFixedInto(grad + b.offset, b.size, exponents_[i], kFixedPointLimit,
+                                  acc_.data() + kHead + b.offset, overflow_flag);
     }
     if (!std::isfinite(stats.loss_sum)) non_finite_ = true;
     if (!non_finite_) loss_fixed_ += std::llround(stats.loss_sum * kLossScale);
@@ -72,6 +75,7 @@ class ExactReducer : public Reducer {
 
   Result<ReduceResult> Finish(Communicator& comm, std::span<const int64_t> header_extra,
                               float* mean_grad) override {
+    ReadFlags();
     internal::StepHeader h;
     h.extra.assign(header_extra.begin(), header_extra.end());
     h.non_finite = non_finite_;
@@ -209,6 +213,22 @@ class ExactReducer : public Reducer {
     return Status::Ok();
   }
 
+  // The step's per-bucket maxima and overflow flag, from the device: a bucket whose maximum is
+  // not finite (NaN bits sort above +Inf's) makes the step non-finite.
+  void ReadFlags() {
+    device_.CopyToHost(host_flags_.data(), flags_.data(), host_flags_.size() * sizeof(uint32_t));
+    constexpr uint32_t kInfBits = 0x7f800000u;
+    local_max_.assign(buckets_.size(), 0.f);
+    for (size_t i = 0; i < buckets_.size(); ++i) {
+      if (host_flags_[i] >= kInfBits) {
+        non_finite_ = true;
+      } else {
+        local_max_[i] = std::bit_cast<float>(host_flags_[i]);
+      }
+    }
+    overflow_ = host_flags_[buckets_.size()] != 0;
+  }
+
   Device& device_;
   std::vector<GradientBucket> buckets_;
   int virtual_nodes_;
@@ -218,6 +238,8 @@ class ExactReducer : public Reducer {
   size_t capacity_ = 0;           // elements of acc_
   DeviceBuffer<int64_t> acc_;     // statistics, gradient sums, padding (see Init)
   DeviceBuffer<float> gathered_;  // every rank's converted shard and header (see Combine)
+  DeviceBuffer<uint32_t> flags_;  // per bucket: bits of max |gradient|; then overflow (Init)
+  std::vector<uint32_t> host_flags_;
   bool non_finite_ = false;
   bool overflow_ = false;
   int64_t loss_fixed_ = 0;

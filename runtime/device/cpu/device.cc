@@ -237,6 +237,10 @@ float CpuDevice::MaxAbs(const float* x, size_t n) {
   return std::bit_cast<float>(bits);
 }
 
+void CpuDevice::MaxAbsInto(const float* x, size_t n, uint32_t* max_bits) {
+  *max_bits = std::max(*max_bits, MaxAbsBits(x, n));
+}
+
 bool CpuDevice::AccumulateFixed(const float* x, size_t n, int exponent, int64_t limit,
                                 int64_t* acc) {
   // The product of a float and a power of two is exact in double, so the only rounding is the
@@ -246,6 +250,11 @@ bool CpuDevice::AccumulateFixed(const float* x, size_t n, int exponent, int64_t 
     return AccumulateFixedFast(x, n, scale, static_cast<double>(limit), acc);
   }
   return AccumulateFixedWide(x, n, scale, LargestDoubleAtMost(limit), acc);
+}
+
+void CpuDevice::AccumulateFixedInto(const float* x, size_t n, int exponent, int64_t limit,
+                                    int64_t* acc, uint32_t* bad) {
+  if (!AccumulateFixed(x, n, exponent, limit, acc)) *bad = 1;
 }
 
 void CpuDevice::FixedToFloat(const int64_t* acc, size_t n, int exponent, double scale, float* out) {

@@ -361,6 +361,37 @@ TEST_F(CpuDeviceTest, MaxAbsReturnsLargestMagnitude) {
   EXPECT_EQ(device_->MaxAbs(tiny, 2), std::numeric_limits<float>::denorm_min());
 }
 
+TEST_F(CpuDeviceTest, IntoFormsAccumulateAcrossCallsAndKeepTheFlag) {
+  const std::vector<float> a = {1.f, -3.f, 2.f};
+  const std::vector<float> b = {-0.5f, 1.5f, 0.25f};
+  uint32_t bits = 0;
+  device_->MaxAbsInto(a.data(), a.size(), &bits);
+  device_->MaxAbsInto(b.data(), b.size(), &bits);
+  EXPECT_EQ(bits, std::bit_cast<uint32_t>(3.f));  // the larger of the two calls' maxima
+  device_->MaxAbsInto(nullptr, 0, &bits);
+  EXPECT_EQ(bits, std::bit_cast<uint32_t>(3.f));
+
+  // The same sums as the returning form, and a flag that a later clean call does not clear.
+  std::vector<int64_t> into(3, 7), plain(3, 7);
+  uint32_t bad = 0;
+  device_->AccumulateFixedInto(a.data(), a.size(), 4, 1000, into.data(), &bad);
+  device_->AccumulateFixedInto(b.data(), b.size(), 4, 1000, into.data(), &bad);
+  ASSERT_TRUE(device_->AccumulateFixed(a.data(), a.size(), 4, 1000, plain.data()));
+  ASSERT_TRUE(device_->AccumulateFixed(b.data(), b.size(), 4, 1000, plain.data()));
+  EXPECT_EQ(bad, 0u);
+  EXPECT_EQ(into, plain);
+  EXPECT_EQ(into, (std::vector<int64_t>{7 + 16 - 8, 7 - 48 + 24, 7 + 32 + 4}));
+  device_->AccumulateFixedInto(a.data(), a.size(), 10, 1000, into.data(), &bad);  // 3072 > 1000
+  EXPECT_NE(bad, 0u);
+  device_->AccumulateFixedInto(b.data(), b.size(), 4, 1000, into.data(), &bad);
+  EXPECT_NE(bad, 0u);
+
+  const float nan[] = {1.f, std::numeric_limits<float>::quiet_NaN()};
+  uint32_t nan_bits = 0;
+  device_->MaxAbsInto(nan, 2, &nan_bits);
+  EXPECT_GT(nan_bits, std::bit_cast<uint32_t>(std::numeric_limits<float>::infinity()));
+}
+
 TEST_F(CpuDeviceTest, MaxAbsIsNaNWhenAnyElementIsNaN) {
   for (size_t pos : {size_t{0}, size_t{5}, size_t{64}, size_t{999}}) {
     std::vector<float> x = RandomFloats(1000, 12);

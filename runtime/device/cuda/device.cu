@@ -376,12 +376,17 @@ LossStats CudaDevice::SoftmaxCrossEntropy(const float* logits, const int32_t* la
   return stats;
 }
 
+void CudaDevice::MaxAbsInto(const float* x, size_t n, uint32_t* max_bits) {
+  if (n == 0) return;
+  MaxAbsBitsKernel<<<Blocks(n), kThreads, 0, stream_>>>(x, n, max_bits);
+  CheckLaunch("MaxAbs");
+}
+
 float CudaDevice::MaxAbs(const float* x, size_t n) {
   uint32_t bits = 0;
   if (n > 0) {
     Check(cudaMemsetAsync(word_, 0, sizeof(uint32_t), stream_), "cudaMemset");
-    MaxAbsBitsKernel<<<Blocks(n), kThreads, 0, stream_>>>(x, n, word_);
-    CheckLaunch("MaxAbs");
+    MaxAbsInto(x, n, word_);
     CopyToHost(&bits, word_, sizeof(bits));
   }
   if (bits > 0x7f800000u) return std::numeric_limits<float>::quiet_NaN();
@@ -391,17 +396,23 @@ float CudaDevice::MaxAbs(const float* x, size_t n) {
   return out;
 }
 
-bool CudaDevice::AccumulateFixed(const float* x, size_t n, int exponent, int64_t limit,
-                                 int64_t* acc) {
-  if (n == 0) return true;
+void CudaDevice::AccumulateFixedInto(const float* x, size_t n, int exponent, int64_t limit,
+                                     int64_t* acc, uint32_t* bad) {
+  if (n == 0) return;
   // As on the CPU: clamp the exponent (every non-zero float overflows anyway), and compare with
   // the largest double not above the integer limit.
   const double scale = std::ldexp(1.0, exponent < 1000 ? exponent : 1000);
   double lim = static_cast<double>(limit);
   if (lim >= 0x1p63 || static_cast<int64_t>(lim) > limit) lim = std::nextafter(lim, 0.0);
-  Check(cudaMemsetAsync(word_, 0, sizeof(uint32_t), stream_), "cudaMemset");
-  AccumulateFixedKernel<<<Blocks(n), kThreads, 0, stream_>>>(x, n, scale, lim, acc, word_);
+  AccumulateFixedKernel<<<Blocks(n), kThreads, 0, stream_>>>(x, n, scale, lim, acc, bad);
   CheckLaunch("AccumulateFixed");
+}
+
+bool CudaDevice::AccumulateFixed(const float* x, size_t n, int exponent, int64_t limit,
+                                 int64_t* acc) {
+  if (n == 0) return true;
+  Check(cudaMemsetAsync(word_, 0, sizeof(uint32_t), stream_), "cudaMemset");
+  AccumulateFixedInto(x, n, exponent, limit, acc, word_);
   uint32_t bad = 0;
   CopyToHost(&bad, word_, sizeof(bad));
   return bad == 0;

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -123,6 +124,37 @@ TEST_F(CudaDeviceTest, OverflowNanAndInfAreReportedAsOnTheCpu) {
   EXPECT_TRUE(std::isnan(gpu_->MaxAbs(nan.data(), x.size())));
   EXPECT_FALSE(gpu_->AccumulateFixed(nan.data(), x.size(), 0, 1 << 20, acc->data()));
   EXPECT_EQ(gpu_->MaxAbs(g.data(), 0), 0.f);
+}
+
+TEST_F(CudaDeviceTest, IntoFormsMatchTheCpuAndLeaveResultsOnTheDevice) {
+  // Two calls accumulate into device words as the CPU's do into host words.
+  const size_t n = 100003;
+  const auto a = RandomFloats(n, 3, -2.f, 2.f);
+  auto b = RandomFloats(n, 4, -1.f, 1.f);
+  b[n - 1] = 2.5f;
+  std::vector<int64_t> c_acc(n, 5);
+  uint32_t c_words[2] = {0, 0};
+  cpu_->MaxAbsInto(a.data(), n, &c_words[0]);
+  cpu_->MaxAbsInto(b.data(), n, &c_words[0]);
+  cpu_->AccumulateFixedInto(a.data(), n, 30, int64_t{1} << 40, c_acc.data(), &c_words[1]);
+  cpu_->AccumulateFixedInto(b.data(), n, 30, int64_t{1} << 40, c_acc.data(), &c_words[1]);
+
+  auto g_a = Upload(*gpu_, a);
+  auto g_b = Upload(*gpu_, b);
+  auto g_acc = Upload(*gpu_, std::vector<int64_t>(n, 5));
+  auto words = Upload(*gpu_, std::vector<uint32_t>{0, 0});
+  gpu_->MaxAbsInto(g_a.data(), n, words.data());
+  gpu_->MaxAbsInto(g_b.data(), n, words.data());
+  gpu_->AccumulateFixedInto(g_a.data(), n, 30, int64_t{1} << 40, g_acc.data(), words.data() + 1);
+  gpu_->AccumulateFixedInto(g_b.data(), n, 30, int64_t{1} << 40, g_acc.data(), words.data() + 1);
+  EXPECT_EQ(Download(*gpu_, words), (std::vector<uint32_t>{c_words[0], c_words[1]}));
+  EXPECT_EQ(c_words[0], std::bit_cast<uint32_t>(2.5f));
+  EXPECT_EQ(c_words[1], 0u);
+  EXPECT_EQ(Download(*gpu_, g_acc), c_acc);
+  // Overflow sets the flag on the device and a clean call leaves it set.
+  gpu_->AccumulateFixedInto(g_a.data(), n, 60, int64_t{1} << 40, g_acc.data(), words.data() + 1);
+  gpu_->AccumulateFixedInto(g_b.data(), n, 30, int64_t{1} << 40, g_acc.data(), words.data() + 1);
+  EXPECT_NE(Download(*gpu_, words)[1], 0u);
 }
 
 TEST_F(CudaDeviceTest, ElementwiseKernelsAndOptimizersMatchTheCpuBitForBit) {
