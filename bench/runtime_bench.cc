@@ -185,7 +185,8 @@ double ReduceTime(Reduction mode, size_t n, int ranks, int repeats) {
     std::vector<double> samples;
     for (int i = 0; i < repeats + 2; ++i) {
       red->Begin();
-      Check(red->Add(grad.data(), LossStats{}));
+      Check(red->Add(grad.data()));
+      red->AddLoss(LossStats{});
       Check(comm.Barrier());
       const auto t0 = Clock::now();
       auto res = Check(red->Finish(comm, {}, out.data()));

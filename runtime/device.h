@@ -69,6 +69,11 @@ class Device {
   // c[m,n] = alpha * op(a) * op(b) + beta * c, where op(a) is [m,k] and op(b) is [k,n].
   virtual void Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha,
                     const float* a, const float* b, float beta, float* c) = 0;
+  // out[i] = float(in[i]) * scale - shift, rounded after each operation (no fused
+  // multiply-add): turns a staged batch of pixels into the model's input on the device, so
+  // that a quarter of the bytes cross to a GPU.
+  virtual void NormalizePixels(const uint8_t* in, size_t n, float scale, float shift,
+                               float* out) = 0;
   // y[r,c] += bias[c], then y = max(y, 0) when `relu`.
   virtual void AddBiasActivate(float* y, const float* bias, int rows, int cols, bool relu) = 0;
   // dy[i] = y[i] > 0 ? dy[i] : 0 (y is the ReLU output).
@@ -79,6 +84,12 @@ class Device {
   // null, writes d(loss_sum * grad_scale)/dlogits into it. Returns the batch's statistics.
   virtual LossStats SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows,
                                         int cols, float grad_scale, float* dlogits) = 0;
+  // The same, with the statistics written to *stats in this device's memory instead of coming
+  // back to the host: training reads them once per step. The loss sum is added in a fixed order
+  // (each device its own), so it is the same on every run.
+  virtual void SoftmaxCrossEntropyInto(const float* logits, const int32_t* labels, int rows,
+                                       int cols, float grad_scale, float* dlogits,
+                                       LossStats* stats) = 0;
 
   // Exact reduction kernels (see runtime/reduce/exact.h for the number format).
   // Largest |x[i]|; NaN if any element is NaN, +Inf if any is infinite.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <utility>
@@ -64,6 +65,9 @@ Status Executor::Init() {
   const size_t n = model_->parameter_count();
   VF_ASSIGN_OR_RETURN(params_, DeviceBuffer<float>::Create(device_, n));
   VF_ASSIGN_OR_RETURN(grad_, DeviceBuffer<float>::Create(device_, n));
+  VF_ASSIGN_OR_RETURN(node_stats_, DeviceBuffer<LossStats>::Create(
+                                       device_, static_cast<size_t>(job_.virtual_nodes)));
+  host_node_stats_.resize(node_stats_.size());
   slots_.clear();
   for (int i = 0; i < optimizer_->slot_count(); ++i) {
     VF_ASSIGN_OR_RETURN(auto slot, DeviceBuffer<float>::Create(device_, n));
@@ -163,27 +167,35 @@ Status Executor::Stage(const Dataset& data, std::span<const int64_t> indices) {
   const int batch = static_cast<int>(indices.size());
   if (batch > staged_capacity_) {
     // Sized by the largest batch staged (the micro-batch, or an evaluation chunk).
-    VF_ASSIGN_OR_RETURN(x_, DeviceBuffer<float>::Create(device_, static_cast<size_t>(batch) * per));
+    const size_t values = static_cast<size_t>(batch) * per;
+    VF_ASSIGN_OR_RETURN(x_, DeviceBuffer<float>::Create(device_, values));
+    VF_ASSIGN_OR_RETURN(pixels_, DeviceBuffer<uint8_t>::Create(device_, values));
     VF_ASSIGN_OR_RETURN(y_, DeviceBuffer<int32_t>::Create(device_, static_cast<size_t>(batch)));
-    host_x_.resize(static_cast<size_t>(batch) * per);
+    host_pixels_.resize(values);
     host_y_.resize(static_cast<size_t>(batch));
     staged_capacity_ = batch;
   }
-  const float scale = 1.f / (255.f * kPixelStd);
-  const float shift = kPixelMean / kPixelStd;
+  // The host only gathers the rows; the device converts them.
   for (int i = 0; i < batch; ++i) {
     const uint8_t* src = data.images.data() + static_cast<size_t>(indices[i]) * per;
-    float* dst = host_x_.data() + static_cast<size_t>(i) * per;
-    for (size_t j = 0; j < per; ++j) dst[j] = static_cast<float>(src[j]) * scale - shift;
+    std::memcpy(host_pixels_.data() + static_cast<size_t>(i) * per, src, per);
     host_y_[static_cast<size_t>(i)] = data.labels[static_cast<size_t>(indices[i])];
   }
-  device_.CopyFromHost(x_.data(), host_x_.data(), static_cast<size_t>(batch) * per * sizeof(float));
+  const size_t values = static_cast<size_t>(batch) * per;
+  device_.CopyFromHost(pixels_.data(), host_pixels_.data(), values);
   device_.CopyFromHost(y_.data(), host_y_.data(), static_cast<size_t>(batch) * sizeof(int32_t));
+  device_.NormalizePixels(pixels_.data(), values, 1.f / (255.f * kPixelStd), kPixelMean / kPixelStd,
+                          x_.data());
   return Status::Ok();
 }
 
 Result<StepResult> Executor::Step(Communicator& comm, std::span<const int> local_vnodes,
                                   std::span<const int64_t> header_extra) {
+  if (local_vnodes.size() > static_cast<size_t>(job_.virtual_nodes)) {
+    return InvalidArgument(std::to_string(local_vnodes.size()) +
+                           " local virtual nodes, more than the job's " +
+                           std::to_string(job_.virtual_nodes));
+  }
   for (int v : local_vnodes) {
     if (v < 0 || v >= job_.virtual_nodes) {
       return InvalidArgument("virtual node " + std::to_string(v) + " is out of range 0.." +
@@ -199,14 +211,17 @@ Result<StepResult> Executor::Step(Communicator& comm, std::span<const int> local
     reducer_->Begin();
     // One wait for the device per step, not per node: a GPU then runs the nodes back to back.
     const auto t0 = std::chrono::steady_clock::now();
-    for (int v : local_vnodes) {
-      sharder_.MicroBatch(step_, v, &indices_);
+    for (size_t k = 0; k < local_vnodes.size(); ++k) {
+      sharder_.MicroBatch(step_, local_vnodes[k], &indices_);
       VF_RETURN_IF_ERROR(Stage(train_, indices_));
-      VF_ASSIGN_OR_RETURN(LossStats stats, model_->ForwardBackward(params_.data(), x_.data(),
-                                                                   y_.data(), b, grad_.data()));
-      VF_RETURN_IF_ERROR(reducer_->Add(grad_.data(), stats));
+      VF_RETURN_IF_ERROR(model_->ForwardBackward(params_.data(), x_.data(), y_.data(), b,
+                                                 grad_.data(), node_stats_.data() + k));
+      VF_RETURN_IF_ERROR(reducer_->Add(grad_.data()));
     }
-    device_.Synchronize();
+    // Waits for the device (the copy comes after all the queued work).
+    device_.CopyToHost(host_node_stats_.data(), node_stats_.data(),
+                       local_vnodes.size() * sizeof(LossStats));
+    for (size_t k = 0; k < local_vnodes.size(); ++k) reducer_->AddLoss(host_node_stats_[k]);
     const double took =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double extra =

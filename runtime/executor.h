@@ -114,11 +114,16 @@ class Executor {
   std::unique_ptr<Reducer> reducer_;
   DeviceBuffer<float> params_;
   DeviceBuffer<float> grad_;  // one virtual node's gradient, then the mean gradient
+  // The loss statistics of the step's local virtual nodes, in the device's memory until the
+  // step's one wait for the device, then on the host.
+  DeviceBuffer<LossStats> node_stats_;
+  std::vector<LossStats> host_node_stats_;
   std::vector<DeviceBuffer<float>> slots_;
   DeviceBuffer<float> x_;
   DeviceBuffer<int32_t> y_;
   int staged_capacity_ = 0;
-  std::vector<float> host_x_;
+  DeviceBuffer<uint8_t> pixels_;  // the staged batch's raw pixels, converted into x_
+  std::vector<uint8_t> host_pixels_;
   std::vector<int32_t> host_y_;
   std::vector<int64_t> indices_;
   int64_t step_ = 0;

@@ -169,6 +169,12 @@ TEST(Executor, OutOfRangeVirtualNodeIsRejected) {
   ASSERT_TRUE(ex->InitializeFresh().ok());
   const std::vector<int> bad = {0, 6};
   EXPECT_EQ(ex->Step(*comm, bad).status().code(), StatusCode::kInvalidArgument);
+  // More nodes than the job has (a node twice) would overrun the per-node statistics.
+  std::vector<int> too_many(static_cast<size_t>(job.virtual_nodes) + 1, 0);
+  const auto r = ex->Step(*comm, too_many);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("more than the job's"), std::string::npos)
+      << r.status().message();
   EXPECT_EQ(ex->step(), 0);
 }
 

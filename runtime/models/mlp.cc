@@ -79,18 +79,16 @@ void Mlp::Forward(const float* params, const float* x, int batch) {
   }
 }
 
-Result<LossStats> Mlp::ForwardBackward(const float* params, const float* x, const int32_t* labels,
-                                       int batch, float* grad) {
+Status Mlp::ForwardBackward(const float* params, const float* x, const int32_t* labels, int batch,
+                            float* grad, LossStats* stats) {
   VF_RETURN_IF_ERROR(Reserve(batch));
   Forward(params, x, batch);
   const size_t layers = sizes_.size() - 1;
   float* delta = delta_a_.data();
   float* next = delta_b_.data();
   // Gradient of the mean loss over the batch: each sample's share is 1/batch.
-  LossStats stats =
-      device_.SoftmaxCrossEntropy(activations_[layers].data(), labels, batch, sizes_.back(),
-                                  1.f / static_cast<float>(batch), delta);
-  stats.samples = batch;
+  device_.SoftmaxCrossEntropyInto(activations_[layers].data(), labels, batch, sizes_.back(),
+                                  1.f / static_cast<float>(batch), delta, stats);
   for (size_t l = layers; l-- > 0;) {
     const float* input = l == 0 ? x : activations_[l].data();
     float* dw = grad + tensors_[2 * l].offset;
@@ -105,7 +103,7 @@ Result<LossStats> Mlp::ForwardBackward(const float* params, const float* x, cons
       std::swap(delta, next);
     }
   }
-  return stats;
+  return Status::Ok();
 }
 
 Result<LossStats> Mlp::Evaluate(const float* params, const float* x, const int32_t* labels,

@@ -20,8 +20,8 @@ class Mlp : public Model {
   int input_size() const override { return sizes_.front(); }
   int num_classes() const override { return sizes_.back(); }
   void InitializeHost(uint64_t seed, float* params) const override;
-  Result<LossStats> ForwardBackward(const float* params, const float* x, const int32_t* labels,
-                                    int batch, float* grad) override;
+  Status ForwardBackward(const float* params, const float* x, const int32_t* labels, int batch,
+                         float* grad, LossStats* stats) override;
   Result<LossStats> Evaluate(const float* params, const float* x, const int32_t* labels,
                              int batch) override;
 

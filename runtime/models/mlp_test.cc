@@ -70,7 +70,10 @@ TEST(Mlp, GradientMatchesFiniteDifferences) {
   auto yd = DeviceBuffer<int32_t>::Create(d, y.size()).value();
   d.CopyFromHost(yd.data(), y.data(), y.size() * sizeof(int32_t));
   auto gd = DeviceBuffer<float>::Create(d, p.size()).value();
-  ASSERT_TRUE(m.ForwardBackward(pd.data(), xd.data(), yd.data(), batch, gd.data()).ok());
+  LossStats stats;  // the CPU device's memory is the host's
+  ASSERT_TRUE(m.ForwardBackward(pd.data(), xd.data(), yd.data(), batch, gd.data(), &stats).ok());
+  EXPECT_EQ(stats.samples, batch);
+  EXPECT_GT(stats.loss_sum, 0.0);
   std::vector<float> g(p.size());
   d.CopyToHost(g.data(), gd.data(), g.size() * sizeof(float));
 
@@ -110,13 +113,15 @@ TEST(Mlp, ForwardBackwardIsBitwiseRepeatable) {
   d.CopyFromHost(yd.data(), y.data(), y.size() * sizeof(int32_t));
   auto g1 = DeviceBuffer<float>::Create(d, p.size()).value();
   auto g2 = DeviceBuffer<float>::Create(d, p.size()).value();
-  auto s1 = m.ForwardBackward(pd.data(), xd.data(), yd.data(), 32, g1.data());
+  LossStats s1, s2, other;  // the CPU device's memory is the host's
+  ASSERT_TRUE(m.ForwardBackward(pd.data(), xd.data(), yd.data(), 32, g1.data(), &s1).ok());
   // A different batch in between must not leak into the next result.
-  ASSERT_TRUE(m.ForwardBackward(pd.data(), xd.data(), yd.data(), 7, g2.data()).ok());
-  auto s2 = m.ForwardBackward(pd.data(), xd.data(), yd.data(), 32, g2.data());
-  ASSERT_TRUE(s1.ok() && s2.ok());
-  EXPECT_EQ(s1->loss_sum, s2->loss_sum);
-  EXPECT_EQ(s1->samples, 32);
+  ASSERT_TRUE(m.ForwardBackward(pd.data(), xd.data(), yd.data(), 7, g2.data(), &other).ok());
+  ASSERT_TRUE(m.ForwardBackward(pd.data(), xd.data(), yd.data(), 32, g2.data(), &s2).ok());
+  EXPECT_EQ(other.samples, 7);
+  EXPECT_EQ(s1.loss_sum, s2.loss_sum);
+  EXPECT_EQ(s1.correct, s2.correct);
+  EXPECT_EQ(s1.samples, 32);
   EXPECT_EQ(std::memcmp(g1.data(), g2.data(), g1.bytes()), 0);
 }
 

@@ -40,9 +40,11 @@ class Model {
   virtual void InitializeHost(uint64_t seed, float* params) const = 0;
 
   // Loss over a batch of `batch` samples and the gradient of the mean loss with respect to the
-  // parameters, written (not added) to `grad`. x is [batch, input_size], labels [batch].
-  virtual Result<LossStats> ForwardBackward(const float* params, const float* x,
-                                            const int32_t* labels, int batch, float* grad) = 0;
+  // parameters, written (not added) to `grad`. x is [batch, input_size], labels [batch]. The
+  // batch's statistics go to *stats in the device's memory: the work is only queued, and a GPU
+  // runs on while the host prepares the next batch.
+  virtual Status ForwardBackward(const float* params, const float* x, const int32_t* labels,
+                                 int batch, float* grad, LossStats* stats) = 0;
   // Loss and accuracy only.
   virtual Result<LossStats> Evaluate(const float* params, const float* x, const int32_t* labels,
                                      int batch) = 0;

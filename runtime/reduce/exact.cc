@@ -55,7 +55,7 @@ class ExactReducer : public Reducer {
   // Queues the node's work and returns: maxima and overflow stay on the device until Finish, so
   // a GPU runs a step's virtual nodes without waiting for the host between them. A NaN or an
   // overflow spoils the sums of its bucket, which Finish then discards.
-  Status Add(const float* grad, const LossStats& stats) override {
+  Status Add(const float* grad) override {
     uint32_t* overflow_flag = flags_.data() + buckets_.size();
     for (size_t i = 0; i < buckets_.size(); ++i) {
       const GradientBucket& b = buckets_[i];
@@ -66,11 +66,14 @@ class ExactReducer : public Reducer {
       device_.AccumulateFixedInto(grad + b.offset, b.size, exponents_[i], kFixedPointLimit,
                                   acc_.data() + kHead + b.offset, overflow_flag);
     }
+    return Status::Ok();
+  }
+
+  void AddLoss(const LossStats& stats) override {
     if (!std::isfinite(stats.loss_sum)) non_finite_ = true;
     if (!non_finite_) loss_fixed_ += std::llround(stats.loss_sum * kLossScale);
     correct_ += stats.correct;
     samples_ += stats.samples;
-    return Status::Ok();
   }
 
   Result<ReduceResult> Finish(Communicator& comm, std::span<const int64_t> header_extra,

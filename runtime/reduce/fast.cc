@@ -28,12 +28,15 @@ class FastReducer : public Reducer {
     samples_ = 0;
   }
 
-  Status Add(const float* grad, const LossStats& stats) override {
+  Status Add(const float* grad) override {
     device_.Axpy(1.f, grad, acc_.data(), count_);
+    return Status::Ok();
+  }
+
+  void AddLoss(const LossStats& stats) override {
     loss_sum_ += stats.loss_sum;
     correct_ += stats.correct;
     samples_ += stats.samples;
-    return Status::Ok();
   }
 
   Result<ReduceResult> Finish(Communicator& comm, std::span<const int64_t> header_extra,

@@ -64,8 +64,11 @@ class Reducer {
   virtual ~Reducer() = default;
   // Starts a step (or a redo of it): clears the local accumulators.
   virtual void Begin() = 0;
-  // Adds one virtual node's gradient (device memory, parameter_count floats) and its loss.
-  virtual Status Add(const float* grad, const LossStats& stats) = 0;
+  // Adds one virtual node's gradient (device memory, parameter_count floats). Only queues work
+  // on the device: nothing comes back to the host before Finish.
+  virtual Status Add(const float* grad) = 0;
+  // Adds one virtual node's loss statistics (host memory), the nodes in a fixed order.
+  virtual void AddLoss(const LossStats& stats) = 0;
   // Runs the collectives and writes the mean gradient (1/V) * sum into `mean_grad` (device
   // memory). `header_extra` is MAX-reduced along with the header. A NaN or Inf anywhere is a
   // kNumerical error on every rank; a failed collective is returned as is.

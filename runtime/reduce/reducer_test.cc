@@ -73,7 +73,8 @@ StepOutcome Reduce(Reduction mode, const std::vector<std::vector<int>>& mapping,
         for (int v : mapping[static_cast<size_t>(r)]) {
           auto g = grad_of(v);
           LossStats s{1.0 + v, v, 10};
-          ASSERT_TRUE(red->Add(g.data(), s).ok());
+          ASSERT_TRUE(red->Add(g.data()).ok());
+          red->AddLoss(s);
         }
         auto res = red->Finish(*comm, mine, out.data());
         if (!res.ok()) {
@@ -193,7 +194,8 @@ TEST(ExactReducer, GrowthBeyondHeadroomIsRecomputedNotWrapped) {
       red->Begin();
       for (int v = 0; v < kV; ++v) {
         auto g = Gradient(v, scale);
-        EXPECT_TRUE(red->Add(g.data(), LossStats{}).ok());
+        EXPECT_TRUE(red->Add(g.data()).ok());
+        red->AddLoss(LossStats{});
       }
       auto res = red->Finish(*comm, {}, out.data());
       EXPECT_TRUE(res.ok());

@@ -159,6 +159,10 @@ void CpuDevice::Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, fl
               transpose_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, n);
 }
 
+void CpuDevice::NormalizePixels(const uint8_t* in, size_t n, float scale, float shift, float* out) {
+  for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(in[i]) * scale - shift;
+}
+
 void CpuDevice::AddBiasActivate(float* y, const float* bias, int rows, int cols, bool relu) {
   for (int r = 0; r < rows; ++r) {
     float* __restrict row = y + static_cast<size_t>(r) * cols;
@@ -229,6 +233,12 @@ LossStats CpuDevice::SoftmaxCrossEntropy(const float* logits, const int32_t* lab
     }
   }
   return stats;
+}
+
+void CpuDevice::SoftmaxCrossEntropyInto(const float* logits, const int32_t* labels, int rows,
+                                        int cols, float grad_scale, float* dlogits,
+                                        LossStats* stats) {
+  *stats = SoftmaxCrossEntropy(logits, labels, rows, cols, grad_scale, dlogits);
 }
 
 float CpuDevice::MaxAbs(const float* x, size_t n) {

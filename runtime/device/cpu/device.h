@@ -31,6 +31,7 @@ class CpuDevice final : public Device {
 
   void Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const float* a,
             const float* b, float beta, float* c) override;
+  void NormalizePixels(const uint8_t* in, size_t n, float scale, float shift, float* out) override;
   void AddBiasActivate(float* y, const float* bias, int rows, int cols, bool relu) override;
   void ReluBackward(float* dy, const float* y, size_t n) override;
   void SumRows(const float* x, int rows, int cols, float* out) override;
@@ -39,6 +40,8 @@ class CpuDevice final : public Device {
   // the NaN check of the reduction instead of training on garbage.
   LossStats SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows, int cols,
                                 float grad_scale, float* dlogits) override;
+  void SoftmaxCrossEntropyInto(const float* logits, const int32_t* labels, int rows, int cols,
+                               float grad_scale, float* dlogits, LossStats* stats) override;
 
   float MaxAbs(const float* x, size_t n) override;
   // Assumes the default round-to-nearest-even floating-point mode, which the runtime never

@@ -196,6 +196,20 @@ TEST_F(CpuDeviceTest, GemmWithEmptyInnerDimensionScalesC) {
   EXPECT_EQ(c, (std::vector<float>{2.f, 4.f, 6.f, 8.f, 10.f, 12.f}));
 }
 
+TEST_F(CpuDeviceTest, NormalizePixelsRoundsAfterEachOperation) {
+  std::vector<uint8_t> in(1000);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<uint8_t>(i * 37 % 256);
+  const float scale = 1.f / (255.f * 0.353f);
+  const float shift = 0.286f / 0.353f;
+  std::vector<float> out(in.size());
+  device_->NormalizePixels(in.data(), in.size(), scale, shift, out.data());
+  for (size_t i = 0; i < in.size(); ++i) {
+    volatile float product = static_cast<float>(in[i]) * scale;  // rounded to float here
+    ASSERT_EQ(std::bit_cast<uint32_t>(out[i]), std::bit_cast<uint32_t>(product - shift)) << i;
+  }
+  EXPECT_EQ(out[0], -shift);
+}
+
 TEST_F(CpuDeviceTest, AddBiasActivateWithoutReluAddsBiasToEveryRow) {
   std::vector<float> y = {1.f, -2.f, 3.f, -4.f, 5.f, -6.f};
   const std::vector<float> bias = {0.5f, 1.f, -10.f};

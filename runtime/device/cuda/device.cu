@@ -52,6 +52,14 @@ __global__ void FillKernel(T* x, T value, size_t n) {
   }
 }
 
+__global__ void NormalizePixelsKernel(const uint8_t* in, size_t n, float scale, float shift,
+                                      float* out) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    out[i] = __fsub_rn(__fmul_rn(static_cast<float>(in[i]), scale), shift);
+  }
+}
+
 __global__ void AddBiasActivateKernel(float* y, const float* bias, int rows, int cols, bool relu) {
   const size_t n = static_cast<size_t>(rows) * cols;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
@@ -114,6 +122,35 @@ __global__ void SoftmaxCrossEntropyKernel(const float* logits, const int32_t* la
       const double p = exp(static_cast<double>(row[c]) - max) * inv_sum;
       grad[c] = static_cast<float>((p - (c == label ? 1.0 : 0.0)) * scale);
     }
+  }
+}
+
+// One block sums the per-row statistics: each thread a fixed stride of rows in order, then a
+// fixed tree, so the loss sum is the same on every run (no atomics). Needs kThreads threads.
+__global__ void SumRowStatsKernel(const double* row_loss, const int32_t* row_correct, int rows,
+                                  LossStats* out) {
+  __shared__ double loss[kThreads];
+  __shared__ long long correct[kThreads];
+  double l = 0.0;
+  long long c = 0;
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+    l += row_loss[r];
+    c += row_correct[r];
+  }
+  loss[threadIdx.x] = l;
+  correct[threadIdx.x] = c;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s /= 2) {
+    if (static_cast<int>(threadIdx.x) < s) {
+      loss[threadIdx.x] += loss[threadIdx.x + s];
+      correct[threadIdx.x] += correct[threadIdx.x + s];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    out->loss_sum = loss[0];
+    out->correct = correct[0];
+    out->samples = rows;
   }
 }
 
@@ -235,6 +272,9 @@ CudaDevice::CudaDevice(int ordinal) : ordinal_(ordinal) {
   void* word = nullptr;
   Check(cudaMalloc(&word, sizeof(uint32_t)), "cudaMalloc");
   word_ = static_cast<uint32_t*>(word);
+  void* stats = nullptr;
+  Check(cudaMalloc(&stats, sizeof(LossStats)), "cudaMalloc");
+  stats_ = static_cast<LossStats*>(stats);
 }
 
 CudaDevice::~CudaDevice() {
@@ -242,6 +282,7 @@ CudaDevice::~CudaDevice() {
   cudaSetDevice(ordinal_);
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   cudaFree(word_);
+  cudaFree(stats_);
   cudaFree(row_loss_);
   cudaFree(row_correct_);
   if (blas_ != nullptr) cublasDestroy(blas_);
@@ -322,6 +363,13 @@ void CudaDevice::Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, f
             "cublasSgemm");
 }
 
+void CudaDevice::NormalizePixels(const uint8_t* in, size_t n, float scale, float shift,
+                                 float* out) {
+  if (n == 0) return;
+  NormalizePixelsKernel<<<Blocks(n), kThreads, 0, stream_>>>(in, n, scale, shift, out);
+  CheckLaunch("NormalizePixels");
+}
+
 void CudaDevice::AddBiasActivate(float* y, const float* bias, int rows, int cols, bool relu) {
   if (rows <= 0 || cols <= 0) return;
   AddBiasActivateKernel<<<Blocks(static_cast<size_t>(rows) * cols), kThreads, 0, stream_>>>(
@@ -355,24 +403,29 @@ void CudaDevice::EnsureRowScratch(int rows) {
   row_capacity_ = rows;
 }
 
-LossStats CudaDevice::SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows,
-                                          int cols, float grad_scale, float* dlogits) {
-  LossStats stats;
-  stats.samples = rows < 0 ? 0 : rows;
-  if (cols <= 0 || rows <= 0) return stats;
+void CudaDevice::SoftmaxCrossEntropyInto(const float* logits, const int32_t* labels, int rows,
+                                         int cols, float grad_scale, float* dlogits,
+                                         LossStats* stats) {
+  if (cols <= 0 || rows <= 0) {
+    LossStats empty;
+    empty.samples = rows < 0 ? 0 : rows;
+    CopyFromHost(stats, &empty, sizeof(empty));
+    return;
+  }
   EnsureRowScratch(rows);
   SoftmaxCrossEntropyKernel<<<(rows + kThreads - 1) / kThreads, kThreads, 0, stream_>>>(
       logits, labels, rows, cols, static_cast<double>(grad_scale), dlogits, row_loss_,
       row_correct_);
   CheckLaunch("SoftmaxCrossEntropy");
-  std::vector<double> loss(static_cast<size_t>(rows));
-  std::vector<int32_t> correct(static_cast<size_t>(rows));
-  CopyToHost(loss.data(), row_loss_, loss.size() * sizeof(double));
-  CopyToHost(correct.data(), row_correct_, correct.size() * sizeof(int32_t));
-  for (int r = 0; r < rows; ++r) {
-    stats.loss_sum += loss[static_cast<size_t>(r)];
-    stats.correct += correct[static_cast<size_t>(r)];
-  }
+  SumRowStatsKernel<<<1, kThreads, 0, stream_>>>(row_loss_, row_correct_, rows, stats);
+  CheckLaunch("SoftmaxCrossEntropy sums");
+}
+
+LossStats CudaDevice::SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows,
+                                          int cols, float grad_scale, float* dlogits) {
+  SoftmaxCrossEntropyInto(logits, labels, rows, cols, grad_scale, dlogits, stats_);
+  LossStats stats;
+  CopyToHost(&stats, stats_, sizeof(stats));
   return stats;
 }
 

@@ -47,12 +47,15 @@ class CudaDevice final : public Device {
 
   void Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const float* a,
             const float* b, float beta, float* c) override;
+  void NormalizePixels(const uint8_t* in, size_t n, float scale, float shift, float* out) override;
   void AddBiasActivate(float* y, const float* bias, int rows, int cols, bool relu) override;
   void ReluBackward(float* dy, const float* y, size_t n) override;
   void SumRows(const float* x, int rows, int cols, float* out) override;
   // The loss sum is added on the host in row order, as the CPU backend does.
   LossStats SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows, int cols,
                                 float grad_scale, float* dlogits) override;
+  void SoftmaxCrossEntropyInto(const float* logits, const int32_t* labels, int rows, int cols,
+                               float grad_scale, float* dlogits, LossStats* stats) override;
 
   float MaxAbs(const float* x, size_t n) override;
   bool AccumulateFixed(const float* x, size_t n, int exponent, int64_t limit,
@@ -77,9 +80,10 @@ class CudaDevice final : public Device {
   std::string name_;
   CUstream_st* stream_ = nullptr;
   cublasContext* blas_ = nullptr;
-  // Device scratch: one word for MaxAbs and AccumulateFixed's flag, and per-row loss, prediction
-  // flags for SoftmaxCrossEntropy (with their host copies).
+  // Device scratch: one word for MaxAbs and AccumulateFixed's flag, and per-row loss and
+  // prediction flags for SoftmaxCrossEntropy.
   uint32_t* word_ = nullptr;
+  LossStats* stats_ = nullptr;  // SoftmaxCrossEntropy's statistics on their way to the host
   double* row_loss_ = nullptr;
   int32_t* row_correct_ = nullptr;
   int row_capacity_ = 0;

@@ -157,6 +157,19 @@ TEST_F(CudaDeviceTest, IntoFormsMatchTheCpuAndLeaveResultsOnTheDevice) {
   EXPECT_NE(Download(*gpu_, words)[1], 0u);
 }
 
+TEST_F(CudaDeviceTest, NormalizePixelsMatchesTheCpuBitForBit) {
+  std::vector<uint8_t> in(70001);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<uint8_t>(i * 131 % 256);
+  const float scale = 1.f / (255.f * 0.353f);
+  const float shift = 0.286f / 0.353f;
+  std::vector<float> want(in.size());
+  cpu_->NormalizePixels(in.data(), in.size(), scale, shift, want.data());
+  auto g_in = Upload(*gpu_, in);
+  auto g_out = DeviceBuffer<float>::Create(*gpu_, in.size());
+  gpu_->NormalizePixels(g_in.data(), in.size(), scale, shift, g_out->data());
+  EXPECT_TRUE(SameBits(want, Download(*gpu_, *g_out)));
+}
+
 TEST_F(CudaDeviceTest, ElementwiseKernelsAndOptimizersMatchTheCpuBitForBit) {
   const int rows = 37;
   const int cols = 515;
@@ -284,6 +297,32 @@ TEST_F(CudaDeviceTest, SoftmaxCrossEntropyAgreesWithTheCpu) {
   const auto want = Download(*cpu_, *cg);
   const auto got = Download(*gpu_, *gg);
   for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-7f) << i;
+}
+
+TEST_F(CudaDeviceTest, SoftmaxCrossEntropyIntoRepeatsAndMatchesTheReturningForm) {
+  const int rows = 1000;  // more rows than threads in a block
+  const int cols = 10;
+  const auto logits = RandomFloats(static_cast<size_t>(rows) * cols, 12, -6.f, 6.f);
+  std::vector<int32_t> labels(rows);
+  for (int r = 0; r < rows; ++r) labels[static_cast<size_t>(r)] = (r * 3) % cols;
+  auto gl = Upload(*gpu_, logits);
+  auto gy = Upload(*gpu_, labels);
+  auto gg = DeviceBuffer<float>::Create(*gpu_, logits.size());
+  auto slots = DeviceBuffer<LossStats>::Create(*gpu_, 2);
+  ASSERT_TRUE(slots.ok());
+  gpu_->SoftmaxCrossEntropyInto(gl.data(), gy.data(), rows, cols, 1.f, gg->data(), slots->data());
+  gpu_->SoftmaxCrossEntropyInto(gl.data(), gy.data(), rows, cols, 1.f, nullptr, slots->data() + 1);
+  const LossStats returned =
+      gpu_->SoftmaxCrossEntropy(gl.data(), gy.data(), rows, cols, 1.f, nullptr);
+  const auto got = Download(*gpu_, *slots);
+  EXPECT_EQ(got[0].loss_sum, got[1].loss_sum);  // a fixed order: the same bits every time
+  EXPECT_EQ(got[0].loss_sum, returned.loss_sum);
+  EXPECT_EQ(got[0].correct, returned.correct);
+  EXPECT_EQ(got[0].samples, rows);
+  LossStats cpu;
+  cpu_->SoftmaxCrossEntropyInto(logits.data(), labels.data(), rows, cols, 1.f, nullptr, &cpu);
+  EXPECT_EQ(cpu.correct, got[0].correct);
+  EXPECT_NEAR(cpu.loss_sum, got[0].loss_sum, 1e-9 * std::abs(cpu.loss_sum));
 }
 
 }  // namespace
