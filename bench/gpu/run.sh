@@ -87,9 +87,9 @@ gpu_skips="$(grep -E "(cuda_device_test|executor_cuda_test|nccl_test)\." "$out/c
 [ "$no_bench" = 1 ] && exit "$ctest_rc"
 
 # 3. Benchmarks.
-steps=50
-repeats=5
-[ "$quick" = 1 ] && steps=10 && repeats=3
+steps=30
+repeats=3
+[ "$quick" = 1 ] && steps=10 && repeats=2
 common=(--dataset synthetic --steps "$steps" --repeats "$repeats")
 run() {  # run CMD...: appends its output to bench.log, echoes it
   echo "\$ $*" >>"$out/bench.log"
