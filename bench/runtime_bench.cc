@@ -76,36 +76,46 @@ std::unique_ptr<Device> MakeDevice(const std::string& kind) {
   return nullptr;
 }
 
-// Timing of one worker running all of a job's virtual nodes.
-struct StepTiming {
-  double seconds_per_step = 0.0;  // median over the repeats
-  size_t peak_device_bytes = 0;   // largest Device::MemoryInUse() after a step
+// One worker running all of a job's virtual nodes, ready to be timed.
+class Worker {
+ public:
+  Worker(const JobSpec& job, const Dataset& train, const Setup& setup)
+      : device_(MakeDevice(setup.device)),
+        comm_(CreateLocalCommunicator()),
+        executor_(Check(Executor::Create(job, *device_, train))),
+        all_(static_cast<size_t>(job.virtual_nodes)) {
+    Check(executor_->InitializeFresh());
+    for (int v = 0; v < job.virtual_nodes; ++v) all_[static_cast<size_t>(v)] = v;
+    Run(3);  // warm-up: settles the exact reducer's scale and the caches
+  }
+
+  // Seconds per step over `steps` steps.
+  double Run(int steps) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < steps; ++i) Check(executor_->Step(*comm_, all_).status());
+    device_->Synchronize();
+    const double seconds = Seconds(t0, Clock::now()) / steps;
+    peak_device_bytes_ = std::max(peak_device_bytes_, device_->MemoryInUse());
+    return seconds;
+  }
+
+  // Largest Device::MemoryInUse() seen after a run.
+  size_t peak_device_bytes() const { return peak_device_bytes_; }
+
+ private:
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<Executor> executor_;
+  std::vector<int> all_;
+  size_t peak_device_bytes_ = 0;
 };
 
-// Times `job` on one worker (after warm-up steps that settle the scale).
-StepTiming TimePerStep(const JobSpec& job, const Dataset& train, const Setup& setup) {
-  auto dev = MakeDevice(setup.device);
-  auto comm = CreateLocalCommunicator();
-  auto ex = Check(Executor::Create(job, *dev, train));
-  Check(ex->InitializeFresh());
-  std::vector<int> all(static_cast<size_t>(job.virtual_nodes));
-  for (int v = 0; v < job.virtual_nodes; ++v) all[static_cast<size_t>(v)] = v;
-  StepTiming out;
-  for (int i = 0; i < 3; ++i) {
-    Check(ex->Step(*comm, all).status());
-    dev->Synchronize();
-    out.peak_device_bytes = std::max(out.peak_device_bytes, dev->MemoryInUse());
-  }
+// Median seconds per step of `job` on one worker.
+double TimePerStep(const JobSpec& job, const Dataset& train, const Setup& setup) {
+  Worker w(job, train, setup);
   std::vector<double> samples;
-  for (int r = 0; r < setup.repeats; ++r) {
-    const auto t0 = Clock::now();
-    for (int i = 0; i < setup.steps; ++i) Check(ex->Step(*comm, all).status());
-    dev->Synchronize();
-    samples.push_back(Seconds(t0, Clock::now()) / setup.steps);
-    out.peak_device_bytes = std::max(out.peak_device_bytes, dev->MemoryInUse());
-  }
-  out.seconds_per_step = Median(samples);
-  return out;
+  for (int r = 0; r < setup.repeats; ++r) samples.push_back(w.Run(setup.steps));
+  return Median(samples);
 }
 
 // Parses "32,64,128" into positive integers.
@@ -130,31 +140,38 @@ int VnodeOverhead(const Dataset& train, const Setup& setup, int virtual_nodes,
                   const std::vector<int64_t>& micro_batches) {
   std::printf(
       "virtual-node overhead: one worker on %s, %s reduction, V=%d vs V=1 at equal global "
-      "batch (median of %d x %d steps)\n",
+      "batch; the two alternate, %d rounds of %d steps each, medians\n",
       setup.device.c_str(), ReductionName(setup.reduction), virtual_nodes, setup.repeats,
       setup.steps);
   std::printf("%12s %12s %14s %14s %8s\n", "global batch", "micro-batch", "V=1 ms/step",
               ("V=" + std::to_string(virtual_nodes) + " ms/step").c_str(), "ratio");
   for (int64_t micro : micro_batches) {
     const int64_t b = micro * virtual_nodes;
-    const double t1 = TimePerStep(MlpJob(1, b, setup.reduction), train, setup).seconds_per_step;
-    const double tv =
-        TimePerStep(MlpJob(virtual_nodes, b, setup.reduction), train, setup).seconds_per_step;
+    // Alternating the two jobs round by round, and taking the median of the rounds' ratios,
+    // keeps a slow spell of the machine from landing on one side only.
+    Worker one(MlpJob(1, b, setup.reduction), train, setup);
+    Worker many(MlpJob(virtual_nodes, b, setup.reduction), train, setup);
+    std::vector<double> t1, tv, ratio;
+    for (int r = 0; r < setup.repeats; ++r) {
+      t1.push_back(one.Run(setup.steps));
+      tv.push_back(many.Run(setup.steps));
+      ratio.push_back(tv.back() / t1.back());
+    }
     std::printf("%12lld %12lld %14.3f %14.3f %8.3f\n", static_cast<long long>(b),
-                static_cast<long long>(micro), 1e3 * t1, 1e3 * tv, tv / t1);
+                static_cast<long long>(micro), 1e3 * Median(t1), 1e3 * Median(tv), Median(ratio));
   }
   return 0;
 }
 
 int Throughput(const Dataset& train, const Setup& setup, int virtual_nodes, int64_t global_batch) {
-  const StepTiming t =
+  const double seconds =
       TimePerStep(MlpJob(virtual_nodes, global_batch, setup.reduction), train, setup);
   std::printf(
       "throughput device=%s reduction=%s global_batch=%lld virtual_nodes=%d micro_batch=%lld "
       "ms_per_step=%.4f samples_per_second=%.1f\n",
       setup.device.c_str(), ReductionName(setup.reduction), static_cast<long long>(global_batch),
-      virtual_nodes, static_cast<long long>(global_batch / virtual_nodes), 1e3 * t.seconds_per_step,
-      static_cast<double>(global_batch) / t.seconds_per_step);
+      virtual_nodes, static_cast<long long>(global_batch / virtual_nodes), 1e3 * seconds,
+      static_cast<double>(global_batch) / seconds);
   return 0;
 }
 
@@ -243,12 +260,10 @@ int RunReductionBench(const Dataset& train, int ranks, int repeats, int steps) {
 
 // Child process: trains a few steps at the given batch, prints the device's peak memory in
 // use and exits; the parent also reads the child's peak resident set size.
-int MemoryChild(const Dataset& train, Setup setup, int virtual_nodes, int64_t global_batch) {
-  setup.steps = 5;
-  setup.repeats = 1;
-  const StepTiming t =
-      TimePerStep(MlpJob(virtual_nodes, global_batch, setup.reduction), train, setup);
-  std::printf("peak_device_bytes %zu\n", t.peak_device_bytes);
+int MemoryChild(const Dataset& train, const Setup& setup, int virtual_nodes, int64_t global_batch) {
+  Worker w(MlpJob(virtual_nodes, global_batch, setup.reduction), train, setup);
+  for (int i = 0; i < 5; ++i) w.Run(1);
+  std::printf("peak_device_bytes %zu\n", w.peak_device_bytes());
   return 0;
 }
 
