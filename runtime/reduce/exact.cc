@@ -70,8 +70,12 @@ class ExactReducer : public Reducer {
   }
 
   void AddLoss(const LossStats& stats) override {
-    if (!std::isfinite(stats.loss_sum)) non_finite_ = true;
-    if (!non_finite_) loss_fixed_ += std::llround(stats.loss_sum * kLossScale);
+    // The fixed-point loss sums of all V nodes must fit an int64: a node's loss beyond its share
+    // of that has diverged as surely as a NaN, and is reported the same way.
+    const double fixed = stats.loss_sum * kLossScale;
+    const double limit = std::ldexp(1.0, 62) / static_cast<double>(std::max(virtual_nodes_, 1));
+    if (!(std::fabs(fixed) < limit)) non_finite_ = true;  // NaN fails the comparison too
+    if (!non_finite_) loss_fixed_ += std::llround(fixed);
     correct_ += stats.correct;
     samples_ += stats.samples;
   }

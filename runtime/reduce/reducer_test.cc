@@ -214,6 +214,25 @@ TEST(ExactReducer, GrowthBeyondHeadroomIsRecomputedNotWrapped) {
   }
 }
 
+TEST(ExactReducer, ALossTooLargeForFixedPointIsANumericalError) {
+  // Finite, but its fixed-point form would overflow the int64 sum: the loss has diverged.
+  auto dev = CreateCpuDevice(1);
+  auto comm = CreateLocalCommunicator();
+  auto red = CreateReducer(Reduction::kExact, *dev, Buckets(), kV).value();
+  std::vector<float> out(kParams);
+  for (double loss : {1e300, -1e30, 1e18}) {
+    red->Begin();
+    for (int v = 0; v < kV; ++v) {
+      auto g = Gradient(v);
+      ASSERT_TRUE(red->Add(g.data()).ok());
+      red->AddLoss(LossStats{v == 2 ? loss : 1.0, 0, 10});
+    }
+    auto res = red->Finish(*comm, {}, out.data());
+    ASSERT_FALSE(res.ok()) << loss;
+    EXPECT_EQ(res.status().code(), StatusCode::kNumerical) << loss;
+  }
+}
+
 TEST(Reducer, HeaderFieldsAreAgreedByMax) {
   auto out = Reduce(Reduction::kExact, {{0, 1}, {2, 3}, {4, 5}}, [](int v) { return Gradient(v); },
                     {3, 9, 4});
