@@ -6,7 +6,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 "$root/scripts/setup.sh"
 "$root/scripts/build.sh" vf-bench vf virtualflow-agent >/dev/null
 bin="${VF_BUILD_DIR:-$root/build}/bin/vf-bench"
-"$bin" vnode-overhead
+"$bin" vnode-overhead --repeats 15
 echo
 "$bin" reduction
 echo
