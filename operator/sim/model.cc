@@ -214,6 +214,24 @@ Result<Cluster> LoadCluster(const std::string& path) {
       VF_ASSIGN_OR_RETURN(c.latency_seconds, Positive(path, net, "latency_seconds", 0.0, true));
       VF_ASSIGN_OR_RETURN(c.bandwidth_bytes_per_second,
                           Positive(path, net, "bandwidth_bytes_per_second", 1e10));
+      if (const YAML::Node m = net["measured_allreduce"]) {
+        const YAML::Node seconds = m["seconds"];
+        if (!m.IsMap() || !seconds || !seconds.IsMap() || seconds.size() == 0) {
+          return InvalidArgument(Where(
+              path, m, "measured_allreduce needs bytes: B and seconds: {WORKERS: SECONDS, ...}"));
+        }
+        VF_ASSIGN_OR_RETURN(c.measured_allreduce_bytes, Positive(path, m, "bytes", 0.0));
+        for (const auto& kv : seconds) {
+          const int n = kv.first.as<int>();
+          const double s = kv.second.as<double>();
+          if (n < 2 || !(s > 0.0 && s < 1e6)) {
+            return InvalidArgument(Where(path, kv.second,
+                                         "measured_allreduce seconds are for 2 or more workers "
+                                         "and must be positive"));
+          }
+          c.measured_allreduce_seconds[n] = s;
+        }
+      }
     }
     if (const YAML::Node r = root["resize"]) {
       VF_ASSIGN_OR_RETURN(c.resize_fixed_seconds, Positive(path, r, "fixed_seconds", 2.0, true));
@@ -330,18 +348,24 @@ Result<StepPrediction> PredictStep(const WorkloadProfile& workload, const Cluste
     }
     p.compute_seconds = std::max(p.compute_seconds, t);
   }
-  p.allreduce_seconds =
-      RingAllReduceSeconds(cluster, n, workload.parameters * workload.gradient_bytes_per_parameter);
-  // On shared cores the all-reduce is CPU work too (copies, integer sums, loopback TCP): n
-  // workers doing equal shares on fewer cores take n / cores times as long.
-  double sharing = 1.0;
-  for (const auto& [type, count] : workers) {
-    auto cores = cluster.shared_cores.find(type);
-    if (cores != cluster.shared_cores.end()) {
-      sharing = std::max(sharing, static_cast<double>(count) / cores->second);
+  const double bytes = workload.parameters * workload.gradient_bytes_per_parameter;
+  if (auto m = cluster.measured_allreduce_seconds.find(n);
+      m != cluster.measured_allreduce_seconds.end()) {
+    // Measured with this many workers on these cores: sharing is already in it.
+    p.allreduce_seconds = m->second * bytes / cluster.measured_allreduce_bytes;
+  } else {
+    p.allreduce_seconds = RingAllReduceSeconds(cluster, n, bytes);
+    // On shared cores the all-reduce is CPU work too (copies, integer sums, loopback TCP): n
+    // workers doing equal shares on fewer cores take n / cores times as long.
+    double sharing = 1.0;
+    for (const auto& [type, count] : workers) {
+      auto cores = cluster.shared_cores.find(type);
+      if (cores != cluster.shared_cores.end()) {
+        sharing = std::max(sharing, static_cast<double>(count) / cores->second);
+      }
     }
+    p.allreduce_seconds *= sharing;
   }
-  p.allreduce_seconds *= sharing;
   p.step_seconds = p.compute_seconds + p.allreduce_seconds;
   return p;
 }

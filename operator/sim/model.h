@@ -69,6 +69,12 @@ struct Cluster {
   // `bandwidth_bytes_per_second`.
   double latency_seconds = 0.0;
   double bandwidth_bytes_per_second = 1e10;
+  // Measured instead: seconds of a step's collectives with n workers, for a gradient of
+  // `measured_allreduce_bytes` bytes (scaled linearly to other sizes). Where a host's
+  // collectives are not bandwidth-bound (local workers on loopback, dominated by kernel copies
+  // and wake-ups) this replaces the ring model, and the shared-core stretch, for those n.
+  double measured_allreduce_bytes = 0.0;
+  std::map<int, double> measured_allreduce_seconds;
   // Resize pause: a fixed switch cost plus the state broadcast to joiners.
   double resize_fixed_seconds = 2.0;
   double state_bandwidth_bytes_per_second = 1e10;

@@ -243,6 +243,42 @@ TEST(StepModel, CoreContentionNeedsSharedCoresAndAFraction) {
       << c.status().message();
 }
 
+TEST(StepModel, MeasuredAllReduceReplacesTheRingForItsWorkerCounts) {
+  auto c = LoadCluster(TempFile("measured.yaml",
+                                "gpus: {fast: 4}\nshared_cores: {fast: 2}\n"
+                                "network:\n  bandwidth_bytes_per_second: 1.0e9\n"
+                                "  measured_allreduce:\n    bytes: 2.0e6\n"
+                                "    seconds: {2: 0.01, 3: 0.03}\n"));
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->measured_allreduce_seconds.size(), 2u);
+  // The toy workload has 4e6 gradient bytes: twice the measured size, twice the time, and
+  // no shared-core stretch on top (the measurement has it).
+  auto p = PredictStep(SimpleWorkload(), *c, {{"fast", 3}}, 8, 256, SplitMode::kProportional);
+  ASSERT_TRUE(p.ok());
+  EXPECT_NEAR(p->allreduce_seconds, 0.06, 1e-12);
+  p = PredictStep(SimpleWorkload(), *c, {{"fast", 2}}, 8, 256, SplitMode::kProportional);
+  EXPECT_NEAR(p->allreduce_seconds, 0.02, 1e-12);
+  // A worker count it has no measurement for falls back to the stretched ring; one worker has
+  // no collective at all.
+  p = PredictStep(SimpleWorkload(), *c, {{"fast", 4}}, 8, 256, SplitMode::kProportional);
+  EXPECT_NEAR(p->allreduce_seconds, 2.0 * RingAllReduceSeconds(*c, 4, 4e6), 1e-12);
+  p = PredictStep(SimpleWorkload(), *c, {{"fast", 1}}, 8, 256, SplitMode::kProportional);
+  EXPECT_EQ(p->allreduce_seconds, 0.0);
+
+  for (const char* bad :
+       {"seconds: {1: 0.01}", "seconds: {2: -1}", "seconds: {}", "bytes: 1.0e6"}) {
+    const std::string text =
+        std::string("gpus: {fast: 4}\nnetwork:\n  measured_allreduce: ") +
+        (std::string(bad).rfind("bytes", 0) == 0 ? std::string("{") + bad + "}"
+                                                 : std::string("{bytes: 1.0e6, ") + bad + "}") +
+        "\n";
+    auto r = LoadCluster(TempFile("measured-bad.yaml", text));
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("measured_allreduce"), std::string::npos)
+        << r.status().message();
+  }
+}
+
 TEST(StepModel, PerStepWorkCountsOncePerWorker) {
   WorkloadProfile w = SimpleWorkload();
   w.devices["fast"].per_step_seconds = 0.05;
