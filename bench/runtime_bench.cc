@@ -15,7 +15,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -69,11 +68,9 @@ struct Setup {
   int repeats = 5;  // measurements; the median is reported
 };
 
+// `kind` is cpu or cuda (main checks it).
 std::unique_ptr<Device> MakeDevice(const std::string& kind) {
-  if (kind == "cpu") return CreateCpuDevice(1);
-  if (kind == "cuda") return Check(CreateCudaDevice(0));
-  Check(InvalidArgument("--device must be cpu or cuda, not '" + kind + "'"));
-  return nullptr;
+  return kind == "cuda" ? Check(CreateCudaDevice(0)) : CreateCpuDevice(1);
 }
 
 // One worker running all of a job's virtual nodes, ready to be timed.
@@ -116,24 +113,6 @@ double TimePerStep(const JobSpec& job, const Dataset& train, const Setup& setup)
   std::vector<double> samples;
   for (int r = 0; r < setup.repeats; ++r) samples.push_back(w.Run(setup.steps));
   return Median(samples);
-}
-
-// Parses "32,64,128" into positive integers.
-std::vector<int64_t> ParseList(const std::string& flag, const std::string& text) {
-  std::vector<int64_t> out;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    char* end = nullptr;
-    const long long v = std::strtoll(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || v <= 0) {
-      Check(InvalidArgument("--" + flag + " wants positive integers separated by commas, not '" +
-                            text + "'"));
-    }
-    out.push_back(v);
-  }
-  if (out.empty()) Check(InvalidArgument("--" + flag + " is empty"));
-  return out;
 }
 
 int VnodeOverhead(const Dataset& train, const Setup& setup, int virtual_nodes,
@@ -415,6 +394,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   const bool gpu = device == "cuda";
+  auto parsed = ParseNumberList(
+      "--micro-batches",
+      !micro_batches.empty() ? micro_batches : (gpu ? "64,256,1024" : "32,64,128,256"), 1, 1e9,
+      /*whole=*/true);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "vf-bench: error: %s\n", parsed.status().message().c_str());
+    return 2;
+  }
+  const std::vector<int64_t> micro_batch_list(parsed->begin(), parsed->end());
   Setup setup;
   setup.device = device;
   setup.reduction = reduction == "exact" ? Reduction::kExact : Reduction::kFast;
@@ -440,10 +428,7 @@ int main(int argc, char** argv) {
   }
   const Dataset& train = data->train;
   if (cmd == "vnode-overhead") {
-    const std::string list =
-        !micro_batches.empty() ? micro_batches : (gpu ? "64,256,1024" : "32,64,128,256");
-    return VnodeOverhead(train, setup, static_cast<int>(virtual_nodes),
-                         ParseList("micro-batches", list));
+    return VnodeOverhead(train, setup, static_cast<int>(virtual_nodes), micro_batch_list);
   }
   if (cmd == "throughput") {
     if (global_batch % virtual_nodes != 0) {

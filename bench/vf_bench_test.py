@@ -37,7 +37,12 @@ class VfBenchTest(unittest.TestCase):
             (["throughput", "--reduction", "approximate"], "--reduction must be exact or fast"),
             (["throughput", "--global-batch", "100", "--virtual-nodes", "3", *TINY],
              "multiple of --virtual-nodes"),
-            (["vnode-overhead", "--micro-batches", "32,x", *TINY], "--micro-batches wants"),
+            (["vnode-overhead", "--micro-batches", "32,x", *TINY],
+             "--micro-batches: 'x' is not an integer"),
+            (["vnode-overhead", "--micro-batches", "32.5", *TINY],
+             "--micro-batches: '32.5' is not an integer"),
+            (["vnode-overhead", "--micro-batches", "0", *TINY],
+             "--micro-batches: '0' is not an integer between 1 and"),
             (["throughput", "--dataset", "/nonexistent"], "/nonexistent"),
         ]
         for args, message in cases:

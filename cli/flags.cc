@@ -7,6 +7,26 @@
 
 namespace vf {
 
+Result<std::vector<double>> ParseNumberList(const std::string& flag, const std::string& text,
+                                            double lo, double hi, bool whole) {
+  std::vector<double> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    char* end = nullptr;
+    const double v = std::strtod(item.c_str(), &end);
+    if (item.empty() || *end != '\0' || !(v >= lo) || v > hi || (whole && v != std::floor(v))) {
+      std::ostringstream range;
+      range << lo << " and " << hi;
+      return InvalidArgument(flag + ": '" + item + "' is not " +
+                             (whole ? "an integer" : "a number") + " between " + range.str());
+    }
+    out.push_back(v);
+  }
+  if (out.empty()) return InvalidArgument(flag + " is empty");
+  return out;
+}
+
 void FlagParser::AddString(const std::string& name, std::string* out, const std::string& help) {
   flags_.push_back({name, Kind::kString, out, help});
 }

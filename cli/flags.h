@@ -12,6 +12,11 @@
 
 namespace vf {
 
+// Parses a flag's comma-separated list of numbers, each in [lo, hi] and, when `whole`, an
+// integer: kInvalidArgument naming the flag and the bad item otherwise, or when it is empty.
+Result<std::vector<double>> ParseNumberList(const std::string& flag, const std::string& text,
+                                            double lo, double hi, bool whole = false);
+
 // Declares flags bound to variables, parses argv, and renders --help. Not thread-safe.
 class FlagParser {
  public:

@@ -64,5 +64,34 @@ TEST(Flags, HelpListsEveryFlag) {
   EXPECT_NE(p.Help().find("how many workers"), std::string::npos);
 }
 
+TEST(NumberList, ParsesCommaSeparatedNumbersInRange) {
+  auto v = ParseNumberList("--slowdown", "1,2.5,3", 1, 1000);
+  ASSERT_TRUE(v.ok()) << v.status().message();
+  EXPECT_EQ(*v, (std::vector<double>{1, 2.5, 3}));
+  auto whole = ParseNumberList("--micro-batches", "32,64", 1, 1e9, /*whole=*/true);
+  ASSERT_TRUE(whole.ok());
+  EXPECT_EQ(*whole, (std::vector<double>{32, 64}));
+}
+
+TEST(NumberList, NamesTheFlagAndTheBadItem) {
+  struct Case {
+    const char* text;
+    bool whole;
+    const char* message;
+  };
+  for (const Case& c : {Case{"1,x", false, "--f: 'x' is not a number between 1 and 10"},
+                        Case{"1,,2", false, "--f: '' is not a number"},
+                        Case{"0.5", false, "--f: '0.5' is not a number between 1 and 10"},
+                        Case{"11", false, "--f: '11' is not a number"},
+                        Case{"nan", false, "--f: 'nan' is not a number"},
+                        Case{"2.5", true, "--f: '2.5' is not an integer between 1 and 10"},
+                        Case{"", false, "--f is empty"}}) {
+    auto r = ParseNumberList("--f", c.text, 1, 10, c.whole);
+    ASSERT_FALSE(r.ok()) << c.text;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(r.status().message().rfind(c.message, 0), 0u) << r.status().message();
+  }
+}
+
 }  // namespace
 }  // namespace vf

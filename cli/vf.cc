@@ -4,7 +4,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 
 #include "cli/flags.h"
@@ -30,25 +29,6 @@ void OnSignal(int /*sig*/) { vf::RequestLocalJobStop(); }
 int Fail(const std::string& message, int code = 1) {
   std::fprintf(stderr, "vf: error: %s\n", message.c_str());
   return code;
-}
-
-vf::Result<std::vector<double>> ParseList(const std::string& flag, const std::string& text,
-                                          double lo, double hi) {
-  std::vector<double> out;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    char* end = nullptr;
-    const double v = std::strtod(item.c_str(), &end);
-    if (item.empty() || *end != '\0' || !(v >= lo) || v > hi) {
-      std::ostringstream range;
-      range << lo << " and " << hi;
-      return vf::InvalidArgument(flag + ": '" + item + "' is not a number between " + range.str());
-    }
-    out.push_back(v);
-  }
-  if (out.empty()) return vf::InvalidArgument(flag + " is empty");
-  return out;
 }
 
 int Run(int argc, char** argv) {
@@ -101,7 +81,7 @@ int Run(int argc, char** argv) {
     return Fail("--assignment must be proportional or even", 2);
   }
   if (!slowdown.empty()) {
-    auto f = ParseList("--slowdown", slowdown, 1, 1000);
+    auto f = vf::ParseNumberList("--slowdown", slowdown, 1, 1000);
     if (!f.ok()) return Fail(f.status().message(), 2);
     o.slowdowns = *f;
   }
@@ -110,7 +90,7 @@ int Run(int argc, char** argv) {
     if (!schedule.ok()) return Fail(schedule.status().message(), 2);
   }
   if (!delays.empty()) {
-    auto d = ParseList("--vnode-delay-ms", delays, 0, 600000);
+    auto d = vf::ParseNumberList("--vnode-delay-ms", delays, 0, 600000);
     if (!d.ok()) return Fail(d.status().message(), 2);
     o.vnode_delays_ms = *d;
   }
