@@ -70,11 +70,8 @@ class ExactReducer : public Reducer {
   }
 
   void AddLoss(const LossStats& stats) override {
-    // The fixed-point loss sums of all V nodes must fit an int64: a node's loss beyond its share
-    // of that has diverged as surely as a NaN, and is reported the same way.
     const double fixed = stats.loss_sum * kLossScale;
-    const double limit = std::ldexp(1.0, 62) / static_cast<double>(std::max(virtual_nodes_, 1));
-    if (!(std::fabs(fixed) < limit)) non_finite_ = true;  // NaN fails the comparison too
+    if (!(std::fabs(fixed) < loss_limit_)) non_finite_ = true;  // NaN fails the comparison too
     if (!non_finite_) loss_fixed_ += std::llround(fixed);
     correct_ += stats.correct;
     samples_ += stats.samples;
@@ -239,6 +236,9 @@ class ExactReducer : public Reducer {
   Device& device_;
   std::vector<GradientBucket> buckets_;
   int virtual_nodes_;
+  // The fixed-point loss sums of all V nodes must fit an int64: a node's loss beyond its share
+  // of that has diverged as surely as a NaN, and is reported the same way.
+  double loss_limit_ = std::ldexp(1.0, 62) / static_cast<double>(std::max(virtual_nodes_, 1));
   size_t count_ = 0;
   std::vector<int32_t> exponents_;
   std::vector<float> local_max_;
