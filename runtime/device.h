@@ -106,6 +106,14 @@ class Device {
   virtual void MaxAbsInto(const float* x, size_t n, uint32_t* max_bits) = 0;
   virtual void AccumulateFixedInto(const float* x, size_t n, int exponent, int64_t limit,
                                    int64_t* acc, uint32_t* bad) = 0;
+  // Both of the above over the same x, with exactly their results, in one pass where the
+  // device can: the exact reducer reads every virtual node's whole gradient this way, so a
+  // device that reads memory twice for it pays per node, not per sample.
+  virtual void MaxAbsAccumulateFixedInto(const float* x, size_t n, int exponent, int64_t limit,
+                                         int64_t* acc, uint32_t* max_bits, uint32_t* bad) {
+    MaxAbsInto(x, n, max_bits);
+    AccumulateFixedInto(x, n, exponent, limit, acc, bad);
+  }
   // out[i] = float(double(acc[i]) * 2^-exponent * scale).
   virtual void FixedToFloat(const int64_t* acc, size_t n, int exponent, double scale,
                             float* out) = 0;

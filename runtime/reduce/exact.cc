@@ -59,12 +59,15 @@ class ExactReducer : public Reducer {
     uint32_t* overflow_flag = flags_.data() + buckets_.size();
     for (size_t i = 0; i < buckets_.size(); ++i) {
       const GradientBucket& b = buckets_[i];
-      device_.MaxAbsInto(grad + b.offset, b.size, flags_.data() + i);
-      // With no scale yet this pass only measures; the step is recomputed once the scale is
+      // With no scale yet the pass only measures; the step is recomputed once the scale is
       // agreed (see reducer.h).
-      if (exponents_[i] == kUnsetExponent) continue;
-      device_.AccumulateFixedInto(grad + b.offset, b.size, exponents_[i], kFixedPointLimit,
-                                  acc_.data() + kHead + b.offset, overflow_flag);
+      if (exponents_[i] == kUnsetExponent) {
+        device_.MaxAbsInto(grad + b.offset, b.size, flags_.data() + i);
+        continue;
+      }
+      device_.MaxAbsAccumulateFixedInto(grad + b.offset, b.size, exponents_[i], kFixedPointLimit,
+                                        acc_.data() + kHead + b.offset, flags_.data() + i,
+                                        overflow_flag);
     }
     return Status::Ok();
   }

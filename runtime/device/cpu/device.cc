@@ -68,6 +68,23 @@ VF_EXACT_CLONES bool AccumulateFixedFast(const float* __restrict x, size_t n, do
   return bad == 0;
 }
 
+// MaxAbsBits and AccumulateFixedFast in one pass, for the exact reducer, which needs both for
+// every virtual node's gradient: reading it once saves a fifth of the time. No element is
+// checked against the limit: all are within it exactly when the largest is, which the caller
+// tests once. An element beyond it (NaN included) adds garbage, harmlessly: the wrapping sum
+// is well defined, and the caller flags the accumulator as unspecified.
+VF_EXACT_CLONES uint32_t MaxAbsAccumulateFixedFast(const float* __restrict x, size_t n,
+                                                   double scale, int64_t* __restrict acc) {
+  uint32_t best = 0;
+  for (size_t i = 0; i < n; ++i) {
+    best = std::max(best, std::bit_cast<uint32_t>(x[i]) & 0x7fffffffu);
+    const double v = static_cast<double>(x[i]) * scale;
+    const uint64_t q = std::bit_cast<uint64_t>(v + kMagic) - static_cast<uint64_t>(kMagicBits);
+    acc[i] = WrappingAdd(acc[i], static_cast<int64_t>(q));
+  }
+  return best;
+}
+
 // For limits above 2^51, where the magic-number rounding no longer applies. Adding and
 // subtracting 2^52 (with v's sign) rounds half to even the same way; from 2^52 up every double
 // is an integer already.
@@ -265,6 +282,25 @@ bool CpuDevice::AccumulateFixed(const float* x, size_t n, int exponent, int64_t 
 void CpuDevice::AccumulateFixedInto(const float* x, size_t n, int exponent, int64_t limit,
                                     int64_t* acc, uint32_t* bad) {
   if (!AccumulateFixed(x, n, exponent, limit, acc)) *bad = 1;
+}
+
+void CpuDevice::MaxAbsAccumulateFixedInto(const float* x, size_t n, int exponent, int64_t limit,
+                                          int64_t* acc, uint32_t* max_bits, uint32_t* bad) {
+  if (limit > kMagicRange) {
+    MaxAbsInto(x, n, max_bits);
+    AccumulateFixedInto(x, n, exponent, limit, acc, bad);
+    return;
+  }
+  const double scale = PowerOfTwo(exponent);
+  const uint32_t bits = MaxAbsAccumulateFixedFast(x, n, scale, acc);
+  *max_bits = std::max(*max_bits, bits);
+  // Scaling by a power of two is exact and monotonic, so this is AccumulateFixed's test of
+  // every element. NaN bits sort above +Inf's, and an infinite maximum fails the comparison.
+  constexpr uint32_t kInfBits = 0x7f800000u;
+  if (bits >= kInfBits ||
+      !(static_cast<double>(std::bit_cast<float>(bits)) * scale <= static_cast<double>(limit))) {
+    *bad = 1;
+  }
 }
 
 void CpuDevice::FixedToFloat(const int64_t* acc, size_t n, int exponent, double scale, float* out) {

@@ -51,6 +51,8 @@ class CpuDevice final : public Device {
   void MaxAbsInto(const float* x, size_t n, uint32_t* max_bits) override;
   void AccumulateFixedInto(const float* x, size_t n, int exponent, int64_t limit, int64_t* acc,
                            uint32_t* bad) override;
+  void MaxAbsAccumulateFixedInto(const float* x, size_t n, int exponent, int64_t limit,
+                                 int64_t* acc, uint32_t* max_bits, uint32_t* bad) override;
   void FixedToFloat(const int64_t* acc, size_t n, int exponent, double scale, float* out) override;
 
   void Axpy(float alpha, const float* x, float* y, size_t n) override;

@@ -555,6 +555,66 @@ TEST_F(CpuDeviceTest, AccumulateFixedMatchesNearbyintReference) {
   }
 }
 
+// The one-pass form must be the two calls it replaces, bit for bit, flag for flag: clean data
+// at several scales and lengths (vector bodies and scalar tails), and every way a value can be
+// out of range (above the limit, at it exactly, NaN, infinite), wherever in the array it sits.
+TEST_F(CpuDeviceTest, OnePassMaxAndAccumulateEqualsTheTwoCalls) {
+  struct Case {
+    std::vector<float> x;
+    int exponent;
+    int64_t limit;
+  };
+  std::vector<Case> cases;
+  for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{31}, size_t{1000}, size_t{100'003}}) {
+    for (int exponent : {-20, 0, 13, 40}) {
+      cases.push_back({FixedPointTestValues(n, exponent, 700 + n + exponent), exponent, kLimit51});
+    }
+  }
+  const std::vector<float> base = RandomFloats(1001, 710, -1.f, 1.f);
+  for (size_t pos : {size_t{0}, size_t{500}, size_t{1000}}) {
+    for (float bad_value : {kNaN, -kNaN, kInf, -kInf, 0x1p12f, -0x1p12f}) {
+      std::vector<float> x = base;
+      x[pos] = bad_value;
+      cases.push_back({x, 38, kLimit51});  // 2^12 * 2^38 = 2^50 < 2^51: only NaN and Inf fail
+      cases.push_back({x, 40, kLimit51});  // 2^52 > 2^51
+    }
+  }
+  cases.push_back({{1.f, -4.f, 2.f}, 8, 1024});  // |-4 * 2^8| equals the limit: accepted
+  cases.push_back({{1.f, -4.f, 2.f}, 8, 1023});
+  cases.push_back({{0.f, -0.f}, 2000, 0});
+  cases.push_back({{0.5f}, 0, -1});
+  cases.push_back({{0x1p60f, -3.5f}, 0, std::numeric_limits<int64_t>::max()});  // the wide path
+
+  for (size_t c = 0; c < cases.size(); ++c) {
+    const Case& k = cases[c];
+    const size_t n = k.x.size();
+    std::vector<int64_t> fused(n), separate(n);
+    std::mt19937_64 rng(800 + c);
+    for (size_t i = 0; i < n; ++i) fused[i] = separate[i] = static_cast<int64_t>(rng() >> 20);
+    // Maxima start above zero, so that the call keeps the larger of old and new.
+    uint32_t fused_max = 5, separate_max = 5, fused_bad = 0, separate_bad = 0;
+    device_->MaxAbsAccumulateFixedInto(k.x.data(), n, k.exponent, k.limit, fused.data(), &fused_max,
+                                       &fused_bad);
+    device_->MaxAbsInto(k.x.data(), n, &separate_max);
+    device_->AccumulateFixedInto(k.x.data(), n, k.exponent, k.limit, separate.data(),
+                                 &separate_bad);
+    EXPECT_EQ(fused_max, separate_max) << "case " << c;
+    EXPECT_EQ(fused_bad != 0, separate_bad != 0) << "case " << c;
+    // Where a value is out of range the accumulator is unspecified.
+    if (separate_bad == 0) {
+      EXPECT_EQ(fused, separate) << "case " << c;
+    }
+  }
+
+  // The flag is never cleared by a later clean call.
+  const float one = 1.f;
+  int64_t acc = 0;
+  uint32_t max_bits = 0, bad = 1;
+  device_->MaxAbsAccumulateFixedInto(&one, 1, 0, kLimit51, &acc, &max_bits, &bad);
+  EXPECT_EQ(bad, 1u);
+  EXPECT_EQ(acc, 1);
+}
+
 TEST_F(CpuDeviceTest, AccumulateFixedWithWideLimitHandlesValuesBeyondTwoToThe51) {
   const std::vector<float> x = {0x1p60f, -0x1p62f, 2.5f, -3.5f};
   std::vector<int64_t> acc(x.size(), 1);
