@@ -5,16 +5,19 @@
 //   vf-bench reduction        4 Gloo workers: all-reduce time, exact vs fast, and MLP step time
 //   vf-bench memory           peak memory of one worker at two global batches, same micro-batch
 //   vf-bench throughput       samples per second of one worker at one configuration
-// --device cuda runs vnode-overhead, memory and throughput on the GPU.
+//   vf-bench products         the MLP's matrix products alone, V micro-batches vs 1 batch
+// --device cuda runs vnode-overhead, products, memory and throughput on the GPU.
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -138,6 +141,122 @@ int VnodeOverhead(const Dataset& train, const Setup& setup, int virtual_nodes,
     }
     std::printf("%12lld %12lld %14.3f %14.3f %8.3f\n", static_cast<long long>(b),
                 static_cast<long long>(micro), 1e3 * Median(t1), 1e3 * Median(tv), Median(ratio));
+  }
+  return 0;
+}
+
+// The reference MLP's matrix products, as a step runs them, on one device: forward, then
+// backward from the top layer down (the weight gradient, then the gradient of the layer's input
+// except for the first layer). Random weights and activations: the values do not change the
+// work. Not thread-safe.
+class MlpProducts {
+ public:
+  MlpProducts(Device& device, int64_t rows) : device_(device) {
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    auto filled = [&](size_t n) {
+      std::vector<float> host(n);
+      for (float& x : host) x = u(rng);
+      auto b = Check(DeviceBuffer<float>::Create(device_, n));
+      device_.CopyFromHost(b.data(), host.data(), n * sizeof(float));
+      return b;
+    };
+    const auto r = static_cast<size_t>(rows);
+    for (size_t l = 0; l < kLayers; ++l) {
+      const size_t in = kSizes[l], out = kSizes[l + 1];
+      weights_.push_back(filled(in * out));
+      grads_.push_back(Check(DeviceBuffer<float>::Create(device_, in * out)));
+    }
+    for (size_t l = 0; l <= kLayers; ++l) {
+      act_.push_back(filled(r * kSizes[l]));
+      delta_.push_back(filled(r * kSizes[l]));
+    }
+  }
+
+  // All products of the rows [first, first + rows) of the batch.
+  void Run(int64_t first, int rows) {
+    const auto f = static_cast<size_t>(first);
+    for (size_t l = 0; l < kLayers; ++l)
+      Forward(l, first, rows, act_[l + 1].data() + f * kSizes[l + 1]);
+    for (size_t l = kLayers; l-- > 0;) {
+      const int in = kSizes[l], out = kSizes[l + 1];
+      device_.Gemm(true, false, in, out, rows, 1.f, act_[l].data() + f * kSizes[l],
+                   delta_[l + 1].data() + f * kSizes[l + 1], 0.f, grads_[l].data());
+      if (l > 0) {
+        device_.Gemm(false, true, rows, in, out, 1.f, delta_[l + 1].data() + f * kSizes[l + 1],
+                     weights_[l].data(), 0.f, delta_[l].data() + f * kSizes[l]);
+      }
+    }
+  }
+
+  // The forward product of layer l for rows [first, first + rows), written to `out`.
+  void Forward(size_t l, int64_t first, int rows, float* out) {
+    device_.Gemm(false, false, rows, kSizes[l + 1], kSizes[l], 1.f,
+                 act_[l].data() + static_cast<size_t>(first) * kSizes[l], weights_[l].data(), 0.f,
+                 out);
+  }
+
+  static constexpr size_t kLayers = 3;
+  static constexpr int kSizes[kLayers + 1] = {784, 512, 256, 10};
+
+ private:
+  Device& device_;
+  std::vector<DeviceBuffer<float>> weights_, grads_, act_, delta_;
+};
+
+// The part of vnode-overhead that lies in the products themselves: V products of m rows cost
+// more than one of V*m rows (each packs the whole weight matrix, and a small product uses the
+// BLAS's kernels less well). No change to the reducer can take that away. The nodes could share
+// one product only if each output row came out with the same bits whatever rows were stacked
+// around it; the last column counts the outputs of layer 0's forward product that differ.
+int Products(const Setup& setup, int virtual_nodes, const std::vector<int64_t>& micro_batches) {
+  std::printf(
+      "matrix products alone (the MLP's 8 per node and step) on %s: V=%d products of the "
+      "micro-batch vs 1 of the global batch; the two alternate, %d rounds of %d steps, medians\n",
+      setup.device.c_str(), virtual_nodes, setup.repeats, setup.steps);
+  std::printf("%12s %12s %14s %14s %8s %18s\n", "global batch", "micro-batch", "V=1 ms/step",
+              ("V=" + std::to_string(virtual_nodes) + " ms/step").c_str(), "ratio",
+              "stacked rows differ");
+  auto device = MakeDevice(setup.device);
+  for (int64_t micro : micro_batches) {
+    const int64_t b = micro * virtual_nodes;
+    const int m = static_cast<int>(micro);
+    MlpProducts p(*device, b);
+    auto time = [&](int nodes) {
+      const auto t0 = Clock::now();
+      for (int s = 0; s < setup.steps; ++s) {
+        for (int v = 0; v < nodes; ++v) p.Run(v * b / nodes, static_cast<int>(b / nodes));
+      }
+      device->Synchronize();
+      return Seconds(t0, Clock::now()) / setup.steps;
+    };
+    time(1);
+    time(virtual_nodes);  // warm-up
+    std::vector<double> t1, tv, ratio;
+    for (int r = 0; r < setup.repeats; ++r) {
+      t1.push_back(time(1));
+      tv.push_back(time(virtual_nodes));
+      ratio.push_back(tv.back() / t1.back());
+    }
+    // Layer 0's forward product: one over the whole batch vs one per micro-batch.
+    const size_t outputs = static_cast<size_t>(b) * MlpProducts::kSizes[1];
+    auto stacked = Check(DeviceBuffer<float>::Create(*device, outputs));
+    auto apart = Check(DeviceBuffer<float>::Create(*device, outputs));
+    p.Forward(0, 0, static_cast<int>(b), stacked.data());
+    for (int v = 0; v < virtual_nodes; ++v) {
+      p.Forward(0, int64_t{v} * m, m,
+                apart.data() + static_cast<size_t>(v) * m * MlpProducts::kSizes[1]);
+    }
+    std::vector<float> hs(outputs), ha(outputs);
+    device->CopyToHost(hs.data(), stacked.data(), outputs * sizeof(float));
+    device->CopyToHost(ha.data(), apart.data(), outputs * sizeof(float));
+    size_t differ = 0;
+    for (size_t i = 0; i < outputs; ++i) {
+      differ += std::bit_cast<uint32_t>(hs[i]) != std::bit_cast<uint32_t>(ha[i]) ? 1 : 0;
+    }
+    std::printf("%12lld %12lld %14.3f %14.3f %8.3f %9zu of %6zu\n", static_cast<long long>(b),
+                static_cast<long long>(micro), 1e3 * Median(t1), 1e3 * Median(tv), Median(ratio),
+                differ, outputs);
   }
   return 0;
 }
@@ -331,6 +450,8 @@ constexpr char kUsage[] =
     "  reduction         Gloo workers: exact vs fast reduction, alone and in a whole step\n"
     "  memory            peak memory at the same micro-batch as the global batch grows 16x\n"
     "  throughput        samples per second of one worker at --global-batch and --virtual-nodes\n"
+    "  products          the MLP's matrix products alone: V micro-batches vs 1 batch, and\n"
+    "                    whether one product over stacked micro-batches keeps each row's bits\n"
     "  checkpoint-write  seconds to write a checkpoint like --checkpoint\n";
 
 int main(int argc, char** argv) {
@@ -349,14 +470,15 @@ int main(int argc, char** argv) {
   flags.AddInt("repeats", &repeats, "measurements per point; the median is reported (default 5)");
   flags.AddInt("workers", &ranks, "Gloo workers for `reduction` (default 4)");
   flags.AddString("device", &device,
-                  "cpu or cuda, for vnode-overhead, memory and throughput (default cpu)");
+                  "cpu or cuda, for vnode-overhead, products, memory and throughput (default "
+                  "cpu)");
   flags.AddString("reduction", &reduction,
                   "exact or fast, for vnode-overhead and throughput (default exact)");
   flags.AddInt("virtual-nodes", &virtual_nodes,
-               "virtual nodes: vnode-overhead's many-node side, memory's smallest case, "
-               "throughput's job (default 8)");
+               "virtual nodes: vnode-overhead's and products' many-node side, memory's "
+               "smallest case, throughput's job (default 8)");
   flags.AddString("micro-batches", &micro_batches,
-                  "vnode-overhead: micro-batches at V nodes, comma-separated (default "
+                  "vnode-overhead, products: micro-batches at V nodes, comma-separated (default "
                   "32,64,128,256 on cpu, 64,256,1024 on cuda)");
   flags.AddInt("micro-batch", &micro_batch,
                "memory: the micro-batch held fixed (default 32 on cpu, 256 on cuda)");
@@ -373,8 +495,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "vf-bench: error: %s\n", pos.status().message().c_str());
     return 2;
   }
-  const std::vector<std::string> known = {"vnode-overhead", "reduction",        "memory",
-                                          "throughput",     "checkpoint-write", "memory-child"};
+  const std::vector<std::string> known = {"vnode-overhead", "reduction", "memory",
+                                          "throughput",     "products",  "checkpoint-write",
+                                          "memory-child"};
   if (std::find(known.begin(), known.end(), cmd) == known.end()) {
     std::fprintf(stderr, "vf-bench: error: unknown benchmark '%s' (see --help)\n", cmd.c_str());
     return 2;
@@ -415,7 +538,7 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  if (cmd == "checkpoint-write") dataset.clear();
+  if (cmd == "checkpoint-write" || cmd == "products") dataset.clear();
   Result<DatasetSplits> data = DatasetSplits{};
   if (dataset == "synthetic") {
     data = MakeSyntheticDataset(60000, 1000, 28, 28, 10, 1);
@@ -429,6 +552,9 @@ int main(int argc, char** argv) {
   const Dataset& train = data->train;
   if (cmd == "vnode-overhead") {
     return VnodeOverhead(train, setup, static_cast<int>(virtual_nodes), micro_batch_list);
+  }
+  if (cmd == "products") {
+    return Products(setup, static_cast<int>(virtual_nodes), micro_batch_list);
   }
   if (cmd == "throughput") {
     if (global_batch % virtual_nodes != 0) {

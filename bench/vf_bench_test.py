@@ -21,7 +21,7 @@ class VfBenchTest(unittest.TestCase):
     def test_help_lists_every_benchmark_and_option(self):
         rc, out, _ = run("--help")
         self.assertEqual(rc, 0)
-        for word in ["vnode-overhead", "reduction", "memory", "throughput", "--device",
+        for word in ["vnode-overhead", "reduction", "memory", "throughput", "products", "--device",
                      "--micro-batches", "--reduction"]:
             self.assertIn(word, out)
 
@@ -44,6 +44,7 @@ class VfBenchTest(unittest.TestCase):
             (["vnode-overhead", "--micro-batches", "0", *TINY],
              "--micro-batches: '0' is not an integer between 1 and"),
             (["throughput", "--dataset", "/nonexistent"], "/nonexistent"),
+            (["products", "--micro-batches", "-4"], "--micro-batches: '-4' is not an integer"),
         ]
         for args, message in cases:
             with self.subTest(args=args):
@@ -73,6 +74,20 @@ class VfBenchTest(unittest.TestCase):
         self.assertEqual([(r[0], r[1]) for r in rows], [("32", "8"), ("64", "16")])
         for r in rows:
             self.assertAlmostEqual(float(r[4]), float(r[3]) / float(r[2]), delta=0.002)
+
+    def test_products_times_both_sides_and_counts_differing_outputs(self):
+        rc, out, err = run("products", "--virtual-nodes", "3", "--micro-batches", "5,16",
+                           "--steps", "2", "--repeats", "1")
+        self.assertEqual(rc, 0, err)
+        rows = re.findall(
+            r"^\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+) of\s+(\d+)$", out,
+            re.M)
+        self.assertEqual([(r[0], r[1]) for r in rows], [("15", "5"), ("48", "16")])
+        for r in rows:
+            self.assertAlmostEqual(float(r[4]), float(r[3]) / float(r[2]), delta=0.002)
+            # layer 0's forward product: global batch x 512 outputs
+            self.assertEqual(int(r[6]), int(r[0]) * 512)
+            self.assertLessEqual(int(r[5]), int(r[6]))
 
     def test_memory_measures_three_children(self):
         rc, out, err = run("memory", "--virtual-nodes", "2", "--micro-batch", "4",
