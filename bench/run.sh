@@ -8,6 +8,8 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 bin="${VF_BUILD_DIR:-$root/build}/bin/vf-bench"
 "$bin" vnode-overhead --repeats 15
 echo
+"$bin" products --repeats 15
+echo
 "$bin" reduction
 echo
 "$bin" memory
