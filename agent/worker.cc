@@ -108,7 +108,7 @@ Status RunWorker(const WorkerOptions& o) {
   const bool gpu = UseGpu(&no_gpu);
   const auto register_deadline = Clock::now() + timeout;
   while (true) {
-    const Status s = client.Register(job.Fingerprint(), BuildId(), false);
+    Status s = client.Register(job.Fingerprint(), BuildId(), false);
     if (s.ok()) break;
     if (s.code() != StatusCode::kUnavailable && s.code() != StatusCode::kNotFound) return s;
     if (Clock::now() > register_deadline) return s.WithContext("registering");
@@ -140,7 +140,7 @@ Status RunWorker(const WorkerOptions& o) {
   // forgotten this worker (the operator restarted) gets it registered again, leave request
   // included, and training never stops for it.
   auto report = [&](const Report& r) -> Status {
-    const Status s = client.Report(r);
+    Status s = client.Report(r);
     if (s.code() != StatusCode::kNotFound) return s;
     VF_RETURN_IF_ERROR(client.Register(job.Fingerprint(), BuildId(), true));
     if (leave_sent) (void)client.Leave();

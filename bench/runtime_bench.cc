@@ -426,7 +426,7 @@ int Memory(const std::string& self, const std::vector<std::string>& common, cons
   const int v = virtual_nodes;
   const int64_t m = micro_batch;
   std::vector<double> peak;
-  for (Case c : {Case{v, v * m}, Case{16 * v, 16 * v * m}, Case{v, 16 * v * m}}) {
+  for (Case c : {Case{v, v * m}, Case{16 * v, 16 * (v * m)}, Case{v, 16 * (v * m)}}) {
     const PeakMemory p = MeasureInChild(self, common, c.v, c.b);
     const double mib = gpu ? static_cast<double>(p.device_bytes) / (1 << 20)
                            : static_cast<double>(p.rss_kib) / 1024.0;

@@ -106,7 +106,10 @@ class [[nodiscard]] Result {
 // `lhs = value of expr` (a Result<T>), or return its Status from the enclosing function.
 #define VF_ASSIGN_OR_RETURN(lhs, expr) \
   VF_ASSIGN_OR_RETURN_IMPL_(VF_STATUS_CONCAT_(vf_result_, __LINE__), lhs, expr)
+// NOLINTBEGIN(bugprone-macro-parentheses): `tmp` is a name and `lhs` may be a declaration
+// (`auto x`), neither of which can be parenthesised.
 #define VF_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
   auto tmp = (expr);                              \
   if (!tmp.ok()) return tmp.status();             \
   lhs = std::move(tmp).value()
+// NOLINTEND(bugprone-macro-parentheses)

@@ -21,7 +21,7 @@ Informer::Informer(kube::Client& client, const kube::Resource& resource, std::st
   handlers.on_sync = [this](std::vector<json> items, const std::string&) {
     Sync(std::move(items));
   };
-  handlers.on_event = [this](kube::WatchEvent event) { Apply(event); };
+  handlers.on_event = [this](const kube::WatchEvent& event) { Apply(event); };
   handlers.on_error = [this](const kube::ApiError& error) {
     std::fprintf(stderr, "virtualflow-operator: informer %s: %s (retrying)\n",
                  std::string(resource_.resource).c_str(), error.ToString().c_str());

@@ -441,8 +441,9 @@ TEST_F(CoordinatorTest, WatchPlanFiresOnceForTheFirstNewerPlan) {
 
 TEST_F(CoordinatorTest, CancelledWatchNeverFires) {
   std::atomic<int> calls{0};
-  Result<Coordinator::WatchId> plan = c_.WatchPlan(kJob, 0, [&](Result<Plan>) { ++calls; });
-  Result<Coordinator::WatchId> key = c_.WatchKey(kJob, "k", [&](Result<std::string>) { ++calls; });
+  Result<Coordinator::WatchId> plan = c_.WatchPlan(kJob, 0, [&](const Result<Plan>&) { ++calls; });
+  Result<Coordinator::WatchId> key =
+      c_.WatchKey(kJob, "k", [&](const Result<std::string>&) { ++calls; });
   ASSERT_TRUE(plan.ok() && key.ok());
   EXPECT_TRUE(c_.CancelWatch(*plan));
   EXPECT_TRUE(c_.CancelWatch(*key));

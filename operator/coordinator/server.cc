@@ -153,7 +153,7 @@ struct Body {
 class BodyReader : public std::enable_shared_from_this<BodyReader> {
  public:
   BodyReader(http_request request, size_t limit)
-      : request_(std::move(request)), limit_(limit), chunk_(kReadChunkBytes) {}
+      : request_(request), limit_(limit), chunk_(kReadChunkBytes) {}
 
   pplx::task<Body> Read() {
     try {
@@ -477,7 +477,7 @@ Status CoordinatorServer::Impl::Open() {
     // A raw pointer: the listener belongs to this object, and Stop closes it before the object
     // can go away, so the handler never outlives it.
     Impl* self = this;
-    listener_->support([self](http_request request) { self->Handle(std::move(request)); });
+    listener_->support([self](http_request request) { self->Handle(request); });
     listener_->open().wait();
   } catch (...) {
     listener_.reset();

@@ -30,6 +30,7 @@
 // its own connection handling queued on its thread pool, and LeakSanitizer reports it. A bare
 // listener shows the same, and thousands of requests in one process leak nothing, so it is not
 // a per-request leak.
+// NOLINTNEXTLINE(bugprone-reserved-identifier): the name LeakSanitizer looks up.
 extern "C" const char* __lsan_default_suppressions() { return "leak:libcpprest.so\n"; }
 
 namespace vf {

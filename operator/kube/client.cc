@@ -78,7 +78,7 @@ Status ConfigureTls(boost::asio::ssl::context& context, const Config& config) {
   return Status::Ok();
 }
 
-std::string Trim(std::string text) {
+std::string Trim(const std::string& text) {
   const size_t begin = text.find_first_not_of(" \t\r\n");
   if (begin == std::string::npos) return "";
   const size_t end = text.find_last_not_of(" \t\r\n");
@@ -353,7 +353,7 @@ class Client::Impl {
       web::http::http_request request = NewRequest(method, path_and_query);
       if (body != nullptr) SetJsonBody(request, *body, content_type);
       const Clock::time_point sent = Clock::now();
-      std::variant<RawResponse, ApiError> exchanged = Exchange(std::move(request), deadline);
+      std::variant<RawResponse, ApiError> exchanged = Exchange(request, deadline);
       const auto* answered = std::get_if<RawResponse>(&exchanged);
       Observe(verb, answered != nullptr ? answered->code : 0, sent);
       if (auto* error = std::get_if<ApiError>(&exchanged)) {
@@ -422,8 +422,9 @@ ApiStatus Client::Impl::Watch(const Resource& resource, std::string_view ns,
   milliseconds idle = std::min(options.idle_timeout, kLongestTimeout);
   if (idle <= milliseconds::zero()) {
     const std::chrono::seconds server_timeout(
-        options.timeout_seconds > 0 ? std::min<int64_t>(options.timeout_seconds, 24 * 365 * 3600)
-                                    : 3600);
+        options.timeout_seconds > 0
+            ? std::min<int64_t>(options.timeout_seconds, int64_t{24} * 365 * 3600)
+            : 3600);
     idle = server_timeout + std::chrono::minutes(1);
   }
   const std::string path =
@@ -488,7 +489,8 @@ ApiStatus Client::Impl::Watch(const Resource& resource, std::string_view ns,
     }
     try {
       response = future.get();
-      answered = response.status_code();
+      answered = response.status_code();  // NOLINT(clang-analyzer-deadcode.DeadStores): read by
+                                          // observe_on_exit
     } catch (const web::http::http_exception& e) {
       return failed(TransportError(e));
     } catch (const std::exception& e) {

@@ -20,6 +20,7 @@
 // When a process exits right after a request was cancelled, cpprest can still have a
 // continuation of its own queued on its thread pool, and LeakSanitizer reports it; the
 // coordinator's tests see the same. It is not a per-request leak.
+// NOLINTNEXTLINE(bugprone-reserved-identifier): the name LeakSanitizer looks up.
 extern "C" const char* __lsan_default_suppressions() { return "leak:libcpprest.so\n"; }
 
 namespace vf::kube {
@@ -430,7 +431,7 @@ TEST(WatchTest, EventsArriveAsSentWhateverTheChunking) {
   options.resource_version = "10";
   options.timeout_seconds = 30;
   std::vector<std::pair<WatchEventType, std::string>> events;
-  ApiStatus result = client->Watch(kConfigMaps, "ns", options, [&](WatchEvent event) {
+  ApiStatus result = client->Watch(kConfigMaps, "ns", options, [&](const WatchEvent& event) {
     events.emplace_back(event.type, ResourceVersionOf(event.object));
     first_seen = true;
   });
@@ -459,8 +460,8 @@ TEST(WatchTest, ErrorEventIsHandledAndReturned) {
   });
   std::unique_ptr<Client> client = NewClient(server.url());
   std::vector<WatchEventType> types;
-  ApiStatus result =
-      client->Watch(kConfigMaps, "ns", {}, [&](WatchEvent event) { types.push_back(event.type); });
+  ApiStatus result = client->Watch(kConfigMaps, "ns", {},
+                                   [&](const WatchEvent& event) { types.push_back(event.type); });
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.reason(), Reason::kGone);
   EXPECT_NE(result.status().message().find("watch configmaps in ns: Expired: too old resource"),
@@ -474,7 +475,7 @@ TEST(WatchTest, HttpErrorBeforeTheStream) {
     c.Respond(403, R"({"kind":"Status","reason":"Forbidden","message":"no watching","code":403})");
   });
   std::unique_ptr<Client> client = NewClient(server.url());
-  ApiStatus result = client->Watch(kPods, "", {}, [](WatchEvent) {});
+  ApiStatus result = client->Watch(kPods, "", {}, [](const WatchEvent&) {});
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.reason(), Reason::kForbidden);
   EXPECT_EQ(result.status().message(),
@@ -494,7 +495,7 @@ TEST(WatchTest, StopEndsABlockedWatchPromptly) {
   auto done = std::async(std::launch::async, [&] {
     return client->Watch(
         kConfigMaps, "ns", {},
-        [&](WatchEvent) {
+        [&](const WatchEvent&) {
           if (events++ == 0) first.set_value();
         },
         stop.get_token());
@@ -519,7 +520,7 @@ TEST(WatchTest, StopFromTheHandler) {
   int events = 0;
   ApiStatus result = client->Watch(
       kConfigMaps, "ns", {},
-      [&](WatchEvent) {
+      [&](const WatchEvent&) {
         ++events;
         stop.request_stop();
       },
@@ -537,7 +538,7 @@ TEST(WatchTest, QuietStreamHitsTheIdleTimeout) {
   WatchOptions options;
   options.idle_timeout = milliseconds(500);
   const Clock::time_point start = Clock::now();
-  ApiStatus result = client->Watch(kConfigMaps, "ns", options, [](WatchEvent) {});
+  ApiStatus result = client->Watch(kConfigMaps, "ns", options, [](const WatchEvent&) {});
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.reason(), Reason::kDeadlineExceeded);
   EXPECT_LT(Clock::now() - start, seconds(5));
@@ -551,7 +552,7 @@ TEST(WatchTest, StreamCutMidEventIsAnError) {
   });
   std::unique_ptr<Client> client = NewClient(server.url());
   int events = 0;
-  ApiStatus result = client->Watch(kConfigMaps, "ns", {}, [&](WatchEvent) { ++events; });
+  ApiStatus result = client->Watch(kConfigMaps, "ns", {}, [&](const WatchEvent&) { ++events; });
   EXPECT_FALSE(result.ok());
   EXPECT_EQ(events, 1);
 }
@@ -644,8 +645,8 @@ TEST_F(TlsTest, WatchStreamsOverTls) {
   Result<std::unique_ptr<Client>> client = Client::Create(config);
   ASSERT_TRUE(client.ok());
   std::vector<WatchEventType> types;
-  ApiStatus result = (*client)->Watch(kConfigMaps, "ns", {},
-                                      [&](WatchEvent event) { types.push_back(event.type); });
+  ApiStatus result = (*client)->Watch(
+      kConfigMaps, "ns", {}, [&](const WatchEvent& event) { types.push_back(event.type); });
   ASSERT_TRUE(result.ok()) << result.status().ToString();
   EXPECT_EQ(types, (std::vector<WatchEventType>{WatchEventType::kAdded, WatchEventType::kDeleted}));
 }
@@ -765,7 +766,7 @@ TEST(ReflectorTest, ListsWatchesAndListsAgainOnGone) {
   std::mutex mu;
   std::vector<std::string> log;
   ReflectorHandlers handlers;
-  handlers.on_sync = [&](std::vector<json> items, const std::string& rv) {
+  handlers.on_sync = [&](const std::vector<json>& items, const std::string& rv) {
     std::lock_guard<std::mutex> lock(mu);
     std::string names;
     for (const json& item : items) names += item["metadata"]["name"].get<std::string>();
@@ -794,7 +795,7 @@ TEST(ReflectorTest, ResumesFromTheLastVersionWhenTheServerEndsTheStream) {
   std::unique_ptr<Client> client = NewClient(api.url());
   std::atomic<int> events{0};
   ReflectorHandlers handlers;
-  handlers.on_event = [&](WatchEvent) { ++events; };
+  handlers.on_event = [&](const WatchEvent&) { ++events; };
   const ReflectorStats stats = RunReflector(
       *client, {}, handlers, [&](Reflector& r) { return r.resource_version() == "16"; });
   EXPECT_EQ(stats.lists, 1u);
@@ -812,7 +813,7 @@ TEST(ReflectorTest, ResumeFromSkipsTheFirstListUntilGone) {
   options.resume_from = "1";
   std::atomic<int> syncs{0};
   ReflectorHandlers handlers;
-  handlers.on_sync = [&](std::vector<json>, const std::string&) { ++syncs; };
+  handlers.on_sync = [&](const std::vector<json>&, const std::string&) { ++syncs; };
   // Done once the server has seen the second watch (the reflector counts it just before).
   const ReflectorStats stats = RunReflector(
       *client, options, handlers, [&](Reflector&) { return api.watch_versions().size() >= 2; });

@@ -26,7 +26,7 @@ Result<std::string> ReadFile(const std::string& path, std::string_view what) {
   return text.str();
 }
 
-std::string Trim(std::string text) {
+std::string Trim(const std::string& text) {
   const size_t begin = text.find_first_not_of(" \t\r\n");
   if (begin == std::string::npos) return "";
   const size_t end = text.find_last_not_of(" \t\r\n");

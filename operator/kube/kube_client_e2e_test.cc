@@ -32,6 +32,7 @@
 #include "operator/kube/reflector.h"
 
 // See client_test.cc: cpprest's exit-time continuation, not a leak per request.
+// NOLINTNEXTLINE(bugprone-reserved-identifier): the name LeakSanitizer looks up.
 extern "C" const char* __lsan_default_suppressions() { return "leak:libcpprest.so\n"; }
 
 namespace vf::kube {
@@ -440,7 +441,7 @@ TEST_F(KubeconfigE2E, WatchFromAVersionOlderThanTheCacheIsGone) {
   options.timeout_seconds = 30;
   std::vector<WatchEventType> types;
   ApiStatus result = client().Watch(kWidgets, kNs, options,
-                                    [&](WatchEvent event) { types.push_back(event.type); });
+                                    [&](const WatchEvent& event) { types.push_back(event.type); });
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.reason(), Reason::kGone) << result.status().ToString();
   EXPECT_EQ(result.error().server_reason, "Expired");
@@ -459,7 +460,7 @@ TEST_F(KubeconfigE2E, ReflectorListsAgainAfterGone) {
   ReflectorOptions options;
   options.resume_from = "1";  // older than the cache: the first watch is refused with 410
   ReflectorHandlers handlers;
-  handlers.on_sync = [&](std::vector<json> items, const std::string&) {
+  handlers.on_sync = [&](const std::vector<json>& items, const std::string&) {
     for (const json& item : items) {
       if (item["metadata"]["name"] == name) ++synced_with_object;
     }
@@ -905,7 +906,7 @@ TEST_F(InClusterE2E, RbacDenialIsForbiddenWithTheServersMessage) {
             std::string::npos)
       << secrets.status().message();
 
-  ApiStatus watch = client_->Watch(kPods, "", {}, [](WatchEvent) {});
+  ApiStatus watch = client_->Watch(kPods, "", {}, [](const WatchEvent&) {});
   ASSERT_FALSE(watch.ok());
   EXPECT_EQ(watch.reason(), Reason::kForbidden);
 }

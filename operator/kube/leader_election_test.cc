@@ -22,6 +22,7 @@
 #include "operator/kube/test_util.h"
 
 // See client_test.cc: cpprest's exit-time continuation, not a leak per request.
+// NOLINTNEXTLINE(bugprone-reserved-identifier): the name LeakSanitizer looks up.
 extern "C" const char* __lsan_default_suppressions() { return "leak:libcpprest.so\n"; }
 
 namespace vf::kube {

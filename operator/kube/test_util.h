@@ -88,7 +88,7 @@ class TestCa {
     X509_set_version(cert, 2);
     ASN1_INTEGER_set(X509_get_serialNumber(cert), serial++);
     X509_gmtime_adj(X509_getm_notBefore(cert), -60);
-    X509_gmtime_adj(X509_getm_notAfter(cert), 24 * 3600);
+    X509_gmtime_adj(X509_getm_notAfter(cert), 24L * 3600);
     X509_set_pubkey(cert, key);
     X509_NAME* name = X509_get_subject_name(cert);
     X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC,
@@ -151,7 +151,7 @@ class TempDir {
   const std::string& path() const { return path_; }
   // Writes `text` to `name` inside the directory; returns the file's path.
   std::string Write(const std::string& name, std::string_view text) const {
-    const std::string file = path_ + "/" + name;
+    std::string file = path_ + "/" + name;
     std::ofstream out(file, std::ios::binary);
     out << text;
     return file;

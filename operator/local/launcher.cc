@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -106,7 +107,7 @@ std::string RandomToken() {
 }
 
 std::string FormatDuration(double seconds) {
-  const auto s = static_cast<long long>(seconds + 0.5);
+  const long long s = std::llround(seconds);
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%lld:%02lld", s / 60, s % 60);
   return buf;

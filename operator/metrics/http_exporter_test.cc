@@ -17,6 +17,7 @@
 // As in operator/coordinator/server_test.cc: cpprest can leave a continuation of its own
 // connection handling queued when a process exits right after a listener closed, and
 // LeakSanitizer reports it; it is not a per-request leak.
+// NOLINTNEXTLINE(bugprone-reserved-identifier): the name LeakSanitizer looks up.
 extern "C" const char* __lsan_default_suppressions() { return "leak:libcpprest.so\n"; }
 
 namespace vf {

@@ -244,6 +244,7 @@ TEST(MetricsReference, ComparisonNamesEachDifferenceBothWays) {
       "c (docs/metrics.md:7): labels are {x, y} in the code, {x} in the doc",
       "c (docs/metrics.md:7): exported by the operator in the code, by 'agent' in the doc",
       "only_code: registered by the agent but missing from docs/metrics.md",
+      // NOLINTNEXTLINE(bugprone-suspicious-missing-comma): one message, split over two lines.
       "only_doc (docs/metrics.md:8): listed in the doc but registered by neither OperatorMetrics "
       "nor AgentMetrics",
   };

@@ -25,7 +25,7 @@ PolicyJob Job(const std::string& id, int priority, int min, int max, double arri
 
 GpuInventory Gpus(std::map<std::string, int> gpus) { return GpuInventory{std::move(gpus)}; }
 
-std::unique_ptr<Policy> Make(const std::string& name, PolicyOptions options = {}) {
+std::unique_ptr<Policy> Make(const std::string& name, const PolicyOptions& options = {}) {
   auto p = CreatePolicy(name, options);
   EXPECT_TRUE(p.ok()) << p.status().message();
   return std::move(p).value();
@@ -455,7 +455,7 @@ TEST(ElasticPolicy, JobInCooldownStillShrinksToALoweredMax) {
 
 // ---- autoscale -----------------------------------------------------------------------------
 
-PolicyJob Scaling(std::vector<std::pair<int, double>> measured, int current) {
+PolicyJob Scaling(const std::vector<std::pair<int, double>>& measured, int current) {
   PolicyJob j = Job("j", 1, 1, 8);
   j.requested_workers = 1;
   j.current = {{"V100", current}};

@@ -302,7 +302,7 @@ Result<StepPrediction> PredictStep(const WorkloadProfile& workload, const Cluste
                            " is not divisible by " + std::to_string(virtual_nodes) +
                            " virtual nodes");
   }
-  const double micro_batch = static_cast<double>(global_batch / virtual_nodes);
+  const double micro_batch = static_cast<double>(global_batch) / virtual_nodes;  // exact: divisible
   StepPrediction p;
   // Workers fastest first, so an even split gives its remainder to the fastest.
   std::vector<std::pair<double, std::string>> order;

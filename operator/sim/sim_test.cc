@@ -15,7 +15,7 @@ namespace vf::sim {
 namespace {
 
 std::string TempFile(const std::string& name, const std::string& text) {
-  const std::string path = ::testing::TempDir() + "/" + name;
+  std::string path = ::testing::TempDir() + "/" + name;
   std::ofstream(path) << text;
   return path;
 }
@@ -180,8 +180,8 @@ TEST(StepModel, ProportionalSplitBeatsEvenOnMixedSpeeds) {
   const WorkloadProfile w = SimpleWorkload();
   const Cluster c = SimpleCluster(2, 2);
   const policy::Allocation a = {{"fast", 2}, {"slow", 2}};
-  auto prop = PredictStep(w, c, a, 12, 12 * 32, SplitMode::kProportional);
-  auto even = PredictStep(w, c, a, 12, 12 * 32, SplitMode::kEven);
+  auto prop = PredictStep(w, c, a, 12, int64_t{12} * 32, SplitMode::kProportional);
+  auto even = PredictStep(w, c, a, 12, int64_t{12} * 32, SplitMode::kEven);
   ASSERT_TRUE(prop.ok() && even.ok());
   EXPECT_EQ(prop->virtual_nodes, (std::vector<int>{4, 4, 2, 2}));
   EXPECT_EQ(even->virtual_nodes, (std::vector<int>{3, 3, 3, 3}));

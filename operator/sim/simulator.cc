@@ -103,7 +103,8 @@ void Summarize(SimResult& r, const Cluster& cluster) {
     const size_t rank = static_cast<size_t>(std::ceil(0.99 * static_cast<double>(n)));
     r.p99_jct = jcts[std::max<size_t>(rank, 1) - 1];
   }
-  r.mean_resizes = r.jobs.empty() ? 0.0 : static_cast<double>(resizes) / r.jobs.size();
+  r.mean_resizes =
+      r.jobs.empty() ? 0.0 : static_cast<double>(resizes) / static_cast<double>(r.jobs.size());
   const double capacity = cluster.TotalGpus() * r.makespan;
   r.gpu_utilisation = capacity > 0.0 ? gpu_seconds / capacity : 0.0;
 }

@@ -61,7 +61,7 @@ TEST(Mlp, GradientMatchesFiniteDifferences) {
   std::vector<float> p(m.parameter_count());
   m.InitializeHost(3, p.data());
   CounterRng rng(11);
-  std::vector<float> x(batch * 6);
+  std::vector<float> x(size_t{batch} * 6);
   for (auto& v : x) v = 2.f * rng.Uniform() - 1.f;
   std::vector<int32_t> y = {0, 2, 1, 2};
   DeviceBuffer<float> pd, xd;
@@ -102,7 +102,7 @@ TEST(Mlp, ForwardBackwardIsBitwiseRepeatable) {
   std::vector<float> p(m.parameter_count());
   m.InitializeHost(1, p.data());
   CounterRng rng(5);
-  std::vector<float> x(32 * 784);
+  std::vector<float> x(size_t{32} * 784);
   for (auto& v : x) v = rng.Uniform();
   std::vector<int32_t> y(32);
   for (auto& v : y) v = static_cast<int32_t>(rng.Below(10));

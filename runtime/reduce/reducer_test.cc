@@ -139,6 +139,7 @@ TEST(ExactReducer, MeanIsBitwiseIdenticalForEveryMapping) {
   for (size_t m = 1; m < mappings.size(); ++m) {
     auto got = Reduce(Reduction::kExact, mappings[m], [](int v) { return Gradient(v); });
     ASSERT_TRUE(got.errors[0].ok()) << got.errors[0].message();
+    // NOLINTNEXTLINE(bugprone-suspicious-memory-comparison): the bits are what must agree.
     EXPECT_EQ(std::memcmp(got.mean.data(), reference.mean.data(), kParams * sizeof(float)), 0)
         << "mapping " << m;
   }

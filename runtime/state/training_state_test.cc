@@ -134,6 +134,7 @@ TEST(SerializeState, RoundTripPreservesNaNBits) {
   Result<TrainingState> back = DeserializeState(SerializeState(s), "test");
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   ASSERT_EQ(back->parameters.size(), 2u);
+  // NOLINTNEXTLINE(bugprone-suspicious-memory-comparison): the NaN's payload bits must survive.
   EXPECT_EQ(std::memcmp(back->parameters.data(), s.parameters.data(), 8), 0);
 }
 
@@ -239,8 +240,8 @@ TEST(DeserializeState, AbsurdElementCountsAreRejectedWithoutAllocating) {
   // and the exponents.
   const size_t fingerprint_count = 0;
   const size_t exponents_count = 8 + 15 + 5 * 8;
-  const size_t parameters_count = exponents_count + 8 + 4 * 4;
-  const size_t slots_count = parameters_count + 8 + 5 * 4;
+  const size_t parameters_count = exponents_count + 8 + size_t{4} * 4;
+  const size_t slots_count = parameters_count + 8 + size_t{5} * 4;
   for (size_t offset : {fingerprint_count, exponents_count, parameters_count, slots_count}) {
     for (uint64_t count :
          {std::numeric_limits<uint64_t>::max(), uint64_t{1} << 61, uint64_t{1000}}) {

@@ -117,7 +117,7 @@ TEST_P(GlooWorldTest, AllReduceInt64SumAndMax) {
   RunRanks(n, [&](int rank) {
     // Values past 2^32 and negative ones, so a 32-bit or unsigned reduction would show.
     auto value = [](int r, int i) -> int64_t {
-      return (int64_t{1} << 40) * (r + 1) - 7 * i * (r % 2 == 0 ? 1 : -1);
+      return (int64_t{1} << 40) * (r + 1) - int64_t{7} * i * (r % 2 == 0 ? 1 : -1);
     };
     std::vector<int64_t> sum(5), max(5);
     for (int i = 0; i < 5; ++i) sum[i] = max[i] = value(rank, i);
@@ -207,7 +207,8 @@ TEST_P(GlooWorldTest, LargeFloatAllReduce) {
     Status s = comms_[rank]->AllReduce(data.data(), data.size(), ReduceOp::kSum);
     ASSERT_TRUE(s.ok()) << s.ToString();
     for (size_t i = 0; i < kCount; ++i) {
-      const float want = static_cast<float>(n * (n + 1) / 2 + n * static_cast<int>(i % 5));
+      const int sum = n * (n + 1) / 2 + n * static_cast<int>(i % 5);  // n * (n + 1) is even
+      const float want = static_cast<float>(sum);
       ASSERT_EQ(data[i], want) << "rank " << rank << " element " << i;
     }
   });
@@ -270,13 +271,15 @@ TEST_P(GlooWorldTest, AllGatherGivesEveryRankEveryShard) {
     RunRanks(n, [&](int rank) {
       std::vector<uint8_t> data(shard_bytes * n, 0xee);
       for (size_t j = 0; j < shard_bytes; ++j) {
-        data[rank * shard_bytes + j] = static_cast<uint8_t>(rank * 37 + j);
+        data[static_cast<size_t>(rank) * shard_bytes + j] =
+            static_cast<uint8_t>(static_cast<size_t>(rank) * 37 + j);
       }
       Status s = comms_[rank]->AllGather(data.data(), shard_bytes);
       ASSERT_TRUE(s.ok()) << s.ToString();
       for (int r = 0; r < n; ++r) {
         for (size_t j = 0; j < shard_bytes; ++j) {
-          ASSERT_EQ(data[r * shard_bytes + j], static_cast<uint8_t>(r * 37 + j))
+          ASSERT_EQ(data[static_cast<size_t>(r) * shard_bytes + j],
+                    static_cast<uint8_t>(static_cast<size_t>(r) * 37 + j))
               << "rank " << rank << " shard " << r << " byte " << j;
         }
       }

@@ -182,8 +182,9 @@ INSTANTIATE_TEST_SUITE_P(AllTransposes, CpuGemmTest,
                          });
 
 TEST_F(CpuDeviceTest, GemmIsBitwiseRepeatable) {
-  const std::vector<float> a = RandomFloats(64 * 128, 1), b = RandomFloats(128 * 96, 2);
-  std::vector<float> c1(64 * 96), c2(64 * 96);
+  const std::vector<float> a = RandomFloats(size_t{64} * 128, 1),
+                           b = RandomFloats(size_t{128} * 96, 2);
+  std::vector<float> c1(size_t{64} * 96), c2(size_t{64} * 96);
   device_->Gemm(false, false, 64, 96, 128, 1.f, a.data(), b.data(), 0.f, c1.data());
   device_->Gemm(false, false, 64, 96, 128, 1.f, a.data(), b.data(), 0.f, c2.data());
   EXPECT_TRUE(SameBits(c1, c2));
@@ -242,7 +243,7 @@ TEST_F(CpuDeviceTest, ReluBackwardPassesGradientOnlyWhereOutputIsPositive) {
 TEST_F(CpuDeviceTest, SumRowsSumsEachColumnInIncreasingRowOrder) {
   // Rows chosen so that any other summation order gives a different float.
   const int rows = 4, cols = 19;
-  std::vector<float> x(rows * cols);
+  std::vector<float> x(static_cast<size_t>(rows) * cols);
   for (int c = 0; c < cols; ++c) {
     x[0 * cols + c] = 1e8f;
     x[1 * cols + c] = 1.f + static_cast<float>(c);
@@ -261,7 +262,7 @@ TEST_F(CpuDeviceTest, SumRowsSumsEachColumnInIncreasingRowOrder) {
 
 TEST_F(CpuDeviceTest, SumRowsMatchesSequentialSumOnRandomData) {
   const int rows = 37, cols = 71;
-  const std::vector<float> x = RandomFloats(rows * cols, 5, -100.f, 100.f);
+  const std::vector<float> x = RandomFloats(static_cast<size_t>(rows) * cols, 5, -100.f, 100.f);
   std::vector<float> out(cols);
   device_->SumRows(x.data(), rows, cols, out.data());
   std::vector<float> want(cols, 0.f);
@@ -284,14 +285,15 @@ double ReferenceRowLoss(const std::vector<double>& z, int label) {
 
 TEST_F(CpuDeviceTest, SoftmaxCrossEntropyLossAndCorrectCountMatchReference) {
   const int rows = 50, cols = 10;
-  const std::vector<float> logits = RandomFloats(rows * cols, 7, -5.f, 5.f);
+  const std::vector<float> logits = RandomFloats(static_cast<size_t>(rows) * cols, 7, -5.f, 5.f);
   std::vector<int32_t> labels(rows);
   std::mt19937 rng(8);
   for (int32_t& l : labels) l = static_cast<int32_t>(rng() % cols);
   double want_loss = 0;
   int64_t want_correct = 0;
   for (int r = 0; r < rows; ++r) {
-    std::vector<double> z(logits.begin() + r * cols, logits.begin() + (r + 1) * cols);
+    std::vector<double> z(logits.begin() + ptrdiff_t{r} * cols,
+                          logits.begin() + ptrdiff_t{r + 1} * cols);
     want_loss += ReferenceRowLoss(z, labels[r]);
     want_correct += (std::max_element(z.begin(), z.end()) - z.begin()) == labels[r];
   }
@@ -306,13 +308,14 @@ TEST_F(CpuDeviceTest, SoftmaxCrossEntropyLossAndCorrectCountMatchReference) {
 TEST_F(CpuDeviceTest, SoftmaxCrossEntropyGradientMatchesFiniteDifferences) {
   const int rows = 6, cols = 7;
   const float grad_scale = 0.25f;
-  const std::vector<float> logits = RandomFloats(rows * cols, 9, -3.f, 3.f);
+  const std::vector<float> logits = RandomFloats(static_cast<size_t>(rows) * cols, 9, -3.f, 3.f);
   const std::vector<int32_t> labels = {0, 6, 3, 3, 1, 5};
-  std::vector<float> grad(rows * cols, kNaN);
+  std::vector<float> grad(static_cast<size_t>(rows) * cols, kNaN);
   device_->SoftmaxCrossEntropy(logits.data(), labels.data(), rows, cols, grad_scale, grad.data());
   const double h = 1e-5;
   for (int r = 0; r < rows; ++r) {
-    std::vector<double> z(logits.begin() + r * cols, logits.begin() + (r + 1) * cols);
+    std::vector<double> z(logits.begin() + ptrdiff_t{r} * cols,
+                          logits.begin() + ptrdiff_t{r + 1} * cols);
     for (int c = 0; c < cols; ++c) {
       std::vector<double> plus = z, minus = z;
       plus[c] += h;

@@ -30,7 +30,7 @@ void ClusterView::SyncPods(std::vector<json> items) {
   Changed();
 }
 
-void ClusterView::SyncNodes(std::vector<json> items) {
+void ClusterView::SyncNodes(const std::vector<json>& items) {
   std::set<std::string> nodes;
   for (const auto& item : items) {
     std::string name = StringAt(item, {"metadata", "name"});

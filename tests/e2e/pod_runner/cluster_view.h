@@ -34,7 +34,7 @@ class ClusterView {
 
   // A full list replaces everything known of that kind (objects missing from it are gone).
   void SyncPods(std::vector<nlohmann::json> items);
-  void SyncNodes(std::vector<nlohmann::json> items);
+  void SyncNodes(const std::vector<nlohmann::json>& items);
   // One ADDED / MODIFIED / DELETED event.
   void ApplyPodEvent(kube::WatchEvent event);
   void ApplyNodeEvent(const kube::WatchEvent& event);

@@ -188,7 +188,7 @@ int main(int argc, char** argv) {
   std::stop_source stop;
   // sigwait cannot be interrupted, so the thread polls its stop token between waits.
   std::jthread signals([&stop, &view, stop_signals](std::stop_token self) {
-    const timespec tick{0, 200 * 1000 * 1000};
+    const timespec tick{0, 200L * 1000 * 1000};
     while (!self.stop_requested()) {
       const int sig = sigtimedwait(&stop_signals, nullptr, &tick);
       if (sig < 0) continue;
