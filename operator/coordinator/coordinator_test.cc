@@ -435,7 +435,7 @@ TEST_F(CoordinatorTest, WatchPlanFiresOnceForTheFirstNewerPlan) {
   EXPECT_EQ(*now, Coordinator::kNoWatch);
   EXPECT_EQ(calls, 2);
   EXPECT_EQ(seen_epoch, 2);
-  EXPECT_EQ(c_.WatchPlan("team/none", 0, [](Result<Plan>) {}).status().code(),
+  EXPECT_EQ(c_.WatchPlan("team/none", 0, [](const Result<Plan>&) {}).status().code(),
             StatusCode::kNotFound);
 }
 
@@ -455,10 +455,10 @@ TEST_F(CoordinatorTest, CancelledWatchNeverFires) {
 
 TEST_F(CoordinatorTest, RemovingAJobFailsItsWatches) {
   std::atomic<int> not_found{0};
-  ASSERT_TRUE(c_.WatchPlan(kJob, 0, [&](Result<Plan> r) {
+  ASSERT_TRUE(c_.WatchPlan(kJob, 0, [&](const Result<Plan>& r) {
                   if (r.status().code() == StatusCode::kNotFound) ++not_found;
                 }).ok());
-  ASSERT_TRUE(c_.WatchKey(kJob, "k", [&](Result<std::string> r) {
+  ASSERT_TRUE(c_.WatchKey(kJob, "k", [&](const Result<std::string>& r) {
                   if (r.status().code() == StatusCode::kNotFound) ++not_found;
                 }).ok());
   ASSERT_TRUE(c_.RemoveJob(kJob).ok());
@@ -469,7 +469,7 @@ TEST_F(CoordinatorTest, RemovingAJobFailsItsWatches) {
 TEST_F(CoordinatorTest, CallbacksMayCallBackIntoTheCoordinator) {
   // Callbacks run without the lock held; one that re-enters must not deadlock.
   std::atomic<bool> done{false};
-  ASSERT_TRUE(c_.WatchPlan(kJob, 0, [&](Result<Plan>) {
+  ASSERT_TRUE(c_.WatchPlan(kJob, 0, [&](const Result<Plan>&) {
                   EXPECT_TRUE(c_.SetKey(kJob, "from-callback", "v").ok());
                   done = true;
                 }).ok());

@@ -776,7 +776,7 @@ TEST_F(ServerTest, GlooRanksRendezvousThroughTheCoordinator) {
         options.timeout = seconds(60);
         VF_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm,
                             CreateGlooCommunicator(epoch_store, rank, kRanks, options));
-        sums[i] = {rank + 1, 10 * (rank + 1), -rank};
+        sums[i] = {rank + 1, int64_t{10} * (rank + 1), -rank};
         VF_RETURN_IF_ERROR(comm->AllReduce(sums[i].data(), sums[i].size(), ReduceOp::kSum));
         floats[i] = {0.5f * static_cast<float>(rank)};
         return comm->AllReduce(floats[i].data(), floats[i].size(), ReduceOp::kMax);

@@ -360,7 +360,7 @@ TEST(RequestObserverTest, ReportsEachRequestWithItsKubernetesVerbAndStatus) {
   EXPECT_TRUE(client->MergePatch(kConfigMaps, "ns", "a", json::object()).ok());
   EXPECT_TRUE(client->PatchStatus(kConfigMaps, "ns", "a", json::object()).ok());
   EXPECT_TRUE(client->Delete(kConfigMaps, "ns", "a").ok());
-  EXPECT_TRUE(client->Watch(kConfigMaps, "ns", {}, [](WatchEvent) {}).ok());
+  EXPECT_TRUE(client->Watch(kConfigMaps, "ns", {}, [](const WatchEvent&) {}).ok());
   EXPECT_EQ(observed.Get(), (std::vector<std::string>{"get 404", "list 200", "create 201",
                                                       "update 409", "update 409", "patch 200",
                                                       "patch 200", "delete 200", "watch 200"}));
@@ -399,7 +399,8 @@ TEST(RequestObserverTest, ARequestWithoutAnAnswerIsReportedWithStatusZero) {
   ObservedRequests observed;
   client->set_request_observer(observed.Observer());
   EXPECT_EQ(client->Get(kConfigMaps, "ns", "a").reason(), Reason::kTransport);
-  EXPECT_EQ(client->Watch(kConfigMaps, "ns", {}, [](WatchEvent) {}).reason(), Reason::kTransport);
+  EXPECT_EQ(client->Watch(kConfigMaps, "ns", {}, [](const WatchEvent&) {}).reason(),
+            Reason::kTransport);
   EXPECT_EQ(observed.Get(), (std::vector<std::string>{"get 0", "watch 0"}));
   // And none once it is taken away.
   client->set_request_observer(nullptr);

@@ -625,7 +625,7 @@ TEST_F(KubeconfigE2E, RequestObserverSeesEachVerbAndStatus) {
   EXPECT_TRUE(c.List(kConfigMaps, kNs, list).ok());
   WatchOptions watch;
   watch.timeout_seconds = 1;
-  EXPECT_TRUE(c.Watch(kConfigMaps, kNs, watch, [](WatchEvent) {}).ok());
+  EXPECT_TRUE(c.Watch(kConfigMaps, kNs, watch, [](const WatchEvent&) {}).ok());
   EXPECT_TRUE(c.Delete(kConfigMaps, kNs, name).ok());
   std::lock_guard<std::mutex> lock(mu);
   EXPECT_EQ(seen, (std::vector<std::string>{"create 201", "get 200", "get 404", "update 200",

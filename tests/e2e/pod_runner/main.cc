@@ -59,7 +59,7 @@ vf::kube::ReflectorHandlers Handlers(const char* what, vf::podrunner::ClusterVie
     if (pods) {
       view.SyncPods(std::move(items));
     } else {
-      view.SyncNodes(std::move(items));
+      view.SyncNodes(items);
     }
   };
   h.on_event = [&view, pods](vf::kube::WatchEvent event) {
