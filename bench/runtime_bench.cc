@@ -147,11 +147,16 @@ int VnodeOverhead(const Dataset& train, const Setup& setup, int virtual_nodes,
 
 // The reference MLP's matrix products, as a step runs them, on one device: forward, then
 // backward from the top layer down (the weight gradient, then the gradient of the layer's input
-// except for the first layer). Random weights and activations: the values do not change the
+// except for the first layer). The layers are the benchmark job's model (the default MLP on
+// 28x28 images, 10 classes). Random weights and activations: the values do not change the
 // work. Not thread-safe.
 class MlpProducts {
  public:
   MlpProducts(Device& device, int64_t rows) : device_(device) {
+    sizes_.push_back(28 * 28);
+    const ModelSpec model = MlpJob(1, 1, Reduction::kExact).model;
+    sizes_.insert(sizes_.end(), model.hidden_sizes.begin(), model.hidden_sizes.end());
+    sizes_.push_back(10);
     std::mt19937 rng(7);
     std::uniform_real_distribution<float> u(-1.f, 1.f);
     auto filled = [&](size_t n) {
@@ -162,45 +167,54 @@ class MlpProducts {
       return b;
     };
     const auto r = static_cast<size_t>(rows);
-    for (size_t l = 0; l < kLayers; ++l) {
-      const size_t in = kSizes[l], out = kSizes[l + 1];
+    for (size_t l = 0; l < layers(); ++l) {
+      const auto in = static_cast<size_t>(sizes_[l]), out = static_cast<size_t>(sizes_[l + 1]);
       weights_.push_back(filled(in * out));
       grads_.push_back(Check(DeviceBuffer<float>::Create(device_, in * out)));
     }
-    for (size_t l = 0; l <= kLayers; ++l) {
-      act_.push_back(filled(r * kSizes[l]));
-      delta_.push_back(filled(r * kSizes[l]));
+    for (int width : sizes_) {
+      act_.push_back(filled(r * static_cast<size_t>(width)));
+      delta_.push_back(filled(r * static_cast<size_t>(width)));
     }
+  }
+
+  size_t layers() const { return sizes_.size() - 1; }
+  // Products per node and step: forward and weight gradient per layer, input gradient for all
+  // but the first.
+  size_t products() const { return 3 * layers() - 1; }
+  // Outputs of layer l's forward product over `rows` rows.
+  size_t outputs(size_t l, int64_t rows) const {
+    return static_cast<size_t>(rows) * static_cast<size_t>(sizes_[l + 1]);
   }
 
   // All products of the rows [first, first + rows) of the batch.
   void Run(int64_t first, int rows) {
-    const auto f = static_cast<size_t>(first);
-    for (size_t l = 0; l < kLayers; ++l)
-      Forward(l, first, rows, act_[l + 1].data() + f * kSizes[l + 1]);
-    for (size_t l = kLayers; l-- > 0;) {
-      const int in = kSizes[l], out = kSizes[l + 1];
-      device_.Gemm(true, false, in, out, rows, 1.f, act_[l].data() + f * kSizes[l],
-                   delta_[l + 1].data() + f * kSizes[l + 1], 0.f, grads_[l].data());
+    for (size_t l = 0; l < layers(); ++l) Forward(l, first, rows, At(act_, l + 1, first));
+    for (size_t l = layers(); l-- > 0;) {
+      const int in = sizes_[l], out = sizes_[l + 1];
+      device_.Gemm(true, false, in, out, rows, 1.f, At(act_, l, first), At(delta_, l + 1, first),
+                   0.f, grads_[l].data());
       if (l > 0) {
-        device_.Gemm(false, true, rows, in, out, 1.f, delta_[l + 1].data() + f * kSizes[l + 1],
-                     weights_[l].data(), 0.f, delta_[l].data() + f * kSizes[l]);
+        device_.Gemm(false, true, rows, in, out, 1.f, At(delta_, l + 1, first), weights_[l].data(),
+                     0.f, At(delta_, l, first));
       }
     }
   }
 
   // The forward product of layer l for rows [first, first + rows), written to `out`.
   void Forward(size_t l, int64_t first, int rows, float* out) {
-    device_.Gemm(false, false, rows, kSizes[l + 1], kSizes[l], 1.f,
-                 act_[l].data() + static_cast<size_t>(first) * kSizes[l], weights_[l].data(), 0.f,
-                 out);
+    device_.Gemm(false, false, rows, sizes_[l + 1], sizes_[l], 1.f, At(act_, l, first),
+                 weights_[l].data(), 0.f, out);
   }
 
-  static constexpr size_t kLayers = 3;
-  static constexpr int kSizes[kLayers + 1] = {784, 512, 256, 10};
-
  private:
+  // Row `row` of the layer-l buffer of `v` (activations or their gradients).
+  float* At(std::vector<DeviceBuffer<float>>& v, size_t l, int64_t row) {
+    return v[l].data() + static_cast<size_t>(row) * static_cast<size_t>(sizes_[l]);
+  }
+
   Device& device_;
+  std::vector<int> sizes_;  // layer widths, input first
   std::vector<DeviceBuffer<float>> weights_, grads_, act_, delta_;
 };
 
@@ -210,14 +224,15 @@ class MlpProducts {
 // one product only if each output row came out with the same bits whatever rows were stacked
 // around it; the last column counts the outputs of layer 0's forward product that differ.
 int Products(const Setup& setup, int virtual_nodes, const std::vector<int64_t>& micro_batches) {
+  auto device = MakeDevice(setup.device);
   std::printf(
-      "matrix products alone (the MLP's 8 per node and step) on %s: V=%d products of the "
+      "matrix products alone (the MLP's %zu per node and step) on %s: V=%d products of the "
       "micro-batch vs 1 of the global batch; the two alternate, %d rounds of %d steps, medians\n",
-      setup.device.c_str(), virtual_nodes, setup.repeats, setup.steps);
+      MlpProducts(*device, 1).products(), setup.device.c_str(), virtual_nodes, setup.repeats,
+      setup.steps);
   std::printf("%12s %12s %14s %14s %8s %18s\n", "global batch", "micro-batch", "V=1 ms/step",
               ("V=" + std::to_string(virtual_nodes) + " ms/step").c_str(), "ratio",
               "stacked rows differ");
-  auto device = MakeDevice(setup.device);
   for (int64_t micro : micro_batches) {
     const int64_t b = micro * virtual_nodes;
     const int m = static_cast<int>(micro);
@@ -239,13 +254,12 @@ int Products(const Setup& setup, int virtual_nodes, const std::vector<int64_t>& 
       ratio.push_back(tv.back() / t1.back());
     }
     // Layer 0's forward product: one over the whole batch vs one per micro-batch.
-    const size_t outputs = static_cast<size_t>(b) * MlpProducts::kSizes[1];
+    const size_t outputs = p.outputs(0, b);
     auto stacked = Check(DeviceBuffer<float>::Create(*device, outputs));
     auto apart = Check(DeviceBuffer<float>::Create(*device, outputs));
     p.Forward(0, 0, static_cast<int>(b), stacked.data());
     for (int v = 0; v < virtual_nodes; ++v) {
-      p.Forward(0, int64_t{v} * m, m,
-                apart.data() + static_cast<size_t>(v) * m * MlpProducts::kSizes[1]);
+      p.Forward(0, int64_t{v} * m, m, apart.data() + p.outputs(0, int64_t{v} * m));
     }
     std::vector<float> hs(outputs), ha(outputs);
     device->CopyToHost(hs.data(), stacked.data(), outputs * sizeof(float));

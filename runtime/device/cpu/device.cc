@@ -286,9 +286,8 @@ void CpuDevice::AccumulateFixedInto(const float* x, size_t n, int exponent, int6
 
 void CpuDevice::MaxAbsAccumulateFixedInto(const float* x, size_t n, int exponent, int64_t limit,
                                           int64_t* acc, uint32_t* max_bits, uint32_t* bad) {
-  if (limit > kMagicRange) {
-    MaxAbsInto(x, n, max_bits);
-    AccumulateFixedInto(x, n, exponent, limit, acc, bad);
+  if (limit > kMagicRange) {  // the wide path has no one-pass form: the two calls
+    Device::MaxAbsAccumulateFixedInto(x, n, exponent, limit, acc, max_bits, bad);
     return;
   }
   const double scale = PowerOfTwo(exponent);
