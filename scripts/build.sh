@@ -10,9 +10,22 @@ mapfile -t cuda_args < <("$root/scripts/setup-cuda.sh")
 if [ "${#cuda_args[@]}" -eq 0 ]; then
   cuda_args=(-DVF_WITH_CUDA=OFF -DVF_WITH_NCCL=OFF)
 fi
+# Compiler cache: rebuilding sources already compiled once (a fresh clone of a commit built
+# before, a branch switched back) takes a minute instead of a quarter of an hour on 2 cores.
+# Paths under the checkout are hashed relative to it, so clones in different directories share
+# the cache; the launcher carries the settings, so plain `ninja -C build` uses them too.
+# VF_CCACHE=off builds without it.
+launcher=()
+if [ "${VF_CCACHE:-on}" != off ] && command -v ccache >/dev/null; then
+  ccache_dir="${CCACHE_DIR:-${VF_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/virtualflow}/ccache}"
+  env_launcher="env;CCACHE_DIR=$ccache_dir;CCACHE_BASEDIR=$root;CCACHE_NOHASHDIR=true;ccache"
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER="$env_launcher" -DCMAKE_CUDA_COMPILER_LAUNCHER="$env_launcher")
+else
+  launcher=(-UCMAKE_CXX_COMPILER_LAUNCHER -UCMAKE_CUDA_COMPILER_LAUNCHER)
+fi
 cmake -S "$root" -B "$build" -G Ninja \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DVF_BUILD_TESTS=ON -DVF_SANITIZER_TESTS=ON -DVF_WERROR=ON "${cuda_args[@]}" >/dev/null
+  -DVF_BUILD_TESTS=ON -DVF_SANITIZER_TESTS=ON -DVF_WERROR=ON "${cuda_args[@]}" "${launcher[@]}" >/dev/null
 grep -E "^VF_WITH_(CUDA|NCCL):" "$build/CMakeCache.txt" | sed 's/^/build: /'
 jobs="${VF_BUILD_JOBS:-$(nproc)}"
 ninja -C "$build" -j "$jobs" "$@"

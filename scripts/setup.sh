@@ -9,6 +9,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libopenblas-dev
   dataset-fashion-mnist prometheus
   clang-format clang-tidy
+  ccache   # scripts/build.sh: a rebuild of sources compiled before takes a minute
   openssl util-linux   # tests/e2e: certificates for the control plane, flock for the tools' cache
 )
 # tests/e2e/build-k8s-tools.sh builds Kubernetes from source with Go. The machine image brings a
