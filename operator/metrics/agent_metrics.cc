@@ -53,9 +53,13 @@ AgentMetrics::AgentMetrics(std::string ns, std::string job) {
                         ->Add(labels);
   epoch_ = &Must(r.AddGauge("vf_agent_epoch", "Membership epoch of the current plan.", names))
                 ->Add(labels);
-  allreduce_seconds_ = &Must(r.AddCounter("vf_agent_allreduce_seconds_total",
-                                          "Time spent in gradient all-reduce.", names))
-                            ->Add(labels);
+  allreduce_seconds_ =
+      &Must(r.AddCounter("vf_agent_allreduce_seconds_total",
+                         "Step time outside the local virtual nodes' forward and backward passes: "
+                         "the gradient all-reduce (waiting for slower members included) and the "
+                         "optimizer update.",
+                         names))
+           ->Add(labels);
   rebuild_seconds_ = &Must(r.AddHistogram("vf_agent_communicator_rebuild_seconds",
                                           "Time to build the communicator for a new membership.",
                                           names, kRebuildBuckets))

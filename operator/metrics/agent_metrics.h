@@ -29,7 +29,8 @@ class AgentMetrics {
   // One training step done: its wall time, the loss, the throughput and the virtual nodes this
   // worker ran.
   void OnStep(double seconds, double loss, double samples_per_second, int virtual_nodes);
-  // Time spent in one gradient all-reduce (part of a step's time).
+  // Step time outside the local nodes' forward and backward passes (the all-reduce, waiting for
+  // slower members, the optimizer update) of one step.
   void OnAllReduce(double seconds);
   // A new communicator for membership epoch `epoch`, built in `seconds`.
   void OnRebuild(double seconds, int64_t epoch);
