@@ -277,7 +277,14 @@ std::pair<int, std::string> Reconciler::DesiredWorkers(const std::string& key,
          })) {
       const PodLife life = PodLifeOf(pod);
       if (life != PodLife::kStarting && life != PodLife::kRunning) continue;
-      auto it = gpus.node_product.find(Obj(pod, "spec").value("nodeName", ""));
+      const std::string node = Obj(pod, "spec").value("nodeName", "");
+      // A pod the scheduler has not bound yet is the job's too: without it, a job whose pods
+      // are bound one by one would look smaller than it is and lose its newest pods.
+      if (node.empty()) {
+        ++p.unbound_workers;
+        continue;
+      }
+      auto it = gpus.node_product.find(node);
       if (it != gpus.node_product.end()) p.current[it->second] += 1;
     }
     jobs.push_back(std::move(p));

@@ -92,6 +92,12 @@ class AutoscalePolicy final : public Policy {
         }
       }
     }
+    // Their workers not placed yet stay too, on what is still free, unless the job shrinks.
+    for (size_t i : m.order) {
+      if (m.running[i] && why[i].empty()) {
+        KeepUnbound(jobs[i], jobs[i].max_workers, m.types[i], mixed, pool, target[i]);
+      }
+    }
     // 2. Starting jobs get up to their request.
     for (size_t i : m.order) {
       if (!m.started[i]) continue;

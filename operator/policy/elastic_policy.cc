@@ -57,6 +57,11 @@ class ElasticPolicy final : public Policy {
           if (keep > 0 && pool.TakeExact({{type, keep}}, gpw)) target[i][type] += keep;
         }
       }
+      // Then the workers they asked for that are not placed yet, on what is still free.
+      for (size_t i : m.order) {
+        if (pinned[i])
+          KeepUnbound(jobs[i], jobs[i].max_workers, m.types[i], mixed, pool, target[i]);
+      }
       // Water-filling: the next worker goes to the job furthest below its weighted share.
       while (true) {
         size_t best = n;
@@ -112,7 +117,8 @@ class ElasticPolicy final : public Policy {
         continue;
       }
       out.workers = target[i];
-      const int before = TotalWorkers(jobs[i].current);
+      // Workers not placed yet count as held: keeping them is no resize.
+      const int before = TotalWorkers(jobs[i].current) + jobs[i].unbound_workers;
       const int after = TotalWorkers(target[i]);
       const std::string counts = std::to_string(before) + " -> " + std::to_string(after);
       // Workers beyond what the job asked for are lent: they go back first.
@@ -127,7 +133,7 @@ class ElasticPolicy final : public Policy {
       } else if (after < before) {
         out.reason = "shrank: " + counts + " workers (GPUs returned" +
                      (gainer.empty() ? std::string(")") : " to job " + gainer + ")");
-      } else if (target[i] != jobs[i].current) {
+      } else if (target[i] != jobs[i].current && jobs[i].unbound_workers == 0) {
         out.reason = "moved: " + Describe(jobs[i].current) + " -> " + Describe(target[i]);
       } else {
         out.reason = hold[i];

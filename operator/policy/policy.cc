@@ -118,6 +118,7 @@ std::string InvalidReason(const PolicyJob& j) {
   for (const auto& [type, n] : j.current) {
     if (n < 0) return "negative current workers on " + type;
   }
+  if (j.unbound_workers < 0) return "unbound_workers " + s(j.unbound_workers) + " < 0";
   if (!(j.resize_pause_seconds >= 0.0)) return "negative resize pause";
   return "";
 }
@@ -365,6 +366,13 @@ MinimumPass ReserveMinimums(const std::vector<PolicyJob>& jobs, const GpuInvento
     m.started[i] = true;
   }
   return m;
+}
+
+void KeepUnbound(const PolicyJob& job, int cap, const std::vector<std::string>& type_order,
+                 bool allow_mixed, GpuPool& pool, Allocation& target) {
+  for (int k = 0; k < job.unbound_workers && TotalWorkers(target) < cap; ++k) {
+    if (!pool.AddOne(target, job.gpus_per_worker, job.current, type_order, allow_mixed)) break;
+  }
 }
 
 double CooldownLeft(const PolicyJob& job, const PolicyOptions& options, double now) {

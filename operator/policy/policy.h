@@ -44,6 +44,10 @@ struct PolicyJob {
   int virtual_nodes = 1;         // V, fixed for the job's life
   int gpus_per_worker = 1;       // GPUs one worker occupies, all of one type
   Allocation current;            // workers it holds now (empty: waiting or not started)
+  // Workers it has asked for that the scheduler has not placed on a node yet. A job that keeps
+  // what it holds keeps these too, as far as free GPUs go; they are not in `current`, whose
+  // types are known.
+  int unbound_workers = 0;
   double last_resize_time = -std::numeric_limits<double>::infinity();  // last start or resize
   double resize_pause_seconds = 0.0;        // measured pause of one resize (all workers stall)
   double cooldown_seconds = -1.0;           // < 0: PolicyOptions::cooldown_seconds

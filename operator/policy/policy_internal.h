@@ -89,6 +89,12 @@ struct MinimumPass {
 MinimumPass ReserveMinimums(const std::vector<PolicyJob>& jobs, const GpuInventory& inventory,
                             const PolicyOptions& options);
 
+// A job that keeps what it holds also keeps the workers it asked for that are not placed yet
+// (`unbound_workers`): the scheduler will put them on GPUs free now. Adds them to `target`, up
+// to `cap` workers in all and as far as `pool` has room, on the types of `type_order`.
+void KeepUnbound(const PolicyJob& job, int cap, const std::vector<std::string>& type_order,
+                 bool allow_mixed, GpuPool& pool, Allocation& target);
+
 // Seconds left of the job's cooldown at `now` (0 when it may resize).
 double CooldownLeft(const PolicyJob& job, const PolicyOptions& options, double now);
 

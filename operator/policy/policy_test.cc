@@ -127,6 +127,45 @@ TEST_P(EveryPolicy, GpusPerWorkerCountInTheInventory) {
   EXPECT_LE(w * 2, 5);
 }
 
+// A job's pods are bound to nodes one by one. One that holds 3 and waits for the scheduler to
+// place the 4th is a job of 4, in cooldown or not: deciding 3 would have its newest pod deleted.
+TEST_P(EveryPolicy, KeepsWorkersTheSchedulerHasNotPlacedYet) {
+  auto p = Make(GetParam());
+  PolicyJob j = Job("j", 1, 1, 4);
+  j.current = {{"V100", 3}};
+  j.unbound_workers = 1;
+  j.last_resize_time = 995.0;  // started 5 s ago: in cooldown
+  const Decision d = Decide(*p, {j}, Gpus({{"V100", 4}}), 1000.0);
+  EXPECT_EQ(Workers(d, "j"), 4);
+  EXPECT_EQ(Reason(d, "j").find("grew"), std::string::npos) << Reason(d, "j");
+  // Where no GPU is free for it, the scheduler cannot place it either.
+  EXPECT_EQ(Workers(Decide(*p, {j}, Gpus({{"V100", 3}}), 1000.0), "j"), 3);
+}
+
+TEST_P(EveryPolicy, UnplacedWorkersNeverDisplaceHeldOnes) {
+  auto p = Make(GetParam());
+  PolicyJob a = Job("a", 1, 1, 4, 1.0);  // ahead of b in service order
+  a.current = {{"V100", 2}};
+  a.unbound_workers = 2;
+  a.last_resize_time = 995.0;
+  PolicyJob b = Job("b", 1, 1, 2, 2.0);
+  b.current = {{"V100", 2}};
+  b.last_resize_time = 995.0;
+  const Decision d = Decide(*p, {a, b}, Gpus({{"V100", 4}}), 1000.0);
+  EXPECT_EQ(Workers(d, "a"), 2);
+  EXPECT_EQ(Workers(d, "b"), 2);
+}
+
+TEST_P(EveryPolicy, NegativeUnboundWorkersAreInvalid) {
+  auto p = Make(GetParam());
+  PolicyJob j = Job("j", 1, 1, 2);
+  j.unbound_workers = -1;
+  const Decision d = Decide(*p, {j}, Gpus({{"V100", 4}}));
+  EXPECT_EQ(Workers(d, "j"), 0);
+  EXPECT_NE(Reason(d, "j").find("invalid: unbound_workers -1 < 0"), std::string::npos)
+      << Reason(d, "j");
+}
+
 TEST_P(EveryPolicy, HigherPriorityWaitingJobStartsFirst) {
   auto p = Make(GetParam());
   // Room for one of them only.

@@ -44,6 +44,15 @@ class StaticPolicy final : public Policy {
         d.jobs[i].reason = "stopped: the GPUs it held (" + Describe(j.current) + ") are gone";
       }
     }
+    // And the workers they asked for that are not placed yet, up to the request, on what is
+    // still free.
+    for (size_t i : order) {
+      const PolicyJob& j = jobs[i];
+      if (d.jobs[i].workers.empty()) continue;
+      const int want = j.requested_workers > 0 ? j.requested_workers : j.max_workers;
+      KeepUnbound(j, want, TypesFastestFirst(j, inventory, options_), options_.allow_mixed_types,
+                  pool, d.jobs[i].workers);
+    }
     // Waiting jobs start with all their requested workers, in service order.
     std::string blocker;
     for (size_t i : order) {
