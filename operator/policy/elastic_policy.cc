@@ -59,8 +59,9 @@ class ElasticPolicy final : public Policy {
       }
       // Then the workers they asked for that are not placed yet, on what is still free.
       for (size_t i : m.order) {
-        if (pinned[i])
+        if (pinned[i]) {
           KeepUnbound(jobs[i], jobs[i].max_workers, m.types[i], mixed, pool, target[i]);
+        }
       }
       // Water-filling: the next worker goes to the job furthest below its weighted share.
       while (true) {
