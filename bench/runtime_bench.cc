@@ -123,8 +123,8 @@ int VnodeOverhead(const Dataset& train, const Setup& setup, int virtual_nodes,
   std::printf(
       "virtual-node overhead: one worker on %s, %s reduction, V=%d vs V=1 at equal global "
       "batch; the two alternate, %d rounds of %d steps each, medians\n",
-      setup.device.c_str(), ReductionName(setup.reduction), virtual_nodes, setup.repeats,
-      setup.steps);
+      MakeDevice(setup.device)->Name().c_str(), ReductionName(setup.reduction), virtual_nodes,
+      setup.repeats, setup.steps);
   std::printf("%12s %12s %14s %14s %8s\n", "global batch", "micro-batch", "V=1 ms/step",
               ("V=" + std::to_string(virtual_nodes) + " ms/step").c_str(), "ratio");
   for (int64_t micro : micro_batches) {
@@ -228,7 +228,7 @@ int Products(const Setup& setup, int virtual_nodes, const std::vector<int64_t>& 
   std::printf(
       "matrix products alone (the MLP's %zu per node and step) on %s: V=%d products of the "
       "micro-batch vs 1 of the global batch; the two alternate, %d rounds of %d steps, medians\n",
-      MlpProducts(*device, 1).products(), setup.device.c_str(), virtual_nodes, setup.repeats,
+      MlpProducts(*device, 1).products(), device->Name().c_str(), virtual_nodes, setup.repeats,
       setup.steps);
   std::printf("%12s %12s %14s %14s %8s %18s\n", "global batch", "micro-batch", "V=1 ms/step",
               ("V=" + std::to_string(virtual_nodes) + " ms/step").c_str(), "ratio",

@@ -80,6 +80,8 @@ class VfBenchTest(unittest.TestCase):
         self.assertEqual(rc, 0, err)
         rows = re.findall(r"^\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", out, re.M)
         self.assertEqual([(r[0], r[1]) for r in rows], [("32", "8"), ("64", "16")])
+        # the BLAS kernel set decides the times, so the header names it
+        self.assertRegex(out, r"one worker on cpu \(OpenBLAS \w+, 1 thread\), exact reduction")
         for r in rows:
             assert_ratio_of_printed_times(self, r[4], r[2], r[3])
 
@@ -91,6 +93,7 @@ class VfBenchTest(unittest.TestCase):
             r"^\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+) of\s+(\d+)$", out,
             re.M)
         self.assertEqual([(r[0], r[1]) for r in rows], [("15", "5"), ("48", "16")])
+        self.assertRegex(out, r"on cpu \(OpenBLAS \w+, 1 thread\): V=3 products")
         for r in rows:
             assert_ratio_of_printed_times(self, r[4], r[2], r[3])
             # layer 0's forward product: global batch x 512 outputs

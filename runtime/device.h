@@ -48,7 +48,7 @@ class Device {
   virtual ~Device() = default;
 
   virtual DeviceKind kind() const = 0;
-  // Human-readable description, e.g. "cpu (OpenBLAS, 1 thread)" or "cuda:0 (NVIDIA H100)".
+  // Human-readable description, e.g. "cpu (OpenBLAS Haswell, 1 thread)" or "cuda:0 (NVIDIA H100)".
   virtual std::string Name() const = 0;
 
   // Memory. Allocate returns zero-filled memory of at least `bytes` bytes (aligned to 64 bytes).

@@ -131,7 +131,13 @@ CpuDevice::CpuDevice(int threads) : threads_(std::max(threads, 1)) {
 }
 
 std::string CpuDevice::Name() const {
-  return "cpu (OpenBLAS, " + std::to_string(threads_) + (threads_ == 1 ? " thread)" : " threads)");
+  // The kernel set decides the products' bits (and speed), so the name carries it: OpenBLAS
+  // picks it by CPU model, or from OPENBLAS_CORETYPE.
+  const char* core = openblas_get_corename();
+  const std::string blas =
+      core != nullptr && *core != '\0' ? "OpenBLAS " + std::string(core) : "OpenBLAS";
+  return "cpu (" + blas + ", " + std::to_string(threads_) +
+         (threads_ == 1 ? " thread)" : " threads)");
 }
 
 Result<void*> CpuDevice::Allocate(size_t bytes) {

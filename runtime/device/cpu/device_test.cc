@@ -1,5 +1,6 @@
 #include "runtime/device/cpu/device.h"
 
+#include <cblas.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <numeric>
 #include <ostream>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -36,8 +38,9 @@ using testing_util::SameBits;
 
 TEST_F(CpuDeviceTest, NameReportsBackendAndThreadCount) {
   EXPECT_EQ(device_->kind(), DeviceKind::kCpu);
-  EXPECT_EQ(device_->Name(), "cpu (OpenBLAS, 1 thread)");
-  EXPECT_EQ(CpuDevice(2).Name(), "cpu (OpenBLAS, 2 threads)");
+  const std::string blas = "cpu (OpenBLAS " + std::string(openblas_get_corename());
+  EXPECT_EQ(device_->Name(), blas + ", 1 thread)");
+  EXPECT_EQ(CpuDevice(2).Name(), blas + ", 2 threads)");
 }
 
 TEST_F(CpuDeviceTest, AllocateReturnsZeroedAlignedMemory) {
