@@ -32,6 +32,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 std::atomic<bool> g_leave{false};
+// How often a joiner that is in no plan yet looks at g_leave.
+constexpr std::chrono::milliseconds kJoinerPoll(200);
 
 double Since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -111,6 +113,7 @@ Status RunWorker(const WorkerOptions& o) {
     Status s = client.Register(job.Fingerprint(), BuildId(), false);
     if (s.ok()) break;
     if (s.code() != StatusCode::kUnavailable && s.code() != StatusCode::kNotFound) return s;
+    if (g_leave.load()) return Status::Ok();  // deleted before it ever counted
     if (Clock::now() > register_deadline) return s.WithContext("registering");
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
@@ -193,8 +196,13 @@ Status RunWorker(const WorkerOptions& o) {
       leave_sent = true;
     }
     if (need_switch) {
+      // A joiner no plan has included yet waits as long as the controller wants it to, but in
+      // short slices: the SIGTERM handler can only set g_leave, and a pod deleted before it was
+      // ever included must end at once, not after a whole timeout (by then the kubelet's grace
+      // period may be over, and the pod lingers as Terminating all that while).
+      const auto wait = member ? timeout : std::min(timeout, kJoinerPoll);
       std::optional<Plan> plan =
-          agreed > epoch ? watcher.WaitFor(agreed, timeout) : watcher.WaitNewer(epoch, timeout);
+          agreed > epoch ? watcher.WaitFor(agreed, wait) : watcher.WaitNewer(epoch, wait);
       if (!plan) {
         if (!member) continue;  // a joiner waits as long as the controller wants it to
         return DeadlineExceeded("no new membership plan after epoch " + std::to_string(epoch) +

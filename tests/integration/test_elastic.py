@@ -195,6 +195,48 @@ class ElasticTest(VfTestCase):
         self.assertNotIn("worker-2 was killed", out)
         self.assertEqual(summary["weights_sha256"], expected)
 
+    def test_joiner_never_included_ends_at_once_on_sigterm(self):
+        # A pod the operator deletes before any plan included it (it scaled back first) gets
+        # SIGTERM while its agent waits for a plan; it must end then, not when its wait times
+        # out (600 s here), long after the kubelet's grace period.
+        job = elastic_job(self.tmp, replicas="{min: 1, max: 2}", steps="1000")
+        bg = Background(self.tmp, job, "--workers", "2", "--slowdown", SLOW)
+        info = bg.info()
+        agent = os.path.join(os.path.dirname(VF), "virtualflow-agent")
+        extra = subprocess.Popen([agent, "--job", job, "--coordinator", info["coordinator"],
+                                  "--job-id", info["job"], "--worker", "extra", "--token-file",
+                                  info["token_file"], "--timeout", "600"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        lines = []
+        reader = threading.Thread(target=lambda: lines.extend(extra.stderr), daemon=True)
+        reader.start()
+        try:
+            # It names its device once registered and warmed up; then it waits for a plan.
+            deadline = time.monotonic() + 60
+            while not any("device cpu" in l for l in lines) and time.monotonic() < deadline:
+                self.assertIsNone(extra.poll(), "".join(lines))
+                time.sleep(0.05)
+            self.assertTrue(any("device cpu" in l for l in lines), "".join(lines))
+            time.sleep(2)
+            self.assertIsNone(bg.proc.poll(), "".join(bg.out))  # the job still trains
+            self.assertIsNone(extra.poll(), "".join(lines))
+            self.assertNotIn("extra", bg.plan_members())
+            extra.send_signal(signal.SIGTERM)
+            extra.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.fail("a joiner in no plan ignored SIGTERM while it waited for a plan")
+        finally:
+            if extra.poll() is None:
+                extra.kill()
+                extra.wait()
+            reader.join(timeout=10)
+            extra.stderr.close()
+        self.assertEqual(extra.returncode, 0, "".join(lines))
+        code, out, err, summary = bg.wait()
+        self.assertEqual(code, 0, out + err)
+        self.assertEqual(summary["resizes"], [], out)
+        self.assertEqual(summary["recoveries"], 0, out)
+
     def test_mismatched_joiner_is_refused_without_disturbing_the_job(self):
         job = elastic_job(self.tmp)
         expected = self.reference(job)
