@@ -78,8 +78,9 @@ class Device {
   virtual void AddBiasActivate(float* y, const float* bias, int rows, int cols, bool relu) = 0;
   // dy[i] = y[i] > 0 ? dy[i] : 0 (y is the ReLU output).
   virtual void ReluBackward(float* dy, const float* y, size_t n) = 0;
-  // out[c] = sum over r of x[r,c], summed in increasing r.
-  virtual void SumRows(const float* x, int rows, int cols, float* out) = 0;
+  // out[c] = sum over r of x[r,c], summed in increasing r; with `add`, out[c] += that sum (the
+  // column's sum first, then one addition).
+  virtual void SumRows(const float* x, int rows, int cols, bool add, float* out) = 0;
   // Softmax cross-entropy of logits[rows, cols] against integer labels. When dlogits is not
   // null, writes d(loss_sum * grad_scale)/dlogits into it. Returns the batch's statistics.
   virtual LossStats SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows,

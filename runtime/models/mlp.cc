@@ -80,7 +80,7 @@ void Mlp::Forward(const float* params, const float* x, int batch) {
 }
 
 Status Mlp::ForwardBackward(const float* params, const float* x, const int32_t* labels, int batch,
-                            float* grad, LossStats* stats) {
+                            GradientOutput output, float* grad, LossStats* stats) {
   VF_RETURN_IF_ERROR(Reserve(batch));
   Forward(params, x, batch);
   const size_t layers = sizes_.size() - 1;
@@ -93,8 +93,11 @@ Status Mlp::ForwardBackward(const float* params, const float* x, const int32_t* 
     const float* input = l == 0 ? x : activations_[l].data();
     float* dw = grad + tensors_[2 * l].offset;
     float* db = grad + tensors_[2 * l + 1].offset;
-    device_.Gemm(true, false, sizes_[l], sizes_[l + 1], batch, 1.f, input, delta, 0.f, dw);
-    device_.SumRows(delta, batch, sizes_[l + 1], db);
+    // Adding through the product's beta saves clearing the weight gradient and a pass over it.
+    const bool add = output == GradientOutput::kAdd;
+    device_.Gemm(true, false, sizes_[l], sizes_[l + 1], batch, 1.f, input, delta, add ? 1.f : 0.f,
+                 dw);
+    device_.SumRows(delta, batch, sizes_[l + 1], add, db);
     if (l > 0) {
       device_.Gemm(false, true, batch, sizes_[l], sizes_[l + 1], 1.f, delta, Weight(params, l), 0.f,
                    next);

@@ -21,7 +21,7 @@ class Mlp : public Model {
   int num_classes() const override { return sizes_.back(); }
   void InitializeHost(uint64_t seed, float* params) const override;
   Status ForwardBackward(const float* params, const float* x, const int32_t* labels, int batch,
-                         float* grad, LossStats* stats) override;
+                         GradientOutput output, float* grad, LossStats* stats) override;
   Result<LossStats> Evaluate(const float* params, const float* x, const int32_t* labels,
                              int batch) override;
 

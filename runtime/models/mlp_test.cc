@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -71,7 +73,9 @@ TEST(Mlp, GradientMatchesFiniteDifferences) {
   d.CopyFromHost(yd.data(), y.data(), y.size() * sizeof(int32_t));
   auto gd = DeviceBuffer<float>::Create(d, p.size()).value();
   LossStats stats;  // the CPU device's memory is the host's
-  ASSERT_TRUE(m.ForwardBackward(pd.data(), xd.data(), yd.data(), batch, gd.data(), &stats).ok());
+  ASSERT_TRUE(m.ForwardBackward(pd.data(), xd.data(), yd.data(), batch, GradientOutput::kWrite,
+                                gd.data(), &stats)
+                  .ok());
   EXPECT_EQ(stats.samples, batch);
   EXPECT_GT(stats.loss_sum, 0.0);
   std::vector<float> g(p.size());
@@ -114,15 +118,64 @@ TEST(Mlp, ForwardBackwardIsBitwiseRepeatable) {
   auto g1 = DeviceBuffer<float>::Create(d, p.size()).value();
   auto g2 = DeviceBuffer<float>::Create(d, p.size()).value();
   LossStats s1, s2, other;  // the CPU device's memory is the host's
-  ASSERT_TRUE(m.ForwardBackward(pd.data(), xd.data(), yd.data(), 32, g1.data(), &s1).ok());
+  ASSERT_TRUE(
+      m.ForwardBackward(pd.data(), xd.data(), yd.data(), 32, GradientOutput::kWrite, g1.data(), &s1)
+          .ok());
   // A different batch in between must not leak into the next result.
-  ASSERT_TRUE(m.ForwardBackward(pd.data(), xd.data(), yd.data(), 7, g2.data(), &other).ok());
-  ASSERT_TRUE(m.ForwardBackward(pd.data(), xd.data(), yd.data(), 32, g2.data(), &s2).ok());
+  ASSERT_TRUE(m.ForwardBackward(pd.data(), xd.data(), yd.data(), 7, GradientOutput::kWrite,
+                                g2.data(), &other)
+                  .ok());
+  ASSERT_TRUE(
+      m.ForwardBackward(pd.data(), xd.data(), yd.data(), 32, GradientOutput::kWrite, g2.data(), &s2)
+          .ok());
   EXPECT_EQ(other.samples, 7);
   EXPECT_EQ(s1.loss_sum, s2.loss_sum);
   EXPECT_EQ(s1.correct, s2.correct);
   EXPECT_EQ(s1.samples, 32);
   EXPECT_EQ(std::memcmp(g1.data(), g2.data(), g1.bytes()), 0);
+}
+
+TEST(Mlp, AddedGradientIsTheWrittenOneAddedToWhatWasThere) {
+  Fixture f;
+  Device& d = *f.device;
+  Mlp m({784, 64, 10}, d);
+  std::vector<float> p(m.parameter_count());
+  m.InitializeHost(4, p.data());
+  CounterRng rng(9);
+  const int batch = 5;
+  std::vector<float> x(size_t{batch} * 784);
+  for (auto& v : x) v = rng.Uniform();
+  std::vector<int32_t> y(batch);
+  for (auto& v : y) v = static_cast<int32_t>(rng.Below(10));
+  std::vector<float> before(p.size());
+  for (auto& v : before) v = 2.f * rng.Uniform() - 1.f;
+  DeviceBuffer<float> pd, xd, added;
+  Upload(d, pd, p);
+  Upload(d, xd, x);
+  Upload(d, added, before);
+  auto yd = DeviceBuffer<int32_t>::Create(d, y.size()).value();
+  d.CopyFromHost(yd.data(), y.data(), y.size() * sizeof(int32_t));
+  auto written = DeviceBuffer<float>::Create(d, p.size()).value();
+  LossStats sw, sa;  // the CPU device's memory is the host's
+  ASSERT_TRUE(m.ForwardBackward(pd.data(), xd.data(), yd.data(), batch, GradientOutput::kWrite,
+                                written.data(), &sw)
+                  .ok());
+  ASSERT_TRUE(m.ForwardBackward(pd.data(), xd.data(), yd.data(), batch, GradientOutput::kAdd,
+                                added.data(), &sa)
+                  .ok());
+  EXPECT_EQ(sw.loss_sum, sa.loss_sum);
+  // Each part of the gradient is summed over the batch and then added once: with a batch this
+  // small the product's inner dimension is one block, so the bits are those of the sum.
+  size_t differ = 0;
+  for (size_t i = 0; i < p.size(); ++i) {
+    const float want = before[i] + written.data()[i];
+    differ += std::bit_cast<uint32_t>(added.data()[i]) != std::bit_cast<uint32_t>(want) ? 1 : 0;
+  }
+  EXPECT_EQ(differ, 0u) << "of " << p.size();
+  // And the gradient really was added, not written over what was there.
+  size_t moved = 0;
+  for (size_t i = 0; i < p.size(); ++i) moved += added.data()[i] != written.data()[i] ? 1 : 0;
+  EXPECT_GT(moved, p.size() / 2);
 }
 
 }  // namespace

@@ -22,6 +22,9 @@ struct ParameterTensor {
   std::vector<int> shape;
 };
 
+// Whether ForwardBackward writes the gradient or adds it to what its output holds.
+enum class GradientOutput { kWrite, kAdd };
+
 // A trainable model bound to one device. Parameters and gradients are flat float vectors in
 // device memory, laid out as tensors() says. Holds scratch memory sized for the largest batch
 // it has seen, so memory grows with the micro-batch, never with the global batch.
@@ -40,11 +43,13 @@ class Model {
   virtual void InitializeHost(uint64_t seed, float* params) const = 0;
 
   // Loss over a batch of `batch` samples and the gradient of the mean loss with respect to the
-  // parameters, written (not added) to `grad`. x is [batch, input_size], labels [batch]. The
-  // batch's statistics go to *stats in the device's memory: the work is only queued, and a GPU
-  // runs on while the host prepares the next batch.
+  // parameters, written to `grad`, or added to it (how the sum rounds is the device's: fast
+  // reduction only). x is [batch, input_size], labels [batch]. The batch's statistics go to
+  // *stats in the device's memory: the work is only queued, and a GPU runs on while the host
+  // prepares the next batch.
   virtual Status ForwardBackward(const float* params, const float* x, const int32_t* labels,
-                                 int batch, float* grad, LossStats* stats) = 0;
+                                 int batch, GradientOutput output, float* grad,
+                                 LossStats* stats) = 0;
   // Loss and accuracy only.
   virtual Result<LossStats> Evaluate(const float* params, const float* x, const int32_t* labels,
                                      int batch) = 0;

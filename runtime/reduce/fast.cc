@@ -33,6 +33,8 @@ class FastReducer : public Reducer {
     return Status::Ok();
   }
 
+  float* sum_in_place() override { return acc_.data(); }
+
   void AddLoss(const LossStats& stats) override {
     loss_sum_ += stats.loss_sum;
     correct_ += stats.correct;

@@ -67,6 +67,11 @@ class Reducer {
   // Adds one virtual node's gradient (device memory, parameter_count floats). Only queues work
   // on the device: nothing comes back to the host before Finish.
   virtual Status Add(const float* grad) = 0;
+  // Where a node's gradient may be added in place instead of coming through Add (device memory,
+  // parameter_count floats, cleared by Begin), or null when each node's gradient must come
+  // through Add. Fast mode's sum is a plain float sum, so the model can add into it directly and
+  // save a pass per node; exact mode converts each node's gradient on its own.
+  virtual float* sum_in_place() { return nullptr; }
   // Adds one virtual node's loss statistics (host memory), the nodes in a fixed order.
   virtual void AddLoss(const LossStats& stats) = 0;
   // Runs the collectives and writes the mean gradient (1/V) * sum into `mean_grad` (device

@@ -205,13 +205,19 @@ void CpuDevice::ReluBackward(float* dy, const float* y, size_t n) {
   for (size_t i = 0; i < n; ++i) dy[i] = y[i] > 0.f ? dy[i] : 0.f;
 }
 
-void CpuDevice::SumRows(const float* x, int rows, int cols, float* out) {
+void CpuDevice::SumRows(const float* x, int rows, int cols, bool add, float* out) {
+  const auto n = static_cast<size_t>(std::max(cols, 0));
+  if (add && column_sums_.size() < n) column_sums_.resize(n);
+  float* __restrict sums = add ? column_sums_.data() : out;
   // Row by row so that each column is summed in increasing r while the inner loop runs
   // across columns and vectorises without reordering any sum.
-  std::fill_n(out, std::max(cols, 0), 0.f);
+  std::fill_n(sums, n, 0.f);
   for (int r = 0; r < rows; ++r) {
     const float* __restrict row = x + static_cast<size_t>(r) * cols;
-    for (int c = 0; c < cols; ++c) out[c] += row[c];
+    for (int c = 0; c < cols; ++c) sums[c] += row[c];
+  }
+  if (add) {
+    for (size_t c = 0; c < n; ++c) out[c] += sums[c];
   }
 }
 

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "runtime/device.h"
 
@@ -34,7 +35,7 @@ class CpuDevice final : public Device {
   void NormalizePixels(const uint8_t* in, size_t n, float scale, float shift, float* out) override;
   void AddBiasActivate(float* y, const float* bias, int rows, int cols, bool relu) override;
   void ReluBackward(float* dy, const float* y, size_t n) override;
-  void SumRows(const float* x, int rows, int cols, float* out) override;
+  void SumRows(const float* x, int rows, int cols, bool add, float* out) override;
   // Labels are validated by the dataset loader. A label outside [0, cols) is a bug: it asserts
   // in debug builds and otherwise makes that row's loss and gradient NaN, so the step fails
   // the NaN check of the reduction instead of training on garbage.
@@ -65,6 +66,7 @@ class CpuDevice final : public Device {
 
  private:
   int threads_;
+  std::vector<float> column_sums_;  // SumRows's column sums when it adds them to its output
 };
 
 }  // namespace vf

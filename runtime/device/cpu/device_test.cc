@@ -254,7 +254,7 @@ TEST_F(CpuDeviceTest, SumRowsSumsEachColumnInIncreasingRowOrder) {
     x[3 * cols + c] = 3.f;
   }
   std::vector<float> out(cols, -1.f);
-  device_->SumRows(x.data(), rows, cols, out.data());
+  device_->SumRows(x.data(), rows, cols, /*add=*/false, out.data());
   for (int c = 0; c < cols; ++c) {
     float want = 0.f;
     for (int r = 0; r < rows; ++r) want += x[r * cols + c];
@@ -267,12 +267,33 @@ TEST_F(CpuDeviceTest, SumRowsMatchesSequentialSumOnRandomData) {
   const int rows = 37, cols = 71;
   const std::vector<float> x = RandomFloats(static_cast<size_t>(rows) * cols, 5, -100.f, 100.f);
   std::vector<float> out(cols);
-  device_->SumRows(x.data(), rows, cols, out.data());
+  device_->SumRows(x.data(), rows, cols, /*add=*/false, out.data());
   std::vector<float> want(cols, 0.f);
   for (int r = 0; r < rows; ++r) {
     for (int c = 0; c < cols; ++c) want[c] += x[r * cols + c];
   }
   EXPECT_TRUE(SameBits(out, want));
+}
+
+TEST_F(CpuDeviceTest, SumRowsThatAddsAddsTheColumnSumOnceToEachOutput) {
+  // Adding the rows to the output one by one would round differently: the output's 1e8 would
+  // swallow the small rows, where their own sum (3 + c) survives the one addition.
+  const int rows = 3, cols = 9;
+  std::vector<float> x(static_cast<size_t>(rows) * cols);
+  for (int c = 0; c < cols; ++c) {
+    x[0 * cols + c] = 1.f;
+    x[1 * cols + c] = 2.f;
+    x[2 * cols + c] = static_cast<float>(c);
+  }
+  std::vector<float> out(cols, 1e8f);
+  // Twice, the second time with fewer columns: the scratch of a wider call must not leak in.
+  device_->SumRows(x.data(), rows, cols, /*add=*/true, out.data());
+  for (int c = 0; c < cols; ++c) {
+    EXPECT_EQ(out[c], 1e8f + (3.f + static_cast<float>(c))) << c;
+  }
+  std::vector<float> narrow(2, 0.5f);
+  device_->SumRows(x.data() + cols, 1, 2, /*add=*/true, narrow.data());
+  EXPECT_EQ(narrow, (std::vector<float>{2.5f, 2.5f}));
 }
 
 // ---- Softmax cross-entropy ----

@@ -78,12 +78,12 @@ __global__ void ReluBackwardKernel(float* dy, const float* y, size_t n) {
 }
 
 // One thread per column, rows in increasing order: the CPU backend's summation order.
-__global__ void SumRowsKernel(const float* x, int rows, int cols, float* out) {
+__global__ void SumRowsKernel(const float* x, int rows, int cols, bool add, float* out) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= cols) return;
   float s = 0.f;
   for (int r = 0; r < rows; ++r) s += x[static_cast<size_t>(r) * cols + c];
-  out[c] = s;
+  out[c] = add ? out[c] + s : s;
 }
 
 // One thread per row (the models' output layers are narrow). Mirrors the CPU backend's
@@ -383,10 +383,10 @@ void CudaDevice::ReluBackward(float* dy, const float* y, size_t n) {
   CheckLaunch("ReluBackward");
 }
 
-void CudaDevice::SumRows(const float* x, int rows, int cols, float* out) {
+void CudaDevice::SumRows(const float* x, int rows, int cols, bool add, float* out) {
   if (cols <= 0) return;
   SumRowsKernel<<<(cols + kThreads - 1) / kThreads, kThreads, 0, stream_>>>(x, rows < 0 ? 0 : rows,
-                                                                            cols, out);
+                                                                            cols, add, out);
   CheckLaunch("SumRows");
 }
 

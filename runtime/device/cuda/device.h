@@ -50,7 +50,7 @@ class CudaDevice final : public Device {
   void NormalizePixels(const uint8_t* in, size_t n, float scale, float shift, float* out) override;
   void AddBiasActivate(float* y, const float* bias, int rows, int cols, bool relu) override;
   void ReluBackward(float* dy, const float* y, size_t n) override;
-  void SumRows(const float* x, int rows, int cols, float* out) override;
+  void SumRows(const float* x, int rows, int cols, bool add, float* out) override;
   // The loss sum is added on the host in row order, as the CPU backend does.
   LossStats SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows, int cols,
                                 float grad_scale, float* dlogits) override;

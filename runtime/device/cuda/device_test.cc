@@ -194,8 +194,11 @@ TEST_F(CudaDeviceTest, ElementwiseKernelsAndOptimizersMatchTheCpuBitForBit) {
     EXPECT_TRUE(SameBits(Download(*cpu_, cd), Download(*gpu_, gd)));
     auto cs = DeviceBuffer<float>::Create(*cpu_, cols);
     auto gs = DeviceBuffer<float>::Create(*gpu_, cols);
-    cpu_->SumRows(cy.data(), rows, cols, cs->data());
-    gpu_->SumRows(gy.data(), rows, cols, gs->data());
+    cpu_->SumRows(cy.data(), rows, cols, /*add=*/false, cs->data());
+    gpu_->SumRows(gy.data(), rows, cols, /*add=*/false, gs->data());
+    EXPECT_TRUE(SameBits(Download(*cpu_, *cs), Download(*gpu_, *gs)));
+    cpu_->SumRows(cd.data(), rows, cols, /*add=*/true, cs->data());
+    gpu_->SumRows(gd.data(), rows, cols, /*add=*/true, gs->data());
     EXPECT_TRUE(SameBits(Download(*cpu_, *cs), Download(*gpu_, *gs)));
   }
   {
