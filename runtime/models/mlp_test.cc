@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "runtime/data/dataset.h"
@@ -99,35 +100,49 @@ TEST(Mlp, GradientMatchesFiniteDifferences) {
   EXPECT_GT(checked, 20);
 }
 
+// A 784 -> 64 -> 10 MLP on the CPU with the initial parameters of `seed`, and `rows` random
+// Fashion-MNIST-shaped samples (pixels in [0, 1), 10 classes), all in the device's memory.
+struct SmallMlp {
+  SmallMlp(uint64_t seed, int rows) : m({784, 64, 10}, d), p(m.parameter_count()), rng(seed) {
+    m.InitializeHost(seed, p.data());
+    Upload(d, params, p);
+    std::vector<float> x(static_cast<size_t>(rows) * 784);
+    for (auto& v : x) v = rng.Uniform();
+    std::vector<int32_t> y(static_cast<size_t>(rows));
+    for (auto& v : y) v = static_cast<int32_t>(rng.Below(10));
+    Upload(d, pixels, x);
+    labels = DeviceBuffer<int32_t>::Create(d, y.size()).value();
+    d.CopyFromHost(labels.data(), y.data(), y.size() * sizeof(int32_t));
+  }
+  // A gradient buffer for the model.
+  DeviceBuffer<float> Gradient() { return DeviceBuffer<float>::Create(d, p.size()).value(); }
+  // ForwardBackward over the first `rows` samples; the CPU device's memory is the host's, so the
+  // statistics come back in *stats.
+  bool Run(int rows, GradientOutput output, DeviceBuffer<float>& grad, LossStats* stats) {
+    return m
+        .ForwardBackward(params.data(), pixels.data(), labels.data(), rows, output, grad.data(),
+                         stats)
+        .ok();
+  }
+
+  std::unique_ptr<Device> device = CreateCpuDevice(1);
+  Device& d = *device;
+  Mlp m;
+  std::vector<float> p;
+  CounterRng rng;
+  DeviceBuffer<float> params, pixels;
+  DeviceBuffer<int32_t> labels;
+};
+
 TEST(Mlp, ForwardBackwardIsBitwiseRepeatable) {
-  Fixture f;
-  Device& d = *f.device;
-  Mlp m({784, 64, 10}, d);
-  std::vector<float> p(m.parameter_count());
-  m.InitializeHost(1, p.data());
-  CounterRng rng(5);
-  std::vector<float> x(size_t{32} * 784);
-  for (auto& v : x) v = rng.Uniform();
-  std::vector<int32_t> y(32);
-  for (auto& v : y) v = static_cast<int32_t>(rng.Below(10));
-  DeviceBuffer<float> pd, xd;
-  Upload(d, pd, p);
-  Upload(d, xd, x);
-  auto yd = DeviceBuffer<int32_t>::Create(d, y.size()).value();
-  d.CopyFromHost(yd.data(), y.data(), y.size() * sizeof(int32_t));
-  auto g1 = DeviceBuffer<float>::Create(d, p.size()).value();
-  auto g2 = DeviceBuffer<float>::Create(d, p.size()).value();
-  LossStats s1, s2, other;  // the CPU device's memory is the host's
-  ASSERT_TRUE(
-      m.ForwardBackward(pd.data(), xd.data(), yd.data(), 32, GradientOutput::kWrite, g1.data(), &s1)
-          .ok());
+  SmallMlp s(1, 32);
+  auto g1 = s.Gradient();
+  auto g2 = s.Gradient();
+  LossStats s1, s2, other;
+  ASSERT_TRUE(s.Run(32, GradientOutput::kWrite, g1, &s1));
   // A different batch in between must not leak into the next result.
-  ASSERT_TRUE(m.ForwardBackward(pd.data(), xd.data(), yd.data(), 7, GradientOutput::kWrite,
-                                g2.data(), &other)
-                  .ok());
-  ASSERT_TRUE(
-      m.ForwardBackward(pd.data(), xd.data(), yd.data(), 32, GradientOutput::kWrite, g2.data(), &s2)
-          .ok());
+  ASSERT_TRUE(s.Run(7, GradientOutput::kWrite, g2, &other));
+  ASSERT_TRUE(s.Run(32, GradientOutput::kWrite, g2, &s2));
   EXPECT_EQ(other.samples, 7);
   EXPECT_EQ(s1.loss_sum, s2.loss_sum);
   EXPECT_EQ(s1.correct, s2.correct);
@@ -136,46 +151,29 @@ TEST(Mlp, ForwardBackwardIsBitwiseRepeatable) {
 }
 
 TEST(Mlp, AddedGradientIsTheWrittenOneAddedToWhatWasThere) {
-  Fixture f;
-  Device& d = *f.device;
-  Mlp m({784, 64, 10}, d);
-  std::vector<float> p(m.parameter_count());
-  m.InitializeHost(4, p.data());
-  CounterRng rng(9);
   const int batch = 5;
-  std::vector<float> x(size_t{batch} * 784);
-  for (auto& v : x) v = rng.Uniform();
-  std::vector<int32_t> y(batch);
-  for (auto& v : y) v = static_cast<int32_t>(rng.Below(10));
-  std::vector<float> before(p.size());
-  for (auto& v : before) v = 2.f * rng.Uniform() - 1.f;
-  DeviceBuffer<float> pd, xd, added;
-  Upload(d, pd, p);
-  Upload(d, xd, x);
-  Upload(d, added, before);
-  auto yd = DeviceBuffer<int32_t>::Create(d, y.size()).value();
-  d.CopyFromHost(yd.data(), y.data(), y.size() * sizeof(int32_t));
-  auto written = DeviceBuffer<float>::Create(d, p.size()).value();
-  LossStats sw, sa;  // the CPU device's memory is the host's
-  ASSERT_TRUE(m.ForwardBackward(pd.data(), xd.data(), yd.data(), batch, GradientOutput::kWrite,
-                                written.data(), &sw)
-                  .ok());
-  ASSERT_TRUE(m.ForwardBackward(pd.data(), xd.data(), yd.data(), batch, GradientOutput::kAdd,
-                                added.data(), &sa)
-                  .ok());
+  SmallMlp s(4, batch);
+  std::vector<float> before(s.p.size());
+  for (auto& v : before) v = 2.f * s.rng.Uniform() - 1.f;
+  DeviceBuffer<float> added;
+  Upload(s.d, added, before);
+  auto written = s.Gradient();
+  LossStats sw, sa;
+  ASSERT_TRUE(s.Run(batch, GradientOutput::kWrite, written, &sw));
+  ASSERT_TRUE(s.Run(batch, GradientOutput::kAdd, added, &sa));
   EXPECT_EQ(sw.loss_sum, sa.loss_sum);
   // Each part of the gradient is summed over the batch and then added once: with a batch this
   // small the product's inner dimension is one block, so the bits are those of the sum.
   size_t differ = 0;
-  for (size_t i = 0; i < p.size(); ++i) {
+  for (size_t i = 0; i < before.size(); ++i) {
     const float want = before[i] + written.data()[i];
     differ += std::bit_cast<uint32_t>(added.data()[i]) != std::bit_cast<uint32_t>(want) ? 1 : 0;
   }
-  EXPECT_EQ(differ, 0u) << "of " << p.size();
+  EXPECT_EQ(differ, 0u) << "of " << before.size();
   // And the gradient really was added, not written over what was there.
   size_t moved = 0;
-  for (size_t i = 0; i < p.size(); ++i) moved += added.data()[i] != written.data()[i] ? 1 : 0;
-  EXPECT_GT(moved, p.size() / 2);
+  for (size_t i = 0; i < before.size(); ++i) moved += added.data()[i] != written.data()[i] ? 1 : 0;
+  EXPECT_GT(moved, before.size() / 2);
 }
 
 }  // namespace
