@@ -211,20 +211,16 @@ Result<StepResult> Executor::Step(Communicator& comm, std::span<const int> local
     reducer_->Begin();
     // One wait for the device per step, not per node: a GPU then runs the nodes back to back.
     const auto t0 = std::chrono::steady_clock::now();
-    float* sum = reducer_->sum_in_place();
+    // Fast mode's sum takes each node's gradient in place; exact mode gets each through Add.
+    float* const sum = reducer_->sum_in_place();
+    const GradientOutput output = sum != nullptr ? GradientOutput::kAdd : GradientOutput::kWrite;
+    float* const grad = sum != nullptr ? sum : grad_.data();
     for (size_t k = 0; k < local_vnodes.size(); ++k) {
       sharder_.MicroBatch(step_, local_vnodes[k], &indices_);
       VF_RETURN_IF_ERROR(Stage(train_, indices_));
-      if (sum != nullptr) {
-        VF_RETURN_IF_ERROR(model_->ForwardBackward(params_.data(), x_.data(), y_.data(), b,
-                                                   GradientOutput::kAdd, sum,
-                                                   node_stats_.data() + k));
-        continue;
-      }
-      VF_RETURN_IF_ERROR(model_->ForwardBackward(params_.data(), x_.data(), y_.data(), b,
-                                                 GradientOutput::kWrite, grad_.data(),
-                                                 node_stats_.data() + k));
-      VF_RETURN_IF_ERROR(reducer_->Add(grad_.data()));
+      VF_RETURN_IF_ERROR(model_->ForwardBackward(params_.data(), x_.data(), y_.data(), b, output,
+                                                 grad, node_stats_.data() + k));
+      if (sum == nullptr) VF_RETURN_IF_ERROR(reducer_->Add(grad));
     }
     // Waits for the device (the copy comes after all the queued work).
     device_.CopyToHost(host_node_stats_.data(), node_stats_.data(),
