@@ -10,7 +10,7 @@
 #include <optional>
 #include <thread>
 
-#include "operator/coordinator/client.h"
+#include "agent/protocol/client.h"
 
 namespace vf {
 

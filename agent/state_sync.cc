@@ -6,13 +6,12 @@
 
 namespace vf {
 
-Result<SyncOutcome> SyncState(Communicator& comm, Executor& executor,
-                              const std::function<Status()>& initialize,
+Result<SyncOutcome> SyncState(Communicator& comm, agent::TrainingStateHolder& state,
                               const std::function<void()>& before_transfer) {
   const auto start = std::chrono::steady_clock::now();
   SyncOutcome out;
-  const bool mine = executor.has_state();
-  const int64_t step = mine ? executor.step() : -1;
+  const bool mine = state.has_state();
+  const int64_t step = mine ? state.step() : -1;
   // One MAX collective answers: does anyone have state, the highest step, the lowest step
   // among holders (as a negated maximum), and does anyone lack state.
   int64_t agg[4] = {mine ? 1 : 0, step, mine ? -step : std::numeric_limits<int64_t>::min(),
@@ -35,7 +34,7 @@ Result<SyncOutcome> SyncState(Communicator& comm, Executor& executor,
     VF_RETURN_IF_ERROR(comm.AllReduce(&claim, 1, ReduceOp::kMax).WithContext("state sync"));
     source = comm.size() - static_cast<int>(claim);
   } else if (comm.rank() == 0) {
-    VF_RETURN_IF_ERROR(initialize());
+    VF_RETURN_IF_ERROR(state.Initialize());
     out.initialized = true;
   }
   out.source_rank = source;
@@ -45,30 +44,27 @@ Result<SyncOutcome> SyncState(Communicator& comm, Executor& executor,
   // on the wire is the transport's job, and a member at the newest step receives bytes equal
   // to its own, so even a transfer cut short leaves its state intact.
   std::string meta;
-  if (comm.rank() == source) meta = SerializeState(executor.SnapshotMetadata());
+  if (comm.rank() == source) meta = state.Metadata();
   int64_t size = static_cast<int64_t>(meta.size());
   VF_RETURN_IF_ERROR(comm.Broadcast(&size, sizeof(size), source).WithContext("state size"));
   meta.resize(static_cast<size_t>(size));
   VF_RETURN_IF_ERROR(comm.Broadcast(meta.data(), meta.size(), source).WithContext("state"));
-  TrainingState metadata;
   if (comm.rank() != source) {
-    VF_ASSIGN_OR_RETURN(metadata,
-                        DeserializeState(meta, "state from rank " + std::to_string(source)));
     // Checked before the buffers arrive, so a foreign state cannot overwrite this one.
-    if (metadata.job_fingerprint != executor.SnapshotMetadata().job_fingerprint) {
-      return FailedPrecondition("the state from rank " + std::to_string(source) +
-                                " belongs to a different job");
-    }
-    if (!executor.has_state() || executor.step() != newest) executor.InvalidateState();
+    VF_RETURN_IF_ERROR(
+        state.CheckMetadata(meta).WithContext("state from rank " + std::to_string(source)));
+    if (!state.has_state() || state.step() != newest) state.Invalidate();
   }
   if (before_transfer) before_transfer();
   int64_t bytes = size;
-  for (auto [data, count] : executor.StateBuffers()) {
+  for (std::span<std::byte> buffer : state.Buffers()) {
     VF_RETURN_IF_ERROR(
-        comm.Broadcast(data, count * sizeof(float), source).WithContext("state transfer"));
-    bytes += static_cast<int64_t>(count * sizeof(float));
+        comm.Broadcast(buffer.data(), buffer.size(), source).WithContext("state transfer"));
+    bytes += static_cast<int64_t>(buffer.size());
   }
-  if (comm.rank() != source) VF_RETURN_IF_ERROR(executor.RestoreMetadata(metadata));
+  if (comm.rank() != source) {
+    VF_RETURN_IF_ERROR(state.Adopt(meta).WithContext("state from rank " + std::to_string(source)));
+  }
   out.transferred = true;
   out.bytes = bytes;
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

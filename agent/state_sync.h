@@ -4,8 +4,8 @@
 #include <cstdint>
 #include <functional>
 
+#include "agent/agent.h"
 #include "runtime/comm/communicator.h"
-#include "runtime/executor.h"
 #include "runtime/status.h"
 
 namespace vf {
@@ -24,12 +24,11 @@ struct SyncOutcome {
 // the highest step), and that rank broadcasts its full state to all. Survivors of a failed step
 // may differ by one step; both states lie on the same deterministic trajectory, so adopting the
 // newest is exact. When all members already hold the same step, nothing is sent. When no member
-// has state (a job's first plan, or after every member was lost), rank 0 calls `initialize`
-// (fresh start or checkpoint) and broadcasts that.
+// has state (a job's first plan, or after every member was lost), rank 0 initializes it (fresh
+// start or checkpoint) and broadcasts that.
 // `before_transfer` runs on every member between agreeing on the source and sending the state
 // (fault injection uses it).
-Result<SyncOutcome> SyncState(Communicator& comm, Executor& executor,
-                              const std::function<Status()>& initialize,
+Result<SyncOutcome> SyncState(Communicator& comm, agent::TrainingStateHolder& state,
                               const std::function<void()>& before_transfer = {});
 
 }  // namespace vf

@@ -5,6 +5,8 @@
 #include <thread>
 #include <vector>
 
+#include "agent/executor_state.h"
+
 namespace vf {
 namespace {
 
@@ -53,7 +55,8 @@ std::vector<RankResult> Sync(const std::vector<int>& steps) {
         }
       }
       auto comm = CreateGlooCommunicator(store, r, n, CommOptions{}).value();
-      auto res = SyncState(*comm, *ex, [&] { return ex->InitializeFresh(); });
+      ExecutorState state(*ex, "");
+      auto res = SyncState(*comm, state);
       ASSERT_TRUE(res.ok()) << res.status().message();
       auto& o = out[static_cast<size_t>(r)];
       o.outcome = *res;

@@ -18,39 +18,10 @@
 #include <string_view>
 #include <vector>
 
+#include "agent/protocol/messages.h"
 #include "runtime/status.h"
 
 namespace vf {
-
-// One worker's place in a plan.
-struct Member {
-  std::string worker;
-  int rank = 0;
-  std::vector<int> virtual_nodes;
-};
-
-// The membership of one epoch. Epochs only grow; epoch 0 means "no plan yet".
-struct Plan {
-  int64_t epoch = 0;
-  std::vector<Member> members;
-  // Rendezvous keys of this epoch live under "<store_prefix>/"; see PrefixStore.
-  std::string store_prefix;
-};
-
-// What a training member says after a step.
-struct Report {
-  int64_t epoch = 0;
-  int64_t step = 0;
-  double loss = 0;  // NaN when the agent has none to give
-  double samples_per_second = 0;
-  double seconds_per_virtual_node = 0;
-  double pause_seconds = 0;  // time the last membership switch cost this worker
-  bool has_state = false;    // holds the full training state (may serve joiners)
-  // Set once, by rank 0 of the final plan, when the job has trained all its steps.
-  bool finished = false;
-  std::string weights_sha256;  // of the final weights; empty unless finished
-  double test_accuracy = std::numeric_limits<double>::quiet_NaN();  // NaN: not evaluated
-};
 
 // What the coordinator knows about one registered worker.
 struct WorkerInfo {

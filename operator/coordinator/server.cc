@@ -26,7 +26,7 @@
 #include <nlohmann/json.hpp>
 #include "operator/net/listen.h"
 
-#include "operator/coordinator/wire.h"
+#include "agent/protocol/json.h"
 
 namespace vf {
 namespace {
@@ -37,7 +37,7 @@ using web::http::http_request;
 using web::http::http_response;
 using web::http::status_code;
 using web::http::status_codes;
-namespace wire = coordinator_wire;
+namespace wire = protocol;
 
 constexpr int64_t kDefaultPollMs = 30000;
 constexpr int64_t kMaxPlanPollMs = 60000;
@@ -619,47 +619,10 @@ void CoordinatorServer::Impl::Dispatch(const http_request& request, const Route&
 
 void CoordinatorServer::Impl::HandleReport(const http_request& request, const Route& route,
                                            const json& object) {
-  Report report;
-  const auto read_int = [&](const char* name, int64_t& out) {
-    Result<int64_t> value = wire::IntField(object, name);
-    if (value.ok()) out = *value;
-    return value.status();
-  };
-  const auto read_number = [&](const char* name, double& out) {
-    Result<double> value = wire::NumberField(object, name);
-    if (value.ok()) out = *value;
-    return value.status();
-  };
-  Status status = read_int("epoch", report.epoch);
-  if (status.ok()) status = read_int("step", report.step);
-  if (status.ok()) status = read_number("loss", report.loss);
-  if (status.ok()) status = read_number("samplesPerSecond", report.samples_per_second);
-  if (status.ok()) status = read_number("secondsPerVirtualNode", report.seconds_per_virtual_node);
-  if (status.ok() && object.contains("pauseSeconds")) {
-    status = read_number("pauseSeconds", report.pause_seconds);
-  }
-  if (status.ok()) {
-    Result<bool> has_state = wire::BoolField(object, "hasState");
-    if (has_state.ok()) report.has_state = *has_state;
-    status = has_state.status();
-  }
-  // The final report's fields are optional, so older agents keep working.
-  if (status.ok() && object.contains("finished")) {
-    Result<bool> finished = wire::BoolField(object, "finished");
-    if (finished.ok()) report.finished = *finished;
-    status = finished.status();
-  }
-  if (status.ok() && object.contains("weightsSha256")) {
-    Result<std::string> sha = wire::StringField(object, "weightsSha256");
-    if (sha.ok()) report.weights_sha256 = *sha;
-    status = sha.status();
-  }
-  if (status.ok() && object.contains("testAccuracy")) {
-    status = read_number("testAccuracy", report.test_accuracy);
-  }
-  if (!status.ok()) return SendStatus(request, status);
+  Result<Report> report = wire::ReportFromJson(object);
+  if (!report.ok()) return SendStatus(request, report.status());
   SendNoContentOr(request, coordinator_.RecordReport(
-                               route.job, object.at("worker").get<std::string>(), report));
+                               route.job, object.at("worker").get<std::string>(), *report));
 }
 
 void CoordinatorServer::Impl::StartPoll(const http_request& request, const Route& route,

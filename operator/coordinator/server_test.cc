@@ -21,7 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "operator/coordinator/client.h"
+#include "agent/protocol/client.h"
 #include "operator/coordinator/coordinator.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/store.h"

@@ -1,7 +1,6 @@
-#include "operator/coordinator/client.h"
+#include "agent/protocol/client.h"
 
 #include <algorithm>
-#include <cmath>
 #include <exception>
 #include <system_error>
 #include <thread>
@@ -11,7 +10,7 @@
 #include <cpprest/uri.h>
 #include <nlohmann/json.hpp>
 
-#include "operator/coordinator/wire.h"
+#include "agent/protocol/json.h"
 
 namespace vf {
 namespace {
@@ -19,7 +18,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 using std::chrono::milliseconds;
-namespace wire = coordinator_wire;
+namespace wire = protocol;
 
 // The longest a server holds a poll (server.h); longer waits are split into several polls.
 constexpr milliseconds kMaxPlanPoll(60000);
@@ -44,9 +43,6 @@ milliseconds Until(Clock::time_point deadline) {
 }
 
 std::string Encode(const std::string& text) { return web::uri::encode_data_string(text); }
-
-// JSON has no NaN or infinity.
-json Number(double value) { return std::isfinite(value) ? json(value) : json(nullptr); }
 
 // The server's {"error": ...}, or what the body says otherwise.
 std::string ErrorMessage(const std::string& body) {
@@ -188,18 +184,9 @@ Result<Plan> CoordinatorClient::WaitForPlan(int64_t after, milliseconds timeout)
 }
 
 Status CoordinatorClient::Report(const vf::Report& report) {
-  return Post("report",
-              wire::Dump(json{{"worker", worker_},
-                              {"epoch", report.epoch},
-                              {"step", report.step},
-                              {"loss", Number(report.loss)},
-                              {"samplesPerSecond", Number(report.samples_per_second)},
-                              {"secondsPerVirtualNode", Number(report.seconds_per_virtual_node)},
-                              {"pauseSeconds", Number(report.pause_seconds)},
-                              {"hasState", report.has_state},
-                              {"finished", report.finished},
-                              {"weightsSha256", report.weights_sha256},
-                              {"testAccuracy", Number(report.test_accuracy)}}));
+  json body = wire::ReportToJson(report);
+  body["worker"] = worker_;
+  return Post("report", wire::Dump(body));
 }
 
 Status CoordinatorClient::Leave() { return Post("leave", wire::Dump(json{{"worker", worker_}})); }

@@ -1,11 +1,11 @@
-#include "operator/coordinator/wire.h"
+#include "agent/protocol/json.h"
 
 #include <cmath>
 #include <limits>
 #include <utility>
 #include <vector>
 
-namespace vf::coordinator_wire {
+namespace vf::protocol {
 namespace {
 
 using nlohmann::json;
@@ -24,6 +24,19 @@ Result<const json*> Find(const json& object, const char* name) {
   auto it = object.find(name);
   if (it == object.end()) return Missing(name);
   return &*it;
+}
+
+// JSON has no NaN or infinity.
+json Number(double value) { return std::isfinite(value) ? json(value) : json(nullptr); }
+
+// Reads field `name` into `out` with `read`, keeping `out` when the field is absent and
+// `optional` is set.
+template <typename T, typename Reader>
+Status Read(const json& object, const char* name, bool optional, Reader read, T& out) {
+  if (optional && !object.contains(name)) return Status::Ok();
+  Result<T> value = read(object, name);
+  if (value.ok()) out = *std::move(value);
+  return value.status();
 }
 
 }  // namespace
@@ -116,4 +129,34 @@ Result<Plan> PlanFromJson(const json& object) {
   return plan;
 }
 
-}  // namespace vf::coordinator_wire
+json ReportToJson(const Report& report) {
+  return {{"epoch", report.epoch},
+          {"step", report.step},
+          {"loss", Number(report.loss)},
+          {"samplesPerSecond", Number(report.samples_per_second)},
+          {"secondsPerVirtualNode", Number(report.seconds_per_virtual_node)},
+          {"pauseSeconds", Number(report.pause_seconds)},
+          {"hasState", report.has_state},
+          {"finished", report.finished},
+          {"weightsSha256", report.weights_sha256},
+          {"testAccuracy", Number(report.test_accuracy)}};
+}
+
+Result<Report> ReportFromJson(const json& object) {
+  if (!object.is_object()) return InvalidArgument("report must be a JSON object");
+  Report r;
+  VF_RETURN_IF_ERROR(Read(object, "epoch", false, IntField, r.epoch));
+  VF_RETURN_IF_ERROR(Read(object, "step", false, IntField, r.step));
+  VF_RETURN_IF_ERROR(Read(object, "loss", false, NumberField, r.loss));
+  VF_RETURN_IF_ERROR(Read(object, "samplesPerSecond", false, NumberField, r.samples_per_second));
+  VF_RETURN_IF_ERROR(
+      Read(object, "secondsPerVirtualNode", false, NumberField, r.seconds_per_virtual_node));
+  VF_RETURN_IF_ERROR(Read(object, "pauseSeconds", true, NumberField, r.pause_seconds));
+  VF_RETURN_IF_ERROR(Read(object, "hasState", false, BoolField, r.has_state));
+  VF_RETURN_IF_ERROR(Read(object, "finished", true, BoolField, r.finished));
+  VF_RETURN_IF_ERROR(Read(object, "weightsSha256", true, StringField, r.weights_sha256));
+  VF_RETURN_IF_ERROR(Read(object, "testAccuracy", true, NumberField, r.test_accuracy));
+  return r;
+}
+
+}  // namespace vf::protocol

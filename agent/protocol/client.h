@@ -1,5 +1,6 @@
-// The agent's side of the coordinator's HTTP API (server.h), and a rendezvous Store on top of
-// it so that the ranks of an epoch can build their communicator through the coordinator:
+// The agent's side of the coordinator's HTTP API (operator/coordinator/server.h), and a rendezvous
+// Store on top of it so that the ranks of an epoch can build their communicator through the
+// coordinator:
 //
 //   CoordinatorStore store(client);
 //   PrefixStore epoch_store(plan.store_prefix, store);
@@ -12,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "operator/coordinator/coordinator.h"
+#include "agent/protocol/messages.h"
 #include "runtime/comm/store.h"
 #include "runtime/status.h"
 

@@ -1,5 +1,6 @@
-// The JSON shapes the coordinator's server and client exchange, and the field readers that turn
-// a malformed body into a one-line error naming the field. Internal to operator/coordinator/.
+// The JSON shapes the coordinator's server (operator/coordinator/) and the agent's client
+// exchange, and the field readers that turn a malformed body into a one-line error naming the
+// field. Both sides use these functions, so the wire format is written down once.
 #pragma once
 
 #include <cstdint>
@@ -8,10 +9,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "operator/coordinator/coordinator.h"
+#include "agent/protocol/messages.h"
 #include "runtime/status.h"
 
-namespace vf::coordinator_wire {
+namespace vf::protocol {
 
 // Deeper nesting than any request needs is refused before it can cost stack or memory.
 inline constexpr int kMaxJsonDepth = 16;
@@ -33,4 +34,10 @@ Result<double> NumberField(const nlohmann::json& object, const char* name);
 nlohmann::json PlanToJson(const Plan& plan);
 Result<Plan> PlanFromJson(const nlohmann::json& json);
 
-}  // namespace vf::coordinator_wire
+// A report's fields (the sender adds "worker"). Non-finite numbers go as null and come back as
+// NaN. The final report's fields and "pauseSeconds" are optional on read, so older agents keep
+// working.
+nlohmann::json ReportToJson(const Report& report);
+Result<Report> ReportFromJson(const nlohmann::json& json);
+
+}  // namespace vf::protocol

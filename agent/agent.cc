@@ -1,0 +1,327 @@
+#include "agent/agent.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+#include <utility>
+
+#include "agent/fault.h"
+#include "agent/plan_watcher.h"
+#include "agent/protocol/client.h"
+#include "agent/state_sync.h"
+#include "operator/metrics/agent_metrics.h"
+#include "operator/metrics/http_exporter.h"
+#include "runtime/comm/store.h"
+
+namespace vf::agent {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Set by RequestLeave (a SIGTERM handler): signals are process-wide, and so is this.
+std::atomic<bool> g_leave{false};
+// How often a joiner that is in no plan yet looks at g_leave.
+constexpr std::chrono::milliseconds kJoinerPoll(200);
+// How long to wait between attempts to reach a coordinator that is not serving yet.
+constexpr std::chrono::milliseconds kRetryPause(500);
+
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+const Member* FindMember(const Plan& plan, const std::string& worker) {
+  for (const auto& m : plan.members) {
+    if (m.worker == worker) return &m;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+void RequestLeave() { g_leave.store(true); }
+
+// Everything one worker's membership holds. Not thread-safe (the PlanWatcher it owns is).
+class Agent::Impl {
+ public:
+  explicit Impl(const AgentOptions& o)
+      : o_(o),
+        metrics_(Namespace(o.job_id), Name(o.job_id)),
+        client_(o.coordinator_url, o.job_id, o.token, o.worker, std::chrono::milliseconds(10000)),
+        coordinator_store_(client_),
+        faults_(FaultSpec(), o.worker) {}
+
+  Status Start();
+  Status Ready() {
+    if (watcher_ == nullptr) return Status::Ok();  // left before it ever registered
+    return client_.Register(o_.fingerprint, o_.build, true);
+  }
+  Result<std::optional<Membership>> Next(TrainingStateHolder& state);
+  Status Completed(int64_t step, const StepOutcome& outcome);
+  void Failed(int64_t step, const Status& error);
+  Status Finish(Report final);
+  int64_t latest_epoch() const { return watcher_ ? watcher_->latest_epoch() : 0; }
+
+  const Report& last_report() const { return last_progress_; }
+  AgentMetrics& metrics() { return metrics_; }
+  const std::string& worker() const { return o_.worker; }
+
+ private:
+  static std::string Namespace(const std::string& id) { return id.substr(0, id.find('/')); }
+  static std::string Name(const std::string& id) {
+    const size_t slash = id.find('/');
+    return slash == std::string::npos ? id : id.substr(slash + 1);
+  }
+  static std::string FaultSpec() {
+    const char* spec = std::getenv("VF_FAULT_INJECT");
+    return spec == nullptr ? "" : spec;
+  }
+
+  // The plan to follow next: the one the members agreed on, or the newest one after ours.
+  std::optional<Plan> WaitForPlan();
+  // Builds the communicator of `plan` and brings every member to the same state. Transient
+  // failures are reported and give nullopt (the caller waits for the next plan).
+  Result<bool> Switch(const Plan& plan, const Member& me, TrainingStateHolder& state);
+  // A report that finds the worker forgotten (the operator restarted) registers it again,
+  // leave request included, so that training never stops for it.
+  Status Send(const Report& r);
+  void Progress(int64_t step, double loss, bool force);
+
+  AgentOptions o_;
+  AgentMetrics metrics_;
+  std::unique_ptr<MetricsServer> metrics_server_;
+  CoordinatorClient client_;
+  CoordinatorStore coordinator_store_;
+  FaultInjector faults_;
+  std::unique_ptr<PlanWatcher> watcher_;
+
+  std::unique_ptr<PrefixStore> prefixed_;
+  std::unique_ptr<Communicator> comm_;
+  Membership membership_;
+  int64_t epoch_ = 0;    // plan this worker trains under (or the last one it looked at)
+  int64_t agreed_ = 0;   // epoch all members agreed in-band to switch to
+  bool member_ = false;  // has been a member of some plan
+  bool need_switch_ = true;
+  bool leave_sent_ = false;
+  Clock::time_point switch_started_ = Clock::now();
+  double last_pause_ = 0.0;
+
+  Report last_progress_;  // the last periodic report; the final one repeats its rates
+  Clock::time_point last_report_ = Clock::now();
+  int64_t steps_since_report_ = 0;
+  int64_t samples_since_report_ = 0;
+  double compute_since_report_ = 0.0;
+  int64_t vnodes_since_report_ = 0;
+};
+
+Status Agent::Impl::Start() {
+  if (o_.metrics_port >= 0) {
+    VF_ASSIGN_OR_RETURN(metrics_server_,
+                        MetricsServer::Start(metrics_.registry(), "0.0.0.0", o_.metrics_port));
+    std::fprintf(stderr, "virtualflow-agent: %s: metrics on port %d\n", o_.worker.c_str(),
+                 metrics_server_->port());
+  }
+  // Registered but not ready: the controller sees the worker starting and waits for warm-up.
+  // A coordinator that is not serving yet (an operator starting or restarting) is waited for.
+  const auto deadline = Clock::now() + o_.timeout;
+  while (true) {
+    Status s = client_.Register(o_.fingerprint, o_.build, false);
+    if (s.ok()) break;
+    if (s.code() != StatusCode::kUnavailable && s.code() != StatusCode::kNotFound) return s;
+    if (g_leave.load()) return Status::Ok();  // deleted before it ever counted: Next says so
+    if (Clock::now() > deadline) return s.WithContext("registering");
+    std::this_thread::sleep_for(kRetryPause);
+  }
+  watcher_ = std::make_unique<PlanWatcher>(client_);
+  return Status::Ok();
+}
+
+std::optional<Plan> Agent::Impl::WaitForPlan() {
+  // A joiner no plan has included yet waits as long as the controller wants it to, but in
+  // short slices: the SIGTERM handler can only set g_leave, and a pod deleted before it was
+  // ever included must end at once, not after a whole timeout (by then the kubelet's grace
+  // period may be over, and the pod lingers as Terminating all that while).
+  const auto wait = member_ ? o_.timeout : std::min(o_.timeout, kJoinerPoll);
+  return agreed_ > epoch_ ? watcher_->WaitFor(agreed_, wait) : watcher_->WaitNewer(epoch_, wait);
+}
+
+Result<bool> Agent::Impl::Switch(const Plan& plan, const Member& me, TrainingStateHolder& state) {
+  comm_.reset();
+  prefixed_ = std::make_unique<PrefixStore>(plan.store_prefix, coordinator_store_);
+  const int world = static_cast<int>(plan.members.size());
+  CommOptions copts;
+  copts.timeout = o_.timeout;
+  auto c = o_.gpu ? CreateNcclCommunicator(*prefixed_, me.rank, world, copts)
+                  : CreateGlooCommunicator(*prefixed_, me.rank, world, copts);
+  if (!c.ok()) {
+    (void)client_.ReportFailure(epoch_, state.step(), c.status().message());
+    return false;
+  }
+  auto sync = SyncState(**c, state, [&] { faults_.At("state-transfer"); });
+  if (!sync.ok()) {
+    if (sync.status().code() == StatusCode::kDataLoss ||
+        sync.status().code() == StatusCode::kFailedPrecondition) {
+      return sync.status();  // a bad checkpoint or foreign state: the job cannot go on
+    }
+    (void)client_.ReportFailure(epoch_, state.step(), sync.status().message());
+    return false;
+  }
+  if (sync->transferred) metrics_.OnStateTransfer(sync->bytes, sync->seconds);
+  comm_ = std::move(c).value();
+  membership_ = Membership{epoch_, me.rank, world, me.virtual_nodes, comm_.get(), true};
+  member_ = true;
+  need_switch_ = false;
+  last_pause_ = Since(switch_started_);
+  metrics_.OnRebuild(last_pause_, epoch_);
+  metrics_.SetVirtualNodes(static_cast<int>(me.virtual_nodes.size()));
+  Report r;
+  r.epoch = epoch_;
+  r.step = state.step();
+  r.pause_seconds = last_pause_;
+  r.has_state = true;
+  (void)Send(r);
+  return true;
+}
+
+Result<std::optional<Membership>> Agent::Impl::Next(TrainingStateHolder& state) {
+  const std::optional<Membership> kLeft;
+  membership_.switched = false;
+  while (true) {
+    if (g_leave.load() && !member_) return kLeft;  // never counted: nothing to hand over
+    if (g_leave.load() && !leave_sent_) {
+      // The controller publishes a plan without this worker; it keeps training until then so
+      // the job loses no step.
+      VF_RETURN_IF_ERROR(client_.Leave());
+      leave_sent_ = true;
+    }
+    if (!need_switch_) return std::optional<Membership>(membership_);
+    std::optional<Plan> plan = WaitForPlan();
+    if (!plan) {
+      if (!member_) continue;  // a joiner waits as long as the controller wants it to
+      return DeadlineExceeded("no new membership plan after epoch " + std::to_string(epoch_) +
+                              " within " + std::to_string(o_.timeout.count() / 1000.0) + " s");
+    }
+    epoch_ = plan->epoch;
+    const Member* me = FindMember(*plan, o_.worker);
+    if (me == nullptr) {
+      if (member_ || leave_sent_) {
+        // Left the job: acknowledge so the controller may delete this worker's pod.
+        comm_.reset();
+        VF_RETURN_IF_ERROR(client_.Ack(epoch_));
+        return kLeft;
+      }
+      continue;  // not included yet
+    }
+    VF_ASSIGN_OR_RETURN(const bool switched, Switch(*plan, *me, state));
+    if (switched) {
+      membership_.switched = true;
+      return std::optional<Membership>(membership_);
+    }
+  }
+}
+
+Status Agent::Impl::Send(const Report& r) {
+  Status s = client_.Report(r);
+  if (s.code() != StatusCode::kNotFound) return s;
+  VF_RETURN_IF_ERROR(client_.Register(o_.fingerprint, o_.build, true));
+  if (leave_sent_) (void)client_.Leave();
+  return client_.Report(r);
+}
+
+Status Agent::Impl::Completed(int64_t step, const StepOutcome& outcome) {
+  const int nodes = static_cast<int>(membership_.virtual_nodes.size());
+  metrics_.OnStep(
+      outcome.seconds, outcome.loss,
+      outcome.seconds > 0 ? static_cast<double>(outcome.samples) / outcome.seconds : 0.0, nodes);
+  metrics_.OnAllReduce(std::max(0.0, outcome.seconds - outcome.compute_seconds));
+  ++steps_since_report_;
+  samples_since_report_ += outcome.samples;
+  compute_since_report_ += outcome.compute_seconds;
+  vnodes_since_report_ += nodes;
+  if (outcome.agreed_epoch > epoch_) {
+    agreed_ = outcome.agreed_epoch;
+    need_switch_ = true;
+    switch_started_ = Clock::now();
+  }
+  Progress(step, outcome.loss, outcome.last_step);
+  return Status::Ok();
+}
+
+void Agent::Impl::Progress(int64_t step, double loss, bool force) {
+  const double since = Since(last_report_);
+  if (!force && since < o_.report_interval) return;
+  Report r;
+  r.epoch = epoch_;
+  r.step = step;
+  r.loss = loss;
+  r.samples_per_second = since > 0 ? static_cast<double>(samples_since_report_) / since : 0.0;
+  r.seconds_per_virtual_node =
+      vnodes_since_report_ > 0 ? compute_since_report_ / static_cast<double>(vnodes_since_report_)
+                               : 0.0;
+  r.pause_seconds = last_pause_;
+  r.has_state = true;
+  (void)Send(r);  // a report that fails is not fatal: the next one carries newer numbers
+  last_progress_ = r;
+  last_report_ = Clock::now();
+  steps_since_report_ = 0;
+  samples_since_report_ = 0;
+  compute_since_report_ = 0.0;
+  vnodes_since_report_ = 0;
+}
+
+void Agent::Impl::Failed(int64_t step, const Status& error) {
+  metrics_.OnRecovery();
+  // A member died or stalled: nothing of the step was applied. Report, drop the communicator
+  // and redo the step under the next plan.
+  (void)client_.ReportFailure(epoch_, step, error.message());
+  comm_.reset();
+  membership_.comm = nullptr;
+  need_switch_ = true;
+  switch_started_ = Clock::now();
+}
+
+Status Agent::Impl::Finish(Report final) {
+  // The controller learns the outcome from this report (a pod has no result file). It repeats
+  // the last progress report's rates, so whoever shows progress from the newest report keeps
+  // showing them.
+  final.epoch = epoch_;
+  final.samples_per_second = last_progress_.samples_per_second;
+  final.seconds_per_virtual_node = last_progress_.seconds_per_virtual_node;
+  final.pause_seconds = last_progress_.pause_seconds;
+  final.has_state = true;
+  final.finished = true;
+  // The outcome must not be lost to a coordinator that is briefly away (an operator restart).
+  const auto deadline = Clock::now() + o_.timeout;
+  Status sent = Send(final);
+  while (sent.code() == StatusCode::kUnavailable && Clock::now() < deadline) {
+    std::this_thread::sleep_for(kRetryPause);
+    sent = Send(final);
+  }
+  return sent;
+}
+
+Agent::Agent(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Agent::~Agent() = default;
+
+Result<std::unique_ptr<Agent>> Agent::Join(const AgentOptions& options) {
+  auto impl = std::make_unique<Impl>(options);
+  VF_RETURN_IF_ERROR(impl->Start());
+  return std::unique_ptr<Agent>(new Agent(std::move(impl)));
+}
+
+Status Agent::Ready() { return impl_->Ready(); }
+Result<std::optional<Membership>> Agent::Next(TrainingStateHolder& state) {
+  return impl_->Next(state);
+}
+int64_t Agent::latest_epoch() const { return impl_->latest_epoch(); }
+Status Agent::Completed(int64_t step, const StepOutcome& outcome) {
+  return impl_->Completed(step, outcome);
+}
+void Agent::Failed(int64_t step, const Status& error) { impl_->Failed(step, error); }
+Status Agent::Finish(Report final) { return impl_->Finish(std::move(final)); }
+const Report& Agent::last_report() const { return impl_->last_report(); }
+AgentMetrics& Agent::metrics() { return impl_->metrics(); }
+const std::string& Agent::worker() const { return impl_->worker(); }
+
+}  // namespace vf::agent
