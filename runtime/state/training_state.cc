@@ -329,7 +329,10 @@ Result<TrainingState> DeserializeState(std::string_view bytes, std::string_view 
   return s;
 }
 
-Status WriteCheckpoint(const std::string& path, const TrainingState& state) {
+namespace {
+
+// Writes `bytes` to `path` so that a crash leaves either the old file or the new one.
+Status WriteAtomically(const std::string& path, const std::string& bytes) {
   namespace fs = std::filesystem;
   const fs::path parent = fs::path(path).parent_path();
   if (!parent.empty()) {
@@ -337,7 +340,6 @@ Status WriteCheckpoint(const std::string& path, const TrainingState& state) {
     fs::create_directories(parent, ec);
     if (ec) return SystemError(path, "create directory " + parent.string(), ec.value());
   }
-  const std::string bytes = SerializeState(state);
   const std::string tmp = path + ".tmp." + std::to_string(getpid());
   Status written = WriteTempFile(path, tmp, bytes);
   if (!written.ok()) {
@@ -353,17 +355,18 @@ Status WriteCheckpoint(const std::string& path, const TrainingState& state) {
   return Status::Ok();
 }
 
-Result<TrainingState> ReadCheckpoint(const std::string& path) {
+// The whole regular file at `path`; `what` names it in errors ("checkpoint").
+Result<std::string> ReadWhole(const std::string& path, const std::string& what) {
   int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    if (errno == ENOENT) return NotFound("checkpoint " + path + " does not exist");
+    if (errno == ENOENT) return NotFound(what + " " + path + " does not exist");
     return SystemError(path, "open", errno);
   }
   FdCloser closer(fd);
   struct stat st;
   if (fstat(fd, &st) != 0) return SystemError(path, "stat", errno);
   if (!S_ISREG(st.st_mode)) {
-    return FailedPrecondition("checkpoint " + path + ": not a regular file");
+    return FailedPrecondition(what + " " + path + ": not a regular file");
   }
   std::string bytes;
   bytes.reserve(static_cast<size_t>(st.st_size));
@@ -377,7 +380,59 @@ Result<TrainingState> ReadCheckpoint(const std::string& path) {
     if (n == 0) break;
     bytes.append(buffer, static_cast<size_t>(n));
   }
+  return bytes;
+}
+
+constexpr char kBlobMagic[] = "VFBLOB01";
+
+}  // namespace
+
+Status WriteCheckpoint(const std::string& path, const TrainingState& state) {
+  return WriteAtomically(path, SerializeState(state));
+}
+
+Result<TrainingState> ReadCheckpoint(const std::string& path) {
+  VF_ASSIGN_OR_RETURN(std::string bytes, ReadWhole(path, "checkpoint"));
   return DeserializeState(bytes, "checkpoint " + path);
+}
+
+std::string SealBlob(std::string_view payload) {
+  std::string out(kBlobMagic, kMagicSize);
+  const uint64_t size = payload.size();
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((size >> (8 * i)) & 0xff));
+  out.append(payload);
+  const Digest digest = Sha256(out.data(), out.size());
+  out.append(reinterpret_cast<const char*>(digest.data()), kDigestSize);
+  return out;
+}
+
+Result<std::string> UnsealBlob(std::string_view bytes, std::string_view source) {
+  const std::string where(source);
+  constexpr size_t kBlobHeader = kMagicSize + sizeof(uint64_t);
+  if (bytes.size() < kBlobHeader + kDigestSize ||
+      bytes.substr(0, kMagicSize) != std::string_view(kBlobMagic, kMagicSize)) {
+    return DataLoss(where + ": not a VirtualFlow state blob (wrong magic or truncated)");
+  }
+  const uint64_t size = LoadLittleEndian64(bytes.data() + kMagicSize);
+  if (size != bytes.size() - kBlobHeader - kDigestSize) {
+    return DataLoss(where + ": truncated or padded (header says " + std::to_string(size) +
+                    " bytes of payload, " +
+                    std::to_string(bytes.size() - kBlobHeader - kDigestSize) + " present)");
+  }
+  const Digest digest = Sha256(bytes.data(), kBlobHeader + size);
+  if (std::memcmp(digest.data(), bytes.data() + kBlobHeader + size, kDigestSize) != 0) {
+    return DataLoss(where + ": checksum mismatch: the data is corrupt or was modified");
+  }
+  return std::string(bytes.substr(kBlobHeader, size));
+}
+
+Status WriteSealedFile(const std::string& path, std::string_view payload) {
+  return WriteAtomically(path, SealBlob(payload));
+}
+
+Result<std::string> ReadSealedFile(const std::string& path) {
+  VF_ASSIGN_OR_RETURN(std::string bytes, ReadWhole(path, "checkpoint"));
+  return UnsealBlob(bytes, "checkpoint " + path);
 }
 
 std::string Sha256Hex(const void* data, size_t size) {

@@ -42,6 +42,16 @@ Status WriteCheckpoint(const std::string& path, const TrainingState& state);
 // kNotFound if there is no file at `path`; kDataLoss if it is truncated or tampered.
 Result<TrainingState> ReadCheckpoint(const std::string& path);
 
+// A sealed blob: opaque state of another trainer (a PyTorch worker's serialized state) with
+// the same protection as a checkpoint: magic "VFBLOB01", the payload's size (little-endian
+// uint64), the payload, and a SHA-256 of everything before it as the last 32 bytes.
+std::string SealBlob(std::string_view payload);
+// The payload; kDataLoss naming `source` for truncated, tampered or foreign bytes.
+Result<std::string> UnsealBlob(std::string_view bytes, std::string_view source);
+// Atomically, as WriteCheckpoint; and the reading side, as ReadCheckpoint.
+Status WriteSealedFile(const std::string& path, std::string_view payload);
+Result<std::string> ReadSealedFile(const std::string& path);
+
 // Lower-case hex SHA-256 (OpenSSL).
 std::string Sha256Hex(const void* data, size_t size);
 

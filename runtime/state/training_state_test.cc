@@ -82,7 +82,8 @@ std::string PayloadOf(const std::string& serialized) {
   return serialized.substr(kHeaderSize, serialized.size() - kHeaderSize - kDigestSize);
 }
 
-void ExpectDataLoss(const Result<TrainingState>& r, const std::string& must_contain) {
+template <typename T>
+void ExpectDataLoss(const Result<T>& r, const std::string& must_contain) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().ToString();
   EXPECT_NE(r.status().message().find(must_contain), std::string::npos)
@@ -366,6 +367,44 @@ TEST(Checkpoint, ReadingATamperedFileIsDataLossNamingTheFile) {
   ExpectDataLoss(ReadCheckpoint(path), "checkpoint " + path + ": checksum mismatch");
   WriteFile(path, bytes.substr(0, 100));
   ExpectDataLoss(ReadCheckpoint(path), "checkpoint " + path + ": truncated: 100 of ");
+}
+
+TEST(SealedBlob, RoundTripsAnyBytes) {
+  const std::string payload(
+      "state\0with\xff"
+      "bytes",
+      16);
+  Result<std::string> back = UnsealBlob(SealBlob(payload), "rank 0");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, payload);
+  Result<std::string> empty = UnsealBlob(SealBlob(""), "rank 0");
+  ASSERT_TRUE(empty.ok());
+  EXPECT_EQ(*empty, "");
+}
+
+TEST(SealedBlob, EverySingleByteFlipAndTruncationIsDataLossNamingTheSource) {
+  const std::string sealed = SealBlob("the payload of a training state");
+  for (size_t i = 0; i < sealed.size(); ++i) {
+    std::string bad = sealed;
+    bad[i] ^= 0x10;
+    ExpectDataLoss(UnsealBlob(bad, "rank 2"), "rank 2: ");
+    ExpectDataLoss(UnsealBlob(sealed.substr(0, i), "rank 2"), "rank 2: ");
+  }
+  ExpectDataLoss(UnsealBlob(SerializeState(SampleState()), "rank 2"), "rank 2: not a VirtualFlow");
+}
+
+TEST(SealedBlob, FileRoundTripsAndATamperedFileIsDataLoss) {
+  TempDir dir;
+  const std::string path = dir.File("torch/job.ckpt");
+  ASSERT_TRUE(WriteSealedFile(path, "weights").ok());
+  Result<std::string> back = ReadSealedFile(path);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, "weights");
+  std::string bytes = ReadFile(path);
+  bytes[bytes.size() - 1] ^= 0x01;
+  WriteFile(path, bytes);
+  ExpectDataLoss(ReadSealedFile(path), "checkpoint " + path + ": checksum mismatch");
+  EXPECT_EQ(ReadSealedFile(dir.File("missing")).status().code(), StatusCode::kNotFound);
 }
 
 TEST(Sha256Hex, MatchesKnownAnswers) {
