@@ -169,7 +169,10 @@ Result<bool> Agent::Impl::Switch(const Plan& plan, const Member& me, TrainingSta
   }
   if (sync->transferred) metrics_.OnStateTransfer(sync->bytes, sync->seconds);
   comm_ = std::move(c).value();
-  membership_ = Membership{epoch_, me.rank, world, me.virtual_nodes, comm_.get(), true};
+  std::vector<std::string> members(plan.members.size());
+  for (const Member& m : plan.members) members[static_cast<size_t>(m.rank)] = m.worker;
+  membership_ =
+      Membership{std::move(members), epoch_, me.rank, world, me.virtual_nodes, comm_.get(), true};
   member_ = true;
   need_switch_ = false;
   last_pause_ = Since(switch_started_);

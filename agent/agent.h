@@ -85,6 +85,7 @@ struct AgentOptions {
 
 // This worker's part in the next step. Valid until the next call of Next or Failed.
 struct Membership {
+  std::vector<std::string> members;  // every member's worker name, by rank
   int64_t epoch = 0;
   int rank = 0;
   int world = 0;
