@@ -10,6 +10,8 @@ mapfile -t cuda_args < <("$root/scripts/setup-cuda.sh")
 if [ "${#cuda_args[@]}" -eq 0 ]; then
   cuda_args=(-DVF_WITH_CUDA=OFF -DVF_WITH_NCCL=OFF)
 fi
+# The Python environment with PyTorch for the virtualflow package (VF_PYTHON_ENV=off: none).
+python_env="$("$root/scripts/setup-python.sh")"
 # Compiler cache: rebuilding sources already compiled once (a fresh clone of a commit built
 # before, a branch switched back) takes a minute instead of a quarter of an hour on 2 cores.
 # Paths under the checkout are hashed relative to it, so clones in different directories share
@@ -25,7 +27,7 @@ else
 fi
 cmake -S "$root" -B "$build" -G Ninja \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DVF_BUILD_TESTS=ON -DVF_SANITIZER_TESTS=ON -DVF_WERROR=ON "${cuda_args[@]}" "${launcher[@]}" >/dev/null
+  -DVF_BUILD_TESTS=ON -DVF_SANITIZER_TESTS=ON -DVF_WERROR=ON -DVF_PYTHON="$python_env" "${cuda_args[@]}" "${launcher[@]}" >/dev/null
 grep -E "^VF_WITH_(CUDA|NCCL):" "$build/CMakeCache.txt" | sed 's/^/build: /'
 jobs="${VF_BUILD_JOBS:-$(nproc)}"
 ninja -C "$build" -j "$jobs" "$@"

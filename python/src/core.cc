@@ -1,0 +1,455 @@
+// virtualflow._core: the agent library and the runtime pieces a PyTorch worker needs (job spec,
+// data order, exact and fast reduction, checkpoints), bound for Python with nanobind. The
+// PyTorch-facing API is python/virtualflow/torch.py; this module only moves bytes, numbers and
+// raw CPU pointers, so it has no build dependency on PyTorch.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "agent/agent.h"
+#include "runtime/data/dataset.h"
+#include "runtime/device.h"
+#include "runtime/job/spec.h"
+#include "runtime/reduce/reducer.h"
+#include "runtime/state/training_state.h"
+
+namespace nb = nanobind;
+
+namespace vf::python {
+namespace {
+
+// Python exception types by status code; created in the module init.
+struct Exceptions {
+  nb::object error;       // virtualflow.Error(RuntimeError): everything else
+  nb::object numerical;   // NumericalError(Error): NaN/Inf, the job diverged
+  nb::object collective;  // CollectiveError(Error): a member died or stalled mid-step
+  nb::object mismatch;    // JobMismatchError(Error): foreign state or a different model
+};
+Exceptions* g_exceptions = nullptr;
+
+[[noreturn]] void Raise(const Status& s) {
+  nb::object type = g_exceptions->error;
+  switch (s.code()) {
+    case StatusCode::kNumerical:
+      type = g_exceptions->numerical;
+      break;
+    case StatusCode::kUnavailable:
+    case StatusCode::kDeadlineExceeded:
+      type = g_exceptions->collective;
+      break;
+    case StatusCode::kFailedPrecondition:
+      type = g_exceptions->mismatch;
+      break;
+    case StatusCode::kInvalidArgument:
+      type = nb::borrow(PyExc_ValueError);
+      break;
+    default:
+      break;
+  }
+  PyErr_SetString(type.ptr(), s.message().c_str());
+  throw nb::python_error();
+}
+
+void Check(const Status& s) {
+  if (!s.ok()) Raise(s);
+}
+
+template <typename T>
+T Take(Result<T> r) {
+  if (!r.ok()) Raise(r.status());
+  return std::move(r).value();
+}
+
+// Runs `f` without the GIL (it may wait on the network), so that other Python threads run;
+// its Status is raised only after the GIL is back.
+template <typename F>
+auto Released(F f) {
+  nb::gil_scoped_release release;
+  return f();
+}
+
+// The message of the Python exception being handled, for a Status.
+std::string Describe(const nb::python_error& e) { return e.what(); }
+
+// The training state of a PyTorch worker, kept by a Python object (virtualflow.torch's
+// _Holder): the whole state travels as one serialized blob, so Buffers() is empty. Every call
+// takes the GIL, since the agent calls it from a thread that released it. Thread-compatible.
+class PyStateHolder : public agent::TrainingStateHolder {
+ public:
+  explicit PyStateHolder(nb::object py) : py_(std::move(py)) {}
+
+  bool has_state() const override {
+    nb::gil_scoped_acquire gil;
+    return nb::cast<bool>(py_.attr("has_state")());
+  }
+  int64_t step() const override {
+    nb::gil_scoped_acquire gil;
+    return nb::cast<int64_t>(py_.attr("step")());
+  }
+  Status Initialize() override { return Call("initialize", {}); }
+  std::string Metadata() const override {
+    nb::gil_scoped_acquire gil;
+    try {
+      nb::bytes b = nb::cast<nb::bytes>(py_.attr("metadata")());
+      return std::string(b.c_str(), b.size());
+    } catch (const nb::python_error& e) {
+      // The source cannot serialize: the receivers see a short, corrupt blob and refuse it.
+      return "unserializable state: " + Describe(e);
+    }
+  }
+  Status CheckMetadata(std::string_view metadata) const override {
+    nb::gil_scoped_acquire gil;
+    try {
+      std::string problem = nb::cast<std::string>(
+          py_.attr("check_metadata")(nb::bytes(metadata.data(), metadata.size())));
+      if (problem.empty()) return Status::Ok();
+      return FailedPrecondition(problem);
+    } catch (const nb::python_error& e) {
+      return DataLoss(Describe(e));
+    }
+  }
+  std::vector<std::span<std::byte>> Buffers() override { return {}; }
+  void Invalidate() override {
+    nb::gil_scoped_acquire gil;
+    py_.attr("invalidate")();
+  }
+  Status Adopt(std::string_view metadata) override { return Call("adopt", metadata); }
+
+ private:
+  // Runs a method that returns nothing; an exception is the job's end (kDataLoss), since the
+  // state may be half-replaced.
+  Status Call(const char* method, std::string_view arg) const {
+    nb::gil_scoped_acquire gil;
+    try {
+      if (std::string_view(method) == "adopt") {
+        py_.attr(method)(nb::bytes(arg.data(), arg.size()));
+      } else {
+        py_.attr(method)();
+      }
+      return Status::Ok();
+    } catch (const nb::python_error& e) {
+      return DataLoss(std::string(method) + ": " + Describe(e));
+    }
+  }
+
+  nb::object py_;
+};
+
+// This worker's part in the next step, as Python sees it. Value type.
+struct MembershipView {
+  std::vector<std::string> members;  // worker names by rank
+  int64_t epoch = 0;
+  int rank = 0;
+  int world = 0;
+  std::vector<int> virtual_nodes;
+  bool switched = false;
+};
+
+// A PyTorch worker: the agent (membership, state transfer, reports) and the gradient reducer
+// on the CPU, over tensors whose memory Python passes as addresses. Not thread-safe: one per
+// process, used from the training thread.
+class Worker {
+ public:
+  explicit Worker(const agent::AgentOptions& options) {
+    agent_ = Take(Released([&] { return agent::Agent::Join(options); }));
+    device_ = CreateCpuDevice(1);
+  }
+
+  void Ready() {
+    Check(Released([&] { return agent_->Ready(); }));
+  }
+
+  std::optional<MembershipView> Next(nb::object holder) {
+    auto state = std::make_shared<PyStateHolder>(std::move(holder));
+    std::optional<agent::Membership> m = Take(Released([&] { return agent_->Next(*state); }));
+    if (!m) {
+      comm_ = nullptr;
+      return std::nullopt;
+    }
+    comm_ = m->comm;
+    return MembershipView{m->members, m->epoch, m->rank, m->world, m->virtual_nodes, m->switched};
+  }
+
+  // Gradient buckets: one per tensor size in `sizes` (large tensors are cut), `virtual_nodes`
+  // the job's V.
+  void ConfigureReducer(const std::string& mode, const std::vector<size_t>& sizes,
+                        int virtual_nodes) {
+    const Reduction r = mode == "fast" ? Reduction::kFast : Reduction::kExact;
+    constexpr size_t kMaxBucket = size_t{1} << 20;
+    reducer_ = Take(CreateReducer(r, *device_, MakeBuckets(sizes, kMaxBucket), virtual_nodes));
+  }
+
+  void Begin() { RequireReducer()->Begin(); }
+
+  void Add(uintptr_t grad) { Check(RequireReducer()->Add(reinterpret_cast<const float*>(grad))); }
+
+  void AddLoss(double loss_sum, int64_t samples) {
+    LossStats s;
+    s.loss_sum = loss_sum;
+    s.samples = samples;
+    RequireReducer()->AddLoss(s);
+  }
+
+  // Sums across the members; returns (redo, loss_sum, samples, agreed_epoch).
+  std::tuple<bool, double, int64_t, int64_t> Finish(uintptr_t mean_grad) {
+    Reducer* reducer = RequireReducer();
+    Communicator* comm = RequireComm();
+    const int64_t header[1] = {agent_->latest_epoch()};
+    ReduceResult r = Take(Released(
+        [&] { return reducer->Finish(*comm, header, reinterpret_cast<float*>(mean_grad)); }));
+    const int64_t agreed = r.header_extra.size() == 1 ? r.header_extra[0] : 0;
+    return {r.redo, r.totals.loss_sum, r.totals.samples, agreed};
+  }
+
+  std::vector<int32_t> Exponents() { return RequireReducer()->exponents(); }
+  void SetExponents(const std::vector<int32_t>& e) { Check(RequireReducer()->set_exponents(e)); }
+
+  void Completed(int64_t step, double loss, double seconds, double compute_seconds, int64_t samples,
+                 int64_t agreed_epoch, bool last_step) {
+    agent::StepOutcome o;
+    o.loss = loss;
+    o.seconds = seconds;
+    o.compute_seconds = compute_seconds;
+    o.samples = samples;
+    o.agreed_epoch = agreed_epoch;
+    o.last_step = last_step;
+    Check(Released([&] { return agent_->Completed(step, o); }));
+  }
+
+  void Failed(int64_t step, const std::string& message) {
+    comm_ = nullptr;
+    nb::gil_scoped_release release;
+    agent_->Failed(step, Unavailable(message));
+  }
+
+  // Rank 0's final report; false if it could not be delivered.
+  bool FinishJob(int64_t step, double loss, const std::string& weights_sha256,
+                 double test_accuracy) {
+    Report final;
+    final.step = step;
+    final.loss = loss;
+    final.weights_sha256 = weights_sha256;
+    final.test_accuracy = test_accuracy;
+    nb::gil_scoped_release release;
+    return agent_->Finish(final).ok();
+  }
+
+  // Every member's `value`, in rank order (the check mode's parameter hashes).
+  std::vector<int64_t> AllGather(int64_t value) {
+    Communicator* comm = RequireComm();
+    std::vector<int64_t> all(static_cast<size_t>(comm->size()), 0);
+    all[static_cast<size_t>(comm->rank())] = value;
+    Check(Released([&] { return comm->AllGather(all.data(), sizeof(int64_t)); }));
+    return all;
+  }
+
+  int64_t latest_epoch() const { return agent_->latest_epoch(); }
+
+ private:
+  Reducer* RequireReducer() {
+    if (reducer_ == nullptr) Raise(Internal("the reducer is not configured"));
+    return reducer_.get();
+  }
+  Communicator* RequireComm() {
+    if (comm_ == nullptr) Raise(FailedPrecondition("this worker is in no membership plan now"));
+    return comm_;
+  }
+
+  std::unique_ptr<agent::Agent> agent_;
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<Reducer> reducer_;
+  Communicator* comm_ = nullptr;  // owned by the agent; valid until the next Next or Failed
+};
+
+// The job as a PyTorch worker needs it: the fields of the one parsed JobSpec. Value type.
+nb::dict JobToDict(const JobSpec& job) {
+  nb::dict d;
+  d["name"] = job.name;
+  d["namespace"] = job.namespace_name;
+  d["virtual_nodes"] = job.virtual_nodes;
+  d["global_batch_size"] = job.global_batch_size;
+  d["micro_batch"] = job.micro_batch();
+  d["steps"] = job.steps;
+  d["epochs"] = job.epochs;
+  d["seed"] = job.seed;
+  d["reduction"] = std::string(ReductionName(job.reduction));
+  d["fingerprint"] = job.Fingerprint();
+  d["checkpoint_path"] = job.checkpoint.path;
+  d["checkpoint_every_steps"] = job.checkpoint.every_steps;
+  return d;
+}
+
+}  // namespace
+
+NB_MODULE(_core, m) {
+  m.doc() = "VirtualFlow's agent library and runtime, bound for virtualflow.torch";
+  // A worker's Job (and so its Worker) lives until the interpreter exits, by design: nanobind's
+  // report of instances alive at that point would only be noise on every worker's stderr.
+  nb::set_leak_warnings(false);
+  static Exceptions exceptions;
+  g_exceptions = &exceptions;
+  exceptions.error =
+      nb::borrow(PyErr_NewException("virtualflow._core.Error", PyExc_RuntimeError, nullptr));
+  exceptions.numerical = nb::borrow(
+      PyErr_NewException("virtualflow._core.NumericalError", exceptions.error.ptr(), nullptr));
+  exceptions.collective = nb::borrow(
+      PyErr_NewException("virtualflow._core.CollectiveError", exceptions.error.ptr(), nullptr));
+  exceptions.mismatch = nb::borrow(
+      PyErr_NewException("virtualflow._core.JobMismatchError", exceptions.error.ptr(), nullptr));
+  m.attr("Error") = exceptions.error;
+  m.attr("NumericalError") = exceptions.numerical;
+  m.attr("CollectiveError") = exceptions.collective;
+  m.attr("JobMismatchError") = exceptions.mismatch;
+
+  // The build identity a job's workers must share (the agent binary's, too): one version of the
+  // reduction arithmetic.
+  m.attr("BUILD") = std::string("virtualflow ") + VF_VERSION;
+  m.def(
+      "parse_job",
+      [](const std::string& text, const std::string& source) {
+        return JobToDict(Take(ParseJobYaml(text, source)));
+      },
+      "Parses and validates a VirtualFlowJob manifest (YAML or JSON).");
+  m.def(
+      "total_steps",
+      [](const std::string& text, int64_t dataset_size) {
+        JobSpec job = Take(ParseJobYaml(text, "job"));
+        Check(Sharder::Check(dataset_size, job.global_batch_size, job.virtual_nodes));
+        Sharder sharder(job.seed, dataset_size, job.global_batch_size, job.virtual_nodes);
+        return job.TotalSteps(sharder.steps_per_epoch());
+      },
+      "The job's length in steps on a training set of `dataset_size` samples.");
+  m.def(
+      "mix_key",
+      [](uint64_t seed, uint64_t a, uint64_t b, uint64_t c) { return MixKey(seed, a, b, c); },
+      nb::arg("seed"), nb::arg("a"), nb::arg("b") = 0, nb::arg("c") = 0,
+      "A counter-based 64-bit key of (seed, a, b, c): the per-virtual-node RNG seed.");
+  m.def(
+      "seal",
+      [](nb::bytes payload) {
+        std::string sealed = SealBlob(std::string_view(payload.c_str(), payload.size()));
+        return nb::bytes(sealed.data(), sealed.size());
+      },
+      "Wraps bytes with a magic and a SHA-256, so corruption is found on read.");
+  m.def(
+      "unseal",
+      [](nb::bytes sealed, const std::string& source) {
+        std::string payload =
+            Take(UnsealBlob(std::string_view(sealed.c_str(), sealed.size()), source));
+        return nb::bytes(payload.data(), payload.size());
+      },
+      "The payload of seal(); raises for truncated, tampered or foreign bytes.");
+  m.def(
+      "write_checkpoint",
+      [](const std::string& path, nb::bytes payload) {
+        Check(WriteSealedFile(path, std::string_view(payload.c_str(), payload.size())));
+      },
+      "Writes a sealed blob atomically (temporary file, fsync, rename, fsync of the directory).");
+  m.def(
+      "read_checkpoint",
+      [](const std::string& path) {
+        std::string payload = Take(ReadSealedFile(path));
+        return nb::bytes(payload.data(), payload.size());
+      },
+      "Reads and verifies what write_checkpoint wrote.");
+  m.def(
+      "sha256_hex", [](nb::bytes data) { return Sha256Hex(data.c_str(), data.size()); },
+      "Lower-case hex SHA-256.");
+
+  nb::class_<Sharder>(m, "Sharder")
+      .def(nb::init<uint64_t, int64_t, int64_t, int>(), nb::arg("seed"), nb::arg("dataset_size"),
+           nb::arg("global_batch"), nb::arg("virtual_nodes"))
+      .def_static("check", [](int64_t n, int64_t b, int v) { Check(Sharder::Check(n, b, v)); })
+      .def_prop_ro("steps_per_epoch", &Sharder::steps_per_epoch)
+      .def_prop_ro("micro_batch", &Sharder::micro_batch)
+      .def("epoch_of", &Sharder::EpochOf)
+      .def(
+          "indices",
+          [](Sharder& s, int64_t step, int vnode) {
+            std::vector<int64_t> out;
+            s.MicroBatch(step, vnode, &out);
+            return out;
+          },
+          "Sample indices of virtual node `vnode` at global step `step` (invariant 2).");
+
+  nb::class_<MembershipView>(m, "Membership")
+      .def_ro("members", &MembershipView::members)
+      .def_ro("epoch", &MembershipView::epoch)
+      .def_ro("rank", &MembershipView::rank)
+      .def_ro("world", &MembershipView::world)
+      .def_ro("virtual_nodes", &MembershipView::virtual_nodes)
+      .def_ro("switched", &MembershipView::switched);
+
+  nb::class_<Worker>(m, "Worker")
+      .def(
+          "__init__",
+          [](Worker* self, const std::string& coordinator, const std::string& job_id,
+             const std::string& worker, const std::string& token, const std::string& fingerprint,
+             const std::string& build, double timeout, double report_interval, int metrics_port) {
+            agent::AgentOptions o;
+            o.coordinator_url = coordinator;
+            o.job_id = job_id;
+            o.worker = worker;
+            o.token = token;
+            o.fingerprint = fingerprint;
+            o.build = build;
+            o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000));
+            o.report_interval = report_interval;
+            o.metrics_port = metrics_port;
+            new (self) Worker(o);
+          },
+          nb::arg("coordinator"), nb::arg("job_id"), nb::arg("worker"), nb::arg("token"),
+          nb::arg("fingerprint"), nb::arg("build"), nb::arg("timeout") = 60.0,
+          nb::arg("report_interval") = 1.0, nb::arg("metrics_port") = -1)
+      .def("ready", &Worker::Ready)
+      .def("next", &Worker::Next, nb::arg("holder"))
+      .def("configure_reducer", &Worker::ConfigureReducer, nb::arg("mode"), nb::arg("sizes"),
+           nb::arg("virtual_nodes"))
+      .def("begin", &Worker::Begin)
+      .def("add", &Worker::Add, nb::arg("grad_ptr"))
+      .def("add_loss", &Worker::AddLoss, nb::arg("loss_sum"), nb::arg("samples"))
+      .def("finish", &Worker::Finish, nb::arg("mean_grad_ptr"))
+      .def("exponents", &Worker::Exponents)
+      .def("set_exponents", &Worker::SetExponents)
+      .def("completed", &Worker::Completed, nb::arg("step"), nb::arg("loss"), nb::arg("seconds"),
+           nb::arg("compute_seconds"), nb::arg("samples"), nb::arg("agreed_epoch"),
+           nb::arg("last_step"))
+      .def("failed", &Worker::Failed, nb::arg("step"), nb::arg("message"))
+      .def("finish_job", &Worker::FinishJob, nb::arg("step"), nb::arg("loss"),
+           nb::arg("weights_sha256"), nb::arg("test_accuracy"))
+      .def("all_gather", &Worker::AllGather, nb::arg("value"))
+      .def_prop_ro("latest_epoch", &Worker::latest_epoch);
+
+  m.def(
+      "exit_with_parent",
+      [](int64_t parent) {
+        // A launcher that dies, even by SIGKILL, takes its workers with it.
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) std::_Exit(1);  // the parent died before prctl
+      },
+      "Die with the process `parent` (vf run sets VF_EXIT_WITH_PARENT).");
+  m.def(
+      "leave_on_sigterm", [] { std::signal(SIGTERM, [](int) { agent::RequestLeave(); }); },
+      "SIGTERM makes this worker leave gracefully at the next step boundary.");
+  m.def("request_leave", &agent::RequestLeave,
+        "Leave the job gracefully at the next step boundary (what SIGTERM does).");
+}
+
+}  // namespace vf::python

@@ -1,0 +1,618 @@
+"""Train your own PyTorch model on VirtualFlow's virtual nodes.
+
+A worker process is started by `vf run job.yaml` or by the operator with the job in its
+environment; the user's script stays ordinary PyTorch::
+
+    import virtualflow.torch as vf
+
+    job = vf.init()
+    model, opt = Net(), torch.optim.AdamW(...)
+    state = vf.State(model=model, optimizer=opt)
+    for step in job.steps(state, dataset_size=len(train_set)):
+        for node in step.virtual_nodes():
+            x, y = collate(train_set, node.indices)
+            node.backward(F.cross_entropy(model(x), y))
+        opt.step()
+        opt.zero_grad()
+    job.finish(test_accuracy=evaluate(model))
+
+What the library guarantees, and what it asks of the script, is in docs/user-guide.md
+("Train your PyTorch model"). In short: the data order, the random numbers of every virtual
+node and the gradient sum depend only on (seed, epoch, step, virtual node), never on how many
+workers there are, so the final weights are bitwise the same on 1, 2 or 8 workers, across
+resizes and after lost workers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import struct
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+
+from virtualflow import _core
+from virtualflow._core import CollectiveError, Error, JobMismatchError, NumericalError
+
+__all__ = [
+    "CollectiveError",
+    "DivergenceError",
+    "Error",
+    "Job",
+    "JobMismatchError",
+    "MisuseError",
+    "Node",
+    "NumericalError",
+    "State",
+    "Step",
+    "init",
+    "weights_sha256",
+]
+
+_STATE_FORMAT = "virtualflow-torch-state-1"
+
+
+class MisuseError(Error):
+    """The training script used the library in a way that would silently change the weights."""
+
+
+class DivergenceError(Error):
+    """Check mode found workers whose parameters differ after the same step."""
+
+
+def weights_sha256(module_or_state: torch.nn.Module | dict[str, torch.Tensor]) -> str:
+    """SHA-256 of a state_dict in VirtualFlow's documented byte layout.
+
+    For each entry in the state_dict's order: the name in UTF-8, a NUL byte, the dtype's name
+    (e.g. ``float32``), a NUL byte, the number of dimensions and each dimension as little-endian
+    int64, then the tensor's elements, contiguous, in little-endian byte order.
+    """
+    sd = module_or_state.state_dict() if isinstance(module_or_state, torch.nn.Module) else module_or_state
+    h = hashlib.sha256()
+    for name, tensor in sd.items():
+        t = tensor.detach().to("cpu").contiguous()
+        h.update(name.encode("utf-8") + b"\0")
+        h.update(str(t.dtype).removeprefix("torch.").encode("ascii") + b"\0")
+        h.update(struct.pack("<q", t.dim()))
+        h.update(struct.pack(f"<{t.dim()}q", *t.shape))
+        if t.numel() > 0:
+            h.update(t.view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+@dataclass
+class State:
+    """Everything a joiner receives and a checkpoint holds: the model's, optimizer's and LR
+    scheduler's state_dicts, plus `extra` (anything torch.save can store with weights_only).
+    The data position is the step, which the library keeps."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer | None = None
+    scheduler: Any = None
+    extra: dict[str, Any] | None = None
+
+
+def _signature(model: torch.nn.Module) -> list[tuple[str, list[int], str]]:
+    return [(n, list(t.shape), str(t.dtype)) for n, t in model.state_dict().items()]
+
+
+def _signature_difference(mine: list[Any], theirs: list[Any]) -> str:
+    mine_d = {n: (s, d) for n, s, d in mine}
+    theirs_d = {n: (s, d) for n, s, d in theirs}
+    for n in theirs_d:
+        if n not in mine_d:
+            return f"the job's model has '{n}', this worker's has not"
+    for n in mine_d:
+        if n not in theirs_d:
+            return f"this worker's model has '{n}', the job's has not"
+    for n, (s, d) in mine_d.items():
+        if theirs_d[n] != (s, d):
+            return f"'{n}' is {d} {s} here but {theirs_d[n][1]} {theirs_d[n][0]} in the job"
+    return "the parameters are in a different order"
+
+
+class _Holder:
+    """The worker's training state as the agent library moves it (called from C++)."""
+
+    def __init__(self, job: Job, state: State) -> None:
+        self._job = job
+        self._state = state
+        self._has_state = False
+        self.step_done = 0
+
+    # TrainingStateHolder ------------------------------------------------------------------
+    def has_state(self) -> bool:
+        return self._has_state
+
+    def step(self) -> int:
+        return self.step_done
+
+    def initialize(self) -> None:
+        path = self._job.spec["checkpoint_path"]
+        if path and os.path.exists(path):
+            blob = _core.seal(_core.read_checkpoint(path))
+            problem = self._check(blob, f"checkpoint {path}")
+            if problem:
+                raise JobMismatchError(f"checkpoint {path}: {problem}")
+            self._load(blob)
+        else:
+            self.step_done = 0
+        self._has_state = True
+
+    def metadata(self) -> bytes:
+        return self._serialize()
+
+    def check_metadata(self, blob: bytes) -> str:
+        return self._check(blob, "state")
+
+    def invalidate(self) -> None:
+        self._has_state = False
+
+    def adopt(self, blob: bytes) -> None:
+        self._load(blob)
+        self._has_state = True
+
+    # Serialization ------------------------------------------------------------------------
+    def _serialize(self) -> bytes:
+        s = self._state
+        header = {
+            "format": _STATE_FORMAT,
+            "fingerprint": self._job.spec["fingerprint"],
+            "signature": _signature(s.model),
+            "step": self.step_done,
+        }
+        payload = {
+            "model": s.model.state_dict(),
+            "optimizer": s.optimizer.state_dict() if s.optimizer is not None else None,
+            "scheduler": s.scheduler.state_dict() if s.scheduler is not None else None,
+            "extra": s.extra,
+            "exponents": self._job._worker.exponents(),
+            "step": self.step_done,
+        }
+        buf = io.BytesIO()
+        torch.save(payload, buf)
+        return _core.seal(json.dumps(header).encode() + b"\n" + buf.getvalue())
+
+    def _split(self, blob: bytes, source: str) -> tuple[dict[str, Any], bytes]:
+        raw = _core.unseal(blob, source)
+        line, _, rest = raw.partition(b"\n")
+        return json.loads(line), rest
+
+    def _check(self, blob: bytes, source: str) -> str:
+        header, _ = self._split(blob, source)
+        if header.get("format") != _STATE_FORMAT:
+            return f"not a PyTorch worker's state (format {header.get('format')!r})"
+        if header.get("fingerprint") != self._job.spec["fingerprint"]:
+            return "it belongs to a different job (its virtual nodes, batch size, optimizer, reduction or seed differ)"
+        if header.get("signature") != [list(x) for x in _signature(self._state.model)]:
+            diff = _signature_difference(_signature(self._state.model), header["signature"])
+            return f"this worker builds a different model than the job's: {diff}; every worker must build the same model"
+        return ""
+
+    def _load(self, blob: bytes) -> None:
+        _, body = self._split(blob, "state")
+        payload = torch.load(io.BytesIO(body), weights_only=True)
+        s = self._state
+        s.model.load_state_dict(payload["model"])
+        if s.optimizer is not None and payload["optimizer"] is not None:
+            s.optimizer.load_state_dict(payload["optimizer"])
+        if s.scheduler is not None and payload["scheduler"] is not None:
+            s.scheduler.load_state_dict(payload["scheduler"])
+        if s.extra is not None and payload["extra"] is not None:
+            s.extra.clear()
+            s.extra.update(payload["extra"])
+        if payload["exponents"]:
+            self._job._worker.set_exponents(payload["exponents"])
+        self.step_done = int(payload["step"])
+
+
+class Node:
+    """One virtual node of the current step on this worker."""
+
+    def __init__(self, step: Step, vnode: int, indices: list[int]) -> None:
+        self._step = step
+        self.index = vnode
+        self.indices = indices
+        self._done = False
+        self._loss = float("nan")
+
+    @property
+    def seed(self) -> int:
+        """The node's random seed, a function of (job seed, step, virtual node)."""
+        return self._step._job._node_seed(self._step.index, self.index)
+
+    @contextlib.contextmanager
+    def rng(self) -> Iterator[None]:
+        """Seeds PyTorch's generators for this node (dropout, augmentation); the library already
+        does so before each node, so this only matters for code that reseeds in between."""
+        torch.manual_seed(self.seed)
+        yield
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Computes this node's gradients from its loss (the mean over its micro-batch) and
+        folds them into the step's sum. Call it once per node."""
+        if self._done:
+            raise MisuseError(f"node.backward() called twice for virtual node {self.index}")
+        self._step._job._backward(self, loss)
+        self._done = True
+
+
+class Step:
+    """One training step: this worker's virtual nodes and, when their loop ends, the reduction
+    across workers that leaves the mean gradient over all V nodes in each parameter's .grad."""
+
+    def __init__(self, job: Job, index: int) -> None:
+        self._job = job
+        self.index = index
+        self.reduced = False
+        self.loss = float("nan")
+        self._compute_seconds = 0.0
+        self._agreed_epoch = 0
+
+    def virtual_nodes(self) -> Iterator[Node]:
+        yield from self._job._run_nodes(self)
+
+
+class Job:
+    """This worker's handle on the job: created by init()."""
+
+    def __init__(self, spec_text: str, source: str) -> None:
+        self.spec: dict[str, Any] = _core.parse_job(spec_text, source)
+        self._spec_text = spec_text
+        env = os.environ
+        missing = [k for k in ("VF_COORDINATOR", "VF_WORKER") if not env.get(k)]
+        if missing:
+            raise Error(
+                f"{', '.join(missing)} not set: this script is a VirtualFlow worker; start it with "
+                "`vf run JOB.yaml` (spec.template.command names the script) or through the operator"
+            )
+        token = env.get("VF_JOB_TOKEN", "")
+        if not token and env.get("VF_JOB_TOKEN_FILE"):
+            with open(env["VF_JOB_TOKEN_FILE"], encoding="utf-8") as f:
+                token = f.read().strip()
+        if not token:
+            raise Error("no coordinator token (VF_JOB_TOKEN or VF_JOB_TOKEN_FILE)")
+        if env.get("VF_STEPS"):
+            self.spec["steps"], self.spec["epochs"] = int(env["VF_STEPS"]), 0
+        self.worker_name = env["VF_WORKER"]
+        self.job_id = env.get("VF_JOB_ID") or f"{self.spec['namespace']}/{self.spec['name']}"
+        self._result_path = env.get("VF_RESULT", "")
+        self._check_every = int(env.get("VF_CHECK_EVERY", "0") or 0)
+        self._slowdown = float(env.get("VF_SLOWDOWN", "1") or 1)
+        self._worker = _core.Worker(
+            coordinator=env["VF_COORDINATOR"],
+            job_id=self.job_id,
+            worker=self.worker_name,
+            token=token,
+            fingerprint=self.spec["fingerprint"],
+            build=_core.BUILD,
+            timeout=float(env.get("VF_TIMEOUT", "60") or 60),
+            report_interval=float(env.get("VF_REPORT_INTERVAL", "1") or 1),
+            metrics_port=int(env.get("VF_METRICS_PORT", "-1") or -1),
+        )
+        self._holder: _Holder | None = None
+        self._membership: Any = None
+        self._params: list[torch.nn.Parameter] = []
+        self._float_buffers: list[torch.Tensor] = []
+        self._int_buffers: list[torch.Tensor] = []
+        self._flat: torch.Tensor | None = None
+        self._views: list[torch.Tensor] = []
+        self._buffer_views: list[torch.Tensor] = []
+        self._step: Step | None = None
+        self._in_backward = False
+        self._total = 0
+        self._started = time.monotonic()
+        self._first_step_unix = 0.0
+        self._last_step_unix = 0.0
+        self._steps_trained = 0
+        self._last_loss = float("nan")
+        self._finished = False
+        self._done = False
+        self._checkpoint_seconds = 0.0
+
+    # Public -------------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        """This worker's rank in the current plan (-1 before the first)."""
+        return self._membership.rank if self._membership is not None else -1
+
+    @property
+    def world_size(self) -> int:
+        return self._membership.world if self._membership is not None else 0
+
+    def total_steps(self, dataset_size: int) -> int:
+        """The job's length in steps on a training set of `dataset_size` samples (for LR
+        schedules): spec.steps, or spec.epochs times the steps of one epoch."""
+        if self.spec["steps"] > 0:  # VF_STEPS may have replaced the job's length
+            return int(self.spec["steps"])
+        return int(_core.total_steps(self._spec_text, int(dataset_size)))
+
+    def steps(self, state: State, *, dataset_size: int) -> Iterator[Step]:
+        """The job's steps from wherever it stands (a joiner starts at the members' step). Between
+        two steps it follows membership plans: rebuilds the communicator, sends the state to
+        joiners, writes checkpoints. A worker asked to leave exits here, with status 0."""
+        self._prepare(state, dataset_size)
+        assert self._holder is not None
+        self._worker.ready()
+        while True:
+            self._membership = self._next()
+            if self._holder.step_done >= self._total:
+                break
+            if self._check_every and self._holder.step_done % self._check_every == 0:
+                self._check_divergence()
+            step = Step(self, self._holder.step_done)
+            self._step = step
+            started = time.monotonic()
+            yield step
+            if not step.reduced:
+                raise MisuseError(
+                    f"step {step.index + 1} ended without its reduction: run the whole "
+                    "`for node in step.virtual_nodes()` loop every step"
+                )
+            self._step = None
+            self._holder.step_done += 1
+            self._steps_trained += 1
+            now = time.time()
+            if self._steps_trained == 1:
+                self._first_step_unix = now
+            self._last_step_unix = now
+            self._last_loss = step.loss
+            last = self._holder.step_done >= self._total
+            self._worker.completed(
+                self._holder.step_done, step.loss, time.monotonic() - started,
+                step._compute_seconds, int(self.spec["global_batch_size"]),
+                step._agreed_epoch, last,
+            )
+            every = int(self.spec["checkpoint_every_steps"])
+            if self.rank == 0 and every > 0 and self._holder.step_done % every == 0 and not last:
+                self._write_checkpoint()
+        self._done = True
+        if self.rank == 0 and self.spec["checkpoint_path"]:
+            t0 = time.monotonic()
+            self._write_checkpoint()
+            self._checkpoint_seconds = time.monotonic() - t0
+
+    def finish(self, *, test_accuracy: float | None = None, test_loss: float | None = None) -> None:
+        """Ends this worker's part after the last step: rank 0 reports the outcome (the weights'
+        SHA-256 and, if given, the test accuracy) and every worker writes its result file."""
+        if self._finished:
+            return
+        self._finished = True
+        if not self._done:
+            raise MisuseError("job.finish() before the last step: call it after the steps() loop")
+        assert self._holder is not None
+        sha = weights_sha256(self._holder._state.model)
+        if self.rank == 0:
+            acc = float("nan") if test_accuracy is None else float(test_accuracy)
+            if not self._worker.finish_job(self._holder.step_done, self._last_loss, sha, acc):
+                print(f"virtualflow: {self.worker_name}: warning: final report not delivered",
+                      file=sys.stderr)
+        if self._result_path:
+            result = {
+                "worker": self.worker_name,
+                "epoch": self._membership.epoch if self._membership is not None else 0,
+                "rank": self.rank,
+                "steps": self._holder.step_done,
+                "steps_trained": self._steps_trained,
+                "seconds": time.monotonic() - self._started,
+                "first_step_unix": self._first_step_unix,
+                "last_step_unix": self._last_step_unix,
+                "checkpoint_write_seconds": self._checkpoint_seconds,
+                "final_loss": None if self._steps_trained == 0 else self._last_loss,
+                "weights_sha256": sha,
+                "virtual_nodes": int(self.spec["virtual_nodes"]),
+                "virtual_nodes_held": list(self._membership.virtual_nodes) if self._membership else [],
+            }
+            if self.rank == 0 and test_accuracy is not None:
+                result["test_accuracy"] = float(test_accuracy)
+            if self.rank == 0 and test_loss is not None:
+                result["test_loss"] = float(test_loss)
+            tmp = self._result_path + ".tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(result, f, indent=2)
+            os.replace(tmp, self._result_path)
+
+    # Steps --------------------------------------------------------------------------------
+    def _prepare(self, state: State, dataset_size: int) -> None:
+        if self._holder is not None:
+            raise MisuseError("job.steps() can run only once per process")
+        self._sharder = _core.Sharder(
+            int(self.spec["seed"]), int(dataset_size), int(self.spec["global_batch_size"]),
+            int(self.spec["virtual_nodes"]),
+        )
+        self._total = self.total_steps(dataset_size)
+        self._holder = _Holder(self, state)
+        self._attach(state)
+
+    def _attach(self, state: State) -> None:
+        model = state.model
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        for name, p in model.named_parameters():
+            if p.requires_grad and (p.dtype != torch.float32 or p.device.type != "cpu"):
+                raise MisuseError(
+                    f"parameter '{name}' is {p.dtype} on {p.device}: this version reduces float32 "
+                    "CPU parameters only"
+                )
+        self._float_buffers, self._int_buffers = [], []
+        for _, b in model.named_buffers():
+            (self._float_buffers if b.is_floating_point() else self._int_buffers).append(b)
+        for b in self._float_buffers:
+            if b.dtype != torch.float32:
+                raise MisuseError(f"buffer of dtype {b.dtype}: only float32 buffers are averaged")
+        sizes = [p.numel() for p in self._params] + [b.numel() for b in self._float_buffers]
+        self._flat = torch.zeros(sum(sizes), dtype=torch.float32)
+        views, offset = [], 0
+        for t, n in zip(self._params + self._float_buffers, sizes):
+            views.append(self._flat[offset:offset + n].view_as(t))
+            offset += n
+        self._views = views[: len(self._params)]
+        self._buffer_views = views[len(self._params):]
+        self._worker.configure_reducer(self.spec["reduction"], sizes, int(self.spec["virtual_nodes"]))
+        for p in self._params:
+            p.register_post_accumulate_grad_hook(self._grad_hook)
+        if state.optimizer is not None:
+            state.optimizer.register_step_pre_hook(self._optimizer_hook)
+
+    def _grad_hook(self, _param: torch.Tensor) -> None:
+        if self._step is not None and not self._in_backward:
+            raise MisuseError(
+                "backward() outside a virtual node: inside `for node in step.virtual_nodes()` "
+                "call node.backward(loss) instead of loss.backward()"
+            )
+
+    def _optimizer_hook(self, *_args: Any) -> None:
+        if self._step is not None and not self._step.reduced:
+            raise MisuseError(
+                "optimizer.step() before the step's reduction: call it after the "
+                "`for node in step.virtual_nodes()` loop has finished"
+            )
+
+    def _next(self) -> Any:
+        assert self._holder is not None
+        m = self._worker.next(self._holder)
+        if m is None:
+            # Asked to leave and let go by the plan (or deleted before it ever counted).
+            raise SystemExit(0)
+        return m
+
+    def _node_seed(self, step: int, vnode: int) -> int:
+        return _core.mix_key(int(self.spec["seed"]), step, vnode) & 0x7FFF_FFFF_FFFF_FFFF
+
+    def _run_nodes(self, step: Step) -> Iterator[Node]:
+        """Yields this worker's nodes, then reduces. Recomputes them when exact reduction picks a
+        new scale, and after a failed collective follows the next plan and redoes the step."""
+        assert self._flat is not None
+        if step.reduced:
+            raise MisuseError(f"step {step.index + 1}'s virtual nodes were already run")
+        b = int(self.spec["micro_batch"])
+        # Every node starts from the step's buffers, also when the nodes are run again.
+        start_buffers = [t.detach().clone() for t in self._float_buffers]
+        start_ints = [t.detach().clone() for t in self._int_buffers]
+        while True:
+            self._worker.begin()
+            after_ints: list[torch.Tensor] | None = None
+            compute = 0.0
+            for v in self._membership.virtual_nodes:
+                t0 = time.monotonic()
+                for t, s in zip(self._float_buffers, start_buffers):
+                    t.copy_(s)
+                for t, s in zip(self._int_buffers, start_ints):
+                    t.copy_(s)
+                self._flat.zero_()
+                for p, view in zip(self._params, self._views):
+                    p.grad = view
+                node = Node(step, v, self._sharder.indices(step.index, v))
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(node.seed)
+                    yield node
+                if not node._done:
+                    raise MisuseError(
+                        f"virtual node {v} of step {step.index + 1} ended without node.backward(loss)"
+                    )
+                ints = [t.detach().clone() for t in self._int_buffers]
+                if after_ints is not None and any(not torch.equal(a, c) for a, c in zip(after_ints, ints)):
+                    raise MisuseError("an integer buffer changed differently across virtual nodes")
+                after_ints = ints
+                for t, view in zip(self._float_buffers, self._buffer_views):
+                    view.copy_(t)
+                self._worker.add(self._flat.data_ptr())
+                self._worker.add_loss(node._loss * b, b)
+                elapsed = time.monotonic() - t0
+                if self._slowdown > 1:
+                    time.sleep(elapsed * (self._slowdown - 1))
+                compute += time.monotonic() - t0
+            try:
+                redo, loss_sum, samples, agreed = self._worker.finish(self._flat.data_ptr())
+            except CollectiveError as e:
+                # A member died or stalled; nothing of the step was applied. Follow the plan
+                # without it (state comes along if needed) and redo the step.
+                self._worker.failed(step.index, str(e))
+                self._membership = self._next()
+                continue
+            if redo:
+                continue
+            break
+        for t, view in zip(self._float_buffers, self._buffer_views):
+            t.copy_(view)
+        for t, a in zip(self._int_buffers, after_ints or []):
+            t.copy_(a)
+        for p, view in zip(self._params, self._views):
+            p.grad = view
+        step.loss = loss_sum / samples if samples else float("nan")
+        step._compute_seconds = compute
+        step._agreed_epoch = agreed
+        step.reduced = True
+
+    def _backward(self, node: Node, loss: torch.Tensor) -> None:
+        if self._step is None or node._step is not self._step:
+            raise MisuseError("node.backward() outside the step its node belongs to")
+        if loss.dim() != 0:
+            raise MisuseError(f"node.backward() takes the scalar loss, got shape {list(loss.shape)}")
+        self._in_backward = True
+        try:
+            loss.backward()
+        finally:
+            self._in_backward = False
+        node._loss = float(loss.detach())
+        for p, view in zip(self._params, self._views):
+            if p.grad is not None and p.grad.data_ptr() != view.data_ptr():
+                view.copy_(p.grad)
+                p.grad = view
+
+    def _check_divergence(self) -> None:
+        assert self._holder is not None
+        digest = hashlib.sha256()
+        for p in self._holder._state.model.parameters():
+            digest.update(p.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        mine = int.from_bytes(digest.digest()[:8], "little", signed=True)
+        everyone = self._worker.all_gather(mine)
+        for rank, h in enumerate(everyone):
+            if h != everyone[0]:
+                raise DivergenceError(
+                    f"after step {self._holder.step_done} worker {self._membership.members[rank]} "
+                    f"(rank {rank}) holds different parameters than rank 0: the training script is "
+                    "not deterministic (see docs/user-guide.md, 'What must stay deterministic')"
+                )
+
+    def _write_checkpoint(self) -> None:
+        assert self._holder is not None
+        _core.write_checkpoint(self.spec["checkpoint_path"], _core.unseal(self._holder._serialize(), "state"))
+
+
+def _read_spec() -> tuple[str, str]:
+    text = os.environ.get("VF_JOB_SPEC", "")
+    if text:
+        return text, "$VF_JOB_SPEC"
+    path = os.environ.get("VF_JOB", "")
+    if path:
+        with open(path, encoding="utf-8") as f:
+            return f.read(), path
+    raise Error(
+        "no job: VF_JOB_SPEC (the manifest) or VF_JOB (its path) is not set; start this script "
+        "with `vf run JOB.yaml` (spec.template.command names it) or through the operator"
+    )
+
+
+def init(*, threads: int | None = None) -> Job:
+    """Joins the job described by the environment `vf run` or the operator set.
+
+    Sets PyTorch's intra-op threads (VF_THREADS, default 1): a node's gradient has the same bits
+    on every worker only if every worker computes it with the same number of threads.
+    """
+    parent = os.environ.get("VF_EXIT_WITH_PARENT")
+    if parent:
+        _core.exit_with_parent(int(parent))
+    torch.set_num_threads(threads or int(os.environ.get("VF_THREADS", "1") or 1))
+    torch.use_deterministic_algorithms(True)
+    # In C, not with the signal module: a Python handler would wait for the interpreter, and a
+    # joiner spends its wait inside the library.
+    _core.leave_on_sigterm()
+    text, source = _read_spec()
+    return Job(text, source)
