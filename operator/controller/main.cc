@@ -10,7 +10,6 @@
 #include <string>
 #include <thread>
 
-#include "cli/flags.h"
 #include "operator/controller/controller.h"
 #include "operator/coordinator/server.h"
 #include "operator/kube/client.h"
@@ -18,6 +17,7 @@
 #include "operator/kube/leader_election.h"
 #include "operator/metrics/http_exporter.h"
 #include "operator/metrics/operator_metrics.h"
+#include "runtime/command_line.h"
 
 namespace {
 
@@ -77,58 +77,67 @@ int main(int argc, char** argv) {
   double lease_duration = 15;
   double renew_deadline = 10;
   double retry_period = 2;
-  vf::FlagParser flags(
-      "usage: virtualflow-operator [flags]\n\n"
+  CLI::App app(
       "Runs VirtualFlowJobs on a Kubernetes cluster: sizes each job to the GPUs available\n"
       "within its replicas.min..max, creates and deletes its worker pods, publishes membership\n"
       "plans through the coordinator the agents talk to, and keeps each job's status current.\n"
       "Serves /metrics, /healthz and /readyz on --http-listen. With leader election (the\n"
-      "default) only the replica holding the Lease acts; the others wait, not ready.\n\n"
+      "default) only the replica holding the Lease acts; the others wait, not ready.",
+      "virtualflow-operator");
+  app.footer(
       "Exit status: 0 stopped by SIGTERM/SIGINT; 1 leadership lost or a fatal error; 2 usage.");
-  flags.AddString("kubeconfig", &kubeconfig,
-                  "kubeconfig file (default: the pod's service account, in a cluster)");
-  flags.AddString("namespace", &ns, "watch only this namespace (default: all)");
-  flags.AddBool("leader-elect", &leader_elect,
-                "elect one active replica with a Lease (default true)");
-  flags.AddString("leader-election-namespace", &lease_ns,
-                  "namespace of the Lease (default: $POD_NAMESPACE, else 'default')");
-  flags.AddDouble("leader-election-lease-duration", &lease_duration,
-                  "seconds a standby waits after the Lease last changed before taking over "
-                  "(default 15)");
-  flags.AddDouble("leader-election-renew-deadline", &renew_deadline,
-                  "seconds the leader keeps trying to renew before it stops acting (default 10)");
-  flags.AddDouble("leader-election-retry-period", &retry_period,
-                  "seconds between renewals and acquisition attempts (default 2)");
-  flags.AddString("leader-election-id", &lease_name,
-                  "name of the Lease (default virtualflow-operator)");
-  flags.AddString("identity", &identity,
-                  "this replica's name in the Lease (default: $POD_NAME, else the host name)");
-  flags.AddString("coordinator-listen", &coordinator_listen,
-                  "HOST:PORT the coordinator listens on (default 0.0.0.0:7070)");
-  flags.AddString(
-      "coordinator-url", &coordinator_url,
-      "URL worker pods reach the coordinator at (default: http://<coordinator-listen>)");
-  flags.AddString("http-listen", &http_listen,
-                  "HOST:PORT for /metrics, /healthz and /readyz (default 0.0.0.0:8080)");
-  flags.AddString("agent-image", &agent_image,
-                  "image of worker pods whose job sets no spec.template.image");
-  flags.AddString("policy", &policy, "static, elastic or autoscale (default elastic)");
-  flags.AddInt("agent-metrics-port", &agent_metrics_port,
-               "port of each agent's /metrics (default 9090; 0 picks a free one; -1 none)");
-  flags.AddInt("workers", &workers, "jobs reconciled at once (default 2)");
-  flags.AddDouble("join-batch-seconds", &join_batch,
-                  "how long a plan waits for joiners still warming up (default 20)");
-  auto positional = flags.Parse(argc, argv, 1);
-  if (flags.help_requested()) {
-    std::fputs(flags.Help().c_str(), stdout);
-    return 0;
+  app.add_option("--kubeconfig", kubeconfig,
+                 "kubeconfig file (default: the pod's service account, in a cluster)")
+      ->type_name("PATH");
+  app.add_option("--namespace", ns, "watch only this namespace (default: all)");
+  app.add_flag("--leader-elect", leader_elect,
+               "elect one active replica with a Lease (default true;\n"
+               "--leader-elect=false runs without)");
+  app.add_option("--leader-election-namespace", lease_ns,
+                 "namespace of the Lease (default: $POD_NAMESPACE, else 'default')");
+  app.add_option("--leader-election-lease-duration", lease_duration,
+                 "seconds a standby waits after the Lease last changed before\n"
+                 "taking over")
+      ->check(vf::FiniteNumber())
+      ->capture_default_str();
+  app.add_option("--leader-election-renew-deadline", renew_deadline,
+                 "seconds the leader keeps trying to renew before it stops acting")
+      ->check(vf::FiniteNumber())
+      ->capture_default_str();
+  app.add_option("--leader-election-retry-period", retry_period,
+                 "seconds between renewals and acquisition attempts")
+      ->check(vf::FiniteNumber())
+      ->capture_default_str();
+  app.add_option("--leader-election-id", lease_name, "name of the Lease")->capture_default_str();
+  app.add_option("--identity", identity,
+                 "this replica's name in the Lease (default: $POD_NAME, else the\n"
+                 "host name)");
+  app.add_option("--coordinator-listen", coordinator_listen, "HOST:PORT the coordinator listens on")
+      ->capture_default_str();
+  app.add_option("--coordinator-url", coordinator_url,
+                 "URL worker pods reach the coordinator at (default:\n"
+                 "http://<coordinator-listen>)");
+  app.add_option("--http-listen", http_listen, "HOST:PORT for /metrics, /healthz and /readyz")
+      ->capture_default_str();
+  app.add_option("--agent-image", agent_image,
+                 "image of worker pods whose job sets no spec.template.image")
+      ->capture_default_str();
+  app.add_option("--policy", policy, "static, elastic or autoscale")->capture_default_str();
+  app.add_option("--agent-metrics-port", agent_metrics_port,
+                 "port of each agent's /metrics (0 picks a free one; -1 none)")
+      ->transform(vf::Base10Integer())
+      ->capture_default_str();
+  app.add_option("--workers", workers, "jobs reconciled at once")
+      ->transform(vf::Base10Integer())
+      ->capture_default_str();
+  app.add_option("--join-batch-seconds", join_batch,
+                 "how long a plan waits for joiners still warming up")
+      ->check(vf::FiniteNumber())
+      ->capture_default_str();
+  if (auto exit_code = vf::ParseCommandLine(app, "virtualflow-operator", argc, argv)) {
+    return *exit_code;
   }
-  auto usage = [](const std::string& m) {
-    std::fprintf(stderr, "virtualflow-operator: error: %s\n", m.c_str());
-    return 2;
-  };
-  if (!positional.ok()) return usage(positional.status().message());
-  if (!positional->empty()) return usage("unexpected argument '" + positional->front() + "'");
+  auto usage = [](const std::string& m) { return vf::UsageError("virtualflow-operator", m); };
   auto coord_addr = SplitAddress("coordinator-listen", coordinator_listen);
   if (!coord_addr.ok()) return usage(coord_addr.status().message());
   auto http_addr = SplitAddress("http-listen", http_listen);
