@@ -10,7 +10,7 @@
 #include <string>
 
 #include "agent/worker.h"
-#include "cli/flags.h"
+#include "runtime/command_line.h"
 
 namespace {
 
@@ -44,45 +44,56 @@ int main(int argc, char** argv) {
   ExitWithParent();
   vf::WorkerOptions o;
   std::string token_file;
-  vf::FlagParser flags(
-      "usage: virtualflow-agent --job JOB.yaml --coordinator URL --worker NAME\n\n"
+  int64_t metrics_port = -1;
+  CLI::App app(
       "Trains the virtual nodes the coordinator's membership plans give this worker, and\n"
       "follows those plans between steps. Started by `vf run` or by the operator, one per pod.\n"
       "The job's coordinator token comes from --token-file or the VF_JOB_TOKEN environment\n"
       "variable. Without --job, the manifest itself (YAML or JSON) is read from the VF_JOB_SPEC\n"
       "environment variable, which is how the operator hands it to pods. VF_VNODE_DELAY_MS\n"
-      "sets --vnode-delay-ms from a pod's environment. SIGTERM makes the worker leave gracefully "
-      "at the next step boundary.\n\n"
+      "sets --vnode-delay-ms from a pod's environment. SIGTERM makes the worker leave\n"
+      "gracefully at the next step boundary.",
+      "virtualflow-agent");
+  app.footer(
       "Exit status: 0 finished or left; 1 this worker failed; 2 usage; 3 the job cannot go on.");
-  flags.AddString("job", &o.job_path, "the VirtualFlowJob manifest (default: $VF_JOB_SPEC)");
-  flags.AddString("coordinator", &o.coordinator_url, "coordinator URL, e.g. http://10.0.0.1:7070");
-  flags.AddString("job-id", &o.job_id, "NAMESPACE/NAME (default: from the job's metadata)");
-  flags.AddString("worker", &o.worker, "this worker's unique name within the job");
-  flags.AddString("token-file", &token_file, "file holding the job's coordinator token");
-  flags.AddInt("steps", &o.steps_override, "train this many steps instead of the job's length");
-  flags.AddString("result", &o.result_path, "write a JSON result here at the end");
-  flags.AddDouble("timeout", &o.timeout,
-                  "seconds before a rendezvous, collective or plan wait fails (default 60)");
-  flags.AddDouble("slowdown", &o.slowdown,
-                  "make each virtual node take this many times longer (>= 1; experiments)");
-  flags.AddDouble("vnode-delay-ms", &o.vnode_delay_ms,
-                  "add this many milliseconds to each virtual node (a slower device; experiments)");
-  flags.AddDouble("report-interval", &o.report_interval,
-                  "seconds between progress reports (default 1)");
-  int64_t metrics_port = -1;
-  flags.AddInt("metrics-port", &metrics_port,
-               "serve Prometheus /metrics on this port (0: any free port; default: none)");
-  auto positional = flags.Parse(argc, argv, 1);
-  if (flags.help_requested()) {
-    std::fputs(flags.Help().c_str(), stdout);
-    return vf::kExitOk;
+  app.add_option("--job", o.job_path, "the VirtualFlowJob manifest (default: $VF_JOB_SPEC)")
+      ->type_name("JOB.yaml");
+  app.add_option("--coordinator", o.coordinator_url,
+                 "coordinator URL, e.g. http://10.0.0.1:7070 (required)")
+      ->type_name("URL");
+  app.add_option("--job-id", o.job_id, "NAMESPACE/NAME (default: from the job's metadata)");
+  app.add_option("--worker", o.worker, "this worker's unique name within the job (required)")
+      ->type_name("NAME");
+  app.add_option("--token-file", token_file, "file holding the job's coordinator token")
+      ->type_name("PATH");
+  app.add_option("--steps", o.steps_override,
+                 "train this many steps instead of the job's length (default: the job's)")
+      ->transform(vf::Base10Integer());
+  app.add_option("--result", o.result_path, "write a JSON result here at the end")
+      ->type_name("PATH");
+  app.add_option("--timeout", o.timeout,
+                 "seconds before a rendezvous, collective or plan wait fails")
+      ->check(vf::FiniteNumber())
+      ->capture_default_str();
+  app.add_option("--slowdown", o.slowdown,
+                 "make each virtual node take this many times longer (>= 1; experiments)")
+      ->check(vf::FiniteNumber())
+      ->capture_default_str();
+  app.add_option("--vnode-delay-ms", o.vnode_delay_ms,
+                 "add this many milliseconds to each virtual node (a slower device;\n"
+                 "experiments; default $VF_VNODE_DELAY_MS, else 0)")
+      ->check(vf::FiniteNumber());
+  app.add_option("--report-interval", o.report_interval, "seconds between progress reports")
+      ->check(vf::FiniteNumber())
+      ->capture_default_str();
+  app.add_option("--metrics-port", metrics_port,
+                 "serve Prometheus /metrics on this port (0: any free port; -1: none)")
+      ->transform(vf::Base10Integer())
+      ->capture_default_str();
+  if (auto exit_code = vf::ParseCommandLine(app, "virtualflow-agent", argc, argv)) {
+    return *exit_code;
   }
-  auto usage = [](const std::string& m) {
-    std::fprintf(stderr, "virtualflow-agent: error: %s\n", m.c_str());
-    return vf::kExitUsage;
-  };
-  if (!positional.ok()) return usage(positional.status().message());
-  if (!positional->empty()) return usage("unexpected argument '" + positional->front() + "'");
+  auto usage = [](const std::string& m) { return vf::UsageError("virtualflow-agent", m); };
   if (o.job_path.empty()) {
     const char* spec = std::getenv("VF_JOB_SPEC");
     if (spec == nullptr || *spec == '\0') {

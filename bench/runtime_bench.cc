@@ -22,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "cli/flags.h"
+#include "runtime/command_line.h"
 #include "runtime/executor.h"
 
 namespace vf {
@@ -456,9 +456,7 @@ int Memory(const std::string& self, const std::vector<std::string>& common, cons
 }  // namespace
 }  // namespace vf
 
-constexpr char kUsage[] =
-    "usage: vf-bench BENCHMARK [options]\n"
-    "\n"
+constexpr char kBenchmarks[] =
     "Benchmarks (each prints a ratio against a baseline measured in the same run):\n"
     "  vnode-overhead    one worker, V virtual nodes vs 1 at the same global batch\n"
     "  reduction         Gloo workers: exact vs fast reduction, alone and in a whole step\n"
@@ -471,44 +469,53 @@ constexpr char kUsage[] =
 int main(int argc, char** argv) {
   using namespace vf;
   if (argc < 2) {
-    std::fprintf(stderr, "%s(vf-bench --help lists the options)\n", kUsage);
+    std::fprintf(stderr,
+                 "usage: vf-bench BENCHMARK [options]\n\n%s(vf-bench --help lists the options)\n",
+                 kBenchmarks);
     return 2;
   }
-  const std::string cmd = argv[1];
+  std::string cmd;
   int64_t steps = 20, repeats = 5, ranks = 4, virtual_nodes = 8, global_batch = 256;
   int64_t micro_batch = 0;
   std::string dataset = "/usr/share/datasets/fashion-mnist";
   std::string checkpoint, device = "cpu", reduction = "exact", micro_batches;
-  FlagParser flags(kUsage);
-  flags.AddInt("steps", &steps, "steps per measurement (default 20)");
-  flags.AddInt("repeats", &repeats, "measurements per point; the median is reported (default 5)");
-  flags.AddInt("workers", &ranks, "Gloo workers for `reduction` (default 4)");
-  flags.AddString("device", &device,
-                  "cpu or cuda, for vnode-overhead, products, memory and throughput (default "
-                  "cpu)");
-  flags.AddString("reduction", &reduction,
-                  "exact or fast, for vnode-overhead and throughput (default exact)");
-  flags.AddInt("virtual-nodes", &virtual_nodes,
-               "virtual nodes: vnode-overhead's and products' many-node side, memory's "
-               "smallest case, throughput's job (default 8)");
-  flags.AddString("micro-batches", &micro_batches,
-                  "vnode-overhead, products: micro-batches at V nodes, comma-separated (default "
-                  "32,64,128,256 on cpu, 64,256,1024 on cuda)");
-  flags.AddInt("micro-batch", &micro_batch,
-               "memory: the micro-batch held fixed (default 32 on cpu, 256 on cuda)");
-  flags.AddInt("global-batch", &global_batch, "throughput: the global batch (default 256)");
-  flags.AddString("dataset", &dataset,
-                  "Fashion-MNIST directory, or `synthetic` (60,000 generated images)");
-  flags.AddString("checkpoint", &checkpoint, "checkpoint-write: the checkpoint to copy");
-  auto pos = flags.Parse(argc, argv, 2);
-  if (flags.help_requested() || cmd == "--help" || cmd == "-h") {
-    std::fputs(flags.Help().c_str(), stdout);
-    return 0;
-  }
-  if (!pos.ok()) {
-    std::fprintf(stderr, "vf-bench: error: %s\n", pos.status().message().c_str());
-    return 2;
-  }
+  CLI::App app(kBenchmarks, "vf-bench");
+  app.add_option("BENCHMARK", cmd, "the benchmark to run (above)");
+  app.add_option("--steps", steps, "steps per measurement")
+      ->transform(Base10Integer())
+      ->capture_default_str();
+  app.add_option("--repeats", repeats, "measurements per point; the median is reported")
+      ->transform(Base10Integer())
+      ->capture_default_str();
+  app.add_option("--workers", ranks, "Gloo workers for `reduction`")
+      ->transform(Base10Integer())
+      ->capture_default_str();
+  app.add_option("--device", device,
+                 "cpu or cuda, for vnode-overhead, products, memory and throughput")
+      ->capture_default_str();
+  app.add_option("--reduction", reduction, "exact or fast, for vnode-overhead and throughput")
+      ->capture_default_str();
+  app.add_option("--virtual-nodes", virtual_nodes,
+                 "virtual nodes: vnode-overhead's and products' many-node side,\n"
+                 "memory's smallest case, throughput's job")
+      ->transform(Base10Integer())
+      ->capture_default_str();
+  app.add_option("--micro-batches", micro_batches,
+                 "vnode-overhead, products: micro-batches at V nodes,\n"
+                 "comma-separated (default 32,64,128,256 on cpu, 64,256,1024 on cuda)")
+      ->type_name("M1,M2,...");
+  app.add_option("--micro-batch", micro_batch,
+                 "memory: the micro-batch held fixed (default 32 on cpu, 256 on cuda)")
+      ->transform(Base10Integer());
+  app.add_option("--global-batch", global_batch, "throughput: the global batch")
+      ->transform(Base10Integer())
+      ->capture_default_str();
+  app.add_option("--dataset", dataset,
+                 "Fashion-MNIST directory, or `synthetic` (60,000 generated images)")
+      ->capture_default_str();
+  app.add_option("--checkpoint", checkpoint, "checkpoint-write: the checkpoint to copy")
+      ->type_name("PATH");
+  if (auto exit_code = ParseCommandLine(app, "vf-bench", argc, argv)) return *exit_code;
   const std::vector<std::string> known = {"vnode-overhead", "reduction", "memory",
                                           "throughput",     "products",  "checkpoint-write",
                                           "memory-child"};

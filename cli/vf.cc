@@ -6,10 +6,10 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "cli/flags.h"
 #include "operator/local/capacity.h"
 #include "operator/local/launcher.h"
 #include "operator/sim/commands.h"
+#include "runtime/command_line.h"
 #include "runtime/status.h"
 
 namespace {
@@ -37,43 +37,53 @@ int Run(int argc, char** argv) {
   std::string summary_path;
   std::string slowdown;
   std::string delays;
-  vf::FlagParser flags(
-      "usage: vf run JOB.yaml [--workers N | --capacity SCHEDULE] [--steps N]\n"
-      "              [--summary-json PATH]\n\n"
+  CLI::App app(
       "Trains the job on this machine: a local coordinator and worker processes, sized by the\n"
       "job's elasticity policy within spec.replicas and the free local slots. Workers join and\n"
       "leave between two steps without restarting; a worker that dies is replaced and its step\n"
       "redone. With `reduction: exact` the final weights are bitwise identical whatever the\n"
       "number of workers and resizes. Prints progress, one line per resize, then the test-set\n"
-      "accuracy and the SHA-256 of the final weights.");
-  flags.AddInt("workers", &workers,
-               "local worker slots, 1..virtualNodes (default: min(replicas.max, CPU cores))");
-  flags.AddString(
-      "capacity", &o.capacity,
-      "slots over time: AT:SLOTS,... by step (0:2,150:4,300:1) or seconds (0s:2,30s:4)");
-  flags.AddInt("steps", &o.steps_override, "train this many steps instead of the job's length");
-  flags.AddString("summary-json", &summary_path, "write the run's summary as JSON to PATH");
-  flags.AddDouble("progress-interval", &o.progress_interval,
-                  "seconds between progress lines (default 2; 0: none)");
-  flags.AddDouble("timeout", &o.timeout,
-                  "seconds before a stuck rendezvous, collective or worker fails (default 60)");
-  flags.AddString("slowdown", &slowdown,
-                  "per-slot slowdown factors, cycled (e.g. 1,1,3,3): emulates slower devices");
-  flags.AddString("vnode-delay-ms", &delays,
-                  "per-slot fixed milliseconds added to each virtual node, cycled (e.g. 10,10,60):"
-                  " emulates devices of known speed");
-  flags.AddString("assignment", &o.assignment,
-                  "virtual nodes per worker: proportional (to measured speed; default) or even");
-  flags.AddBool("quiet", &o.quiet, "print only the result");
-  flags.AddString("run-info", &o.run_info_path,
-                  "write the coordinator's URL, job id and token file to PATH (for tools)");
-  auto positional = flags.Parse(argc, argv, 2);
-  if (flags.help_requested()) {
-    std::fputs(flags.Help().c_str(), stdout);
-    return 0;
-  }
-  if (!positional.ok()) return Fail(positional.status().message(), 2);
-  if (positional->size() != 1) return Fail("vf run needs exactly one job file (see --help)", 2);
+      "accuracy and the SHA-256 of the final weights.",
+      "vf run");
+  app.add_option("JOB.yaml", o.job_path, "the VirtualFlowJob manifest to train");
+  app.add_option("--workers", workers,
+                 "local worker slots, 1..virtualNodes (default: min(replicas.max,\n"
+                 "CPU cores))")
+      ->transform(vf::Base10Integer());
+  app.add_option("--capacity", o.capacity,
+                 "slots over time, instead of --workers: AT:SLOTS,... by step\n"
+                 "(0:2,150:4,300:1) or seconds (0s:2,30s:4)")
+      ->type_name("SCHEDULE");
+  app.add_option("--steps", o.steps_override,
+                 "train this many steps instead of the job's length (default: the job's)")
+      ->transform(vf::Base10Integer());
+  app.add_option("--summary-json", summary_path, "write the run's summary as JSON to PATH")
+      ->type_name("PATH");
+  app.add_option("--progress-interval", o.progress_interval,
+                 "seconds between progress lines (0: none)")
+      ->check(vf::FiniteNumber())
+      ->capture_default_str();
+  app.add_option("--timeout", o.timeout,
+                 "seconds before a stuck rendezvous, collective or worker fails")
+      ->check(vf::FiniteNumber())
+      ->capture_default_str();
+  app.add_option("--slowdown", slowdown,
+                 "per-slot slowdown factors, cycled (e.g. 1,1,3,3): emulates\n"
+                 "slower devices")
+      ->type_name("F1,F2,...");
+  app.add_option("--vnode-delay-ms", delays,
+                 "per-slot fixed milliseconds added to each virtual node, cycled\n"
+                 "(e.g. 10,10,60): emulates devices of known speed")
+      ->type_name("D1,D2,...");
+  app.add_option("--assignment", o.assignment,
+                 "virtual nodes per worker: proportional (to measured speed) or even")
+      ->capture_default_str();
+  app.add_flag("--quiet", o.quiet, "print only the result");
+  app.add_option("--run-info", o.run_info_path,
+                 "write the coordinator's URL, job id and token file to PATH (for tools)")
+      ->type_name("PATH");
+  if (auto exit_code = vf::ParseCommandLine(app, "vf", argc - 1, argv + 1)) return *exit_code;
+  if (o.job_path.empty()) return Fail("vf run needs exactly one job file (see --help)", 2);
   if (workers < 0 || workers > 1 << 20) return Fail("--workers must be at least 1", 2);
   if (workers > 0 && !o.capacity.empty()) return Fail("use --workers or --capacity, not both", 2);
   if (o.timeout <= 0) return Fail("--timeout must be positive", 2);
@@ -94,7 +104,6 @@ int Run(int argc, char** argv) {
     if (!d.ok()) return Fail(d.status().message(), 2);
     o.vnode_delays_ms = *d;
   }
-  o.job_path = positional->front();
   o.workers = static_cast<int>(workers);
 
   std::signal(SIGINT, OnSignal);

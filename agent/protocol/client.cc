@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "agent/protocol/json.h"
+#include "runtime/deadline.h"
 
 namespace vf {
 namespace {
@@ -25,15 +26,6 @@ constexpr milliseconds kMaxPlanPoll(60000);
 constexpr milliseconds kMaxStorePoll(120000);
 constexpr milliseconds kFirstBackoff(50);
 constexpr milliseconds kMaxBackoff(2000);
-
-Clock::time_point DeadlineAfter(milliseconds timeout) {
-  const auto now = Clock::now();
-  if (timeout <= milliseconds::zero()) return now;
-  if (timeout >= std::chrono::duration_cast<milliseconds>(Clock::time_point::max() - now)) {
-    return Clock::time_point::max();
-  }
-  return now + timeout;
-}
 
 milliseconds Until(Clock::time_point deadline) {
   const auto now = Clock::now();

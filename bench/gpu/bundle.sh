@@ -4,9 +4,10 @@
 # The GPU machine has a compiler, CMake, CUDA, NCCL and PyTorch but no Debian development
 # packages and no package registry. bench/gpu/run.sh builds the runtime there (VF_RUNTIME_ONLY)
 # against this bundle: headers, CMake package files and libraries of yaml-cpp, GoogleTest,
-# OpenSSL's libcrypto, zlib, OpenBLAS and Gloo, copied from this machine's Debian packages (run
-# scripts/setup.sh first). Debian 12's libraries need glibc 2.36 and GCC 12's libstdc++ or newer.
-# The result is ~15 MB; .gpu-deps/ is ignored by git, so it travels only when named explicitly.
+# OpenSSL's libcrypto, zlib, OpenBLAS and Gloo, and CLI11 (headers only), copied from this
+# machine's Debian packages (run scripts/setup.sh first). Debian 12's libraries need glibc 2.36
+# and GCC 12's libstdc++ or newer. The result is ~15 MB; .gpu-deps/ is ignored by git, so it
+# travels only when named explicitly.
 #
 #   bench/gpu/bundle.sh        (re)writes .gpu-deps/deps.tar.xz
 set -euo pipefail
@@ -31,8 +32,8 @@ need() {
 # Headers. OpenSSL's configuration headers live in Debian's multiarch include directory, which
 # is no search path under another prefix, so they join the others.
 need "$inc/yaml-cpp" "$inc/gtest" "$inc/gmock" "$inc/openssl" "$inc/$arch/openssl" \
-  "$inc/zlib.h" "$inc/zconf.h" "$inc/$arch/openblas-pthread/cblas.h" "$inc/gloo"
-cp -r "$inc/yaml-cpp" "$inc/gtest" "$inc/gmock" "$inc/gloo" "$p/include/"
+  "$inc/zlib.h" "$inc/zconf.h" "$inc/$arch/openblas-pthread/cblas.h" "$inc/gloo" "$inc/CLI"
+cp -r "$inc/yaml-cpp" "$inc/gtest" "$inc/gmock" "$inc/gloo" "$inc/CLI" "$p/include/"
 cp "$inc"/openssl/*.h "$inc/$arch"/openssl/*.h "$p/include/openssl/"
 cp "$inc/zlib.h" "$inc/zconf.h" "$p/include/"
 mkdir -p "$p/include/openblas-pthread"
@@ -65,9 +66,10 @@ done
 # CMake package files: they locate their prefix relative to themselves.
 need "$lib/cmake/yaml-cpp" "$lib/cmake/GTest"
 cp -r "$lib/cmake/yaml-cpp" "$lib/cmake/GTest" "$p/lib/$arch/cmake/"
-# Gloo's names its library by absolute path; made relative to its prefix like the others.
+need /usr/share/cmake/CLI11
 mkdir -p "$p/share/cmake"
-cp -r /usr/share/cmake/Gloo "$p/share/cmake/"
+cp -r /usr/share/cmake/Gloo /usr/share/cmake/CLI11 "$p/share/cmake/"
+# Gloo's names its library by absolute path; made relative to its prefix like the others.
 sed -i "s|$(dirname "$gloo")/|\${_IMPORT_PREFIX}/lib/|g" "$p"/share/cmake/Gloo/GlooTargets-*.cmake
 
 mkdir -p "$out"

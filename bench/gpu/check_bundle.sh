@@ -12,9 +12,9 @@ fi
 empty_dir="$(mktemp -d)"
 empty_file="$(mktemp)"
 a="$(gcc -print-multiarch)"
-for d in /usr/include/{yaml-cpp,gtest,gmock,openssl,nlohmann,gloo,cpprest} \
+for d in /usr/include/{yaml-cpp,gtest,gmock,openssl,nlohmann,gloo,cpprest,CLI} \
   /usr/include/"$a"/{openssl,openblas-pthread} /usr/lib/"$a"/openblas-pthread \
-  /usr/lib/"$a"/cmake/{yaml-cpp,GTest,openblas,cpprestsdk} /usr/share/cmake/{Gloo,nlohmann_json}; do
+  /usr/lib/"$a"/cmake/{yaml-cpp,GTest,openblas,cpprestsdk} /usr/share/cmake/{Gloo,nlohmann_json,CLI11}; do
   [ -d "$d" ] && mount --bind "$empty_dir" "$d"
 done
 # Regular files only: a bind mount over a symbolic link would hide its target, which the

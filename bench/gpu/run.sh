@@ -4,7 +4,7 @@
 #
 #   1. builds the runtime, its tests and vf-bench from this working tree (VF_RUNTIME_ONLY, CUDA
 #      and NCCL on) against the dependency bundle that bench/gpu/bundle.sh makes, when the
-#      machine lacks yaml-cpp, GoogleTest, OpenSSL, zlib, OpenBLAS or Gloo;
+#      machine lacks yaml-cpp, GoogleTest, OpenSSL, zlib, OpenBLAS, Gloo or CLI11;
 #   2. runs the runtime's unit tests, the GPU ones included (ctest);
 #   3. benchmarks: our MLP against the same model in PyTorch (eager and torch.compile) at equal
 #      global batch and micro-batch; virtual-node overhead on the GPU (V=16 vs V=1); peak device

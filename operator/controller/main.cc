@@ -1,16 +1,27 @@
 // virtualflow-operator: watches VirtualFlowJobs, runs their worker pods, serves the coordinator
 // the agents talk to, and exports metrics and health probes.
+//
+// main() reads as the steps the operator goes through: read the flags, take over SIGTERM and
+// SIGINT, connect to the API server, start the coordinator and the metrics server, then run the
+// controller (alone, or while this replica holds the Lease) until a signal or lost leadership,
+// and stop.
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <stop_token>
 #include <string>
 #include <thread>
+#include <utility>
 
-#include "cli/flags.h"
 #include "operator/controller/controller.h"
 #include "operator/coordinator/server.h"
 #include "operator/kube/client.h"
@@ -18,8 +29,43 @@
 #include "operator/kube/leader_election.h"
 #include "operator/metrics/http_exporter.h"
 #include "operator/metrics/operator_metrics.h"
+#include "runtime/command_line.h"
 
 namespace {
+
+constexpr const char* kProgram = "virtualflow-operator";
+constexpr int kExitOk = 0;
+constexpr int kExitFailed = 1;  // leadership lost, or a server could not start
+
+std::string EnvOr(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::string(v) : fallback;
+}
+
+// What the command line sets, checked, with the defaults that depend on the environment filled
+// in.
+struct OperatorFlags {
+  std::string kubeconfig;
+  std::string ns;
+  bool leader_elect = true;
+  std::string lease_ns;
+  std::string lease_name = "virtualflow-operator";
+  std::string identity;
+  std::string coordinator_listen = "0.0.0.0:7070";
+  std::string coordinator_url;
+  std::string http_listen = "0.0.0.0:8080";
+  std::string agent_image = "virtualflow/agent:0.1.0";
+  std::string policy = "elastic";
+  int64_t agent_metrics_port = 9090;
+  int64_t workers = 2;
+  double join_batch = 20;
+  double lease_duration = 15;
+  double renew_deadline = 10;
+  double retry_period = 2;
+  // --coordinator-listen and --http-listen split into host and port.
+  std::pair<std::string, int> coordinator_address;
+  std::pair<std::string, int> http_address;
+};
 
 // "host:port" -> {host, port}; port must be 0..65535.
 vf::Result<std::pair<std::string, int>> SplitAddress(const std::string& flag,
@@ -44,9 +90,171 @@ vf::Result<std::pair<std::string, int>> SplitAddress(const std::string& flag,
   return std::make_pair(host, port);
 }
 
-std::string EnvOr(const char* name, const std::string& fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? std::string(v) : fallback;
+// The flags. std::nullopt to go on, else the exit status (--help, or bad usage already
+// reported).
+std::optional<int> ParseFlags(int argc, char** argv, OperatorFlags& f) {
+  f.lease_ns = EnvOr("POD_NAMESPACE", "");
+  CLI::App app(
+      "Runs VirtualFlowJobs on a Kubernetes cluster: sizes each job to the GPUs available\n"
+      "within its replicas.min..max, creates and deletes its worker pods, publishes membership\n"
+      "plans through the coordinator the agents talk to, and keeps each job's status current.\n"
+      "Serves /metrics, /healthz and /readyz on --http-listen. With leader election (the\n"
+      "default) only the replica holding the Lease acts; the others wait, not ready.",
+      kProgram);
+  app.footer(
+      "Exit status: 0 stopped by SIGTERM/SIGINT; 1 leadership lost or a fatal error; 2 usage.");
+  app.add_option("--kubeconfig", f.kubeconfig,
+                 "kubeconfig file (default: the pod's service account, in a cluster)")
+      ->type_name("PATH");
+  app.add_option("--namespace", f.ns, "watch only this namespace (default: all)");
+  app.add_flag("--leader-elect", f.leader_elect,
+               "elect one active replica with a Lease (default true;\n"
+               "--leader-elect=false runs without)");
+  app.add_option("--leader-election-namespace", f.lease_ns,
+                 "namespace of the Lease (default: $POD_NAMESPACE, else 'default')");
+  app.add_option("--leader-election-lease-duration", f.lease_duration,
+                 "seconds a standby waits after the Lease last changed before\n"
+                 "taking over")
+      ->check(vf::FiniteNumber())
+      ->capture_default_str();
+  app.add_option("--leader-election-renew-deadline", f.renew_deadline,
+                 "seconds the leader keeps trying to renew before it stops acting")
+      ->check(vf::FiniteNumber())
+      ->capture_default_str();
+  app.add_option("--leader-election-retry-period", f.retry_period,
+                 "seconds between renewals and acquisition attempts")
+      ->check(vf::FiniteNumber())
+      ->capture_default_str();
+  app.add_option("--leader-election-id", f.lease_name, "name of the Lease")->capture_default_str();
+  app.add_option("--identity", f.identity,
+                 "this replica's name in the Lease (default: $POD_NAME, else the\n"
+                 "host name)");
+  app.add_option("--coordinator-listen", f.coordinator_listen,
+                 "HOST:PORT the coordinator listens on")
+      ->capture_default_str();
+  app.add_option("--coordinator-url", f.coordinator_url,
+                 "URL worker pods reach the coordinator at (default:\n"
+                 "http://<coordinator-listen>)");
+  app.add_option("--http-listen", f.http_listen, "HOST:PORT for /metrics, /healthz and /readyz")
+      ->capture_default_str();
+  app.add_option("--agent-image", f.agent_image,
+                 "image of worker pods whose job sets no spec.template.image")
+      ->capture_default_str();
+  app.add_option("--policy", f.policy, "static, elastic or autoscale")->capture_default_str();
+  app.add_option("--agent-metrics-port", f.agent_metrics_port,
+                 "port of each agent's /metrics (0 picks a free one; -1 none)")
+      ->transform(vf::Base10Integer())
+      ->capture_default_str();
+  app.add_option("--workers", f.workers, "jobs reconciled at once")
+      ->transform(vf::Base10Integer())
+      ->capture_default_str();
+  app.add_option("--join-batch-seconds", f.join_batch,
+                 "how long a plan waits for joiners still warming up")
+      ->check(vf::FiniteNumber())
+      ->capture_default_str();
+  if (auto exit_code = vf::ParseCommandLine(app, kProgram, argc, argv)) return exit_code;
+
+  auto usage = [](const std::string& m) { return vf::UsageError(kProgram, m); };
+  auto coord_addr = SplitAddress("coordinator-listen", f.coordinator_listen);
+  if (!coord_addr.ok()) return usage(coord_addr.status().message());
+  f.coordinator_address = *coord_addr;
+  auto http_addr = SplitAddress("http-listen", f.http_listen);
+  if (!http_addr.ok()) return usage(http_addr.status().message());
+  f.http_address = *http_addr;
+  if (f.workers < 1 || f.workers > 64) return usage("--workers must be between 1 and 64");
+  if (f.agent_metrics_port < -1 || f.agent_metrics_port > 65535) {
+    return usage("--agent-metrics-port must be -1..65535");
+  }
+  if (!(f.join_batch >= 0)) return usage("--join-batch-seconds must be non-negative");
+  if (f.policy != "static" && f.policy != "elastic" && f.policy != "autoscale") {
+    return usage("--policy must be static, elastic or autoscale, got '" + f.policy + "'");
+  }
+  if (f.identity.empty()) {
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    f.identity = EnvOr("POD_NAME", host);
+  }
+  if (f.lease_ns.empty()) f.lease_ns = "default";
+  return std::nullopt;
+}
+
+// SIGTERM and SIGINT end the run through the returned stop source; a detached thread
+// waits for them. Called before any other thread starts, so that every thread inherits the mask.
+std::stop_source StopOnSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::stop_source process_stop;
+  std::thread([signals, process_stop]() mutable {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    std::fprintf(stderr, "virtualflow-operator: signal %d: stopping\n", sig);
+    process_stop.request_stop();
+  }).detach();
+  return process_stop;
+}
+
+// The operator's two connections to the API server.
+struct ApiClients {
+  std::unique_ptr<vf::kube::Client> main;  // informers, reconciles, status writes
+  // Lease renewals get a client of their own, so that reconcile traffic cannot delay them.
+  std::unique_ptr<vf::kube::Client> election;
+};
+
+// Clients for the API server of --kubeconfig, or of the pod's service account; every
+// request of the main client is counted in `metrics`.
+vf::Result<ApiClients> ConnectToApiServer(const OperatorFlags& f, vf::OperatorMetrics& metrics) {
+  auto config =
+      f.kubeconfig.empty() ? vf::kube::InClusterConfig() : vf::kube::LoadKubeconfig(f.kubeconfig);
+  if (!config.ok()) return config.status();
+  auto client = vf::kube::Client::Create(*config);
+  if (!client.ok()) return client.status();
+  (*client)->set_request_observer([&metrics](std::string_view verb, int code, double seconds) {
+    metrics.OnApiRequest(verb, seconds,
+                         code >= 200 && code < 300 ? std::string()
+                         : code == 0               ? std::string("Transport")
+                                                   : std::to_string(code));
+  });
+  auto election_client = vf::kube::Client::Create(*config);
+  if (!election_client.ok()) return election_client.status();
+  return ApiClients{std::move(client).value(), std::move(election_client).value()};
+}
+
+// Whether this replica leads and its controller has synced: what /readyz reports, shared by the
+// metrics server's threads, the election and the controller's thread. Thread-safe (atomics).
+class Leadership {
+ public:
+  explicit Leadership(bool leading) : leading_(leading) {}
+
+  void SetLeading(bool leading) { leading_.store(leading); }
+  // The controller that runs now, or nullptr; it must stay alive until replaced by nullptr.
+  void SetRunning(vf::controller::Controller* controller) { running_.store(controller); }
+
+  vf::Status Ready() const {
+    if (!leading_.load()) return vf::Unavailable("not the leader");
+    vf::controller::Controller* c = running_.load();
+    if (c == nullptr || !c->synced()) return vf::Unavailable("caches not synced");
+    return vf::Status::Ok();
+  }
+
+ private:
+  std::atomic<bool> leading_;
+  std::atomic<vf::controller::Controller*> running_{nullptr};
+};
+
+// Serves /metrics, /healthz and /readyz on --http-listen, or the error, already reported.
+auto StartMetricsServer(vf::OperatorMetrics& metrics, const OperatorFlags& f,
+                        const Leadership& leadership) {
+  auto ready = [&leadership]() -> vf::Status { return leadership.Ready(); };
+  auto http = vf::MetricsServer::Start(metrics.registry(), f.http_address.first,
+                                       f.http_address.second, ready);
+  if (!http.ok()) {
+    std::fprintf(stderr, "virtualflow-operator: error: metrics: %s\n",
+                 http.status().message().c_str());
+  }
+  return http;
 }
 
 vf::ResizeReason ReasonOf(const std::string& kind) {
@@ -57,173 +265,18 @@ vf::ResizeReason ReasonOf(const std::string& kind) {
   return vf::ResizeReason::kFailure;
 }
 
-}  // namespace
+// "namespace/name" -> {namespace, name}.
+std::pair<std::string, std::string> SplitJobKey(const std::string& key) {
+  const size_t slash = key.find('/');
+  return std::make_pair(key.substr(0, slash), key.substr(slash + 1));
+}
 
-int main(int argc, char** argv) {
-  std::string kubeconfig;
-  std::string ns;
-  bool leader_elect = true;
-  std::string lease_ns = EnvOr("POD_NAMESPACE", "");
-  std::string lease_name = "virtualflow-operator";
-  std::string identity;
-  std::string coordinator_listen = "0.0.0.0:7070";
-  std::string coordinator_url;
-  std::string http_listen = "0.0.0.0:8080";
-  std::string agent_image = "virtualflow/agent:0.1.0";
-  std::string policy = "elastic";
-  int64_t agent_metrics_port = 9090;
-  int64_t workers = 2;
-  double join_batch = 20;
-  double lease_duration = 15;
-  double renew_deadline = 10;
-  double retry_period = 2;
-  vf::FlagParser flags(
-      "usage: virtualflow-operator [flags]\n\n"
-      "Runs VirtualFlowJobs on a Kubernetes cluster: sizes each job to the GPUs available\n"
-      "within its replicas.min..max, creates and deletes its worker pods, publishes membership\n"
-      "plans through the coordinator the agents talk to, and keeps each job's status current.\n"
-      "Serves /metrics, /healthz and /readyz on --http-listen. With leader election (the\n"
-      "default) only the replica holding the Lease acts; the others wait, not ready.\n\n"
-      "Exit status: 0 stopped by SIGTERM/SIGINT; 1 leadership lost or a fatal error; 2 usage.");
-  flags.AddString("kubeconfig", &kubeconfig,
-                  "kubeconfig file (default: the pod's service account, in a cluster)");
-  flags.AddString("namespace", &ns, "watch only this namespace (default: all)");
-  flags.AddBool("leader-elect", &leader_elect,
-                "elect one active replica with a Lease (default true)");
-  flags.AddString("leader-election-namespace", &lease_ns,
-                  "namespace of the Lease (default: $POD_NAMESPACE, else 'default')");
-  flags.AddDouble("leader-election-lease-duration", &lease_duration,
-                  "seconds a standby waits after the Lease last changed before taking over "
-                  "(default 15)");
-  flags.AddDouble("leader-election-renew-deadline", &renew_deadline,
-                  "seconds the leader keeps trying to renew before it stops acting (default 10)");
-  flags.AddDouble("leader-election-retry-period", &retry_period,
-                  "seconds between renewals and acquisition attempts (default 2)");
-  flags.AddString("leader-election-id", &lease_name,
-                  "name of the Lease (default virtualflow-operator)");
-  flags.AddString("identity", &identity,
-                  "this replica's name in the Lease (default: $POD_NAME, else the host name)");
-  flags.AddString("coordinator-listen", &coordinator_listen,
-                  "HOST:PORT the coordinator listens on (default 0.0.0.0:7070)");
-  flags.AddString(
-      "coordinator-url", &coordinator_url,
-      "URL worker pods reach the coordinator at (default: http://<coordinator-listen>)");
-  flags.AddString("http-listen", &http_listen,
-                  "HOST:PORT for /metrics, /healthz and /readyz (default 0.0.0.0:8080)");
-  flags.AddString("agent-image", &agent_image,
-                  "image of worker pods whose job sets no spec.template.image");
-  flags.AddString("policy", &policy, "static, elastic or autoscale (default elastic)");
-  flags.AddInt("agent-metrics-port", &agent_metrics_port,
-               "port of each agent's /metrics (default 9090; 0 picks a free one; -1 none)");
-  flags.AddInt("workers", &workers, "jobs reconciled at once (default 2)");
-  flags.AddDouble("join-batch-seconds", &join_batch,
-                  "how long a plan waits for joiners still warming up (default 20)");
-  auto positional = flags.Parse(argc, argv, 1);
-  if (flags.help_requested()) {
-    std::fputs(flags.Help().c_str(), stdout);
-    return 0;
-  }
-  auto usage = [](const std::string& m) {
-    std::fprintf(stderr, "virtualflow-operator: error: %s\n", m.c_str());
-    return 2;
-  };
-  if (!positional.ok()) return usage(positional.status().message());
-  if (!positional->empty()) return usage("unexpected argument '" + positional->front() + "'");
-  auto coord_addr = SplitAddress("coordinator-listen", coordinator_listen);
-  if (!coord_addr.ok()) return usage(coord_addr.status().message());
-  auto http_addr = SplitAddress("http-listen", http_listen);
-  if (!http_addr.ok()) return usage(http_addr.status().message());
-  if (workers < 1 || workers > 64) return usage("--workers must be between 1 and 64");
-  if (agent_metrics_port < -1 || agent_metrics_port > 65535) {
-    return usage("--agent-metrics-port must be -1..65535");
-  }
-  if (!(join_batch >= 0)) return usage("--join-batch-seconds must be non-negative");
-  if (policy != "static" && policy != "elastic" && policy != "autoscale") {
-    return usage("--policy must be static, elastic or autoscale, got '" + policy + "'");
-  }
-  if (identity.empty()) {
-    char host[256] = {};
-    gethostname(host, sizeof(host) - 1);
-    identity = EnvOr("POD_NAME", host);
-  }
-  if (lease_ns.empty()) lease_ns = "default";
-
-  // Signals end the run through a stop token; a thread waits for them.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  std::stop_source process_stop;
-  std::thread([&signals, process_stop]() mutable {
-    int sig = 0;
-    sigwait(&signals, &sig);
-    std::fprintf(stderr, "virtualflow-operator: signal %d: stopping\n", sig);
-    process_stop.request_stop();
-  }).detach();
-
-  auto config =
-      kubeconfig.empty() ? vf::kube::InClusterConfig() : vf::kube::LoadKubeconfig(kubeconfig);
-  if (!config.ok()) return usage(config.status().message());
-  vf::OperatorMetrics metrics;
-  auto client = vf::kube::Client::Create(*config);
-  if (!client.ok()) return usage(client.status().message());
-  (*client)->set_request_observer([&metrics](std::string_view verb, int code, double seconds) {
-    metrics.OnApiRequest(verb, seconds,
-                         code >= 200 && code < 300 ? std::string()
-                         : code == 0               ? std::string("Transport")
-                                                   : std::to_string(code));
-  });
-  // Renewals get a client of their own, so that reconcile traffic cannot delay them.
-  auto election_client = vf::kube::Client::Create(*config);
-  if (!election_client.ok()) return usage(election_client.status().message());
-
-  vf::Coordinator coordinator;
-  auto coordinator_server =
-      vf::CoordinatorServer::Start(coordinator, coord_addr->first, coord_addr->second);
-  if (!coordinator_server.ok()) {
-    std::fprintf(stderr, "virtualflow-operator: error: coordinator: %s\n",
-                 coordinator_server.status().message().c_str());
-    return 1;
-  }
-  if (coordinator_url.empty()) coordinator_url = (*coordinator_server)->url();
-
-  std::atomic<bool> leading{!leader_elect};
-  std::atomic<vf::controller::Controller*> running{nullptr};
-  auto ready = [&]() -> vf::Status {
-    if (!leading.load()) return vf::Unavailable("not the leader");
-    vf::controller::Controller* c = running.load();
-    if (c == nullptr || !c->synced()) return vf::Unavailable("caches not synced");
-    return vf::Status::Ok();
-  };
-  auto http =
-      vf::MetricsServer::Start(metrics.registry(), http_addr->first, http_addr->second, ready);
-  if (!http.ok()) {
-    std::fprintf(stderr, "virtualflow-operator: error: metrics: %s\n",
-                 http.status().message().c_str());
-    return 1;
-  }
-  std::fprintf(stderr,
-               "virtualflow-operator: coordinator on %s (workers use %s), metrics on %s, "
-               "identity %s\n",
-               (*coordinator_server)->url().c_str(), coordinator_url.c_str(),
-               (*http)->url().c_str(), identity.c_str());
-
-  vf::controller::ControllerOptions options;
-  options.ns = ns;
-  options.workers = static_cast<int>(workers);
-  options.reconciler.policy = policy;
-  options.reconciler.join_batch_seconds = join_batch;
-  options.reconciler.pods.coordinator_url = coordinator_url;
-  options.reconciler.pods.default_image = agent_image;
-  options.reconciler.pods.metrics_port = static_cast<int>(agent_metrics_port);
+// Feeds the controller's reports on jobs, resizes and GPUs into `metrics`, which must outlive
+// the controller.
+void ReportToMetrics(vf::controller::ControllerOptions& options, vf::OperatorMetrics& metrics) {
   options.on_reconcile = [&metrics](double s, bool failed) { metrics.OnReconcile(s, failed); };
   options.on_queue_depth = [&metrics](size_t d) {
     metrics.SetWorkqueueDepth(static_cast<int64_t>(d));
-  };
-  auto split = [](const std::string& key) {
-    const size_t slash = key.find('/');
-    return std::make_pair(key.substr(0, slash), key.substr(slash + 1));
   };
   // Phases of every job, kept for the jobs-by-phase gauge.
   auto phases = std::make_shared<std::pair<std::mutex, std::map<std::string, std::string>>>();
@@ -232,19 +285,18 @@ int main(int argc, char** argv) {
     for (const auto& [job, phase] : phases->second) counts[phase] += 1;
     metrics.SetJobsByPhase(counts);
   };
-  options.hooks.on_resize = [&metrics, split](const std::string& job, const std::string& kind, int,
-                                              int) {
-    auto [job_ns, name] = split(job);
+  options.hooks.on_resize = [&metrics](const std::string& job, const std::string& kind, int, int) {
+    auto [job_ns, name] = SplitJobKey(job);
     metrics.OnResize(job_ns, name, ReasonOf(kind));
   };
-  options.hooks.on_resize_pause = [&metrics, split](const std::string& job, double seconds) {
-    auto [job_ns, name] = split(job);
+  options.hooks.on_resize_pause = [&metrics](const std::string& job, double seconds) {
+    auto [job_ns, name] = SplitJobKey(job);
     metrics.ObserveResizePause(job_ns, name, seconds);
   };
-  options.hooks.on_job_status = [&metrics, split, phases, publish_phases](
-                                    const std::string& job, const nlohmann::json& status,
-                                    const nlohmann::json& spec) {
-    auto [job_ns, name] = split(job);
+  options.hooks.on_job_status = [&metrics, phases, publish_phases](const std::string& job,
+                                                                   const nlohmann::json& status,
+                                                                   const nlohmann::json& spec) {
+    auto [job_ns, name] = SplitJobKey(job);
     vf::OperatorMetrics::WorkerCounts counts;
     counts.current = status.value("workers", 0);
     counts.desired = status.value("desiredWorkers", 0);
@@ -259,8 +311,8 @@ int main(int argc, char** argv) {
     phases->second[job] = status.value("phase", "Pending");
     publish_phases();
   };
-  options.hooks.on_job_gone = [&metrics, split, phases, publish_phases](const std::string& job) {
-    auto [job_ns, name] = split(job);
+  options.hooks.on_job_gone = [&metrics, phases, publish_phases](const std::string& job) {
+    auto [job_ns, name] = SplitJobKey(job);
     metrics.RemoveJob(job_ns, name);
     std::lock_guard<std::mutex> lock(phases->first);
     phases->second.erase(job);
@@ -273,61 +325,130 @@ int main(int argc, char** argv) {
     }
     metrics.SetGpuInventory(by_product);
   };
+}
 
-  // Runs the controller until `stop`; the caller's thread blocks.
-  auto run_controller = [&](std::stop_token stop) {
-    vf::controller::Controller controller(**client, coordinator, options);
-    running.store(&controller);
-    vf::Status s = controller.Run(stop);
-    running.store(nullptr);
-    if (!s.ok()) {
-      std::fprintf(stderr, "virtualflow-operator: error: %s\n", s.message().c_str());
-    }
+// What the controller does, from the flags; worker pods reach the coordinator at
+// `coordinator_url`.
+vf::controller::ControllerOptions MakeControllerOptions(const OperatorFlags& f,
+                                                        const std::string& coordinator_url,
+                                                        vf::OperatorMetrics& metrics) {
+  vf::controller::ControllerOptions options;
+  options.ns = f.ns;
+  options.workers = static_cast<int>(f.workers);
+  options.reconciler.policy = f.policy;
+  options.reconciler.join_batch_seconds = f.join_batch;
+  options.reconciler.pods.coordinator_url = coordinator_url;
+  options.reconciler.pods.default_image = f.agent_image;
+  options.reconciler.pods.metrics_port = static_cast<int>(f.agent_metrics_port);
+  ReportToMetrics(options, metrics);
+  return options;
+}
+
+// Runs one controller until `stop`, published in `leadership` while it runs; the caller's thread
+// blocks. Errors are reported here: the caller decides from leadership what happens next.
+void RunController(std::stop_token stop, vf::kube::Client& client, vf::Coordinator& coordinator,
+                   const vf::controller::ControllerOptions& options, Leadership& leadership) {
+  vf::controller::Controller controller(client, coordinator, options);
+  leadership.SetRunning(&controller);
+  vf::Status s = controller.Run(stop);
+  leadership.SetRunning(nullptr);
+  if (!s.ok()) {
+    std::fprintf(stderr, "virtualflow-operator: error: %s\n", s.message().c_str());
+  }
+}
+
+// Runs the controller while this replica holds the Lease, until `stop`. The exit
+// status: 0 when stopped, 1 when leadership was lost, 2 for a bad election configuration.
+int RunWhileLeading(std::stop_token stop, const OperatorFlags& f, vf::kube::Client& election_client,
+                    vf::OperatorMetrics& metrics, Leadership& leadership,
+                    const std::function<void(std::stop_token)>& run_controller) {
+  std::jthread controller_thread;
+  vf::kube::LeaderElectionConfig election;
+  election.ns = f.lease_ns;
+  election.name = f.lease_name;
+  election.identity = f.identity;
+  auto ms = [](double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
+  election.lease_duration = ms(f.lease_duration);
+  election.renew_deadline = ms(f.renew_deadline);
+  election.retry_period = ms(f.retry_period);
+  election.on_started_leading = [&](std::stop_token term) {
+    std::fprintf(stderr, "virtualflow-operator: %s leads\n", f.identity.c_str());
+    leadership.SetLeading(true);
+    metrics.SetLeader(true);
+    controller_thread = std::jthread([&run_controller, term] { run_controller(term); });
   };
+  election.on_stopped_leading = [&] {
+    // The term's stop token is already stopped: wait until the controller has stopped acting.
+    leadership.SetLeading(false);
+    metrics.SetLeader(false);
+    if (controller_thread.joinable()) controller_thread.join();
+  };
+  election.on_new_leader = [&](const std::string& who) {
+    std::fprintf(stderr, "virtualflow-operator: leader is %s\n", who.c_str());
+  };
+  auto elector = vf::kube::LeaderElector::Create(election_client, election);
+  if (!elector.ok()) return vf::UsageError(kProgram, elector.status().message());
+  vf::Status s = (*elector)->Run(stop);
+  if (!s.ok()) {
+    // client-go exits here too: a replica that lost its Lease must not act on stale state;
+    // the Deployment restarts it as a candidate.
+    std::fprintf(stderr, "virtualflow-operator: leadership lost: %s\n", s.message().c_str());
+    return kExitFailed;
+  }
+  return kExitOk;
+}
 
-  int exit_code = 0;
-  if (!leader_elect) {
+}  // namespace
+
+int main(int argc, char** argv) {
+  OperatorFlags flags;
+  if (auto exit_code = ParseFlags(argc, argv, flags)) return *exit_code;
+  std::stop_source process_stop = StopOnSignals();
+
+  vf::OperatorMetrics metrics;
+  auto clients = ConnectToApiServer(flags, metrics);
+  if (!clients.ok()) return vf::UsageError(kProgram, clients.status().message());
+
+  vf::Coordinator coordinator;
+  auto coordinator_server = vf::CoordinatorServer::Start(
+      coordinator, flags.coordinator_address.first, flags.coordinator_address.second);
+  if (!coordinator_server.ok()) {
+    std::fprintf(stderr, "virtualflow-operator: error: coordinator: %s\n",
+                 coordinator_server.status().message().c_str());
+    return kExitFailed;
+  }
+  const std::string coordinator_url =
+      flags.coordinator_url.empty() ? (*coordinator_server)->url() : flags.coordinator_url;
+
+  Leadership leadership(/*leading=*/!flags.leader_elect);
+  auto http = StartMetricsServer(metrics, flags, leadership);
+  if (!http.ok()) return kExitFailed;
+  std::fprintf(stderr,
+               "virtualflow-operator: coordinator on %s (workers use %s), metrics on %s, "
+               "identity %s\n",
+               (*coordinator_server)->url().c_str(), coordinator_url.c_str(),
+               (*http)->url().c_str(), flags.identity.c_str());
+
+  // The controller, alone or while leading, until a signal or lost leadership.
+  const vf::controller::ControllerOptions options =
+      MakeControllerOptions(flags, coordinator_url, metrics);
+  const std::function<void(std::stop_token)> run_controller = [&](std::stop_token stop) {
+    RunController(stop, *clients->main, coordinator, options, leadership);
+  };
+  int exit_code = kExitOk;
+  if (!flags.leader_elect) {
     metrics.SetLeader(true);
     run_controller(process_stop.get_token());
   } else {
-    std::jthread controller_thread;
-    vf::kube::LeaderElectionConfig election;
-    election.ns = lease_ns;
-    election.name = lease_name;
-    election.identity = identity;
-    auto ms = [](double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
-    election.lease_duration = ms(lease_duration);
-    election.renew_deadline = ms(renew_deadline);
-    election.retry_period = ms(retry_period);
-    election.on_started_leading = [&](std::stop_token term) {
-      std::fprintf(stderr, "virtualflow-operator: %s leads\n", identity.c_str());
-      leading.store(true);
-      metrics.SetLeader(true);
-      controller_thread = std::jthread([&run_controller, term] { run_controller(term); });
-    };
-    election.on_stopped_leading = [&] {
-      // The term's stop token is already stopped: wait until the controller has stopped acting.
-      leading.store(false);
-      metrics.SetLeader(false);
-      if (controller_thread.joinable()) controller_thread.join();
-    };
-    election.on_new_leader = [&](const std::string& who) {
-      std::fprintf(stderr, "virtualflow-operator: leader is %s\n", who.c_str());
-    };
-    auto elector = vf::kube::LeaderElector::Create(**election_client, election);
-    if (!elector.ok()) return usage(elector.status().message());
-    vf::Status s = (*elector)->Run(process_stop.get_token());
-    if (!s.ok()) {
-      // client-go exits here too: a replica that lost its Lease must not act on stale state;
-      // the Deployment restarts it as a candidate.
-      std::fprintf(stderr, "virtualflow-operator: leadership lost: %s\n", s.message().c_str());
-      exit_code = 1;
-    }
+    exit_code = RunWhileLeading(process_stop.get_token(), flags, *clients->election, metrics,
+                                leadership, run_controller);
   }
+
+  // Stop serving, and exit without unwinding detached threads (the signal waiter may
+  // still block in sigwait).
   (*http)->Stop();
   (*coordinator_server)->Stop();
   std::fprintf(stderr, "virtualflow-operator: stopped\n");
-  // Exit without unwinding detached threads (the signal waiter may still block in sigwait).
   std::fflush(stderr);
   std::_Exit(exit_code);
 }

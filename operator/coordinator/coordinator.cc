@@ -5,6 +5,8 @@
 #include <set>
 #include <utility>
 
+#include "runtime/deadline.h"
+
 namespace vf {
 namespace {
 
@@ -13,17 +15,6 @@ using Clock = std::chrono::steady_clock;
 constexpr size_t kMaxNameBytes = 253;  // a Kubernetes object name
 constexpr size_t kMaxTokenBytes = 4096;
 constexpr size_t kMaxFailureMessageBytes = 4096;
-
-// now + timeout, saturated so that a huge timeout ("wait forever") cannot overflow the clock.
-Clock::time_point DeadlineAfter(std::chrono::milliseconds timeout) {
-  const auto now = Clock::now();
-  if (timeout <= std::chrono::milliseconds::zero()) return now;
-  if (timeout >=
-      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - now)) {
-    return Clock::time_point::max();
-  }
-  return now + timeout;
-}
 
 bool IsNameChar(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||

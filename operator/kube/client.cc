@@ -19,6 +19,8 @@
 #include <cpprest/uri.h>
 #include <openssl/ssl.h>
 
+#include "runtime/deadline.h"
+
 namespace vf::kube {
 namespace {
 
@@ -42,13 +44,6 @@ ApiError MakeError(Reason reason, std::string message, std::string context = "")
   error.message = std::move(message);
   error.context = std::move(context);
   return error;
-}
-
-// Far enough to mean "no limit", near enough not to overflow the clock.
-constexpr milliseconds kLongestTimeout = std::chrono::hours(24 * 365);
-
-Clock::time_point DeadlineAfter(milliseconds timeout) {
-  return Clock::now() + std::min(timeout, kLongestTimeout);
 }
 
 // Loads `config`'s trust anchors and client certificate into a TLS context. Used both to check a
@@ -419,7 +414,7 @@ ApiStatus Client::Impl::Watch(const Resource& resource, std::string_view ns,
                      "the client's rate limit would delay the watch past its connect timeout",
                      context);
   }
-  milliseconds idle = std::min(options.idle_timeout, kLongestTimeout);
+  milliseconds idle = std::min(options.idle_timeout, kLongestWait);
   if (idle <= milliseconds::zero()) {
     const std::chrono::seconds server_timeout(
         options.timeout_seconds > 0

@@ -10,11 +10,11 @@
 #include <string>
 #include <vector>
 
-#include "cli/flags.h"
 #include "operator/policy/policy.h"
 #include "operator/sim/model.h"
 #include "operator/sim/simulator.h"
 #include "operator/sim/trace.h"
+#include "runtime/command_line.h"
 
 namespace vf {
 namespace {
@@ -61,10 +61,7 @@ std::string Pad(const std::string& s, size_t width, bool right = false) {
   return right ? fill + s : s + fill;
 }
 
-constexpr const char* kSimulateUsage =
-    "usage: vf simulate TRACE.json --cluster CLUSTER.yaml [--policy NAME[,NAME...]] [options]\n"
-    "       vf simulate --predict WORKLOAD --cluster CLUSTER.yaml --workers N[,N...]\n"
-    "                   --virtual-nodes V --global-batch B\n\n"
+constexpr const char* kSimulateDescription =
     "Runs a job trace on a simulated GPU cluster under the operator's own scheduling policies\n"
     "(static, elastic, autoscale: the code the operator runs, unchanged) and prints each job's\n"
     "completion time and, per policy side by side, mean / median / p99 JCT, makespan, GPU\n"
@@ -74,7 +71,8 @@ constexpr const char* kSimulateUsage =
     "all-reduce (latency + bytes / bandwidth, from the cluster file); every resize pauses the\n"
     "job (fixed switch cost + state broadcast). Traces use the VirtualFlow paper's format; make\n"
     "synthetic ones with `vf trace generate`.\n\n"
-    "With --predict, prints the predicted step time of one workload on 1..N workers instead.";
+    "With --predict WORKLOAD (and --workers, --virtual-nodes, --global-batch), prints the\n"
+    "predicted step time of one workload on 1..N workers instead of running a trace.";
 
 struct SimulateFlags {
   std::string cluster, policies = "static,elastic", profiles, split = "proportional", types;
@@ -255,46 +253,58 @@ int Predict(const sim::Profiles& profiles, const sim::Cluster& cluster, const Si
 
 int RunSimulateCommand(int argc, char** argv) {
   SimulateFlags f;
-  FlagParser flags(kSimulateUsage);
-  flags.AddString("cluster", &f.cluster, "cluster description (YAML; see examples/clusters/)");
-  flags.AddString("policy", &f.policies,
-                  "policies to compare, comma-separated (default static,elastic;\n"
-                  "                            the first is the baseline of the % lines)");
-  flags.AddString("profiles", &f.profiles,
-                  "throughput profiles (default " + sim::DefaultProfilesPath() + ")");
-  flags.AddBool("json", &f.json, "print JSON instead of tables");
-  flags.AddString(
-      "split", &f.split,
-      "virtual nodes per worker: proportional (to speed, the product's\n"
-      "                            way) and/or even, comma-separated (default proportional)");
-  flags.AddString("types", &f.types, "use only these GPU types of the cluster, comma-separated");
-  flags.AddString("max-workers", &f.max_workers,
-                  "a trace job may use 1..gpu_demand workers (demand, default, as\n"
-                  "                            the published scheduler) or 1..its virtual nodes "
-                  "(virtual-nodes)");
-  flags.AddDouble("cooldown", &f.cooldown, "seconds between voluntary resizes of a job (30)");
-  flags.AddDouble("tick", &f.tick, "seconds between policy decisions besides events (30)");
-  flags.AddDouble("efficiency-threshold", &f.threshold,
-                  "autoscale: keep a worker adding at least this fraction of an\n"
-                  "                            average worker's throughput (0.1)");
-  flags.AddBool("backfill", &f.backfill,
-                "let smaller jobs start while a higher-priority job waits");
-  flags.AddBool("summary-only", &f.summary_only, "omit the per-job table");
-  flags.AddBool("log", &f.log, "print every allocation change with the policy's reason (stderr)");
-  flags.AddString("predict", &f.predict,
-                  "print predicted step times of this workload (a name in the\n"
-                  "                            profiles) instead of running a trace");
-  flags.AddString("workers", &f.workers, "--predict: worker counts (default 1,2,3,4)");
-  flags.AddInt("virtual-nodes", &f.virtual_nodes, "--predict: virtual nodes V");
-  flags.AddInt("global-batch", &f.global_batch, "--predict: global batch B");
-  auto positional = flags.Parse(argc, argv, 2);
-  if (flags.help_requested()) {
-    std::fputs(flags.Help().c_str(), stdout);
-    return 0;
-  }
-  if (!positional.ok()) return Fail(positional.status().message(), 2);
+  std::string trace_path;
+  CLI::App app(kSimulateDescription, "vf simulate");
+  app.add_option("TRACE.json", trace_path, "the job trace (not with --predict)");
+  app.add_option("--cluster", f.cluster, "cluster description (YAML; see examples/clusters/)")
+      ->type_name("CLUSTER.yaml");
+  app.add_option("--policy", f.policies,
+                 "policies to compare, comma-separated; the first is the baseline\n"
+                 "of the % lines")
+      ->type_name("NAME[,NAME...]")
+      ->capture_default_str();
+  app.add_option("--profiles", f.profiles,
+                 "throughput profiles (default\n" + sim::DefaultProfilesPath() + ")")
+      ->type_name("PROFILES.yaml");
+  app.add_flag("--json", f.json, "print JSON instead of tables");
+  app.add_option("--split", f.split,
+                 "virtual nodes per worker: proportional (to speed, the product's\n"
+                 "way) and/or even, comma-separated")
+      ->capture_default_str();
+  app.add_option("--types", f.types, "use only these GPU types of the cluster, comma-separated");
+  app.add_option("--max-workers", f.max_workers,
+                 "a trace job may use 1..gpu_demand workers (demand, as the\n"
+                 "published scheduler) or 1..its virtual nodes (virtual-nodes)")
+      ->capture_default_str();
+  app.add_option("--cooldown", f.cooldown, "seconds between voluntary resizes of a job")
+      ->check(FiniteNumber())
+      ->capture_default_str();
+  app.add_option("--tick", f.tick, "seconds between policy decisions besides events")
+      ->check(FiniteNumber())
+      ->capture_default_str();
+  app.add_option("--efficiency-threshold", f.threshold,
+                 "autoscale: keep a worker adding at least this fraction of an\n"
+                 "average worker's throughput")
+      ->check(FiniteNumber())
+      ->capture_default_str();
+  app.add_flag("--backfill", f.backfill,
+               "let smaller jobs start while a higher-priority job waits");
+  app.add_flag("--summary-only", f.summary_only, "omit the per-job table");
+  app.add_flag("--log", f.log, "print every allocation change with the policy's reason (stderr)");
+  app.add_option("--predict", f.predict,
+                 "print predicted step times of this workload (a name in the\n"
+                 "profiles) instead of running a trace")
+      ->type_name("WORKLOAD");
+  app.add_option("--workers", f.workers, "--predict: worker counts, comma-separated")
+      ->type_name("N[,N...]")
+      ->capture_default_str();
+  app.add_option("--virtual-nodes", f.virtual_nodes, "--predict: virtual nodes V")
+      ->transform(Base10Integer());
+  app.add_option("--global-batch", f.global_batch, "--predict: global batch B")
+      ->transform(Base10Integer());
+  if (auto exit_code = ParseCommandLine(app, "vf", argc - 1, argv + 1)) return *exit_code;
   if (f.cluster.empty()) return Fail("vf simulate needs --cluster CLUSTER.yaml (see --help)", 2);
-  if (f.predict.empty() && positional->size() != 1) {
+  if (f.predict.empty() && trace_path.empty()) {
     return Fail("vf simulate needs exactly one trace file (see --help)", 2);
   }
   std::vector<sim::SplitMode> splits;
@@ -339,7 +349,6 @@ int RunSimulateCommand(int argc, char** argv) {
   if (!profiles.ok()) return Fail(profiles.status().message());
   if (!f.predict.empty()) return Predict(*profiles, *cluster, f, splits);
 
-  const std::string trace_path = positional->front();
   auto trace = sim::LoadTrace(trace_path);
   if (!trace.ok()) return Fail(trace.status().message());
   auto jobs = sim::MakeJobs(*trace, *profiles, max_workers);
@@ -375,37 +384,34 @@ int RunSimulateCommand(int argc, char** argv) {
 }
 
 int RunTraceCommand(int argc, char** argv) {
-  constexpr const char* kUsage =
-      "usage: vf trace generate --jobs N --jobs-per-hour R --seed S\n"
-      "                         [--mix resnet=0.4,bert=0.3,transformer=0.3] [--output PATH]\n\n"
-      "Writes a synthetic job trace in the format of the VirtualFlow paper's traces (the ones\n"
-      "`vf simulate` reads): Poisson arrivals at R jobs per hour, workloads drawn from the mix,\n"
-      "priorities uniform over 1, 5 and 10, and per-workload shapes (GPUs, batch, length) like\n"
-      "those of the published traces. The same seed gives the same trace on every machine.";
-  if (argc < 3 || std::string(argv[2]) == "--help" || std::string(argv[2]) == "-h") {
-    std::fputs(kUsage, argc < 3 ? stderr : stdout);
-    std::fputs("\n", argc < 3 ? stderr : stdout);
-    return argc < 3 ? 2 : 0;
-  }
-  if (std::string(argv[2]) != "generate") {
-    return Fail("unknown trace command '" + std::string(argv[2]) + "' (known: generate)", 2);
-  }
   int64_t jobs = 20, seed = 1;
   double rate = 8.0;
   std::string mix = "resnet=0.4,bert=0.3,transformer=0.3", output;
-  FlagParser flags(kUsage);
-  flags.AddInt("jobs", &jobs, "number of jobs (default 20)");
-  flags.AddDouble("jobs-per-hour", &rate, "mean arrival rate (default 8)");
-  flags.AddInt("seed", &seed, "random seed (default 1)");
-  flags.AddString("mix", &mix, "workload shares (default resnet=0.4,bert=0.3,transformer=0.3)");
-  flags.AddString("output", &output, "write to PATH instead of stdout");
-  auto positional = flags.Parse(argc, argv, 3);
-  if (flags.help_requested()) {
-    std::fputs(flags.Help().c_str(), stdout);
-    return 0;
+  CLI::App app(
+      "Writes a synthetic job trace in the format of the VirtualFlow paper's traces (the ones\n"
+      "`vf simulate` reads): Poisson arrivals at R jobs per hour, workloads drawn from the mix,\n"
+      "priorities uniform over 1, 5 and 10, and per-workload shapes (GPUs, batch, length) like\n"
+      "those of the published traces. The same seed gives the same trace on every machine.",
+      "vf trace generate");
+  app.add_option("--jobs", jobs, "number of jobs")
+      ->transform(Base10Integer())
+      ->capture_default_str();
+  app.add_option("--jobs-per-hour", rate, "mean arrival rate R")
+      ->check(FiniteNumber())
+      ->capture_default_str();
+  app.add_option("--seed", seed, "random seed")->transform(Base10Integer())->capture_default_str();
+  app.add_option("--mix", mix, "workload shares (default " + mix + ")")->type_name("SHARES");
+  app.add_option("--output", output, "write to PATH instead of stdout")->type_name("PATH");
+  const std::string command = argc < 3 ? "" : argv[2];
+  if (command == "--help" || command == "-h") {
+    return ParseCommandLine(app, "vf", argc - 1, argv + 1).value_or(0);  // prints the help
   }
-  if (!positional.ok()) return Fail(positional.status().message(), 2);
-  if (!positional->empty()) return Fail("vf trace generate takes no positional arguments", 2);
+  if (command != "generate") {
+    return Fail(command.empty() ? "vf trace needs a command: generate (see vf trace --help)"
+                                : "unknown trace command '" + command + "' (known: generate)",
+                2);
+  }
+  if (auto exit_code = ParseCommandLine(app, "vf", argc - 2, argv + 2)) return *exit_code;
   if (jobs < 1 || jobs > 1000000) return Fail("--jobs must be within 1..1000000", 2);
   if (seed < 0) return Fail("--seed must be non-negative", 2);
   sim::TraceGeneratorOptions o;

@@ -11,21 +11,12 @@
 #include <thread>
 #include <utility>
 
+#include "runtime/deadline.h"
+
 namespace vf {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// now + timeout, saturated so that a huge timeout ("wait forever") cannot overflow the clock.
-Clock::time_point DeadlineAfter(std::chrono::milliseconds timeout) {
-  const auto now = Clock::now();
-  if (timeout <= std::chrono::milliseconds::zero()) return now;
-  if (timeout >=
-      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - now)) {
-    return Clock::time_point::max();
-  }
-  return now + timeout;
-}
 
 std::string DescribeKeys(const std::vector<std::string>& keys) {
   std::string out;

@@ -1,4 +1,4 @@
-// The VirtualFlowJob manifest (design guide section 4): the same YAML file that `vf run` reads
+// The VirtualFlowJob manifest (docs/architecture.md): the same YAML file that `vf run` reads
 // locally is later `kubectl apply`-ed unchanged.
 #pragma once
 

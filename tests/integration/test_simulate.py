@@ -1,6 +1,7 @@
-"""`vf simulate` on the shared job traces: every job completes, the reported statistics agree
-with the per-job results, and each policy keeps its own invariants. No assertion here depends on
-which policy wins: those numbers are results, reported in docs/simulator.md."""
+"""`vf simulate` on the published job traces (examples/traces/): every job completes, the
+reported statistics agree with the per-job results, and each policy keeps its own invariants. No
+assertion here depends on which policy wins: those numbers are results, reported in
+docs/simulator.md."""
 
 import json
 import os
@@ -10,8 +11,7 @@ import unittest
 
 from harness import BIN_DIR, SOURCE_DIR, VF, VfTestCase
 
-TRACES_DIR = os.environ.get(
-    "VF_TRACES_DIR", os.path.join(os.path.dirname(SOURCE_DIR), "shared", "data", "traces"))
+TRACES_DIR = os.path.join(SOURCE_DIR, "examples", "traces")
 TRACES = ["medium20_8jph.json", "medium20_10jph.json"]
 CLUSTERS = os.path.join(SOURCE_DIR, "examples", "clusters")
 POLICIES = ["static", "elastic", "autoscale"]
@@ -38,9 +38,9 @@ class SimulateTest(VfTestCase):
         return proc
 
     def trace(self, name):
+        """A trace the repository carries: missing is a failure, never a skip."""
         path = os.path.join(TRACES_DIR, name)
-        if not os.path.exists(path):
-            self.skipTest("shared trace %s not found (set VF_TRACES_DIR)" % path)
+        self.assertTrue(os.path.exists(path), "trace %s not found" % path)
         return path
 
     def run_json(self, trace_path, cluster="8-v100.yaml", *extra):

@@ -15,10 +15,10 @@
 #include <string>
 #include <thread>
 
-#include "cli/flags.h"
 #include "operator/kube/client.h"
 #include "operator/kube/config.h"
 #include "operator/kube/reflector.h"
+#include "runtime/command_line.h"
 #include "tests/e2e/pod_runner/cluster_view.h"
 #include "tests/e2e/pod_runner/log.h"
 #include "tests/e2e/pod_runner/runner.h"
@@ -27,7 +27,6 @@ namespace {
 
 constexpr int kExitOk = 0;
 constexpr int kExitError = 1;
-constexpr int kExitUsage = 2;
 
 // mkdir -p.
 vf::Status MakeDirs(const std::string& path) {
@@ -93,9 +92,7 @@ int main(int argc, char** argv) {
   std::string log_dir;
   std::string path;
   int64_t shutdown_grace = 5;
-  vf::FlagParser flags(
-      "usage: vf-pod-runner --kubeconfig PATH [--node-label KEY=VALUE] [--log-dir DIR] "
-      "[--path DIRS]\n\n"
+  CLI::App app(
       "Plays the kubelet for the fake GPU nodes of the end-to-end tests: watches the nodes that\n"
       "carry --node-label and every pod, runs the first container of each pod bound to one of\n"
       "those nodes as a local process (its command and args, with the container's env; Secrets,\n"
@@ -105,33 +102,31 @@ int main(int argc, char** argv) {
       "to its process group, SIGKILL after the grace period, then removes the pod object; a pod\n"
       "deleted outright has its processes SIGKILLed at once.\n\n"
       "Logs one line per action to stderr. SIGTERM or SIGINT stops it: its processes get\n"
-      "SIGTERM, then SIGKILL after --shutdown-grace seconds; it exits 0.\n\n"
-      "Exit status: 0 stopped by a signal; 1 cannot start (kubeconfig, log dir); 2 usage.");
-  flags.AddString("kubeconfig", &kubeconfig,
-                  "the kubeconfig to reach the API server with (required)");
-  flags.AddString("node-label", &node_label,
-                  "run the pods of nodes carrying this label, KEY=VALUE (default "
-                  "virtualflow.io/pod-runner=true)");
-  flags.AddString("log-dir", &log_dir,
-                  "each container's stdout and stderr go to DIR/<namespace>_<pod>_<container>.log; "
-                  "also the working directory of containers without workingDir (default "
-                  "$TMPDIR/vf-pod-runner)");
-  flags.AddString("path", &path,
-                  "':'-separated directories put before PATH when resolving and running "
-                  "commands (e.g. the build's bin directory, for virtualflow-agent)");
-  flags.AddInt("shutdown-grace", &shutdown_grace,
-               "seconds between SIGTERM and SIGKILL for the processes on shutdown (default 5)");
-  auto positional = flags.Parse(argc, argv, 1);
-  if (flags.help_requested()) {
-    std::fputs(flags.Help().c_str(), stdout);
-    return kExitOk;
-  }
-  auto usage = [](const std::string& message) {
-    std::fprintf(stderr, "vf-pod-runner: error: %s\n", message.c_str());
-    return kExitUsage;
-  };
-  if (!positional.ok()) return usage(positional.status().message());
-  if (!positional->empty()) return usage("unexpected argument '" + positional->front() + "'");
+      "SIGTERM, then SIGKILL after --shutdown-grace seconds; it exits 0.",
+      "vf-pod-runner");
+  app.footer("Exit status: 0 stopped by a signal; 1 cannot start (kubeconfig, log dir); 2 usage.");
+  app.add_option("--kubeconfig", kubeconfig,
+                 "the kubeconfig to reach the API server with (required)")
+      ->type_name("PATH");
+  app.add_option("--node-label", node_label,
+                 "run the pods of nodes carrying this label (default\n" + node_label + ")")
+      ->type_name("KEY=VALUE");
+  app.add_option("--log-dir", log_dir,
+                 "each container's stdout and stderr go to\n"
+                 "DIR/<namespace>_<pod>_<container>.log; also the working directory\n"
+                 "of containers without workingDir (default $TMPDIR/vf-pod-runner)")
+      ->type_name("DIR");
+  app.add_option("--path", path,
+                 "':'-separated directories put before PATH when resolving and\n"
+                 "running commands (e.g. the build's bin directory, for\n"
+                 "virtualflow-agent)")
+      ->type_name("DIRS");
+  app.add_option("--shutdown-grace", shutdown_grace,
+                 "seconds between SIGTERM and SIGKILL for the processes on shutdown")
+      ->transform(vf::Base10Integer())
+      ->capture_default_str();
+  if (auto exit_code = vf::ParseCommandLine(app, "vf-pod-runner", argc, argv)) return *exit_code;
+  auto usage = [](const std::string& message) { return vf::UsageError("vf-pod-runner", message); };
   if (kubeconfig.empty()) return usage("--kubeconfig is required (see --help)");
   const size_t eq = node_label.find('=');
   if (eq == 0 || eq == std::string::npos ||
