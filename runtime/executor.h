@@ -25,10 +25,6 @@ namespace vf {
 // dataset drawn from the job's seed.
 Result<DatasetSplits> LoadJobDataset(const JobSpec& job);
 
-// Virtual nodes of each of `ranks` ranks: contiguous ranges, as even as possible (the first
-// V % ranks ranks hold one more).
-std::vector<std::vector<int>> EvenAssignment(int virtual_nodes, int ranks);
-
 // What one completed step reports.
 struct StepResult {
   int64_t step = 0;                   // the step just completed (0-based)

@@ -4,7 +4,7 @@
 #include <map>
 #include <set>
 
-#include "operator/policy/policy.h"
+#include "runtime/split.h"
 
 namespace vf::controller {
 namespace {
@@ -20,9 +20,9 @@ std::vector<Member> Assign(const std::vector<const WorkerState*>& chosen, int vi
     measured = measured && w->seconds_per_virtual_node > 0;
     speed.push_back(w->seconds_per_virtual_node);
   }
-  if (!measured) speed.assign(chosen.size(), 1.0);
-  const std::vector<int> counts = policy::SplitVirtualNodes(virtual_nodes, speed);
-  const std::vector<std::vector<int>> nodes = policy::ContiguousVirtualNodes(counts);
+  if (!measured) speed = EqualTimes(static_cast<int>(chosen.size()));
+  const std::vector<std::vector<int>> nodes =
+      ContiguousVirtualNodes(SplitVirtualNodes(virtual_nodes, speed));
   std::vector<Member> members;
   for (size_t i = 0; i < chosen.size(); ++i) {
     members.push_back({chosen[i]->name, static_cast<int>(i), nodes[i]});

@@ -27,6 +27,7 @@
 #include "operator/policy/policy.h"
 #include "runtime/executor.h"
 #include "runtime/job/spec.h"
+#include "runtime/split.h"
 #include "runtime/state/training_state.h"
 
 extern char** environ;
@@ -311,9 +312,10 @@ int64_t LocalCluster::CurrentStep(const JobView& view) const {
 Status LocalCluster::Publish(const std::vector<Worker*>& members, const std::string& reason,
                              const std::vector<int>& counts) {
   std::vector<Member> plan_members;
-  const auto assignment = counts.empty()
-                              ? EvenAssignment(job_.virtual_nodes, static_cast<int>(members.size()))
-                              : policy::ContiguousVirtualNodes(counts);
+  const auto assignment = ContiguousVirtualNodes(
+      counts.empty()
+          ? SplitVirtualNodes(job_.virtual_nodes, EqualTimes(static_cast<int>(members.size())))
+          : counts);
   plan_counts_.clear();
   for (const auto& a : assignment) plan_counts_.push_back(static_cast<int>(a.size()));
   for (size_t i = 0; i < members.size(); ++i) {
@@ -414,10 +416,10 @@ Status LocalCluster::MaybeRebalance(const JobView& view) {
     }
   }
   if (members.size() != plan.members.size()) return Status::Ok();
-  const std::vector<int> counts = policy::SplitVirtualNodes(job_.virtual_nodes, t);
+  const std::vector<int> counts = SplitVirtualNodes(job_.virtual_nodes, t);
   if (counts.empty() || counts == plan_counts_) return Status::Ok();
-  const double now = policy::SplitStepSeconds(plan_counts_, t);
-  const double better = policy::SplitStepSeconds(counts, t);
+  const double now = SplitStepSeconds(plan_counts_, t);
+  const double better = SplitStepSeconds(counts, t);
   if (!(better < 0.85 * now)) return Status::Ok();
   std::string from;
   std::string to;
