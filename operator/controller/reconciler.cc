@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "operator/controller/inventory.h"
-#include "operator/controller/membership.h"
+#include "operator/policy/membership.h"
 #include "runtime/job/spec.h"
 
 namespace vf::controller {
@@ -98,6 +98,26 @@ json PlanJson(const std::vector<Member>& members) {
     out.push_back({{"worker", m.worker}, {"rank", m.rank}, {"virtualNodes", m.virtual_nodes}});
   }
   return out;
+}
+
+// The plan's workers in rank order, as the membership decision takes them.
+std::vector<std::string> RankOrder(const Plan& plan) {
+  std::vector<const Member*> ranked;
+  for (const Member& m : plan.members) ranked.push_back(&m);
+  std::sort(ranked.begin(), ranked.end(),
+            [](const Member* a, const Member* b) { return a->rank < b->rank; });
+  std::vector<std::string> names;
+  for (const Member* m : ranked) names.push_back(m->worker);
+  return names;
+}
+
+// The members of the plan a membership decision publishes: ranks are positions.
+std::vector<Member> PlanMembers(const std::vector<policy::PlannedMember>& planned) {
+  std::vector<Member> members;
+  for (size_t i = 0; i < planned.size(); ++i) {
+    members.push_back({planned[i].worker, static_cast<int>(i), planned[i].virtual_nodes});
+  }
+  return members;
 }
 
 std::vector<Member> MembersFromJson(const json& assignment) {
@@ -469,8 +489,8 @@ Result<ReconcileResult> Reconciler::Reconcile(const std::string& key) {
   }
 
   // The membership decision.
-  MembershipInput in;
-  in.plan = view.plan;
+  policy::MembershipInput in;
+  in.members = RankOrder(view.plan);
   in.desired = desired;
   in.min_workers = spec->replicas_min;
   in.virtual_nodes = spec->virtual_nodes;
@@ -482,9 +502,9 @@ Result<ReconcileResult> Reconciler::Reconcile(const std::string& key) {
   }
   const double now_unix = NowUnix();
   for (const json& pod : pods) {
-    WorkerState w;
+    policy::WorkerState w;
     w.name = Obj(pod, "metadata").value("name", "");
-    w.life = PodLifeOf(pod);
+    w.life = WorkerLifeOf(PodLifeOf(pod));
     auto it = view.workers.find(w.name);
     if (it != view.workers.end()) {
       w.registered = true;
@@ -505,17 +525,19 @@ Result<ReconcileResult> Reconciler::Reconcile(const std::string& key) {
     finishing =
         finishing || (in_plan.count(worker) != 0 && info.last_report.step >= TotalSteps(*spec));
   }
-  MembershipDecision decision = finishing ? MembershipDecision{} : DecideMembership(in);
+  const policy::MembershipDecision decision =
+      finishing ? policy::MembershipDecision{} : policy::DecideMembership(in);
+  const std::vector<Member> next = PlanMembers(decision.members);
   int64_t epoch = view.plan.epoch;
   std::vector<Member> members = view.plan.members;
   if (decision.publish) {
     const int from = static_cast<int>(view.plan.members.size());
-    const int to = static_cast<int>(decision.members.size());
+    const int to = static_cast<int>(next.size());
     epoch = view.plan.epoch + 1;
     // Intent first: the status names the plan before any worker can see it, so an operator
     // that restarts in between restores a plan the workers can follow.
     status["epoch"] = epoch;
-    status["assignment"] = PlanJson(decision.members);
+    status["assignment"] = PlanJson(next);
     status["workers"] = to;
     if (decision.kind != "start") {
       status["lastResize"] = {{"time", Now()},
@@ -528,7 +550,7 @@ Result<ReconcileResult> Reconciler::Reconcile(const std::string& key) {
     status["restarts"] = restarts;
     json conditions = old_status.value("conditions", json::array());
     VF_RETURN_IF_ERROR(PatchStatus(job, status));
-    VF_RETURN_IF_ERROR(coordinator_.PublishPlanWithEpoch(key, epoch, decision.members).status());
+    VF_RETURN_IF_ERROR(coordinator_.PublishPlanWithEpoch(key, epoch, next).status());
     std::fprintf(stderr, "virtualflow-operator: %s: epoch %lld: %s\n", key.c_str(),
                  static_cast<long long>(epoch), decision.reason.c_str());
     Event(job, decision.kind == "failure",
@@ -537,7 +559,7 @@ Result<ReconcileResult> Reconciler::Reconcile(const std::string& key) {
           decision.reason);
     if (hooks_.on_resize && decision.kind != "start")
       hooks_.on_resize(key, decision.kind, from, to);
-    members = decision.members;
+    members = next;
     in_plan.clear();
     for (const Member& m : members) in_plan.insert(m.worker);
   }

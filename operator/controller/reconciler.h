@@ -19,6 +19,7 @@
 #include "operator/controller/worker_pod.h"
 #include "operator/coordinator/coordinator.h"
 #include "operator/kube/client.h"
+#include "operator/policy/membership.h"
 #include "operator/policy/policy.h"
 #include "runtime/status.h"
 
@@ -46,7 +47,7 @@ struct ReconcilerHooks {
 struct ReconcilerOptions {
   PodSettings pods;
   std::string policy = "elastic";
-  double join_batch_seconds = 20;
+  double join_batch_seconds = policy::kJoinBatchSeconds;
 };
 
 // Reconciles one job at a time per key. Reconcile may run on several threads for different

@@ -94,6 +94,22 @@ PodLife PodLifeOf(const json& pod) {
   return PodLife::kStarting;
 }
 
+policy::WorkerLife WorkerLifeOf(PodLife life) {
+  switch (life) {
+    case PodLife::kStarting:
+      return policy::WorkerLife::kStarting;
+    case PodLife::kRunning:
+      return policy::WorkerLife::kRunning;
+    case PodLife::kTerminating:
+      return policy::WorkerLife::kLeaving;
+    case PodLife::kSucceeded:
+      return policy::WorkerLife::kExited;
+    case PodLife::kFailed:
+      return policy::WorkerLife::kFailed;
+  }
+  return policy::WorkerLife::kFailed;
+}
+
 namespace {
 // Points into `pod` itself (json::value() returns copies, which would dangle).
 const json* Terminated(const json& pod) {

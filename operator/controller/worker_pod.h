@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "operator/policy/membership.h"
+
 namespace vf::controller {
 
 inline constexpr char kJobLabel[] = "virtualflow.io/job";
@@ -47,6 +49,9 @@ enum class PodLife {
   kFailed,       // exited non-zero, or could not run
 };
 PodLife PodLifeOf(const nlohmann::json& pod);
+// The same as the membership decision sees a worker: a terminating pod is leaving, a succeeded
+// one has exited cleanly.
+policy::WorkerLife WorkerLifeOf(PodLife life);
 // The container's exit code once terminated; -1 otherwise.
 int PodExitCode(const nlohmann::json& pod);
 // The container's termination message (or reason), for status and Events.

@@ -76,5 +76,13 @@ TEST(WorkerPodTest, LifeFollowsPhaseAndDeletion) {
   EXPECT_EQ(PodExitCode(pod), -1);
 }
 
+TEST(WorkerPodTest, MembershipSeesTerminatingPodsLeavingAndSucceededOnesExited) {
+  EXPECT_EQ(WorkerLifeOf(PodLife::kStarting), policy::WorkerLife::kStarting);
+  EXPECT_EQ(WorkerLifeOf(PodLife::kRunning), policy::WorkerLife::kRunning);
+  EXPECT_EQ(WorkerLifeOf(PodLife::kTerminating), policy::WorkerLife::kLeaving);
+  EXPECT_EQ(WorkerLifeOf(PodLife::kSucceeded), policy::WorkerLife::kExited);
+  EXPECT_EQ(WorkerLifeOf(PodLife::kFailed), policy::WorkerLife::kFailed);
+}
+
 }  // namespace
 }  // namespace vf::controller
