@@ -249,6 +249,7 @@ Status RunWorker(const WorkerOptions& o) {
       Report r;
       r.epoch = epoch;
       r.step = executor->step();
+      r.total_steps = total;
       r.pause_seconds = last_pause;
       r.has_state = true;
       (void)report(r);
@@ -304,6 +305,7 @@ Status RunWorker(const WorkerOptions& o) {
       Report r;
       r.epoch = epoch;
       r.step = executor->step();
+      r.total_steps = total;
       r.loss = last.loss;
       r.samples_per_second =
           static_cast<double>(steps_since_report * job.global_batch_size) / since;
@@ -351,6 +353,7 @@ Status RunWorker(const WorkerOptions& o) {
     Report r = last_progress;
     r.epoch = epoch;
     r.step = executor->step();
+    r.total_steps = total;
     r.loss = trained ? last.loss : std::numeric_limits<double>::quiet_NaN();
     r.has_state = true;
     r.finished = true;

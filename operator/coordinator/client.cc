@@ -199,7 +199,8 @@ Status CoordinatorClient::Report(const vf::Report& report) {
                               {"hasState", report.has_state},
                               {"finished", report.finished},
                               {"weightsSha256", report.weights_sha256},
-                              {"testAccuracy", Number(report.test_accuracy)}}));
+                              {"testAccuracy", Number(report.test_accuracy)},
+                              {wire::kReportTotalSteps, report.total_steps}}));
 }
 
 Status CoordinatorClient::Leave() { return Post("leave", wire::Dump(json{{"worker", worker_}})); }

@@ -50,6 +50,7 @@ struct Report {
   bool finished = false;
   std::string weights_sha256;  // of the final weights; empty unless finished
   double test_accuracy = std::numeric_limits<double>::quiet_NaN();  // NaN: not evaluated
+  int64_t total_steps = 0;  // the job's length from the data the agent loaded; 0: unknown
 };
 
 // What the coordinator knows about one registered worker.

@@ -657,6 +657,7 @@ void CoordinatorServer::Impl::HandleReport(const http_request& request, const Ro
   if (status.ok() && object.contains("testAccuracy")) {
     status = read_number("testAccuracy", report.test_accuracy);
   }
+  if (status.ok()) status = wire::ReadReportTotalSteps(object, report);
   if (!status.ok()) return SendStatus(request, status);
   SendNoContentOr(request, coordinator_.RecordReport(
                                route.job, object.at("worker").get<std::string>(), report));

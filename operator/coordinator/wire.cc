@@ -80,6 +80,13 @@ Result<double> NumberField(const json& object, const char* name) {
   return value->get<double>();
 }
 
+Status ReadReportTotalSteps(const json& object, Report& report) {
+  if (!object.contains(kReportTotalSteps)) return Status::Ok();
+  VF_ASSIGN_OR_RETURN(report.total_steps, IntField(object, kReportTotalSteps));
+  if (report.total_steps < 0) return WrongType(kReportTotalSteps, "at least 0");
+  return Status::Ok();
+}
+
 json PlanToJson(const Plan& plan) {
   json members = json::array();
   for (const Member& m : plan.members) {

@@ -30,6 +30,11 @@ Result<bool> BoolField(const nlohmann::json& object, const char* name);
 // A number, or null for NaN (JSON has no NaN; the client sends null for a non-finite value).
 Result<double> NumberField(const nlohmann::json& object, const char* name);
 
+// A report's job length (Report::total_steps). Optional on read: agents from before it send
+// none, and the length stays 0 (unknown).
+inline constexpr char kReportTotalSteps[] = "total_steps";
+Status ReadReportTotalSteps(const nlohmann::json& object, Report& report);
+
 nlohmann::json PlanToJson(const Plan& plan);
 Result<Plan> PlanFromJson(const nlohmann::json& json);
 

@@ -719,7 +719,7 @@ Result<int64_t> CheckDataAndCheckpoint(const JobSpec& job, const LocalRunOptions
   VF_ASSIGN_OR_RETURN(DatasetSplits data, LoadJobDataset(job));
   VF_RETURN_IF_ERROR(Sharder::Check(data.train.count, job.global_batch_size, job.virtual_nodes)
                          .WithContext(o.job_path));
-  const int64_t total_steps = job.TotalSteps(data.train.count / job.global_batch_size);
+  const int64_t total_steps = TotalSteps(job, data.train.count);
   if (!job.checkpoint.path.empty() && fs::exists(job.checkpoint.path)) {
     VF_ASSIGN_OR_RETURN(TrainingState state, ReadCheckpoint(job.checkpoint.path));
     if (state.job_fingerprint != job.Fingerprint()) {

@@ -6,6 +6,8 @@
 #include <limits>
 #include <map>
 
+#include "runtime/job/spec.h"
+
 namespace vf::sim {
 namespace {
 
@@ -59,20 +61,24 @@ Result<std::vector<SimJob>> MakeJobs(const std::vector<TraceJob>& trace, const P
     j.min_workers = 1;
     j.requested_workers = std::min(t.gpu_demand, j.virtual_nodes);
     j.max_workers = max_workers == MaxWorkers::kDemand ? j.requested_workers : j.virtual_nodes;
-    if (t.num_steps > 0) {
-      j.steps = t.num_steps;
-    } else {
+    // The job's length as every part of the product computes it.
+    JobSpec length;
+    length.global_batch_size = t.batch_size;
+    length.steps = t.num_steps;
+    length.epochs = t.num_epochs;
+    int64_t train_samples = 0;
+    if (t.num_steps <= 0) {
       auto it = profiles.dataset_samples.find(t.dataset);
       if (it == profiles.dataset_samples.end()) {
         return NotFound(where + ": no size for dataset '" + t.dataset + "' in " + profiles.path);
       }
-      const int64_t per_epoch = it->second / t.batch_size;
-      if (per_epoch < 1) {
+      train_samples = it->second;
+      if (train_samples < t.batch_size) {
         return InvalidArgument(where + ": batch " + std::to_string(t.batch_size) +
                                " is larger than the dataset " + t.dataset);
       }
-      j.steps = per_epoch * t.num_epochs;
     }
+    j.steps = TotalSteps(length, train_samples);
     jobs.push_back(std::move(j));
   }
   return jobs;

@@ -859,6 +859,12 @@ Status ValidateJob(const JobSpec& job) {
   return ValidateRun(job);
 }
 
+int64_t TotalSteps(const JobSpec& job, int64_t train_samples) {
+  if (job.steps > 0) return job.steps;
+  if (job.global_batch_size <= 0 || train_samples <= 0) return 0;
+  return job.epochs * (train_samples / job.global_batch_size);
+}
+
 Result<JobSpec> ParseJobYaml(const std::string& text, const std::string& source) {
   JobSpec job;
   Status status;

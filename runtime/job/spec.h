@@ -65,15 +65,18 @@ struct JobSpec {
   CheckpointSpec checkpoint;
 
   int64_t micro_batch() const { return global_batch_size / virtual_nodes; }
-  // Total steps of the job given the dataset's steps per epoch.
-  int64_t TotalSteps(int64_t steps_per_epoch) const {
-    return steps > 0 ? steps : epochs * steps_per_epoch;
-  }
   // Hex digest of every field that defines the training math (virtual nodes, batch, model,
   // dataset identity, optimizer, reduction, seed) and nothing else: two workers may train
   // together, and a checkpoint may be resumed, only when the fingerprints match.
   std::string Fingerprint() const;
 };
+
+// The job's length in steps: spec.steps, or spec.epochs epochs of a training set of
+// `train_samples` samples, each epoch floor(train_samples / globalBatchSize) steps (the sharder
+// drops the tail that does not fill a step). Only whoever loaded the data knows its size: the
+// agents report the result to the coordinator. 0 when the length depends on the training set and
+// `train_samples` is 0 (unknown).
+int64_t TotalSteps(const JobSpec& job, int64_t train_samples);
 
 // Largest supported virtualNodes: the exact reducer sums up to this many fixed-point values
 // per element without overflowing int64 (see runtime/reduce/exact.h).

@@ -70,7 +70,7 @@ TEST(JobSpecTest, ExampleFileParsesToItsValues) {
   EXPECT_FALSE(job->optimizer.nesterov);
   EXPECT_EQ(job->steps, 0);
   EXPECT_EQ(job->epochs, 8);
-  EXPECT_EQ(job->TotalSteps(234), 8 * 234);
+  EXPECT_EQ(TotalSteps(*job, 2560), 8 * 10);
   EXPECT_EQ(job->reduction, Reduction::kExact);
   EXPECT_EQ(job->seed, 42u);
   EXPECT_EQ(job->elasticity.policy, "elastic");
@@ -633,6 +633,24 @@ TEST(JobSpecTest, ValidateJobChecksProgrammaticOverrides) {
   JobSpec unnamed = job;
   unnamed.name.clear();
   EXPECT_NE(ValidateJob(unnamed).message().find("metadata.name"), std::string::npos);
+}
+
+TEST(TotalStepsTest, StepsAreTheLengthWhateverTheData) {
+  JobSpec job = MustParse(Manifest({{"steps", "25"}}));
+  EXPECT_EQ(TotalSteps(job, 5000), 25);
+  EXPECT_EQ(TotalSteps(job, 0), 25);
+}
+
+TEST(TotalStepsTest, EpochsCountWholeStepsOfTheRealTrainingSet) {
+  JobSpec job = MustParse(Manifest({{"steps", kRemove}, {"epochs", "3"}}));
+  EXPECT_EQ(TotalSteps(job, 5000), 3 * 19);  // the tail of 136 samples is dropped
+  EXPECT_EQ(TotalSteps(job, 1000), 3 * 3);   // another set, its own length
+  EXPECT_EQ(TotalSteps(job, 256), 3);
+}
+
+TEST(TotalStepsTest, EpochsOfAnUnknownTrainingSetAreUnknown) {
+  JobSpec job = MustParse(Manifest({{"steps", kRemove}, {"epochs", "3"}}));
+  EXPECT_EQ(TotalSteps(job, 0), 0);
 }
 
 TEST(JobSpecTest, ReductionNames) {
