@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "operator/policy/membership.h"
+#include "runtime/job/spec.h"
 
 namespace vf::controller {
 
@@ -34,11 +35,12 @@ nlohmann::json OwnerReference(const nlohmann::json& job);
 // The manifest an agent trains from: apiVersion, kind, metadata (name, namespace) and spec.
 nlohmann::json AgentManifest(const nlohmann::json& job);
 
-// The worker pod `pod_name` of `job`: restartPolicy Never (the operator replaces failed workers
-// itself), the job's GPUs per worker as a limit, its template's image, resources, node
-// selector, tolerations and env, the token from the job's Secret, no service-account token.
-nlohmann::json BuildWorkerPod(const nlohmann::json& job, const std::string& pod_name,
-                              const PodSettings& settings);
+// The worker pod `pod_name` of `job` (whose parsed spec is `spec`): restartPolicy Never (the
+// operator replaces failed workers itself), the job's GPUs per worker as a limit, its template's
+// image, resources, node selector, tolerations and env, the token from the job's Secret, no
+// service-account token.
+nlohmann::json BuildWorkerPod(const nlohmann::json& job, const JobSpec& spec,
+                              const std::string& pod_name, const PodSettings& settings);
 
 // Where a worker pod is in its life, as the operator needs to know it.
 enum class PodLife {
