@@ -167,6 +167,8 @@ class LocalCluster {
   bool WindDown(int64_t finished_epoch, Clock::time_point finished_at);
   void PrintProgress(const JobView& view);
   void NoteResizePauses(const JobView& view, bool final = false);
+  // The job's length as the workers computed it from the data they loaded, once they report it.
+  void NoteTotalSteps(const JobView& view);
   void StopAll();
   int64_t CurrentStep(const JobView& view) const;
   Result<LocalRunSummary> Collect();
@@ -382,6 +384,12 @@ void LocalCluster::NoteResizePauses(const JobView& view, bool final) {
       std::fflush(stdout);
     }
     it = pending_pause_.erase(it);
+  }
+}
+
+void LocalCluster::NoteTotalSteps(const JobView& view) {
+  for (const auto& [name, info] : view.workers) {
+    if (info.last_report.total_steps > 0) total_steps_ = info.last_report.total_steps;
   }
 }
 
@@ -665,6 +673,7 @@ Result<LocalRunSummary> LocalCluster::Run() {
     VF_ASSIGN_OR_RETURN(JobView view, coordinator_.GetJob(job_id_));
     generation = view.generation;
     NoteResizePauses(view);
+    NoteTotalSteps(view);
 
     // The job is complete once a member has finished it: the other members are finishing the
     // same last step. A joiner admitted by a plan published during that step has nobody left
@@ -714,7 +723,8 @@ Result<JobSpec> LoadLocalJob(const LocalRunOptions& o) {
 }
 
 // Checks the training data and any checkpoint to resume from as the workers will find them;
-// returns the job's length in steps, from the training set's real size.
+// returns the job's length in steps from the training set's real size (the workers report the
+// same once they have loaded it).
 Result<int64_t> CheckDataAndCheckpoint(const JobSpec& job, const LocalRunOptions& o) {
   VF_ASSIGN_OR_RETURN(DatasetSplits data, LoadJobDataset(job));
   VF_RETURN_IF_ERROR(Sharder::Check(data.train.count, job.global_batch_size, job.virtual_nodes)
