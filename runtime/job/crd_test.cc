@@ -5,9 +5,9 @@
 #include <gtest/gtest.h>
 #include <yaml-cpp/yaml.h>
 
-#include <regex>
 #include <set>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -81,24 +81,54 @@ void CollectDefaults(const YAML::Node& schema, std::vector<std::string> path,
   }
 }
 
-// Fallbacks of the form `has(self.a.b) ? self.a.b : LITERAL` in the rules and messages of the
-// schema at `path` and below (self is the object the rule sits on).
+// "0.9", "-1", "1e-8": the characters a number literal is made of.
+bool IsNumberText(std::string_view s) {
+  return !s.empty() && s.find_first_not_of("+-.0123456789eE") == std::string_view::npos;
+}
+
+// The fallbacks of the form `has(self.a.b) ? self.a.b : LITERAL` in `text`: (a.b, LITERAL).
+// Scanned by hand: GCC 12's <regex> does not build warning-free under the sanitizers.
+std::vector<std::pair<std::string, std::string>> CelFallbacks(const std::string& text) {
+  std::vector<std::pair<std::string, std::string>> out;
+  const std::string open = "has(self.";
+  for (size_t at = text.find(open); at != std::string::npos; at = text.find(open, at + 1)) {
+    const size_t start = at + open.size();
+    const size_t close = text.find(')', start);
+    if (close == std::string::npos) break;
+    const std::string field = text.substr(start, close - start);
+    const std::string then = ") ? self." + field + " : ";
+    if (text.compare(close, then.size(), then) != 0) continue;
+    const size_t value = close + then.size();
+    size_t end = value;
+    if (value < text.size() && text[value] == '\'') {
+      end = text.find('\'', value + 1);
+      if (end == std::string::npos) break;
+      ++end;  // keep the quotes: they say it is a string
+    } else {
+      end = text.find_first_not_of("+-.0123456789eE", value);
+      if (end == std::string::npos) end = text.size();
+    }
+    const std::string literal = text.substr(value, end - value);
+    if (literal.size() > 1 || IsNumberText(literal)) out.emplace_back(field, literal);
+  }
+  return out;
+}
+
+// The fallbacks of the CEL rules and messages of the schema at `path` and below (self is the
+// object the rule sits on).
 void CollectCelFallbacks(const YAML::Node& schema, const std::vector<std::string>& path,
                          std::vector<Restated>& out) {
-  static const std::regex kFallback(
-      R"(has\(self\.([A-Za-z.]+)\) \? self\.\1 : ('[^']*'|[-+0-9.eE]+))");
   for (const auto& rule : schema["x-kubernetes-validations"]) {
     for (const char* key : {"rule", "messageExpression"}) {
       if (!rule[key]) continue;
-      const std::string text = rule[key].as<std::string>();
-      for (std::sregex_iterator it(text.begin(), text.end(), kFallback), end; it != end; ++it) {
+      for (const auto& [dotted, literal] : CelFallbacks(rule[key].as<std::string>())) {
         std::vector<std::string> field = path;
-        std::string dotted = (*it)[1];
         for (size_t start = 0, dot = 0; dot != std::string::npos; start = dot + 1) {
           dot = dotted.find('.', start);
           field.push_back(dotted.substr(start, dot - start));
         }
-        out.push_back({field, Literal((*it)[2]), Dotted(path) + " CEL: " + it->str()});
+        out.push_back({field, Literal(literal),
+                       Dotted(path) + " CEL: self." + dotted + " defaults to " + literal});
       }
     }
   }
@@ -109,17 +139,23 @@ void CollectCelFallbacks(const YAML::Node& schema, const std::vector<std::string
   }
 }
 
-// "Default 0.9." in a field's description, where the value is a literal (not "Default min",
-// which names the field it copies; see ReplicasMaxDefaultsToMin).
+// "Default 0.9." in a field's description, where the value is a literal (a number, true or
+// false, a path), not "Default min", which names the field it copies (ReplicasMaxDefaultsToMin).
 void CollectDescribedDefaults(const YAML::Node& schema, std::vector<std::string> path,
                               std::vector<Restated>& out) {
-  static const std::regex kDefault(
-      R"(Default ([-+0-9.eE]+?|true|false|/[-A-Za-z0-9_/.]+?)\.?(\s|$))");
   if (schema["description"] && !path.empty()) {
     const std::string text = schema["description"].as<std::string>();
-    std::smatch m;
-    if (std::regex_search(text, m, kDefault)) {
-      out.push_back({path, Literal(m[1]), Dotted(path) + " description: " + m[0].str()});
+    const std::string word = "Default ";
+    const size_t at = text.find(word);
+    if (at != std::string::npos) {
+      const size_t start = at + word.size();
+      const size_t end = text.find_first_of(" \n", start);
+      std::string value = text.substr(start, end == std::string::npos ? end : end - start);
+      if (!value.empty() && value.back() == '.') value.pop_back();  // the sentence's full stop
+      if (IsNumberText(value) || value == "true" || value == "false" ||
+          (!value.empty() && value.front() == '/')) {
+        out.push_back({path, Literal(value), Dotted(path) + " description: Default " + value});
+      }
     }
   }
   for (const auto& property : schema["properties"]) {
