@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/job/spec.h"
 #include "runtime/status.h"
 
 namespace vf::policy {
@@ -65,9 +66,10 @@ struct GpuInventory {
 
 // Knobs shared by the policies. Plain data.
 struct PolicyOptions {
-  // Minimum seconds between two voluntary resizes of one job (growing, rebalancing). Taking
-  // lent GPUs back for a job that is waiting for its minimum ignores it.
-  double cooldown_seconds = 30.0;
+  // Minimum seconds between two voluntary resizes of a job that sets none (growing,
+  // rebalancing): a job's own default, spec.elasticity.cooldownSeconds. Taking lent GPUs back
+  // for a job that is waiting for its minimum ignores it.
+  double cooldown_seconds = ElasticitySpec{}.cooldown_seconds;
   // autoscale: keep the newest worker only while it adds at least this fraction of what an
   // average worker contributes ((T(n) - T(n-1)) / (T(n-1) / (n-1))).
   double scaling_efficiency_threshold = 0.1;
