@@ -62,6 +62,7 @@ class Agent::Impl {
   void Failed(int64_t step, const Status& error);
   Status Finish(Report final);
   int64_t latest_epoch() const { return watcher_ ? watcher_->latest_epoch() : 0; }
+  void set_total_steps(int64_t total) { total_steps_ = total; }
 
   const Report& last_report() const { return last_progress_; }
   AgentMetrics& metrics() { return metrics_; }
@@ -106,6 +107,7 @@ class Agent::Impl {
   bool leave_sent_ = false;
   Clock::time_point switch_started_ = Clock::now();
   double last_pause_ = 0.0;
+  int64_t total_steps_ = 0;
 
   Report last_progress_;  // the last periodic report; the final one repeats its rates
   Clock::time_point last_report_ = Clock::now();
@@ -224,7 +226,9 @@ Result<std::optional<Membership>> Agent::Impl::Next(TrainingStateHolder& state) 
   }
 }
 
-Status Agent::Impl::Send(const Report& r) {
+Status Agent::Impl::Send(const Report& report) {
+  Report r = report;
+  r.total_steps = total_steps_;
   Status s = client_.Report(r);
   if (s.code() != StatusCode::kNotFound) return s;
   VF_RETURN_IF_ERROR(client_.Register(o_.fingerprint, o_.build, true));
@@ -318,6 +322,7 @@ Result<std::optional<Membership>> Agent::Next(TrainingStateHolder& state) {
   return impl_->Next(state);
 }
 int64_t Agent::latest_epoch() const { return impl_->latest_epoch(); }
+void Agent::set_total_steps(int64_t total_steps) { impl_->set_total_steps(total_steps); }
 Status Agent::Completed(int64_t step, const StepOutcome& outcome) {
   return impl_->Completed(step, outcome);
 }

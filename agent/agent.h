@@ -128,6 +128,10 @@ class Agent {
   // kFailedPrecondition or kDataLoss, which mean the job cannot go on.
   Result<std::optional<Membership>> Next(TrainingStateHolder& state);
 
+  // The job's length in steps, from the data this worker loaded (only a worker knows its
+  // dataset's size): every report carries it, so the controller can show progress.
+  void set_total_steps(int64_t total_steps);
+
   // The newest plan epoch this worker has seen; fold it into the step's collective as a MAX.
   int64_t latest_epoch() const;
 

@@ -152,6 +152,7 @@ Status BuiltinWorker::Start() {
   executor_->set_before_reduce([this](int64_t step) { faults_->At("allreduce", step); });
   state_ = std::make_unique<ExecutorState>(*executor_, job_.checkpoint.path);
   total_ = executor_->total_steps();
+  agent_->set_total_steps(total_);
   return agent_->Ready();
 }
 

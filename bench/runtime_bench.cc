@@ -24,6 +24,7 @@
 
 #include "runtime/command_line.h"
 #include "runtime/executor.h"
+#include "runtime/split.h"
 
 namespace vf {
 namespace {
@@ -330,7 +331,8 @@ double ReduceTime(Reduction mode, size_t n, int ranks, int repeats) {
 // Median seconds per MLP step on `ranks` Gloo workers.
 double StepTime(Reduction mode, const Dataset& train, int ranks, int steps, int64_t batch) {
   const JobSpec job = MlpJob(8, batch, mode);
-  const auto assignment = EvenAssignment(job.virtual_nodes, ranks);
+  const auto assignment =
+      ContiguousVirtualNodes(SplitVirtualNodes(job.virtual_nodes, EqualTimes(ranks)));
   std::vector<double> times(static_cast<size_t>(ranks));
   OnRanks(ranks, [&](int r, Communicator& comm, Device& dev) {
     auto ex = Check(Executor::Create(job, dev, train));

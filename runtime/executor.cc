@@ -28,16 +28,6 @@ Result<DatasetSplits> LoadJobDataset(const JobSpec& job) {
                          "' (known: fashion-mnist, synthetic)");
 }
 
-std::vector<std::vector<int>> EvenAssignment(int virtual_nodes, int ranks) {
-  std::vector<std::vector<int>> out(static_cast<size_t>(std::max(ranks, 0)));
-  int next = 0;
-  for (int r = 0; r < ranks; ++r) {
-    const int count = virtual_nodes / ranks + (r < virtual_nodes % ranks ? 1 : 0);
-    for (int i = 0; i < count; ++i) out[static_cast<size_t>(r)].push_back(next++);
-  }
-  return out;
-}
-
 Executor::Executor(const JobSpec& job, Device& device, const Dataset& train)
     : job_(job),
       fingerprint_(job.Fingerprint()),

@@ -25,10 +25,6 @@ namespace vf {
 // dataset drawn from the job's seed.
 Result<DatasetSplits> LoadJobDataset(const JobSpec& job);
 
-// Virtual nodes of each of `ranks` ranks: contiguous ranges, as even as possible (the first
-// V % ranks ranks hold one more).
-std::vector<std::vector<int>> EvenAssignment(int virtual_nodes, int ranks);
-
 // What one completed step reports.
 struct StepResult {
   int64_t step = 0;                   // the step just completed (0-based)
@@ -92,7 +88,7 @@ class Executor {
   // reduced: the fault-injection point for "a worker dies in the middle of an all-reduce".
   void set_before_reduce(std::function<void(int64_t)> hook) { before_reduce_ = std::move(hook); }
   int64_t steps_per_epoch() const { return sharder_.steps_per_epoch(); }
-  int64_t total_steps() const { return job_.TotalSteps(sharder_.steps_per_epoch()); }
+  int64_t total_steps() const { return TotalSteps(job_, train_.count); }
   const Model& model() const { return *model_; }
   const JobSpec& job() const { return job_; }
   // The membership epoch recorded in snapshots (the agent's business; kept with the state).

@@ -55,24 +55,6 @@ std::vector<std::string> Train(const JobSpec& job, const std::vector<std::vector
   return digests;
 }
 
-TEST(Assignment, EvenSplitCoversEveryVirtualNodeOnce) {
-  for (int v : {1, 5, 8, 12}) {
-    for (int n = 1; n <= v; ++n) {
-      auto a = EvenAssignment(v, n);
-      ASSERT_EQ(static_cast<int>(a.size()), n);
-      int next = 0;
-      size_t most = 0, least = SIZE_MAX;
-      for (const auto& r : a) {
-        for (int x : r) EXPECT_EQ(x, next++);
-        most = std::max(most, r.size());
-        least = std::min(least, r.size());
-      }
-      EXPECT_EQ(next, v);
-      EXPECT_LE(most - least, 1u);
-    }
-  }
-}
-
 TEST(Executor, ExactModeWeightsDoNotDependOnMappingOrOrder) {
   const JobSpec job = SmallJob();
   const auto one = Train(job, {{0, 1, 2, 3, 4, 5}});

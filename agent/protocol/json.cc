@@ -139,7 +139,8 @@ json ReportToJson(const Report& report) {
           {"hasState", report.has_state},
           {"finished", report.finished},
           {"weightsSha256", report.weights_sha256},
-          {"testAccuracy", Number(report.test_accuracy)}};
+          {"testAccuracy", Number(report.test_accuracy)},
+          {"totalSteps", report.total_steps}};
 }
 
 Result<Report> ReportFromJson(const json& object) {
@@ -156,6 +157,8 @@ Result<Report> ReportFromJson(const json& object) {
   VF_RETURN_IF_ERROR(Read(object, "finished", true, BoolField, r.finished));
   VF_RETURN_IF_ERROR(Read(object, "weightsSha256", true, StringField, r.weights_sha256));
   VF_RETURN_IF_ERROR(Read(object, "testAccuracy", true, NumberField, r.test_accuracy));
+  VF_RETURN_IF_ERROR(Read(object, "totalSteps", true, IntField, r.total_steps));
+  if (r.total_steps < 0) return WrongType("totalSteps", "at least 0");
   return r;
 }
 

@@ -48,6 +48,7 @@ TEST(ProtocolJson, ReportRoundTripsWithNonFiniteNumbersAsNull) {
   r.finished = true;
   r.weights_sha256 = "ab12";
   r.test_accuracy = 0.875;
+  r.total_steps = 1872;
   const json wire = ReportToJson(r);
   EXPECT_TRUE(wire.at("loss").is_null());
   Result<Report> back = ReportFromJson(ParseObject(Dump(wire)).value());
@@ -62,6 +63,7 @@ TEST(ProtocolJson, ReportRoundTripsWithNonFiniteNumbersAsNull) {
   EXPECT_TRUE(back->finished);
   EXPECT_EQ(back->weights_sha256, "ab12");
   EXPECT_EQ(back->test_accuracy, 0.875);
+  EXPECT_EQ(back->total_steps, 1872);
 }
 
 TEST(ProtocolJson, ReportFromAnOlderAgentLacksTheOptionalFields) {
@@ -77,6 +79,7 @@ TEST(ProtocolJson, ReportFromAnOlderAgentLacksTheOptionalFields) {
   EXPECT_TRUE(r->weights_sha256.empty());
   EXPECT_TRUE(std::isnan(r->test_accuracy));
   EXPECT_EQ(r->pause_seconds, 0.0);
+  EXPECT_EQ(r->total_steps, 0);
 }
 
 TEST(ProtocolJson, ReportMissingARequiredFieldNamesIt) {

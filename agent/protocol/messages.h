@@ -39,6 +39,9 @@ struct Report {
   bool finished = false;
   std::string weights_sha256;  // of the final weights; empty unless finished
   double test_accuracy = std::numeric_limits<double>::quiet_NaN();  // NaN: not evaluated
+  // The job's length, from the data the worker loaded (only a worker knows its dataset's size,
+  // a user's own above all); 0: not known yet.
+  int64_t total_steps = 0;
 };
 
 }  // namespace vf

@@ -9,9 +9,12 @@
 #include <ctime>
 #include <iomanip>
 #include <sstream>
+#include <tuple>
+#include <utility>
 
 #include "operator/controller/inventory.h"
-#include "operator/controller/membership.h"
+#include "operator/controller/job_spec.h"
+#include "operator/policy/membership.h"
 #include "runtime/job/spec.h"
 
 namespace vf::controller {
@@ -22,8 +25,6 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr auto kExpectationTimeout = std::chrono::seconds(60);
-// Fashion-MNIST's training set; steps per epoch follow from it (see Sharder).
-constexpr int64_t kFashionMnistTrain = 60000;
 
 std::string Build() { return std::string("virtualflow ") + VF_VERSION; }
 
@@ -67,13 +68,6 @@ const json& Obj(const json& j, const char* key) {
   return it != j.end() && it->is_object() ? *it : kEmpty;
 }
 
-int64_t TotalSteps(const JobSpec& spec) {
-  if (spec.steps > 0) return spec.steps;
-  const int64_t train =
-      spec.dataset.name == "synthetic" ? spec.dataset.train_samples : kFashionMnistTrain;
-  return spec.epochs * (train / spec.global_batch_size);
-}
-
 // The condition list with `type` set, keeping lastTransitionTime when its status is unchanged.
 void SetCondition(json& conditions, const json& old_conditions, const std::string& type, bool value,
                   const std::string& reason, const std::string& message, int64_t generation) {
@@ -98,6 +92,26 @@ json PlanJson(const std::vector<Member>& members) {
     out.push_back({{"worker", m.worker}, {"rank", m.rank}, {"virtualNodes", m.virtual_nodes}});
   }
   return out;
+}
+
+// The plan's workers in rank order, as the membership decision takes them.
+std::vector<std::string> RankOrder(const Plan& plan) {
+  std::vector<const Member*> ranked;
+  for (const Member& m : plan.members) ranked.push_back(&m);
+  std::sort(ranked.begin(), ranked.end(),
+            [](const Member* a, const Member* b) { return a->rank < b->rank; });
+  std::vector<std::string> names;
+  for (const Member* m : ranked) names.push_back(m->worker);
+  return names;
+}
+
+// The members of the plan a membership decision publishes: ranks are positions.
+std::vector<Member> PlanMembers(const std::vector<policy::PlannedMember>& planned) {
+  std::vector<Member> members;
+  for (size_t i = 0; i < planned.size(); ++i) {
+    members.push_back({planned[i].worker, static_cast<int>(i), planned[i].virtual_nodes});
+  }
+  return members;
 }
 
 std::vector<Member> MembersFromJson(const json& assignment) {
@@ -242,52 +256,149 @@ Status Reconciler::EnsureCoordinatorJob(const std::string& key, const json& job,
   return Status::Ok();
 }
 
+// One reconcile of one job: what it read and what it decided so far. Lives for one call on one
+// thread; `by_name` points into `pods`, so a Pass is never copied.
+struct Reconciler::Pass {
+  Pass(std::string k, json j) : key(std::move(k)), job(std::move(j)) {}
+  Pass(const Pass&) = delete;
+  Pass& operator=(const Pass&) = delete;
+
+  const std::string key;
+  const json job;  // the cache's copy when the pass began
+  std::string ns;
+  std::string name;
+  std::string uid;
+  int64_t generation = 0;
+  json old_status;
+  json old_conditions;
+  json status;  // what this pass writes back
+  JobSpec spec;
+
+  ClusterGpus gpus;
+  std::vector<json> pods;                      // the job's own worker pods
+  std::map<std::string, const json*> by_name;  // into `pods`
+  JobView view;                                // the coordinator's
+  int desired = 0;
+  std::string policy_reason;
+  int64_t total_steps = 0;  // 0: no agent has reported it yet
+  std::map<std::string, int64_t> restarts;
+
+  // The plan the workers train under once this pass is done.
+  int64_t epoch = 0;
+  std::vector<Member> members;
+  std::set<std::string> in_plan;
+  bool finishing = false;  // the members trained the last step: the job is ending
+  policy::MembershipDecision decision;
+  int created = 0;  // pods this pass created
+};
+
+namespace {
+
+// The job's length once known: from the spec when it counts steps, else from the agents, who
+// loaded the training set and know its size (0 until one has reported).
+int64_t KnownTotalSteps(const JobSpec& spec, const JobView& view) {
+  int64_t total = TotalSteps(spec, /*train_samples=*/0);
+  for (const auto& [worker, info] : view.workers) {
+    total = std::max(total, info.last_report.total_steps);
+  }
+  return total;
+}
+
+bool OwnedBy(const json& pod, const std::string& ns, const std::string& name,
+             const std::string& uid) {
+  const json& meta = Obj(pod, "metadata");
+  if (meta.value("namespace", "") != ns || Obj(meta, "labels").value(kJobLabel, "") != name) {
+    return false;
+  }
+  for (const json& ref : meta.value("ownerReferences", json::array())) {
+    if (ref.value("uid", "") == uid) return true;
+  }
+  return false;
+}
+
+std::string PodName(const json& pod) { return Obj(pod, "metadata").value("name", ""); }
+
+// What the members' latest reports say about the job's progress under plan `epoch`.
+struct Progress {
+  int64_t step = 0;
+  double loss = std::nan("");
+  double samples_per_second = 0;
+  bool all_switched = false;  // every member reported from the plan of `epoch`
+  double pause_seconds = 0;   // the longest switch pause a member reported
+};
+
+Progress ProgressOf(const std::vector<Member>& members, int64_t epoch, const JobView& view) {
+  Progress out;
+  out.all_switched = !members.empty();
+  for (const Member& m : members) {
+    auto it = view.workers.find(m.worker);
+    if (it == view.workers.end() || it->second.last_report.epoch != epoch) {
+      out.all_switched = false;
+      continue;
+    }
+    const Report& r = it->second.last_report;
+    out.pause_seconds = std::max(out.pause_seconds, r.pause_seconds);
+    if (r.step >= out.step) {
+      out.step = r.step;
+      if (std::isfinite(r.loss)) out.loss = r.loss;
+      out.samples_per_second = std::max(out.samples_per_second, r.samples_per_second);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::optional<policy::PolicyJob> Reconciler::PolicyJobOf(const json& job,
+                                                         const ClusterGpus& gpus) const {
+  const json& status = Obj(job, "status");
+  const std::string phase = status.value("phase", "");
+  if (phase == "Succeeded" || phase == "Failed") return std::nullopt;
+  if (Obj(job, "metadata").contains("deletionTimestamp")) return std::nullopt;
+  // A job whose spec does not parse is failed by its own reconcile; it takes no GPUs.
+  Result<JobSpec> spec = JobSpecOf(job);
+  if (!spec.ok()) return std::nullopt;
+  policy::PolicyJob p;
+  p.id = ObjectKey(job);
+  p.virtual_nodes = spec->virtual_nodes;
+  p.min_workers = spec->replicas_min;
+  p.max_workers = spec->replicas_max;
+  p.gpus_per_worker = spec->gpus_per_worker;
+  if (spec->elasticity.policy == "static") p.min_workers = p.max_workers;
+  p.cooldown_seconds = spec->elasticity.cooldown_seconds;
+  p.arrival_time = UnixSeconds(Obj(job, "metadata").value("creationTimestamp", ""));
+  if (std::isnan(p.arrival_time)) p.arrival_time = 0;
+  const double last = UnixSeconds(Obj(status, "lastResize").value("time", ""));
+  p.last_resize_time = std::isnan(last) ? p.arrival_time : last;
+  p.resize_pause_seconds = Obj(status, "lastResize").value("pauseSeconds", 0.0);
+  // What it holds: its live pods, by the product of the node they are bound to.
+  const std::string name = Obj(job, "metadata").value("name", "");
+  const std::string ns = Obj(job, "metadata").value("namespace", "");
+  for (const json& pod : pods_.List([&](const json& pod) {
+         return Obj(pod, "metadata").value("namespace", "") == ns &&
+                Obj(Obj(pod, "metadata"), "labels").value(kJobLabel, "") == name;
+       })) {
+    const PodLife life = PodLifeOf(pod);
+    if (life != PodLife::kStarting && life != PodLife::kRunning) continue;
+    const std::string node = Obj(pod, "spec").value("nodeName", "");
+    // A pod the scheduler has not bound yet is the job's too: without it, a job whose pods
+    // are bound one by one would look smaller than it is and lose its newest pods.
+    if (node.empty()) {
+      ++p.unbound_workers;
+      continue;
+    }
+    auto it = gpus.node_product.find(node);
+    if (it != gpus.node_product.end()) p.current[it->second] += 1;
+  }
+  return p;
+}
+
 std::pair<int, std::string> Reconciler::DesiredWorkers(const std::string& key,
                                                        const ClusterGpus& gpus) {
   std::vector<policy::PolicyJob> jobs;
-  std::map<std::string, std::string> invalid;
   for (const json& job : jobs_.List()) {
-    const std::string phase = Obj(job, "status").value("phase", "");
-    if (phase == "Succeeded" || phase == "Failed") continue;
-    if (Obj(job, "metadata").contains("deletionTimestamp")) continue;
-    const std::string id = ObjectKey(job);
-    const json& spec = Obj(job, "spec");
-    policy::PolicyJob p;
-    p.id = id;
-    p.virtual_nodes = spec.value("virtualNodes", 1);
-    const json& replicas = Obj(spec, "replicas");
-    p.min_workers = replicas.value("min", 1);
-    p.max_workers = replicas.value("max", p.min_workers);
-    p.gpus_per_worker = spec.value("gpusPerWorker", 1);
-    const json& elasticity = Obj(spec, "elasticity");
-    if (elasticity.value("policy", "elastic") == "static") p.min_workers = p.max_workers;
-    p.cooldown_seconds = elasticity.value("cooldownSeconds", 30);
-    p.arrival_time = UnixSeconds(Obj(job, "metadata").value("creationTimestamp", ""));
-    if (std::isnan(p.arrival_time)) p.arrival_time = 0;
-    const json& status = Obj(job, "status");
-    const double last = UnixSeconds(Obj(status, "lastResize").value("time", ""));
-    p.last_resize_time = std::isnan(last) ? p.arrival_time : last;
-    p.resize_pause_seconds = Obj(status, "lastResize").value("pauseSeconds", 0.0);
-    // What it holds: its live pods, by the product of the node they are bound to.
-    const std::string name = Obj(job, "metadata").value("name", "");
-    const std::string ns = Obj(job, "metadata").value("namespace", "");
-    for (const json& pod : pods_.List([&](const json& pod) {
-           return Obj(pod, "metadata").value("namespace", "") == ns &&
-                  Obj(Obj(pod, "metadata"), "labels").value(kJobLabel, "") == name;
-         })) {
-      const PodLife life = PodLifeOf(pod);
-      if (life != PodLife::kStarting && life != PodLife::kRunning) continue;
-      const std::string node = Obj(pod, "spec").value("nodeName", "");
-      // A pod the scheduler has not bound yet is the job's too: without it, a job whose pods
-      // are bound one by one would look smaller than it is and lose its newest pods.
-      if (node.empty()) {
-        ++p.unbound_workers;
-        continue;
-      }
-      auto it = gpus.node_product.find(node);
-      if (it != gpus.node_product.end()) p.current[it->second] += 1;
-    }
-    jobs.push_back(std::move(p));
+    std::optional<policy::PolicyJob> p = PolicyJobOf(job, gpus);
+    if (p) jobs.push_back(std::move(*p));
   }
   policy::GpuInventory inventory;
   for (const auto& [product, count] : gpus.products) {
@@ -327,238 +438,266 @@ void Reconciler::Event(const json& job, bool warning, const std::string& reason,
 }
 
 Result<ReconcileResult> Reconciler::Reconcile(const std::string& key) {
-  ReconcileResult result;
   std::optional<json> found = jobs_.Get(key);
-  if (!found || Obj(*found, "metadata").contains("deletionTimestamp")) {
-    // Gone: its pods and Secret follow through their owner references.
-    (void)coordinator_.RemoveJob(key);
-    std::lock_guard<std::mutex> lock(mu_);
-    registered_.erase(key);
-    expected_.erase(key);
-    failures_seen_.erase(key);
-    if (hooks_.on_job_gone) hooks_.on_job_gone(key);
-    return result;
-  }
-  const json job = *found;
-  const json& meta = job.at("metadata");
-  const std::string ns = meta.value("namespace", "");
-  const std::string name = meta.value("name", "");
-  const int64_t generation = meta.value("generation", int64_t{0});
-  const json& old_status = Obj(job, "status");
-  const json old_conditions = old_status.value("conditions", json::array());
-  json status = old_status;
-  status["observedGeneration"] = generation;
-
-  // The job as the agents read it; the API server's schema has already checked most of it.
-  Result<JobSpec> spec = ParseJobYaml(AgentManifest(job).dump(), key);
+  if (!found || Obj(*found, "metadata").contains("deletionTimestamp")) return Forget(key);
+  Pass p(key, std::move(*found));
+  Begin(p);
+  Result<JobSpec> spec = JobSpecOf(p.job);
   if (!spec.ok()) {
-    json conditions = json::array();
-    SetCondition(conditions, old_conditions, "Failed", true, "InvalidSpec", spec.status().message(),
-                 generation);
-    status["phase"] = "Failed";
-    status["message"] = spec.status().message();
-    status["conditions"] = conditions;
-    if (old_status.value("phase", "") != "Failed") {
-      Event(job, true, "InvalidSpec", spec.status().message());
-    }
-    VF_RETURN_IF_ERROR(PatchStatus(job, status));
-    return result;
+    VF_RETURN_IF_ERROR(FailInvalidSpec(p, spec.status()));
+    return ReconcileResult{};
   }
-  const std::string phase_before = old_status.value("phase", "");
+  p.spec = std::move(spec).value();
+  const std::string phase_before = p.old_status.value("phase", "");
   if (phase_before == "Succeeded" || phase_before == "Failed") {
     (void)coordinator_.RemoveJob(key);
-    if (hooks_.on_job_status) hooks_.on_job_status(key, old_status, Obj(job, "spec"));
-    return result;
+    if (hooks_.on_job_status) hooks_.on_job_status(key, p.old_status, Obj(p.job, "spec"));
+    return ReconcileResult{};
   }
 
-  VF_ASSIGN_OR_RETURN(const std::string token, EnsureToken(job));
-  VF_RETURN_IF_ERROR(EnsureCoordinatorJob(key, job, token, spec->Fingerprint()));
+  VF_ASSIGN_OR_RETURN(const std::string token, EnsureToken(p.job));
+  VF_RETURN_IF_ERROR(EnsureCoordinatorJob(key, p.job, token, p.spec.Fingerprint()));
+  VF_RETURN_IF_ERROR(Observe(p));
+  VF_ASSIGN_OR_RETURN(const Next after_success, RecordSuccess(p));
+  if (after_success == Next::kDone) return ReconcileResult{};
+  VF_ASSIGN_OR_RETURN(const Next after_failures, RecordFailures(p));
+  if (after_failures == Next::kDone) return ReconcileResult{};
+  VF_RETURN_IF_ERROR(UpdateMembership(p));
+  VF_RETURN_IF_ERROR(ReconcilePods(p));
+  VF_RETURN_IF_ERROR(WriteProgress(p));
 
+  // Membership moves with the workers' reports; look again soon while anything is in motion.
+  ReconcileResult result;
+  result.requeue_after =
+      std::chrono::milliseconds(p.status.value("phase", "") == "Running" ? 2000 : 500);
+  return result;
+}
+
+Result<ReconcileResult> Reconciler::Forget(const std::string& key) {
+  // Gone: its pods and Secret follow through their owner references.
+  (void)coordinator_.RemoveJob(key);
+  std::lock_guard<std::mutex> lock(mu_);
+  registered_.erase(key);
+  expected_.erase(key);
+  failures_seen_.erase(key);
+  if (hooks_.on_job_gone) hooks_.on_job_gone(key);
+  return ReconcileResult{};
+}
+
+void Reconciler::Begin(Pass& p) {
+  const json& meta = p.job.at("metadata");
+  p.ns = meta.value("namespace", "");
+  p.name = meta.value("name", "");
+  p.uid = meta.value("uid", "");
+  p.generation = meta.value("generation", int64_t{0});
+  p.old_status = Obj(p.job, "status");
+  p.old_conditions = p.old_status.value("conditions", json::array());
+  p.status = p.old_status;
+  p.status["observedGeneration"] = p.generation;
+}
+
+Status Reconciler::FailInvalidSpec(Pass& p, const Status& why) {
+  // The API server's schema has already checked most of it; what it cannot check fails here.
+  json conditions = json::array();
+  SetCondition(conditions, p.old_conditions, "Failed", true, "InvalidSpec", why.message(),
+               p.generation);
+  p.status["phase"] = "Failed";
+  p.status["message"] = why.message();
+  p.status["conditions"] = conditions;
+  if (p.old_status.value("phase", "") != "Failed") Event(p.job, true, "InvalidSpec", why.message());
+  return PatchStatus(p.job, p.status);
+}
+
+Status Reconciler::Observe(Pass& p) {
   const std::vector<json> nodes = nodes_.List();
   const std::vector<json> all_pods = pods_.List();
-  const ClusterGpus gpus = CountGpus(nodes, all_pods);
-  if (hooks_.on_inventory) hooks_.on_inventory(gpus);
-  std::vector<json> pods;
+  p.gpus = CountGpus(nodes, all_pods);
+  if (hooks_.on_inventory) hooks_.on_inventory(p.gpus);
   for (const json& pod : all_pods) {
-    const json& pm = Obj(pod, "metadata");
-    if (pm.value("namespace", "") != ns || Obj(pm, "labels").value(kJobLabel, "") != name) {
-      continue;
-    }
-    bool owned = false;
-    for (const json& ref : pm.value("ownerReferences", json::array())) {
-      owned = owned || ref.value("uid", "") == meta.value("uid", "");
-    }
-    if (owned) pods.push_back(pod);
+    if (OwnedBy(pod, p.ns, p.name, p.uid)) p.pods.push_back(pod);
   }
+  for (const json& pod : p.pods) p.by_name[PodName(pod)] = &pod;
 
-  VF_ASSIGN_OR_RETURN(JobView view, coordinator_.GetJob(key));
-  const auto [desired, policy_reason] = DesiredWorkers(key, gpus);
+  VF_ASSIGN_OR_RETURN(p.view, coordinator_.GetJob(p.key));
+  std::tie(p.desired, p.policy_reason) = DesiredWorkers(p.key, p.gpus);
+  p.total_steps = KnownTotalSteps(p.spec, p.view);
+  p.epoch = p.view.plan.epoch;
+  p.members = p.view.plan.members;
+  for (const Member& m : p.members) p.in_plan.insert(m.worker);
+  for (const auto& [k, v] : Obj(p.old_status, "restarts").items()) {
+    if (v.is_number_integer()) p.restarts[k] = v.get<int64_t>();
+  }
+  return Status::Ok();
+}
 
-  // Finished: rank 0's final report carries the outcome.
-  for (const auto& [worker, info] : view.workers) {
-    if (!info.last_report.finished) continue;
+Result<Reconciler::Next> Reconciler::RecordSuccess(Pass& p) {
+  // Rank 0's final report carries the outcome.
+  for (const auto& [worker, info] : p.view.workers) {
+    const Report& r = info.last_report;
+    if (!r.finished) continue;
+    json& status = p.status;
     status["phase"] = "Succeeded";
-    status["step"] = info.last_report.step;
-    status["totalSteps"] = TotalSteps(*spec);
-    if (!info.last_report.weights_sha256.empty()) {
-      status["weightsSha256"] = info.last_report.weights_sha256;
-    }
-    if (std::isfinite(info.last_report.test_accuracy)) {
-      status["testAccuracy"] = info.last_report.test_accuracy;
-    }
-    if (std::isfinite(info.last_report.loss)) status["loss"] = info.last_report.loss;
+    status["step"] = r.step;
+    if (p.total_steps > 0) status["totalSteps"] = p.total_steps;
+    if (!r.weights_sha256.empty()) status["weightsSha256"] = r.weights_sha256;
+    if (std::isfinite(r.test_accuracy)) status["testAccuracy"] = r.test_accuracy;
+    if (std::isfinite(r.loss)) status["loss"] = r.loss;
     json conditions = json::array();
-    SetCondition(conditions, old_conditions, "Created", true, "PodsCreated",
-                 "worker pods were created", generation);
-    SetCondition(conditions, old_conditions, "Running", false, "Finished", "training finished",
-                 generation);
-    SetCondition(conditions, old_conditions, "Succeeded", true, "TrainingFinished",
-                 "trained " + std::to_string(info.last_report.step) + " steps; weights " +
-                     info.last_report.weights_sha256.substr(0, 12),
-                 generation);
+    SetCondition(conditions, p.old_conditions, "Created", true, "PodsCreated",
+                 "worker pods were created", p.generation);
+    SetCondition(conditions, p.old_conditions, "Running", false, "Finished", "training finished",
+                 p.generation);
+    SetCondition(
+        conditions, p.old_conditions, "Succeeded", true, "TrainingFinished",
+        "trained " + std::to_string(r.step) + " steps; weights " + r.weights_sha256.substr(0, 12),
+        p.generation);
     status["conditions"] = conditions;
     status["message"] = "training finished";
-    VF_RETURN_IF_ERROR(PatchStatus(job, status));
-    Event(job, false, "Succeeded",
-          "trained " + std::to_string(info.last_report.step) + " steps, test accuracy " +
-              std::to_string(info.last_report.test_accuracy));
-    (void)coordinator_.RemoveJob(key);
-    if (hooks_.on_job_status) hooks_.on_job_status(key, status, Obj(job, "spec"));
-    return result;
+    VF_RETURN_IF_ERROR(PatchStatus(p.job, status));
+    Event(p.job, false, "Succeeded",
+          "trained " + std::to_string(r.step) + " steps, test accuracy " +
+              std::to_string(r.test_accuracy));
+    (void)coordinator_.RemoveJob(p.key);
+    if (hooks_.on_job_status) hooks_.on_job_status(p.key, status, Obj(p.job, "spec"));
+    return Next::kDone;
   }
+  return Next::kGoOn;
+}
 
-  // Worker pods: what became of each.
-  std::map<std::string, const json*> by_name;
-  for (const json& pod : pods) by_name[Obj(pod, "metadata").value("name", "")] = &pod;
-  std::set<std::string> in_plan;
-  for (const Member& m : view.plan.members) in_plan.insert(m.worker);
-
-  std::map<std::string, int64_t> restarts;
-  for (const auto& [k, v] : Obj(old_status, "restarts").items()) {
-    if (v.is_number_integer()) restarts[k] = v.get<int64_t>();
-  }
-  for (const json& pod : pods) {
-    const std::string pod_name = Obj(pod, "metadata").value("name", "");
-    const PodLife life = PodLifeOf(pod);
-    if (life != PodLife::kFailed) continue;
+Result<Reconciler::Next> Reconciler::RecordFailures(Pass& p) {
+  for (const json& pod : p.pods) {
+    if (PodLifeOf(pod) != PodLife::kFailed) continue;
+    const std::string pod_name = PodName(pod);
     if (PodExitCode(pod) == 3) {
       // The agent found that the job itself cannot go on (diverged, bad checkpoint).
-      const std::string why = PodTerminationMessage(pod);
-      status["phase"] = "Failed";
-      status["message"] = "worker " + pod_name + ": " + why;
+      const std::string message = "worker " + pod_name + ": " + PodTerminationMessage(pod);
+      p.status["phase"] = "Failed";
+      p.status["message"] = message;
       json conditions = json::array();
-      SetCondition(conditions, old_conditions, "Failed", true, "JobFailed",
-                   status["message"].get<std::string>(), generation);
-      status["conditions"] = conditions;
-      VF_RETURN_IF_ERROR(PatchStatus(job, status));
-      Event(job, true, "Failed", status["message"].get<std::string>());
-      (void)coordinator_.RemoveJob(key);
-      return result;
+      SetCondition(conditions, p.old_conditions, "Failed", true, "JobFailed", message,
+                   p.generation);
+      p.status["conditions"] = conditions;
+      VF_RETURN_IF_ERROR(PatchStatus(p.job, p.status));
+      Event(p.job, true, "Failed", message);
+      (void)coordinator_.RemoveJob(p.key);
+      return Next::kDone;
     }
     bool fresh = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      fresh = failures_seen_[key].insert(pod_name).second;
+      fresh = failures_seen_[p.key].insert(pod_name).second;
     }
     if (fresh) {
-      restarts["failure"] += 1;
-      Event(job, true, "WorkerFailed",
+      p.restarts["failure"] += 1;
+      Event(p.job, true, "WorkerFailed",
             "worker " + pod_name + " failed (exit code " + std::to_string(PodExitCode(pod)) +
                 "): " + PodTerminationMessage(pod));
     }
   }
+  return Next::kGoOn;
+}
 
-  // The membership decision.
-  MembershipInput in;
-  in.plan = view.plan;
-  in.desired = desired;
-  in.min_workers = spec->replicas_min;
-  in.virtual_nodes = spec->virtual_nodes;
+policy::MembershipInput Reconciler::MembershipInputOf(const Pass& p) const {
+  policy::MembershipInput in;
+  in.members = RankOrder(p.view.plan);
+  in.desired = p.desired;
+  in.min_workers = p.spec.replicas_min;
+  in.virtual_nodes = p.spec.virtual_nodes;
   in.join_batch_seconds = options_.join_batch_seconds;
-  for (const auto& [worker, info] : view.workers) {
+  for (const auto& [worker, info] : p.view.workers) {
     in.failure_reported =
-        in.failure_reported || (view.plan.epoch > 0 && info.failure_epoch >= view.plan.epoch &&
-                                in_plan.count(worker) != 0);
+        in.failure_reported || (p.view.plan.epoch > 0 && info.failure_epoch >= p.view.plan.epoch &&
+                                p.in_plan.count(worker) != 0);
   }
   const double now_unix = NowUnix();
-  for (const json& pod : pods) {
-    WorkerState w;
-    w.name = Obj(pod, "metadata").value("name", "");
-    w.life = PodLifeOf(pod);
-    auto it = view.workers.find(w.name);
-    if (it != view.workers.end()) {
+  for (const json& pod : p.pods) {
+    policy::WorkerState w;
+    w.name = PodName(pod);
+    w.life = WorkerLifeOf(PodLifeOf(pod));
+    auto it = p.view.workers.find(w.name);
+    if (it != p.view.workers.end()) {
       w.registered = true;
       w.ready = it->second.ready;
       w.leave_requested = it->second.leave_requested;
       w.seconds_per_virtual_node = it->second.last_report.seconds_per_virtual_node;
     }
     const std::string node = Obj(pod, "spec").value("nodeName", "");
-    w.on_schedulable_node = node.empty() || gpus.node_product.count(node) != 0;
+    w.on_schedulable_node = node.empty() || p.gpus.node_product.count(node) != 0;
     const double created = UnixSeconds(Obj(pod, "metadata").value("creationTimestamp", ""));
     w.age_seconds = std::isnan(created) ? 0 : now_unix - created;
     in.workers.push_back(w);
   }
+  return in;
+}
+
+Status Reconciler::UpdateMembership(Pass& p) {
   // Once the members have trained the last step they exit one by one while rank 0 evaluates;
   // that is the end of the job, not a failure, so membership and pods are left alone.
-  bool finishing = false;
-  for (const auto& [worker, info] : view.workers) {
-    finishing =
-        finishing || (in_plan.count(worker) != 0 && info.last_report.step >= TotalSteps(*spec));
+  for (const auto& [worker, info] : p.view.workers) {
+    p.finishing = p.finishing || (p.total_steps > 0 && p.in_plan.count(worker) != 0 &&
+                                  info.last_report.step >= p.total_steps);
   }
-  MembershipDecision decision = finishing ? MembershipDecision{} : DecideMembership(in);
-  int64_t epoch = view.plan.epoch;
-  std::vector<Member> members = view.plan.members;
-  if (decision.publish) {
-    const int from = static_cast<int>(view.plan.members.size());
-    const int to = static_cast<int>(decision.members.size());
-    epoch = view.plan.epoch + 1;
-    // Intent first: the status names the plan before any worker can see it, so an operator
-    // that restarts in between restores a plan the workers can follow.
-    status["epoch"] = epoch;
-    status["assignment"] = PlanJson(decision.members);
-    status["workers"] = to;
-    if (decision.kind != "start") {
-      status["lastResize"] = {{"time", Now()},
+  if (p.finishing) return Status::Ok();
+  p.decision = policy::DecideMembership(MembershipInputOf(p));
+  if (!p.decision.publish) return Status::Ok();
+
+  const std::vector<Member> next = PlanMembers(p.decision.members);
+  const int from = static_cast<int>(p.members.size());
+  const int to = static_cast<int>(next.size());
+  const std::string& kind = p.decision.kind;
+  p.epoch = p.view.plan.epoch + 1;
+  // Intent first: the status names the plan before any worker can see it, so an operator
+  // that restarts in between restores a plan the workers can follow.
+  p.status["epoch"] = p.epoch;
+  p.status["assignment"] = PlanJson(next);
+  p.status["workers"] = to;
+  if (kind != "start") {
+    p.status["lastResize"] = {{"time", Now()},
                               {"from", from},
                               {"to", to},
-                              {"reason", decision.reason},
+                              {"reason", p.decision.reason},
                               {"pauseSeconds", 0.0}};
-    }
-    if (decision.kind == "leave") restarts["preemption"] += 1;
-    status["restarts"] = restarts;
-    json conditions = old_status.value("conditions", json::array());
-    VF_RETURN_IF_ERROR(PatchStatus(job, status));
-    VF_RETURN_IF_ERROR(coordinator_.PublishPlanWithEpoch(key, epoch, decision.members).status());
-    std::fprintf(stderr, "virtualflow-operator: %s: epoch %lld: %s\n", key.c_str(),
-                 static_cast<long long>(epoch), decision.reason.c_str());
-    Event(job, decision.kind == "failure",
-          decision.kind == "start" ? "Started"
-                                   : (decision.kind == "failure" ? "Recovered" : "Resized"),
-          decision.reason);
-    if (hooks_.on_resize && decision.kind != "start")
-      hooks_.on_resize(key, decision.kind, from, to);
-    members = decision.members;
-    in_plan.clear();
-    for (const Member& m : members) in_plan.insert(m.worker);
   }
+  if (kind == "leave") p.restarts["preemption"] += 1;
+  p.status["restarts"] = p.restarts;
+  VF_RETURN_IF_ERROR(PatchStatus(p.job, p.status));
+  VF_RETURN_IF_ERROR(coordinator_.PublishPlanWithEpoch(p.key, p.epoch, next).status());
+  std::fprintf(stderr, "virtualflow-operator: %s: epoch %lld: %s\n", p.key.c_str(),
+               static_cast<long long>(p.epoch), p.decision.reason.c_str());
+  Event(p.job, kind == "failure",
+        kind == "start" ? "Started" : (kind == "failure" ? "Recovered" : "Resized"),
+        p.decision.reason);
+  if (hooks_.on_resize && kind != "start") hooks_.on_resize(p.key, kind, from, to);
+  p.members = next;
+  p.in_plan.clear();
+  for (const Member& m : p.members) p.in_plan.insert(m.worker);
+  return Status::Ok();
+}
 
-  // Pods: delete what has served its purpose, create what is missing.
+Status Reconciler::ReconcilePods(Pass& p) {
   int live = 0;
-  std::vector<const json*> spare;  // live pods outside the plan, newest last
-  for (const json& pod : pods) {
-    const std::string pod_name = Obj(pod, "metadata").value("name", "");
+  std::vector<const json*> spare;  // live pods outside the plan
+  if (!p.finishing) VF_RETURN_IF_ERROR(DeleteEndedPods(p, live, spare));
+  live += PendingCreations(p);
+  if (p.finishing) return Status::Ok();
+  VF_RETURN_IF_ERROR(DeleteSurplusPods(p, live, spare));
+  return CreateMissingPods(p, live);
+}
+
+Status Reconciler::DeleteEndedPods(Pass& p, int& live, std::vector<const json*>& spare) {
+  for (const json& pod : p.pods) {
+    const std::string pod_name = PodName(pod);
     const PodLife life = PodLifeOf(pod);
-    const bool member = in_plan.count(pod_name) != 0;
-    if (finishing) continue;
+    const bool member = p.in_plan.count(pod_name) != 0;
     if (life == PodLife::kSucceeded || life == PodLife::kFailed) {
       // A leaver that acknowledged, or a dead worker the plan no longer holds: its pod goes
       // (a member's pod stays until a plan without it is out).
       if (!member) {
         kube::DeleteOptions del;
         del.precondition_uid = Obj(pod, "metadata").value("uid", "");
-        auto r = client_.Delete(kube::kPods, ns, pod_name, del);
+        auto r = client_.Delete(kube::kPods, p.ns, pod_name, del);
         if (!r.ok() && r.reason() != kube::Reason::kNotFound) return r.status();
-        (void)coordinator_.ForgetWorker(key, pod_name);
+        (void)coordinator_.ForgetWorker(p.key, pod_name);
       }
       continue;
     }
@@ -566,134 +705,130 @@ Result<ReconcileResult> Reconciler::Reconcile(const std::string& key) {
     ++live;
     if (!member) spare.push_back(&pod);
   }
-  {
-    // Pods created but not in the cache yet count as live, so none is created twice.
-    std::lock_guard<std::mutex> lock(mu_);
-    auto& expected = expected_[key];
-    for (auto it = expected.begin(); it != expected.end();) {
-      if (by_name.count(it->first) != 0 || Clock::now() - it->second > kExpectationTimeout) {
-        it = expected.erase(it);
-      } else {
-        ++live;
-        ++it;
-      }
+  return Status::Ok();
+}
+
+int Reconciler::PendingCreations(const Pass& p) {
+  // Pods created but not in the cache yet count as live, so none is created twice.
+  int pending = 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& expected = expected_[p.key];
+  for (auto it = expected.begin(); it != expected.end();) {
+    if (p.by_name.count(it->first) != 0 || Clock::now() - it->second > kExpectationTimeout) {
+      it = expected.erase(it);
+    } else {
+      ++pending;
+      ++it;
     }
   }
-  if (!finishing && live > desired && !spare.empty()) {
-    // Surplus joiners that are not training go first; members leave through a plan.
-    std::sort(spare.begin(), spare.end(), [](const json* a, const json* b) {
-      return Obj(*a, "metadata").value("creationTimestamp", "") >
-             Obj(*b, "metadata").value("creationTimestamp", "");
-    });
-    for (const json* pod : spare) {
-      if (live <= desired) break;
-      const std::string pod_name = Obj(*pod, "metadata").value("name", "");
-      auto r = client_.Delete(kube::kPods, ns, pod_name);
-      if (!r.ok() && r.reason() != kube::Reason::kNotFound) return r.status();
-      --live;
-    }
+  return pending;
+}
+
+Status Reconciler::DeleteSurplusPods(Pass& p, int& live, std::vector<const json*>& spare) {
+  if (live <= p.desired || spare.empty()) return Status::Ok();
+  // Surplus joiners that are not training go first, newest first; members leave through a plan.
+  std::sort(spare.begin(), spare.end(), [](const json* a, const json* b) {
+    return Obj(*a, "metadata").value("creationTimestamp", "") >
+           Obj(*b, "metadata").value("creationTimestamp", "");
+  });
+  for (const json* pod : spare) {
+    if (live <= p.desired) break;
+    auto r = client_.Delete(kube::kPods, p.ns, PodName(*pod));
+    if (!r.ok() && r.reason() != kube::Reason::kNotFound) return r.status();
+    --live;
   }
-  int created = 0;
-  while (!finishing && live < desired) {
-    const std::string pod_name = name + "-worker-" + RandomSuffix();
-    json pod = BuildWorkerPod(job, pod_name, options_.pods);
-    auto r = client_.Create(kube::kPods, ns, pod);
+  return Status::Ok();
+}
+
+Status Reconciler::CreateMissingPods(Pass& p, int live) {
+  while (live < p.desired) {
+    const std::string pod_name = p.name + "-worker-" + RandomSuffix();
+    json pod = BuildWorkerPod(p.job, p.spec, pod_name, options_.pods);
+    auto r = client_.Create(kube::kPods, p.ns, pod);
     if (!r.ok() && r.reason() != kube::Reason::kAlreadyExists) return r.status();
     {
       std::lock_guard<std::mutex> lock(mu_);
-      expected_[key][pod_name] = Clock::now();
+      expected_[p.key][pod_name] = Clock::now();
     }
     ++live;
-    ++created;
+    ++p.created;
   }
-  if (created > 0) {
-    Event(job, false, "WorkersCreated",
-          "created " + std::to_string(created) + " worker pod(s); the policy wants " +
-              std::to_string(desired));
+  if (p.created > 0) {
+    Event(p.job, false, "WorkersCreated",
+          "created " + std::to_string(p.created) + " worker pod(s); the policy wants " +
+              std::to_string(p.desired));
   }
+  return Status::Ok();
+}
 
-  // Status: progress from the members' reports.
-  int64_t step = 0;
-  double loss = std::nan("");
-  double samples = 0;
-  bool all_switched = !members.empty();
-  double pause = 0;
-  for (const Member& m : members) {
-    auto it = view.workers.find(m.worker);
-    if (it == view.workers.end() || it->second.last_report.epoch != epoch) {
-      all_switched = false;
-      continue;
-    }
-    const Report& r = it->second.last_report;
-    pause = std::max(pause, r.pause_seconds);
-    if (r.step >= step) {
-      step = r.step;
-      if (std::isfinite(r.loss)) loss = r.loss;
-      samples = std::max(samples, r.samples_per_second);
-    }
-  }
+Status Reconciler::WriteProgress(Pass& p) {
+  const Progress progress = ProgressOf(p.members, p.epoch, p.view);
   int ready = 0;
-  for (const auto& [worker, info] : view.workers) {
-    auto it = by_name.find(worker);
-    if (info.ready && it != by_name.end() && PodLifeOf(*it->second) == PodLife::kRunning) ++ready;
+  for (const auto& [worker, info] : p.view.workers) {
+    auto it = p.by_name.find(worker);
+    if (info.ready && it != p.by_name.end() && PodLifeOf(*it->second) == PodLife::kRunning) {
+      ++ready;
+    }
   }
-  status["workers"] = static_cast<int>(members.size());
+  json& status = p.status;
+  status["workers"] = static_cast<int>(p.members.size());
   status["readyWorkers"] = ready;
-  status["desiredWorkers"] = desired;
-  status["totalSteps"] = TotalSteps(*spec);
-  status["epoch"] = epoch;
-  status["assignment"] = PlanJson(members);
-  status["restarts"] = restarts;
-  if (step > 0 || !status.contains("step")) {
-    status["step"] = std::max<int64_t>(step, old_status.value("step", int64_t{0}));
+  status["desiredWorkers"] = p.desired;
+  if (p.total_steps > 0) status["totalSteps"] = p.total_steps;  // once an agent has said
+  status["epoch"] = p.epoch;
+  status["assignment"] = PlanJson(p.members);
+  status["restarts"] = p.restarts;
+  if (progress.step > 0 || !status.contains("step")) {
+    status["step"] = std::max<int64_t>(progress.step, p.old_status.value("step", int64_t{0}));
   }
-  if (std::isfinite(loss)) status["loss"] = loss;
-  if (samples > 0) status["samplesPerSecond"] = samples;
-  if (all_switched && status.contains("lastResize") &&
-      Obj(status, "lastResize").value("pauseSeconds", 0.0) == 0.0 && pause > 0) {
-    status["lastResize"]["pauseSeconds"] = pause;
-    if (hooks_.on_resize_pause) hooks_.on_resize_pause(key, pause);
+  if (std::isfinite(progress.loss)) status["loss"] = progress.loss;
+  if (progress.samples_per_second > 0) status["samplesPerSecond"] = progress.samples_per_second;
+  if (progress.all_switched && status.contains("lastResize") &&
+      Obj(status, "lastResize").value("pauseSeconds", 0.0) == 0.0 && progress.pause_seconds > 0) {
+    status["lastResize"]["pauseSeconds"] = progress.pause_seconds;
+    if (hooks_.on_resize_pause) hooks_.on_resize_pause(p.key, progress.pause_seconds);
   }
+  SetPhase(p, progress.all_switched);
+  VF_RETURN_IF_ERROR(PatchStatus(p.job, status));
+  if (hooks_.on_job_status) hooks_.on_job_status(p.key, status, Obj(p.job, "spec"));
+  return Status::Ok();
+}
 
+void Reconciler::SetPhase(Pass& p, bool all_switched) {
+  const size_t workers = p.members.size();
   std::string phase;
   std::string message;
-  if (members.empty()) {
+  if (workers == 0) {
     phase = "Pending";
-    message = desired == 0
-                  ? "waiting for GPUs: " + policy_reason
-                  : (decision.reason.empty() ? "waiting for workers to warm up" : decision.reason);
+    message = p.desired == 0 ? "waiting for GPUs: " + p.policy_reason
+                             : (p.decision.reason.empty() ? "waiting for workers to warm up"
+                                                          : p.decision.reason);
   } else if (!all_switched) {
     phase = "Resizing";
-    message = "switching to membership epoch " + std::to_string(epoch);
+    message = "switching to membership epoch " + std::to_string(p.epoch);
   } else {
     phase = "Running";
-    message = "training on " + std::to_string(members.size()) + " workers";
+    message = "training on " + std::to_string(workers) + " workers";
   }
-  status["phase"] = phase;
-  status["message"] = message;
+  p.status["phase"] = phase;
+  p.status["message"] = message;
+  const bool has_pods = !p.pods.empty() || p.created > 0;
+  const json& old = p.old_conditions;
   json conditions = json::array();
-  SetCondition(conditions, old_conditions, "Created", !pods.empty() || created > 0,
-               !pods.empty() || created > 0 ? "PodsCreated" : "WaitingForGPUs",
-               !pods.empty() || created > 0 ? "worker pods were created" : message, generation);
+  SetCondition(conditions, old, "Created", has_pods, has_pods ? "PodsCreated" : "WaitingForGPUs",
+               has_pods ? "worker pods were created" : message, p.generation);
   SetCondition(
-      conditions, old_conditions, "Running", !members.empty(),
-      members.empty() ? (desired == 0 ? "WaitingForGPUs" : "WaitingForWorkers") : "Training",
-      message, generation);
-  SetCondition(conditions, old_conditions, "Resizing", phase == "Resizing",
-               phase == "Resizing" ? "MembershipChange" : "Stable", message, generation);
-  const bool degraded = !members.empty() && static_cast<int>(members.size()) < spec->replicas_min;
-  SetCondition(conditions, old_conditions, "Degraded", degraded,
-               degraded ? "BelowMinimum" : "AtLeastMinimum",
-               std::to_string(members.size()) + " of at least " +
-                   std::to_string(spec->replicas_min) + " workers",
-               generation);
-  status["conditions"] = conditions;
-  VF_RETURN_IF_ERROR(PatchStatus(job, status));
-  if (hooks_.on_job_status) hooks_.on_job_status(key, status, Obj(job, "spec"));
-
-  // Membership moves with the workers' reports; look again soon while anything is in motion.
-  result.requeue_after = std::chrono::milliseconds(phase == "Running" ? 2000 : 500);
-  return result;
+      conditions, old, "Running", workers > 0,
+      workers == 0 ? (p.desired == 0 ? "WaitingForGPUs" : "WaitingForWorkers") : "Training",
+      message, p.generation);
+  SetCondition(conditions, old, "Resizing", phase == "Resizing",
+               phase == "Resizing" ? "MembershipChange" : "Stable", message, p.generation);
+  const bool degraded = workers > 0 && static_cast<int>(workers) < p.spec.replicas_min;
+  SetCondition(
+      conditions, old, "Degraded", degraded, degraded ? "BelowMinimum" : "AtLeastMinimum",
+      std::to_string(workers) + " of at least " + std::to_string(p.spec.replicas_min) + " workers",
+      p.generation);
+  p.status["conditions"] = conditions;
 }
 
 }  // namespace vf::controller

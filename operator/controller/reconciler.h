@@ -9,8 +9,11 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -19,6 +22,7 @@
 #include "operator/controller/worker_pod.h"
 #include "operator/coordinator/coordinator.h"
 #include "operator/kube/client.h"
+#include "operator/policy/membership.h"
 #include "operator/policy/policy.h"
 #include "runtime/status.h"
 
@@ -46,7 +50,7 @@ struct ReconcilerHooks {
 struct ReconcilerOptions {
   PodSettings pods;
   std::string policy = "elastic";
-  double join_batch_seconds = 20;
+  double join_batch_seconds = policy::kJoinBatchSeconds;
 };
 
 // Reconciles one job at a time per key. Reconcile may run on several threads for different
@@ -69,11 +73,43 @@ class Reconciler {
              const Informer& nodes, Coordinator& coordinator, ReconcilerOptions options,
              ReconcilerHooks hooks, std::unique_ptr<policy::Policy> policy);
 
+  // One reconcile of one job, and whether a step ended it.
+  struct Pass;
+  enum class Next { kGoOn, kDone };
+
+  // The steps of Reconcile, in order. The job is gone: forget what was kept for it.
+  Result<ReconcileResult> Forget(const std::string& key);
+  void Begin(Pass& p);
+  // A spec the parser rejects fails the job, with the parser's one-line error as the message.
+  Status FailInvalidSpec(Pass& p, const Status& why);
   Result<std::string> EnsureToken(const nlohmann::json& job);
   Status EnsureCoordinatorJob(const std::string& key, const nlohmann::json& job,
                               const std::string& token, const std::string& fingerprint);
+  // Reads the job's pods, the cluster's GPUs, the coordinator's view and the policy's decision.
+  Status Observe(Pass& p);
+  // Rank 0 reported the final weights: the job has succeeded.
+  Result<Next> RecordSuccess(Pass& p);
+  // Counts failed pods; one whose agent found that the job cannot go on fails the job.
+  Result<Next> RecordFailures(Pass& p);
+  // Publishes the next membership plan when one is due: the status first, then the coordinator.
+  Status UpdateMembership(Pass& p);
+  policy::MembershipInput MembershipInputOf(const Pass& p) const;
+  // Deletes pods that served their purpose and surplus joiners; creates the missing ones.
+  Status ReconcilePods(Pass& p);
+  Status DeleteEndedPods(Pass& p, int& live, std::vector<const nlohmann::json*>& spare);
+  int PendingCreations(const Pass& p);
+  Status DeleteSurplusPods(Pass& p, int& live, std::vector<const nlohmann::json*>& spare);
+  Status CreateMissingPods(Pass& p, int live);
+  // Progress from the members' reports, the phase and the conditions, written to the status.
+  Status WriteProgress(Pass& p);
+  void SetPhase(Pass& p, bool all_switched);
+
   // Workers the policy gives the job now, and why when it waits.
   std::pair<int, std::string> DesiredWorkers(const std::string& key, const ClusterGpus& gpus);
+  // A job as the policy sees it; nothing for a job that has ended, is being deleted or does not
+  // parse.
+  std::optional<policy::PolicyJob> PolicyJobOf(const nlohmann::json& job,
+                                               const ClusterGpus& gpus) const;
   Status PatchStatus(const nlohmann::json& job, const nlohmann::json& status);
   void Event(const nlohmann::json& job, bool warning, const std::string& reason,
              const std::string& message);

@@ -10,8 +10,8 @@ std::string TokenSecretName(const std::string& job_name) { return job_name + "-v
 
 json OwnerReference(const json& job) {
   const json& meta = job.at("metadata");
-  return {{"apiVersion", job.value("apiVersion", "virtualflow.io/v1alpha1")},
-          {"kind", job.value("kind", "VirtualFlowJob")},
+  return {{"apiVersion", job.value("apiVersion", kJobApiVersion)},
+          {"kind", job.value("kind", kJobKind)},
           {"name", meta.value("name", "")},
           {"uid", meta.value("uid", "")},
           {"controller", true},
@@ -21,19 +21,20 @@ json OwnerReference(const json& job) {
 json AgentManifest(const json& job) {
   const json& meta = job.at("metadata");
   return {
-      {"apiVersion", job.value("apiVersion", "virtualflow.io/v1alpha1")},
-      {"kind", job.value("kind", "VirtualFlowJob")},
+      {"apiVersion", job.value("apiVersion", kJobApiVersion)},
+      {"kind", job.value("kind", kJobKind)},
       {"metadata", {{"name", meta.value("name", "")}, {"namespace", meta.value("namespace", "")}}},
       {"spec", job.value("spec", json::object())}};
 }
 
-json BuildWorkerPod(const json& job, const std::string& pod_name, const PodSettings& settings) {
+json BuildWorkerPod(const json& job, const JobSpec& spec, const std::string& pod_name,
+                    const PodSettings& settings) {
   const json& meta = job.at("metadata");
   const std::string name = meta.value("name", "");
   const std::string ns = meta.value("namespace", "");
-  const json& spec = job.value("spec", json::object());
-  const json& tmpl = spec.value("template", json::object());
-  const int gpus = spec.value("gpusPerWorker", 1);
+  // The pod template is the operator's alone (JobSpec has no part of it).
+  const json& tmpl = job.value("spec", json::object()).value("template", json::object());
+  const int gpus = spec.gpus_per_worker;
 
   json args = {"--coordinator", settings.coordinator_url, "--job-id", ns + "/" + name, "--worker",
                pod_name};
@@ -92,6 +93,22 @@ PodLife PodLifeOf(const json& pod) {
   }
   if (phase == "Running") return PodLife::kRunning;
   return PodLife::kStarting;
+}
+
+policy::WorkerLife WorkerLifeOf(PodLife life) {
+  switch (life) {
+    case PodLife::kStarting:
+      return policy::WorkerLife::kStarting;
+    case PodLife::kRunning:
+      return policy::WorkerLife::kRunning;
+    case PodLife::kTerminating:
+      return policy::WorkerLife::kLeaving;
+    case PodLife::kSucceeded:
+      return policy::WorkerLife::kExited;
+    case PodLife::kFailed:
+      return policy::WorkerLife::kFailed;
+  }
+  return policy::WorkerLife::kFailed;
 }
 
 namespace {

@@ -6,6 +6,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "operator/policy/membership.h"
+#include "runtime/job/spec.h"
+
 namespace vf::controller {
 
 inline constexpr char kJobLabel[] = "virtualflow.io/job";
@@ -32,11 +35,12 @@ nlohmann::json OwnerReference(const nlohmann::json& job);
 // The manifest an agent trains from: apiVersion, kind, metadata (name, namespace) and spec.
 nlohmann::json AgentManifest(const nlohmann::json& job);
 
-// The worker pod `pod_name` of `job`: restartPolicy Never (the operator replaces failed workers
-// itself), the job's GPUs per worker as a limit, its template's image, resources, node
-// selector, tolerations and env, the token from the job's Secret, no service-account token.
-nlohmann::json BuildWorkerPod(const nlohmann::json& job, const std::string& pod_name,
-                              const PodSettings& settings);
+// The worker pod `pod_name` of `job` (whose parsed spec is `spec`): restartPolicy Never (the
+// operator replaces failed workers itself), the job's GPUs per worker as a limit, its template's
+// image, resources, node selector, tolerations and env, the token from the job's Secret, no
+// service-account token.
+nlohmann::json BuildWorkerPod(const nlohmann::json& job, const JobSpec& spec,
+                              const std::string& pod_name, const PodSettings& settings);
 
 // Where a worker pod is in its life, as the operator needs to know it.
 enum class PodLife {
@@ -47,6 +51,9 @@ enum class PodLife {
   kFailed,       // exited non-zero, or could not run
 };
 PodLife PodLifeOf(const nlohmann::json& pod);
+// The same as the membership decision sees a worker: a terminating pod is leaving, a succeeded
+// one has exited cleanly.
+policy::WorkerLife WorkerLifeOf(PodLife life);
 // The container's exit code once terminated; -1 otherwise.
 int PodExitCode(const nlohmann::json& pod);
 // The container's termination message (or reason), for status and Events.

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "operator/controller/job_spec.h"
+
 namespace vf::controller {
 namespace {
 
@@ -11,17 +13,23 @@ json Job() {
   return json::parse(R"({
     "apiVersion": "virtualflow.io/v1alpha1", "kind": "VirtualFlowJob",
     "metadata": {"name": "mnist", "namespace": "team", "uid": "u-1"},
-    "spec": {"virtualNodes": 8, "globalBatchSize": 256, "gpusPerWorker": 2,
+    "spec": {"virtualNodes": 8, "globalBatchSize": 256, "steps": 10, "gpusPerWorker": 2,
              "template": {"image": "example/agent:1", "nodeSelector": {"pool": "gpu"},
                           "env": [{"name": "X", "value": "1"}]}},
     "status": {"phase": "Running"}})");
+}
+
+JobSpec SpecOf(const json& job) {
+  Result<JobSpec> spec = JobSpecOf(job);
+  EXPECT_TRUE(spec.ok()) << spec.status().message();
+  return spec.ok() ? spec.value() : JobSpec{};
 }
 
 TEST(WorkerPodTest, BuildsAPodTheAgentCanRun) {
   PodSettings s;
   s.coordinator_url = "http://op:7070";
   s.default_image = "default/agent:0";
-  json pod = BuildWorkerPod(Job(), "mnist-worker-abc", s);
+  json pod = BuildWorkerPod(Job(), SpecOf(Job()), "mnist-worker-abc", s);
   EXPECT_EQ(pod["metadata"]["name"], "mnist-worker-abc");
   EXPECT_EQ(pod["metadata"]["namespace"], "team");
   EXPECT_EQ(pod["metadata"]["labels"][kJobLabel], "mnist");
@@ -53,7 +61,7 @@ TEST(WorkerPodTest, DefaultImageAndNoMetricsPort) {
   s.metrics_port = -1;
   json job = Job();
   job["spec"]["template"].erase("image");
-  json pod = BuildWorkerPod(job, "w", s);
+  json pod = BuildWorkerPod(job, SpecOf(job), "w", s);
   EXPECT_EQ(pod["spec"]["containers"][0]["image"], "default/agent:0");
   for (const auto& a : pod["spec"]["containers"][0]["args"]) EXPECT_NE(a, "--metrics-port");
 }
@@ -74,6 +82,22 @@ TEST(WorkerPodTest, LifeFollowsPhaseAndDeletion) {
   EXPECT_EQ(PodExitCode(json::object()), -1);
   pod["status"]["containerStatuses"] = json::parse("[null]");
   EXPECT_EQ(PodExitCode(pod), -1);
+}
+
+TEST(WorkerPodTest, MembershipSeesTerminatingPodsLeavingAndSucceededOnesExited) {
+  EXPECT_EQ(WorkerLifeOf(PodLife::kStarting), policy::WorkerLife::kStarting);
+  EXPECT_EQ(WorkerLifeOf(PodLife::kRunning), policy::WorkerLife::kRunning);
+  EXPECT_EQ(WorkerLifeOf(PodLife::kTerminating), policy::WorkerLife::kLeaving);
+  EXPECT_EQ(WorkerLifeOf(PodLife::kSucceeded), policy::WorkerLife::kExited);
+  EXPECT_EQ(WorkerLifeOf(PodLife::kFailed), policy::WorkerLife::kFailed);
+}
+
+TEST(WorkerPodTest, GpuLimitDefaultsToTheJobSpecsOneGpuPerWorker) {
+  json job = Job();
+  job["spec"].erase("gpusPerWorker");
+  json pod = BuildWorkerPod(job, SpecOf(job), "w", PodSettings{});
+  EXPECT_EQ(pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"],
+            std::to_string(JobSpec{}.gpus_per_worker));
 }
 
 }  // namespace

@@ -497,6 +497,25 @@ TEST_F(ServerTest, ReportLeaveAckAndFailureReachTheModel) {
   EXPECT_EQ(info.failure_message, "gloo: connection reset by peer");
 }
 
+TEST_F(ServerTest, ReportsCarryTheJobLengthTheAgentFoundInItsData) {
+  auto w0 = Client("w-0");
+  ASSERT_TRUE(w0->Register(kFingerprint, kBuild, true).ok());
+  ASSERT_TRUE(coordinator_.PublishPlan(kJob, Members(1)).ok());
+  Report report;
+  report.epoch = 1;
+  report.step = 3;
+  report.total_steps = 1872;
+  ASSERT_TRUE(w0->Report(report).ok());
+  EXPECT_EQ(coordinator_.GetJob(kJob)->workers.at("w-0").last_report.total_steps, 1872);
+  // An agent from before the field sends none: the length is unknown again.
+  const std::string path = JobPath(kJob, "report");
+  EXPECT_EQ(Raw(Request("POST", path, kToken, ReportBody("w-0", 1))).status, 204);
+  EXPECT_EQ(coordinator_.GetJob(kJob)->workers.at("w-0").last_report.total_steps, 0);
+  json negative = json::parse(ReportBody("w-0", 1));
+  negative["totalSteps"] = -1;
+  ExpectError(Raw(Request("POST", path, kToken, negative.dump())), 400, "totalSteps");
+}
+
 TEST_F(ServerTest, ClientMapsHttpCodesToStatusCodes) {
   ASSERT_TRUE(coordinator_.PublishPlan(kJob, Members(1)).ok());
   ASSERT_TRUE(coordinator_.PublishPlan(kJob, Members(1)).ok());

@@ -24,9 +24,12 @@
 #include "operator/coordinator/coordinator.h"
 #include "operator/coordinator/server.h"
 #include "operator/local/capacity.h"
+#include "operator/local/decisions.h"
+#include "operator/policy/membership.h"
 #include "operator/policy/policy.h"
 #include "runtime/executor.h"
 #include "runtime/job/spec.h"
+#include "runtime/split.h"
 #include "runtime/state/training_state.h"
 
 extern char** environ;
@@ -39,12 +42,8 @@ using Clock = std::chrono::steady_clock;
 std::atomic<bool> g_stop{false};
 
 constexpr int kExitJobFailed = 3;  // virtualflow-agent: the job cannot go on
-// How long the first plan waits for every initially wanted worker to warm up before starting
-// with those that are ready (at least spec.replicas.min).
-constexpr double kStartupWait = 30.0;
-// Joiners started together join together (one pause, not one per joiner) if they are all ready
-// within this many seconds; existing members keep training meanwhile.
-constexpr double kJoinBatchWait = 10.0;
+// Seconds between two rebalances: each one pauses every member.
+constexpr double kRebalanceInterval = 5.0;
 
 double Since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -127,18 +126,20 @@ struct Worker {
   std::string result_path;
   Clock::time_point started = Clock::now();
   // Smoothed seconds per virtual node under the current plan, from its progress reports.
-  double speed_ema = 0.0;
-  int speed_samples = 0;
-  int64_t speed_epoch = -1;
-  int64_t speed_step = -1;
+  local::SpeedEstimate speed;
 };
 
 // Runs one job on local processes. Not thread-safe; RequestLocalJobStop is the only entry
 // from other threads (a signal handler).
 class LocalCluster {
  public:
-  LocalCluster(const LocalRunOptions& o, JobSpec job, CapacitySchedule capacity, std::string agent)
-      : o_(o), job_(std::move(job)), capacity_(std::move(capacity)), agent_(std::move(agent)) {}
+  LocalCluster(const LocalRunOptions& o, JobSpec job, CapacitySchedule capacity, std::string agent,
+               int64_t total_steps)
+      : o_(o),
+        job_(std::move(job)),
+        capacity_(std::move(capacity)),
+        agent_(std::move(agent)),
+        total_steps_(total_steps) {}
 
   Result<LocalRunSummary> Run();
 
@@ -146,13 +147,28 @@ class LocalCluster {
   Status Start();
   Status Spawn(int slot);
   void Reap(Status* job_failure);
+  // One pass of the control loop: the policy's workers on the slots the schedule gives now, new
+  // processes for missing ones, and the next plan when membership changes.
   Status Reconcile(const JobView& view);
-  Status Publish(const std::vector<Worker*>& members, const std::string& reason,
-                 const std::vector<int>& counts = {});
+  // Starts workers on free slots until `desired` are usable or the slots are full.
+  Status SpawnMissing(const JobView& view, int desired, int slots);
+  local::ProcessView ViewOf(const Worker& w, const JobView& view) const;
+  policy::MembershipInput MembershipInputOf(const JobView& view, int desired) const;
+  // Publishes what the membership decision chose; members it leaves out are asked to leave.
+  Status Adopt(const policy::MembershipDecision& decision, const std::string& reason);
+  Status Publish(const std::vector<Worker*>& members,
+                 const std::vector<std::vector<int>>& virtual_nodes, const std::string& reason);
   // Moves virtual nodes between the current members when their measured speeds differ enough.
   Status MaybeRebalance(const JobView& view);
+  // The plan epoch a member finished the job under (-1: nobody has yet).
+  int64_t FinishedEpoch() const;
+  // After a member finished the job under plan `finished_epoch`: true once its peers are done
+  // (or out of time), stopping workers admitted too late to train.
+  bool WindDown(int64_t finished_epoch, Clock::time_point finished_at);
   void PrintProgress(const JobView& view);
   void NoteResizePauses(const JobView& view, bool final = false);
+  // The job's length as the workers computed it from the data they loaded, once they report it.
+  void NoteTotalSteps(const JobView& view);
   void StopAll();
   int64_t CurrentStep(const JobView& view) const;
   Result<LocalRunSummary> Collect();
@@ -167,7 +183,7 @@ class LocalCluster {
   Coordinator coordinator_;
   std::unique_ptr<CoordinatorServer> server_;
   std::unique_ptr<policy::Policy> policy_;
-  std::vector<std::unique_ptr<Worker>> workers_;
+  std::vector<std::unique_ptr<Worker>> workers_;  // every process started, in start order
   int next_worker_ = 0;
   int64_t plan_epoch_ = 0;
   int plan_size_ = 0;
@@ -308,16 +324,14 @@ int64_t LocalCluster::CurrentStep(const JobView& view) const {
   return step;
 }
 
-Status LocalCluster::Publish(const std::vector<Worker*>& members, const std::string& reason,
-                             const std::vector<int>& counts) {
+Status LocalCluster::Publish(const std::vector<Worker*>& members,
+                             const std::vector<std::vector<int>>& virtual_nodes,
+                             const std::string& reason) {
   std::vector<Member> plan_members;
-  const auto assignment = counts.empty()
-                              ? EvenAssignment(job_.virtual_nodes, static_cast<int>(members.size()))
-                              : policy::ContiguousVirtualNodes(counts);
   plan_counts_.clear();
-  for (const auto& a : assignment) plan_counts_.push_back(static_cast<int>(a.size()));
   for (size_t i = 0; i < members.size(); ++i) {
-    plan_members.push_back({members[i]->name, static_cast<int>(i), assignment[i]});
+    plan_members.push_back({members[i]->name, static_cast<int>(i), virtual_nodes[i]});
+    plan_counts_.push_back(static_cast<int>(virtual_nodes[i].size()));
   }
   VF_ASSIGN_OR_RETURN(Plan plan, coordinator_.PublishPlan(job_id_, plan_members));
   for (auto& w : workers_) w->in_plan = false;
@@ -339,7 +353,6 @@ Status LocalCluster::Publish(const std::vector<Worker*>& members, const std::str
   }
   return Status::Ok();
 }
-
 // A resize's pause is measured by the members that trained before and after it; the line is
 // printed once they have reported it (or after a while, with what is known).
 void LocalCluster::NoteResizePauses(const JobView& view, bool final) {
@@ -374,27 +387,21 @@ void LocalCluster::NoteResizePauses(const JobView& view, bool final) {
   }
 }
 
+void LocalCluster::NoteTotalSteps(const JobView& view) {
+  for (const auto& [name, info] : view.workers) {
+    if (info.last_report.total_steps > 0) total_steps_ = info.last_report.total_steps;
+  }
+}
+
 Status LocalCluster::MaybeRebalance(const JobView& view) {
-  // Fold each new report into the worker's smoothed speed. Single reports are noisy (a busy
-  // machine, a GC pause); a rebalance costs a pause, so it acts on averages only.
-  constexpr double kAlpha = 0.3;
-  constexpr int kMinSamples = 4;
   for (auto& w : workers_) {
     auto it = view.workers.find(w->name);
     if (it == view.workers.end()) continue;
     const Report& r = it->second.last_report;
-    if (r.seconds_per_virtual_node <= 0 || r.step == w->speed_step) continue;
-    if (r.epoch != w->speed_epoch) {
-      w->speed_epoch = r.epoch;
-      w->speed_samples = 0;
-    }
-    w->speed_ema = w->speed_samples == 0
-                       ? r.seconds_per_virtual_node
-                       : kAlpha * r.seconds_per_virtual_node + (1 - kAlpha) * w->speed_ema;
-    ++w->speed_samples;
-    w->speed_step = r.step;
+    local::FoldSpeed(r.epoch, r.step, r.seconds_per_virtual_node, w->speed);
   }
-  if (o_.assignment != "proportional" || plan_size_ < 2 || Since(last_rebalance_) < 5.0) {
+  if (o_.assignment != "proportional" || plan_size_ < 2 ||
+      Since(last_rebalance_) < kRebalanceInterval) {
     return Status::Ok();
   }
   const Plan& plan = view.plan;
@@ -408,34 +415,31 @@ Status LocalCluster::MaybeRebalance(const JobView& view) {
   for (const Member& m : plan.members) {
     for (auto& w : workers_) {
       if (w->name != m.worker) continue;
-      if (w->speed_epoch != plan_epoch_ || w->speed_samples < kMinSamples) return Status::Ok();
+      if (!local::Settled(w->speed, plan_epoch_)) return Status::Ok();
       members.push_back(w.get());
-      t.push_back(w->speed_ema);
+      t.push_back(w->speed.seconds_per_virtual_node);
     }
   }
   if (members.size() != plan.members.size()) return Status::Ok();
-  const std::vector<int> counts = policy::SplitVirtualNodes(job_.virtual_nodes, t);
-  if (counts.empty() || counts == plan_counts_) return Status::Ok();
-  const double now = policy::SplitStepSeconds(plan_counts_, t);
-  const double better = policy::SplitStepSeconds(counts, t);
-  if (!(better < 0.85 * now)) return Status::Ok();
+  const std::optional<local::Rebalance> r =
+      local::ProposeRebalance(job_.virtual_nodes, plan_counts_, t);
+  if (!r) return Status::Ok();
   std::string from;
   std::string to;
-  for (size_t i = 0; i < counts.size(); ++i) {
+  for (size_t i = 0; i < r->counts.size(); ++i) {
     from += (i ? "," : "") + std::to_string(plan_counts_[i]);
-    to += (i ? "," : "") + std::to_string(counts[i]);
+    to += (i ? "," : "") + std::to_string(r->counts[i]);
   }
   if (!o_.quiet) {
     std::printf("rebalance at step %lld: virtual nodes %s -> %s (predicted step %.1f -> %.1f ms)\n",
-                static_cast<long long>(last_step_), from.c_str(), to.c_str(), 1e3 * now,
-                1e3 * better);
+                static_cast<long long>(last_step_), from.c_str(), to.c_str(),
+                1e3 * r->step_seconds_before, 1e3 * r->step_seconds_after);
     std::fflush(stdout);
   }
   ++rebalances_;
   last_rebalance_ = Clock::now();
-  return Publish(members, "rebalance", counts);
+  return Publish(members, ContiguousVirtualNodes(r->counts), "rebalance");
 }
-
 void LocalCluster::PrintProgress(const JobView& view) {
   if (o_.quiet || o_.progress_interval <= 0 || Since(last_progress_) < o_.progress_interval) {
     return;
@@ -456,6 +460,75 @@ void LocalCluster::PrintProgress(const JobView& view) {
   std::fflush(stdout);
 }
 
+local::ProcessView LocalCluster::ViewOf(const Worker& w, const JobView& view) const {
+  local::ProcessView p;
+  p.name = w.name;
+  p.alive = w.alive;
+  p.exited_cleanly = !w.alive && WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0;
+  p.asked_to_leave = w.asked_to_leave;
+  p.age_seconds = Since(w.started);
+  auto it = view.workers.find(w.name);
+  if (it != view.workers.end()) {
+    p.registered = true;
+    p.ready = it->second.ready;
+    p.leave_requested = it->second.leave_requested;
+  }
+  return p;
+}
+
+Status LocalCluster::SpawnMissing(const JobView& view, int desired, int slots) {
+  std::vector<int> taken;
+  int usable = 0;
+  for (const auto& w : workers_) {
+    if (!w->alive) continue;
+    taken.push_back(w->slot);
+    usable += local::Usable(ViewOf(*w, view)) ? 1 : 0;
+  }
+  for (int slot :
+       local::SlotsToFill(taken, static_cast<int>(taken.size()), usable, desired, slots)) {
+    VF_RETURN_IF_ERROR(Spawn(slot));
+  }
+  return Status::Ok();
+}
+
+policy::MembershipInput LocalCluster::MembershipInputOf(const JobView& view, int desired) const {
+  policy::MembershipInput in;
+  if (plan_size_ > 0) in.members = plan_members_.at(plan_epoch_);
+  in.desired = desired;
+  in.min_workers = job_.replicas_min;
+  in.virtual_nodes = job_.virtual_nodes;
+  std::vector<int64_t> failure_epochs;
+  for (const auto& [name, info] : view.workers) failure_epochs.push_back(info.failure_epoch);
+  in.failure_reported = local::FailureReported(failure_epochs, plan_epoch_, handled_failure_epoch_);
+  for (const auto& w : workers_) in.workers.push_back(local::WorkerStateOf(ViewOf(*w, view)));
+  return in;
+}
+
+Status LocalCluster::Adopt(const policy::MembershipDecision& decision, const std::string& reason) {
+  if (decision.kind == "failure") {
+    ++recoveries_;
+    handled_failure_epoch_ = plan_epoch_ + 1;
+  }
+  std::vector<Worker*> members;
+  std::vector<std::vector<int>> virtual_nodes;
+  for (const policy::PlannedMember& m : decision.members) {
+    for (auto& w : workers_) {
+      if (w->name == m.worker) members.push_back(w.get());
+    }
+    virtual_nodes.push_back(m.virtual_nodes);
+  }
+  // Members not in the new plan acknowledge it and exit; give them a deadline.
+  for (auto& w : workers_) {
+    const bool kept = std::find(members.begin(), members.end(), w.get()) != members.end();
+    if (w->in_plan && w->alive && !kept) {
+      w->asked_to_leave = true;
+      w->leave_deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(o_.timeout));
+    }
+  }
+  return Publish(members, virtual_nodes, reason);
+}
+
 Status LocalCluster::Reconcile(const JobView& view) {
   const int64_t step = CurrentStep(view);
   if (step != last_step_) {
@@ -463,141 +536,20 @@ Status LocalCluster::Reconcile(const JobView& view) {
     last_step_change_ = Clock::now();
   }
   const int slots = capacity_.At(step, Since(start_));
-
   // Workers leave when asked (SIGTERM) or die; everything else is the policy's call.
-  std::vector<Worker*> alive;
-  for (auto& w : workers_) {
-    if (w->alive) alive.push_back(w.get());
+  int members = 0;
+  for (const auto& w : workers_) {
+    members += w->in_plan && local::Usable(ViewOf(*w, view)) ? 1 : 0;
   }
-  auto info = [&](const Worker* w) -> const WorkerInfo* {
-    auto it = view.workers.find(w->name);
-    return it == view.workers.end() ? nullptr : &it->second;
-  };
-  auto usable = [&](const Worker* w) {
-    const WorkerInfo* i = info(w);
-    return w->alive && !w->asked_to_leave && (i == nullptr || !i->leave_requested);
-  };
-  int current = 0;
-  for (Worker* w : alive) current += (w->in_plan && usable(w)) ? 1 : 0;
-
-  // The same decision code the Kubernetes operator runs, with the local slots as the only
-  // "GPU type".
-  policy::PolicyJob pj;
-  pj.id = job_id_;
-  pj.min_workers = job_.replicas_min;
-  pj.max_workers = job_.replicas_max;
-  pj.requested_workers = job_.replicas_max;
-  pj.virtual_nodes = job_.virtual_nodes;
-  pj.gpus_per_worker = 1;
-  if (plan_size_ > 0 && current > 0) pj.current["cpu"] = current;
-  pj.last_resize_time = last_resize_time_;
-  pj.cooldown_seconds = job_.elasticity.cooldown_seconds;
-  policy::GpuInventory inventory;
-  inventory.gpus["cpu"] = slots;
-  VF_ASSIGN_OR_RETURN(policy::Decision decision, policy_->Decide({pj}, inventory, Since(start_)));
-  const policy::JobDecision* mine = decision.Find(job_id_);
-  const int desired = mine == nullptr ? 0 : policy::TotalWorkers(mine->workers);
-  const std::string policy_reason = mine == nullptr ? std::string() : mine->reason;
-
-  // Slots: every live process holds one, joiners and leavers included.
-  int used = static_cast<int>(alive.size());
-  int usable_count = 0;
-  for (Worker* w : alive) usable_count += usable(w) ? 1 : 0;
-  for (int slot = 0; usable_count < desired && used < slots; ++slot) {
-    bool taken = false;
-    for (Worker* w : alive) taken = taken || w->slot == slot;
-    if (taken) continue;
-    VF_RETURN_IF_ERROR(Spawn(slot));
-    ++used;
-    ++usable_count;
-  }
-
-  // The member set: current members that may stay (oldest first), then ready joiners.
-  std::vector<Worker*> members;
-  for (auto& w : workers_) {
-    if (w->in_plan && usable(w.get()) && static_cast<int>(members.size()) < desired) {
-      members.push_back(w.get());
-    }
-  }
-  for (auto& w : workers_) {
-    const WorkerInfo* i = info(w.get());
-    if (!w->in_plan && usable(w.get()) && i != nullptr && i->ready &&
-        static_cast<int>(members.size()) < desired) {
-      members.push_back(w.get());
-    }
-  }
-  if (plan_size_ == 0 && static_cast<int>(members.size()) < desired &&
-      Since(start_) < kStartupWait) {
-    return Status::Ok();  // start on the whole initial set, not on whoever warmed up first
-  }
-  if (static_cast<int>(members.size()) < job_.replicas_min) {
-    // Not enough ready workers for min: keep the plan (members keep training) until joiners
-    // are ready, unless a member is gone, in which case nobody can train anyway.
-    bool member_gone = false;
-    for (auto& w : workers_) member_gone = member_gone || (w->in_plan && !w->alive);
-    if (!member_gone) return Status::Ok();
-    if (members.empty()) return Status::Ok();
-  }
-
-  // Growth waits for the joiners still warming up, so they are added in one plan.
-  bool warming = false;
-  for (auto& w : workers_) {
-    const WorkerInfo* i = info(w.get());
-    warming = warming || (!w->in_plan && usable(w.get()) && (i == nullptr || !i->ready) &&
-                          Since(w->started) < kJoinBatchWait);
-  }
-
-  // A failed collective in the current plan needs a fresh plan even with the same members.
-  bool failed = false;
-  for (const auto& [name, i] : view.workers) {
-    failed = failed || (i.failure_epoch >= plan_epoch_ && plan_epoch_ > handled_failure_epoch_);
-  }
-  bool lost = false;
-  for (auto& w : workers_) lost = lost || (w->in_plan && !w->alive);
-
-  bool same = static_cast<int>(members.size()) == plan_size_ && !lost;
-  for (Worker* w : members) same = same && w->in_plan;
-  if (same && !failed) return MaybeRebalance(view);
-  if (members.empty()) return Status::Ok();
-  bool shrinks = false;
-  for (auto& w : workers_) {
-    bool kept = false;
-    for (Worker* m : members) kept = kept || m == w.get();
-    shrinks = shrinks || (w->in_plan && !kept);
-  }
-  if (warming && !lost && !failed && !shrinks && plan_size_ > 0) return Status::Ok();
-
-  std::string reason;
-  bool leaving = false;
-  for (auto& w : workers_) {
-    const WorkerInfo* i = info(w.get());
-    leaving = leaving || (w->in_plan && i != nullptr && i->leave_requested);
-  }
-  if (lost || failed) {
-    reason = "a worker failed";
-    ++recoveries_;
-    handled_failure_epoch_ = plan_epoch_ + 1;
-  } else if (leaving) {
-    reason = "a worker asked to leave";
-  } else if (!policy_reason.empty()) {
-    reason = policy_reason + ", " + std::to_string(slots) + " slots";
-  } else {
-    reason = std::to_string(slots) + " slots";
-  }
-  if (plan_size_ == 0) reason = "start";
-  // Members not in the new plan acknowledge it and exit; give them a deadline.
-  for (auto& w : workers_) {
-    bool kept = false;
-    for (Worker* m : members) kept = kept || m == w.get();
-    if (w->in_plan && w->alive && !kept) {
-      w->asked_to_leave = true;
-      w->leave_deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                             std::chrono::duration<double>(o_.timeout));
-    }
-  }
-  return Publish(members, reason);
+  VF_ASSIGN_OR_RETURN(const local::Desired desired,
+                      local::DesiredWorkers(*policy_, job_, plan_size_ > 0 ? members : 0, slots,
+                                            last_resize_time_, Since(start_)));
+  VF_RETURN_IF_ERROR(SpawnMissing(view, desired.workers, slots));
+  const policy::MembershipDecision decision =
+      policy::DecideMembership(MembershipInputOf(view, desired.workers));
+  if (!decision.publish) return decision.held ? Status::Ok() : MaybeRebalance(view);
+  return Adopt(decision, local::PlanReason(decision.kind, desired.reason, slots));
 }
-
 void LocalCluster::StopAll() {
   for (auto& w : workers_) {
     if (w->alive) kill(w->pid, SIGTERM);
@@ -660,11 +612,44 @@ Result<LocalRunSummary> LocalCluster::Collect() {
   return s;
 }
 
+int64_t LocalCluster::FinishedEpoch() const {
+  int64_t finished_epoch = -1;
+  for (const auto& w : workers_) {
+    if (w->alive || !WIFEXITED(w->status) || WEXITSTATUS(w->status) != 0) continue;
+    std::ifstream in(w->result_path);
+    nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_discarded() && j.contains("epoch")) {
+      finished_epoch = std::max(finished_epoch, j["epoch"].get<int64_t>());
+    }
+  }
+  return finished_epoch;
+}
+
+bool LocalCluster::WindDown(int64_t finished_epoch, Clock::time_point finished_at) {
+  const auto& finishers = plan_members_[finished_epoch];
+  bool waiting = false;
+  for (auto& w : workers_) {
+    if (!w->alive) continue;
+    const bool peer = std::find(finishers.begin(), finishers.end(), w->name) != finishers.end();
+    if (peer) {
+      waiting = true;
+    } else {
+      kill(w->pid, SIGTERM);  // admitted too late to train; nothing to hand over
+    }
+  }
+  if (waiting && Since(finished_at) <= o_.timeout) return false;
+  // Resizes whose plan nobody trained under did not happen.
+  for (auto it = pending_pause_.rbegin(); it != pending_pause_.rend(); ++it) {
+    if (it->first > finished_epoch) {
+      resizes_.erase(resizes_.begin() + static_cast<std::ptrdiff_t>(it->second));
+    }
+  }
+  std::erase_if(pending_pause_, [&](const auto& p) { return p.first > finished_epoch; });
+  return true;
+}
+
 Result<LocalRunSummary> LocalCluster::Run() {
   VF_RETURN_IF_ERROR(Start());
-  VF_ASSIGN_OR_RETURN(DatasetSplits data, LoadJobDataset(job_));
-  total_steps_ = job_.TotalSteps(data.train.count / job_.global_batch_size);
-  data = {};
   if (!o_.quiet) {
     std::printf("training %s: %d virtual nodes x %lld samples, %lld steps, slots %s\n",
                 job_.name.c_str(), job_.virtual_nodes, static_cast<long long>(job_.micro_batch()),
@@ -688,42 +673,15 @@ Result<LocalRunSummary> LocalCluster::Run() {
     VF_ASSIGN_OR_RETURN(JobView view, coordinator_.GetJob(job_id_));
     generation = view.generation;
     NoteResizePauses(view);
+    NoteTotalSteps(view);
 
     // The job is complete once a member has finished it: the other members are finishing the
     // same last step. A joiner admitted by a plan published during that step has nobody left
     // to train with, so after a short grace the rest are stopped.
-    int64_t finished_epoch = -1;
-    for (auto& w : workers_) {
-      if (w->alive || !WIFEXITED(w->status) || WEXITSTATUS(w->status) != 0) continue;
-      std::ifstream in(w->result_path);
-      nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-      if (!j.is_discarded() && j.contains("epoch")) {
-        finished_epoch = std::max(finished_epoch, j["epoch"].get<int64_t>());
-      }
-    }
+    const int64_t finished_epoch = FinishedEpoch();
     if (finished_epoch >= 0) {
       if (finished_at == Clock::time_point{}) finished_at = Clock::now();
-      const auto& finishers = plan_members_[finished_epoch];
-      bool waiting = false;
-      for (auto& w : workers_) {
-        if (!w->alive) continue;
-        const bool peer = std::find(finishers.begin(), finishers.end(), w->name) != finishers.end();
-        if (peer) {
-          waiting = true;
-        } else {
-          kill(w->pid, SIGTERM);  // admitted too late to train; nothing to hand over
-        }
-      }
-      if (!waiting || Since(finished_at) > o_.timeout) {
-        // Resizes whose plan nobody trained under did not happen.
-        for (auto it = pending_pause_.rbegin(); it != pending_pause_.rend(); ++it) {
-          if (it->first > finished_epoch) {
-            resizes_.erase(resizes_.begin() + static_cast<std::ptrdiff_t>(it->second));
-          }
-        }
-        std::erase_if(pending_pause_, [&](const auto& p) { return p.first > finished_epoch; });
-        break;
-      }
+      if (WindDown(finished_epoch, finished_at)) break;
       coordinator_.WaitForChange(job_id_, generation, std::chrono::milliseconds(50));
       continue;
     }
@@ -746,14 +704,8 @@ Result<LocalRunSummary> LocalCluster::Run() {
   NoteResizePauses(*coordinator_.GetJob(job_id_), /*final=*/true);
   return Collect();
 }
-
-}  // namespace
-
-void RequestLocalJobStop() { g_stop.store(true); }
-
-Result<LocalRunSummary> RunLocalJob(const LocalRunOptions& o) {
-  g_stop.store(false);
-  // Everything a worker would reject is checked here first, so the user sees one error, once.
+// The job as `vf run` trains it: the file, with --steps in place of its length.
+Result<JobSpec> LoadLocalJob(const LocalRunOptions& o) {
   VF_ASSIGN_OR_RETURN(JobSpec job, LoadJobFile(o.job_path));
   if (o.steps_override < 0) return InvalidArgument("--steps must be positive");
   if (o.steps_override > 0) {
@@ -767,21 +719,17 @@ Result<LocalRunSummary> RunLocalJob(const LocalRunOptions& o) {
                            " exceeds spec.virtualNodes (" + std::to_string(job.virtual_nodes) +
                            "): every worker needs at least one virtual node");
   }
-  CapacitySchedule capacity = CapacitySchedule::Constant(1);
-  if (!o.capacity.empty()) {
-    VF_ASSIGN_OR_RETURN(capacity, CapacitySchedule::Parse(o.capacity));
-  } else {
-    int slots = o.workers;
-    if (slots == 0) {
-      const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-      slots = std::min(job.replicas_max, cores);
-    }
-    capacity = CapacitySchedule::Constant(slots);
-  }
+  return job;
+}
+
+// Checks the training data and any checkpoint to resume from as the workers will find them;
+// returns the job's length in steps from the training set's real size (the workers report the
+// same once they have loaded it).
+Result<int64_t> CheckDataAndCheckpoint(const JobSpec& job, const LocalRunOptions& o) {
   VF_ASSIGN_OR_RETURN(DatasetSplits data, LoadJobDataset(job));
   VF_RETURN_IF_ERROR(Sharder::Check(data.train.count, job.global_batch_size, job.virtual_nodes)
                          .WithContext(o.job_path));
-  data = {};
+  const int64_t total_steps = TotalSteps(job, data.train.count);
   if (!job.checkpoint.path.empty() && fs::exists(job.checkpoint.path)) {
     VF_ASSIGN_OR_RETURN(TrainingState state, ReadCheckpoint(job.checkpoint.path));
     if (state.job_fingerprint != job.Fingerprint()) {
@@ -794,7 +742,11 @@ Result<LocalRunSummary> RunLocalJob(const LocalRunOptions& o) {
                   static_cast<long long>(state.step));
     }
   }
+  return total_steps;
+}
 
+// The virtualflow-agent program the workers run.
+Result<std::string> AgentProgram(const LocalRunOptions& o) {
   std::string agent = o.agent_path;
   if (agent.empty()) {
     std::error_code ec;
@@ -803,7 +755,23 @@ Result<LocalRunSummary> RunLocalJob(const LocalRunOptions& o) {
   if (access(agent.c_str(), X_OK) != 0) {
     return NotFound("worker program " + agent + " not found or not executable");
   }
-  LocalCluster cluster(o, std::move(job), std::move(capacity), agent);
+  return agent;
+}
+
+}  // namespace
+
+void RequestLocalJobStop() { g_stop.store(true); }
+
+Result<LocalRunSummary> RunLocalJob(const LocalRunOptions& o) {
+  g_stop.store(false);
+  // Everything a worker would reject is checked here first, so the user sees one error, once.
+  VF_ASSIGN_OR_RETURN(JobSpec job, LoadLocalJob(o));
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  VF_ASSIGN_OR_RETURN(CapacitySchedule capacity,
+                      local::SlotSchedule(o.capacity, o.workers, job, cores));
+  VF_ASSIGN_OR_RETURN(const int64_t total_steps, CheckDataAndCheckpoint(job, o));
+  VF_ASSIGN_OR_RETURN(std::string agent, AgentProgram(o));
+  LocalCluster cluster(o, std::move(job), std::move(capacity), std::move(agent), total_steps);
   return cluster.Run();
 }
 

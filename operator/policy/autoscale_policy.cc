@@ -47,15 +47,22 @@ class AutoscalePolicy final : public Policy {
   Result<Decision> Decide(const std::vector<PolicyJob>& jobs, const GpuInventory& inventory,
                           double now) const override {
     VF_RETURN_IF_ERROR(ValidateInput(jobs, inventory, now));
-    const size_t n = jobs.size();
-    const bool mixed = options_.allow_mixed_types;
-    const double threshold = options_.scaling_efficiency_threshold;
     MinimumPass m = ReserveMinimums(jobs, inventory, options_);
-    GpuPool& pool = m.pool;
     std::vector<Allocation> target = m.base;
-    std::vector<std::string> why(n);
+    std::vector<std::string> why(jobs.size());
+    KeepOrGiveBackOne(jobs, now, m, target, why);
+    StartAtRequest(jobs, m, target);
+    GrowByOne(jobs, now, m, target, why);
+    return Explain(jobs, m, target, why);
+  }
 
-    // 1. Running jobs keep their extra workers, minus the newest one if it does not pay.
+ private:
+  // 1. Running jobs keep their extra workers, minus the newest one if it does not pay; then
+  // their workers not placed yet stay too, on what is still free, unless the job shrinks.
+  void KeepOrGiveBackOne(const std::vector<PolicyJob>& jobs, double now, MinimumPass& m,
+                         std::vector<Allocation>& target, std::vector<std::string>& why) const {
+    const double threshold = options_.scaling_efficiency_threshold;
+    GpuPool& pool = m.pool;
     for (size_t i : m.order) {
       if (!m.running[i]) continue;
       const PolicyJob& j = jobs[i];
@@ -92,31 +99,43 @@ class AutoscalePolicy final : public Policy {
         }
       }
     }
-    // Their workers not placed yet stay too, on what is still free, unless the job shrinks.
     for (size_t i : m.order) {
       if (m.running[i] && why[i].empty()) {
-        KeepUnbound(jobs[i], jobs[i].max_workers, m.types[i], mixed, pool, target[i]);
+        KeepUnbound(jobs[i], jobs[i].max_workers, m.types[i], options_.allow_mixed_types, pool,
+                    target[i]);
       }
     }
-    // 2. Starting jobs get up to their request.
+  }
+
+  // 2. Starting jobs get up to their request.
+  void StartAtRequest(const std::vector<PolicyJob>& jobs, MinimumPass& m,
+                      std::vector<Allocation>& target) const {
     for (size_t i : m.order) {
       if (!m.started[i]) continue;
       const PolicyJob& j = jobs[i];
       const int want = j.requested_workers > 0 ? j.requested_workers : j.min_workers;
-      while (TotalWorkers(target[i]) < want &&
-             pool.AddOne(target[i], j.gpus_per_worker, {}, m.types[i], mixed)) {
+      while (
+          TotalWorkers(target[i]) < want &&
+          m.pool.AddOne(target[i], j.gpus_per_worker, {}, m.types[i], options_.allow_mixed_types)) {
       }
     }
-    // 3. Running jobs whose newest worker paid off (or is unmeasured) try one more.
+  }
+
+  // 3. Running jobs whose newest worker paid off (or is unmeasured) try one more.
+  void GrowByOne(const std::vector<PolicyJob>& jobs, double now, MinimumPass& m,
+                 std::vector<Allocation>& target, std::vector<std::string>& why) const {
+    const double threshold = options_.scaling_efficiency_threshold;
     for (size_t i : m.order) {
       if (!m.running[i] || !why[i].empty()) continue;
       const PolicyJob& j = jobs[i];
       const int held = TotalWorkers(j.current);
       if (target[i] != j.current || held >= j.max_workers) continue;
       if (CooldownLeft(j, options_, now) > 0.0) continue;
-      GpuPool probe = pool;
+      GpuPool probe = m.pool;
       Allocation next = target[i];
-      if (!probe.AddOne(next, j.gpus_per_worker, {}, m.types[i], mixed)) continue;
+      if (!probe.AddOne(next, j.gpus_per_worker, {}, m.types[i], options_.allow_mixed_types)) {
+        continue;
+      }
       const double e = MarginalEfficiency(Measured(j, next), Measured(j, j.current), held + 1);
       if (e >= 0.0) {
         if (e < threshold) continue;  // measured before: not worth it
@@ -128,13 +147,17 @@ class AutoscalePolicy final : public Policy {
         why[i] = "grew: " + std::to_string(held) + " -> " + std::to_string(held + 1) +
                  " workers (probing an unmeasured size)";
       }
-      pool = probe;
+      m.pool = probe;
       target[i] = next;
     }
+  }
 
+  static Decision Explain(const std::vector<PolicyJob>& jobs, const MinimumPass& m,
+                          const std::vector<Allocation>& target,
+                          const std::vector<std::string>& why) {
     Decision d;
-    d.jobs.resize(n);
-    for (size_t i = 0; i < n; ++i) {
+    d.jobs.resize(jobs.size());
+    for (size_t i = 0; i < jobs.size(); ++i) {
       JobDecision& out = d.jobs[i];
       out.id = jobs[i].id;
       if (!m.admitted(i)) {
@@ -157,7 +180,6 @@ class AutoscalePolicy final : public Policy {
     return d;
   }
 
- private:
   const PolicyOptions options_;
 };
 

@@ -31,58 +31,26 @@ class ElasticPolicy final : public Policy {
   Result<Decision> Decide(const std::vector<PolicyJob>& jobs, const GpuInventory& inventory,
                           double now) const override {
     VF_RETURN_IF_ERROR(ValidateInput(jobs, inventory, now));
-    const size_t n = jobs.size();
-    const bool mixed = options_.allow_mixed_types;
     const MinimumPass m = ReserveMinimums(jobs, inventory, options_);
+    std::vector<std::string> hold(jobs.size());
+    const std::vector<Allocation> target = Allocate(jobs, m, now, hold);
+    return Explain(jobs, m, target, hold);
+  }
 
-    // Jobs frozen at (at most) what they hold: in cooldown, or a resize that does not pay.
+ private:
+  // The workers of every job: fair shares, except that jobs frozen at (at most) what they hold
+  // (in cooldown, or a resize that does not pay) keep that. `hold` says why a job was frozen.
+  std::vector<Allocation> Allocate(const std::vector<PolicyJob>& jobs, const MinimumPass& m,
+                                   double now, std::vector<std::string>& hold) const {
+    const size_t n = jobs.size();
     std::vector<bool> pinned(n, false);
-    std::vector<std::string> hold(n);
     for (size_t i = 0; i < n; ++i) {
       if (m.running[i] && CooldownLeft(jobs[i], options_, now) > 0.0) pinned[i] = true;
     }
-
     std::vector<Allocation> target;
     // Each round either settles or pins one more job, so n + 1 rounds always suffice.
     for (size_t round = 0; round <= n; ++round) {
-      GpuPool pool = m.pool;
-      target = m.base;
-      // Pinned jobs keep the extra workers they hold, unless a starting job took them.
-      for (size_t i : m.order) {
-        if (!pinned[i]) continue;
-        const int gpw = jobs[i].gpus_per_worker;
-        for (const auto& [type, extra] : Minus(jobs[i].current, m.base[i])) {
-          const int room = jobs[i].max_workers - TotalWorkers(target[i]);  // max may have dropped
-          const int keep = std::min({extra, pool.Free(type) / gpw, room});
-          if (keep > 0 && pool.TakeExact({{type, keep}}, gpw)) target[i][type] += keep;
-        }
-      }
-      // Then the workers they asked for that are not placed yet, on what is still free.
-      for (size_t i : m.order) {
-        if (pinned[i]) {
-          KeepUnbound(jobs[i], jobs[i].max_workers, m.types[i], mixed, pool, target[i]);
-        }
-      }
-      // Water-filling: the next worker goes to the job furthest below its weighted share.
-      while (true) {
-        size_t best = n;
-        double best_share = 0.0;
-        for (size_t i : m.order) {
-          const PolicyJob& j = jobs[i];
-          if (!m.admitted(i) || pinned[i] || TotalWorkers(target[i]) >= j.max_workers) continue;
-          GpuPool probe = pool;
-          Allocation next = target[i];
-          if (!probe.AddOne(next, j.gpus_per_worker, j.current, m.types[i], mixed)) continue;
-          const double share = TotalWorkers(target[i]) * j.gpus_per_worker / Weight(j);
-          if (best == n || share < best_share) {
-            best = i;
-            best_share = share;
-          }
-        }
-        if (best == n) break;
-        pool.AddOne(target[best], jobs[best].gpus_per_worker, jobs[best].current, m.types[best],
-                    mixed);
-      }
+      target = Share(jobs, m, pinned);
       // A running job grows or moves only if the resize pays for its pause.
       bool settled = true;
       for (size_t i : m.order) {
@@ -98,7 +66,58 @@ class ElasticPolicy final : public Policy {
       }
       if (settled) break;
     }
+    return target;
+  }
 
+  // One round: pinned jobs keep what they hold, the rest share what is left by weight.
+  std::vector<Allocation> Share(const std::vector<PolicyJob>& jobs, const MinimumPass& m,
+                                const std::vector<bool>& pinned) const {
+    const size_t n = jobs.size();
+    const bool mixed = options_.allow_mixed_types;
+    GpuPool pool = m.pool;
+    std::vector<Allocation> target = m.base;
+    // Pinned jobs keep the extra workers they hold, unless a starting job took them.
+    for (size_t i : m.order) {
+      if (!pinned[i]) continue;
+      const int gpw = jobs[i].gpus_per_worker;
+      for (const auto& [type, extra] : Minus(jobs[i].current, m.base[i])) {
+        const int room = jobs[i].max_workers - TotalWorkers(target[i]);  // max may have dropped
+        const int keep = std::min({extra, pool.Free(type) / gpw, room});
+        if (keep > 0 && pool.TakeExact({{type, keep}}, gpw)) target[i][type] += keep;
+      }
+    }
+    // Then the workers they asked for that are not placed yet, on what is still free.
+    for (size_t i : m.order) {
+      if (pinned[i]) KeepUnbound(jobs[i], jobs[i].max_workers, m.types[i], mixed, pool, target[i]);
+    }
+    // Water-filling: the next worker goes to the job furthest below its weighted share.
+    while (true) {
+      size_t best = n;
+      double best_share = 0.0;
+      for (size_t i : m.order) {
+        const PolicyJob& j = jobs[i];
+        if (!m.admitted(i) || pinned[i] || TotalWorkers(target[i]) >= j.max_workers) continue;
+        GpuPool probe = pool;
+        Allocation next = target[i];
+        if (!probe.AddOne(next, j.gpus_per_worker, j.current, m.types[i], mixed)) continue;
+        const double share = TotalWorkers(target[i]) * j.gpus_per_worker / Weight(j);
+        if (best == n || share < best_share) {
+          best = i;
+          best_share = share;
+        }
+      }
+      if (best == n) break;
+      pool.AddOne(target[best], jobs[best].gpus_per_worker, jobs[best].current, m.types[best],
+                  mixed);
+    }
+    return target;
+  }
+
+  // Each job's decision with its one line for people.
+  static Decision Explain(const std::vector<PolicyJob>& jobs, const MinimumPass& m,
+                          const std::vector<Allocation>& target,
+                          const std::vector<std::string>& hold) {
+    const size_t n = jobs.size();
     Decision d;
     d.jobs.resize(n);
     // The job that gained most recently in service order explains why others shrank.
@@ -144,7 +163,6 @@ class ElasticPolicy final : public Policy {
     return d;
   }
 
- private:
   const PolicyOptions options_;
 };
 

@@ -1,6 +1,7 @@
-// Scheduling policies: how many workers each job gets, on which GPU types, and which virtual
-// nodes each worker holds. Pure functions of their inputs (no clock, no I/O, no randomness), so
-// the operator, the local launcher and the cluster simulator run exactly the same code.
+// Scheduling policies: how many workers each job gets, and on which GPU types. Pure functions of
+// their inputs (no clock, no I/O, no randomness), so the operator, the local launcher and the
+// cluster simulator run exactly the same code. Who trains in a job's next plan is
+// membership.h's decision; which virtual nodes each worker holds, runtime/split.h's.
 //
 // Units: times are seconds on one clock chosen by the caller (`now`, `arrival_time` and
 // `last_resize_time` must share it); throughput is samples per second; an allocation counts
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/job/spec.h"
 #include "runtime/status.h"
 
 namespace vf::policy {
@@ -64,9 +66,10 @@ struct GpuInventory {
 
 // Knobs shared by the policies. Plain data.
 struct PolicyOptions {
-  // Minimum seconds between two voluntary resizes of one job (growing, rebalancing). Taking
-  // lent GPUs back for a job that is waiting for its minimum ignores it.
-  double cooldown_seconds = 30.0;
+  // Minimum seconds between two voluntary resizes of a job that sets none (growing,
+  // rebalancing): a job's own default, spec.elasticity.cooldownSeconds. Taking lent GPUs back
+  // for a job that is waiting for its minimum ignores it.
+  double cooldown_seconds = ElasticitySpec{}.cooldown_seconds;
   // autoscale: keep the newest worker only while it adds at least this fraction of what an
   // average worker contributes ((T(n) - T(n-1)) / (T(n-1) / (n-1))).
   double scaling_efficiency_threshold = 0.1;
@@ -129,21 +132,5 @@ std::vector<std::string> KnownPolicyNames();
 // measured; otherwise per-type per-worker rates from the nearest measured worker count, scaled
 // linearly. Returns a negative value when nothing is known about a type it uses.
 double EstimateThroughput(const PolicyJob& job, const Allocation& workers);
-
-// Splits `virtual_nodes` among workers whose measured seconds per virtual node are
-// `seconds_per_virtual_node` (all > 0): every worker gets >= 1, the counts sum to V, and
-// max_i(count_i * t_i) is as small as possible. Exact (greedy on a min-heap of the finish time
-// after one more node, which is optimal for this objective); ties go to the lower index, so the
-// result is deterministic. Requires 1 <= workers <= V; returns {} otherwise.
-std::vector<int> SplitVirtualNodes(int virtual_nodes,
-                                   const std::vector<double>& seconds_per_virtual_node);
-
-// Turns per-worker counts into contiguous virtual-node lists: worker 0 gets 0..c0-1, worker 1
-// the next c1, and so on.
-std::vector<std::vector<int>> ContiguousVirtualNodes(const std::vector<int>& counts);
-
-// The step time of a split: max_i(count_i * t_i). 0 for an empty split.
-double SplitStepSeconds(const std::vector<int>& counts,
-                        const std::vector<double>& seconds_per_virtual_node);
 
 }  // namespace vf::policy

@@ -7,6 +7,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "runtime/split.h"
+
 #ifndef VF_SIM_DATA_DIR
 #define VF_SIM_DATA_DIR "operator/sim/data"
 #endif
@@ -316,12 +318,9 @@ Result<StepPrediction> PredictStep(const WorkloadProfile& workload, const Cluste
     p.worker_types.push_back(type);
     p.seconds_per_virtual_node.push_back(t);
   }
-  if (split == SplitMode::kProportional) {
-    p.virtual_nodes = policy::SplitVirtualNodes(virtual_nodes, p.seconds_per_virtual_node);
-  } else {
-    for (int i = 0; i < n; ++i)
-      p.virtual_nodes.push_back(virtual_nodes / n + (i < virtual_nodes % n));
-  }
+  p.virtual_nodes = SplitVirtualNodes(virtual_nodes, split == SplitMode::kProportional
+                                                         ? p.seconds_per_virtual_node
+                                                         : EqualTimes(n));
   // Per type: each worker's busy time; shared-core types cannot run more than `cores` workers'
   // worth at once (work-conserving sharing with migration, McNaughton's bound).
   std::map<std::string, std::pair<double, double>> by_type;  // type -> (max, sum)

@@ -6,6 +6,8 @@
 #include <limits>
 #include <map>
 
+#include "runtime/job/spec.h"
+
 namespace vf::sim {
 namespace {
 
@@ -59,20 +61,24 @@ Result<std::vector<SimJob>> MakeJobs(const std::vector<TraceJob>& trace, const P
     j.min_workers = 1;
     j.requested_workers = std::min(t.gpu_demand, j.virtual_nodes);
     j.max_workers = max_workers == MaxWorkers::kDemand ? j.requested_workers : j.virtual_nodes;
-    if (t.num_steps > 0) {
-      j.steps = t.num_steps;
-    } else {
+    // The job's length as every part of the product computes it.
+    JobSpec length;
+    length.global_batch_size = t.batch_size;
+    length.steps = t.num_steps;
+    length.epochs = t.num_epochs;
+    int64_t train_samples = 0;
+    if (t.num_steps <= 0) {
       auto it = profiles.dataset_samples.find(t.dataset);
       if (it == profiles.dataset_samples.end()) {
         return NotFound(where + ": no size for dataset '" + t.dataset + "' in " + profiles.path);
       }
-      const int64_t per_epoch = it->second / t.batch_size;
-      if (per_epoch < 1) {
+      train_samples = it->second;
+      if (train_samples < t.batch_size) {
         return InvalidArgument(where + ": batch " + std::to_string(t.batch_size) +
                                " is larger than the dataset " + t.dataset);
       }
-      j.steps = per_epoch * t.num_epochs;
     }
+    j.steps = TotalSteps(length, train_samples);
     jobs.push_back(std::move(j));
   }
   return jobs;
@@ -109,9 +115,9 @@ void Summarize(SimResult& r, const Cluster& cluster) {
   r.gpu_utilisation = capacity > 0.0 ? gpu_seconds / capacity : 0.0;
 }
 
-Result<SimResult> Simulate(const std::vector<SimJob>& jobs, const Cluster& cluster,
-                           const policy::Policy& policy, const SimOptions& options) {
-  if (!(options.tick_seconds > 0.0)) return InvalidArgument("tick must be positive");
+namespace {
+
+std::vector<JobState> InitialStates(const std::vector<SimJob>& jobs, const Cluster& cluster) {
   std::vector<JobState> states(jobs.size());
   for (size_t i = 0; i < jobs.size(); ++i) {
     JobState& s = states[i];
@@ -125,7 +131,143 @@ Result<SimResult> Simulate(const std::vector<SimJob>& jobs, const Cluster& clust
     s.out.virtual_nodes = jobs[i].virtual_nodes;
     s.out.arrival_time = jobs[i].arrival_time;
   }
-  policy::GpuInventory inventory{cluster.gpus};
+  return states;
+}
+
+// What the next event depends on: the earliest arrival or completion, and what is going on.
+struct Outlook {
+  double next = kInf;
+  bool active = false;  // a job has arrived and not finished
+  bool running = false;
+  bool future_arrivals = false;
+};
+
+Outlook LookAhead(const std::vector<JobState>& states, double now) {
+  Outlook o;
+  for (const JobState& s : states) {
+    if (s.done) continue;
+    if (!s.arrived) {
+      o.next = std::min(o.next, s.job->arrival_time);
+      o.future_arrivals = true;
+      continue;
+    }
+    o.active = true;
+    if (s.running()) {
+      o.running = true;
+      o.next = std::min(o.next, s.Completion(now));
+    }
+  }
+  return o;
+}
+
+// Moves every running job from `now` to `next`, then admits arrivals and retires finished jobs.
+void Advance(std::vector<JobState>& states, double now, double next) {
+  for (JobState& s : states) {
+    if (!s.running()) continue;
+    const double from = std::max(now, s.paused_until);
+    if (next > from) s.remaining_steps -= (next - from) / s.step_seconds;
+    s.out.paused_seconds += std::max(0.0, std::min(next, s.paused_until) - now);
+    s.out.gpu_seconds += (next - now) * Gpus(s.alloc, 1);
+  }
+  for (JobState& s : states) {
+    if (!s.arrived && s.job->arrival_time <= next) s.arrived = true;
+    if (s.running() && s.remaining_steps <= 1e-9 * static_cast<double>(s.job->steps)) {
+      s.done = true;
+      s.remaining_steps = 0.0;
+      s.alloc.clear();
+      s.out.finish_time = next;
+    }
+  }
+}
+
+// The active jobs as the policy sees them, exactly as the operator would show them.
+std::vector<policy::PolicyJob> PolicyView(std::vector<JobState>& states,
+                                          std::vector<JobState*>& viewed) {
+  std::vector<policy::PolicyJob> view;
+  for (JobState& s : states) {
+    if (!s.arrived || s.done) continue;
+    const SimJob& j = *s.job;
+    policy::PolicyJob p;
+    p.id = j.id;
+    p.priority = j.priority;
+    p.arrival_time = j.arrival_time;
+    p.submission_order = static_cast<int64_t>(&s - states.data());
+    p.min_workers = j.min_workers;
+    p.max_workers = j.max_workers;
+    p.requested_workers = j.requested_workers;
+    p.virtual_nodes = j.virtual_nodes;
+    p.current = s.alloc;
+    p.last_resize_time = s.last_resize;
+    p.resize_pause_seconds = s.pause_seconds;
+    p.remaining_samples = s.remaining_steps * static_cast<double>(j.global_batch);
+    p.throughput = s.measured;
+    view.push_back(std::move(p));
+    viewed.push_back(&s);
+  }
+  return view;
+}
+
+// Gives the job its new workers at `now`: a start or a resize pause, and its step time there.
+Status Apply(JobState& s, const policy::Allocation& workers, const Cluster& cluster,
+             const SimOptions& options, double now) {
+  const bool starting = s.alloc.empty();
+  s.alloc = workers;
+  if (s.alloc.empty()) return Status::Ok();  // stopped: it waits again
+  if (starting) {
+    if (s.out.start_time < 0.0) s.out.start_time = now;
+    s.paused_until = now + cluster.start_seconds;
+  } else {
+    ++s.out.resizes;
+    s.paused_until = std::max(s.paused_until, now) + s.pause_seconds;
+  }
+  s.last_resize = now;
+  s.out.max_workers_seen = std::max(s.out.max_workers_seen, policy::TotalWorkers(s.alloc));
+  auto cached = s.step_cache.find(s.alloc);
+  if (cached == s.step_cache.end()) {
+    VF_ASSIGN_OR_RETURN(StepPrediction p,
+                        PredictStep(*s.job->workload, cluster, s.alloc, s.job->virtual_nodes,
+                                    s.job->global_batch, options.split));
+    cached = s.step_cache.emplace(s.alloc, p.step_seconds).first;
+    // Agents report their throughput after the first steps on a new allocation.
+    s.measured.push_back({s.alloc, static_cast<double>(s.job->global_batch) / p.step_seconds});
+  }
+  s.step_seconds = cached->second;
+  return Status::Ok();
+}
+
+// Asks the policy, exactly as the operator would, and applies what changed. Returns whether
+// any allocation changed.
+Result<bool> Decide(std::vector<JobState>& states, const Cluster& cluster,
+                    const policy::Policy& policy, const SimOptions& options, double now,
+                    SimResult& result) {
+  std::vector<JobState*> viewed;
+  const std::vector<policy::PolicyJob> view = PolicyView(states, viewed);
+  if (view.empty()) return false;
+  const policy::GpuInventory inventory{cluster.gpus};
+  VF_ASSIGN_OR_RETURN(policy::Decision decision, policy.Decide(view, inventory, now));
+  ++result.decisions;
+  bool changed = false;
+  for (size_t k = 0; k < viewed.size(); ++k) {
+    const policy::JobDecision& d = decision.jobs[k];
+    if (!d.changed) continue;
+    changed = true;
+    JobState& s = *viewed[k];
+    if (options.record_events) {
+      char at[32];
+      std::snprintf(at, sizeof(at), "%9.0f s  ", now);
+      result.events.push_back(at + s.job->id + ": " + d.reason);
+    }
+    VF_RETURN_IF_ERROR(Apply(s, d.workers, cluster, options, now));
+  }
+  return changed;
+}
+
+}  // namespace
+
+Result<SimResult> Simulate(const std::vector<SimJob>& jobs, const Cluster& cluster,
+                           const policy::Policy& policy, const SimOptions& options) {
+  if (!(options.tick_seconds > 0.0)) return InvalidArgument("tick must be positive");
+  std::vector<JobState> states = InitialStates(jobs, cluster);
   SimResult result;
   result.policy = policy.name();
   result.split = SplitModeName(options.split);
@@ -133,114 +275,20 @@ Result<SimResult> Simulate(const std::vector<SimJob>& jobs, const Cluster& clust
   double now = 0.0;
   double last_decision = -kInf;
   while (true) {
-    double next = kInf;
-    bool active = false;
-    bool running = false;
-    bool future_arrivals = false;
-    for (const JobState& s : states) {
-      if (s.done) continue;
-      if (!s.arrived) {
-        next = std::min(next, s.job->arrival_time);
-        future_arrivals = true;
-        continue;
-      }
-      active = true;
-      if (s.running()) {
-        running = true;
-        next = std::min(next, s.Completion(now));
-      }
-    }
-    if (!active && !future_arrivals) break;
-    if (active) next = std::min(next, last_decision + options.tick_seconds);
+    const Outlook o = LookAhead(states, now);
+    if (!o.active && !o.future_arrivals) break;
+    double next = o.next;
+    if (o.active) next = std::min(next, last_decision + options.tick_seconds);
     next = std::max(next, now);
     if (next > options.horizon_seconds) break;
-
-    // Advance every running job to `next`.
-    for (JobState& s : states) {
-      if (!s.running()) continue;
-      const double from = std::max(now, s.paused_until);
-      if (next > from) s.remaining_steps -= (next - from) / s.step_seconds;
-      s.out.paused_seconds += std::max(0.0, std::min(next, s.paused_until) - now);
-      s.out.gpu_seconds += (next - now) * Gpus(s.alloc, 1);
-    }
+    Advance(states, now, next);
     now = next;
-    for (JobState& s : states) {
-      if (!s.arrived && s.job->arrival_time <= now) s.arrived = true;
-      if (s.running() && s.remaining_steps <= 1e-9 * static_cast<double>(s.job->steps)) {
-        s.done = true;
-        s.remaining_steps = 0.0;
-        s.alloc.clear();
-        s.out.finish_time = now;
-      }
-    }
 
-    // Ask the policy, exactly as the operator would.
-    std::vector<policy::PolicyJob> view;
-    std::vector<JobState*> viewed;
-    for (JobState& s : states) {
-      if (!s.arrived || s.done) continue;
-      const SimJob& j = *s.job;
-      policy::PolicyJob p;
-      p.id = j.id;
-      p.priority = j.priority;
-      p.arrival_time = j.arrival_time;
-      p.submission_order = static_cast<int64_t>(&s - states.data());
-      p.min_workers = j.min_workers;
-      p.max_workers = j.max_workers;
-      p.requested_workers = j.requested_workers;
-      p.virtual_nodes = j.virtual_nodes;
-      p.current = s.alloc;
-      p.last_resize_time = s.last_resize;
-      p.resize_pause_seconds = s.pause_seconds;
-      p.remaining_samples = s.remaining_steps * static_cast<double>(j.global_batch);
-      p.throughput = s.measured;
-      view.push_back(std::move(p));
-      viewed.push_back(&s);
-    }
-    if (view.empty()) {
-      last_decision = now;
-      continue;
-    }
-    VF_ASSIGN_OR_RETURN(policy::Decision decision, policy.Decide(view, inventory, now));
-    ++result.decisions;
+    VF_ASSIGN_OR_RETURN(const bool changed, Decide(states, cluster, policy, options, now, result));
     last_decision = now;
-    bool changed = false;
-    for (size_t k = 0; k < viewed.size(); ++k) {
-      const policy::JobDecision& d = decision.jobs[k];
-      if (!d.changed) continue;
-      changed = true;
-      JobState& s = *viewed[k];
-      if (options.record_events) {
-        char at[32];
-        std::snprintf(at, sizeof(at), "%9.0f s  ", now);
-        result.events.push_back(at + s.job->id + ": " + d.reason);
-      }
-      const bool starting = s.alloc.empty();
-      s.alloc = d.workers;
-      if (s.alloc.empty()) continue;  // stopped: it waits again
-      if (starting) {
-        if (s.out.start_time < 0.0) s.out.start_time = now;
-        s.paused_until = now + cluster.start_seconds;
-      } else {
-        ++s.out.resizes;
-        s.paused_until = std::max(s.paused_until, now) + s.pause_seconds;
-      }
-      s.last_resize = now;
-      s.out.max_workers_seen = std::max(s.out.max_workers_seen, policy::TotalWorkers(s.alloc));
-      auto cached = s.step_cache.find(s.alloc);
-      if (cached == s.step_cache.end()) {
-        VF_ASSIGN_OR_RETURN(StepPrediction p,
-                            PredictStep(*s.job->workload, cluster, s.alloc, s.job->virtual_nodes,
-                                        s.job->global_batch, options.split));
-        cached = s.step_cache.emplace(s.alloc, p.step_seconds).first;
-        // Agents report their throughput after the first steps on a new allocation.
-        s.measured.push_back({s.alloc, static_cast<double>(s.job->global_batch) / p.step_seconds});
-      }
-      s.step_seconds = cached->second;
-    }
     // Nothing runs, nothing will arrive, and the policy will not start anything: the
     // remaining jobs can never run on this cluster.
-    if (!running && !changed && !future_arrivals) {
+    if (!o.running && !changed && !o.future_arrivals) {
       bool any_running = false;
       for (const JobState& s : states) any_running = any_running || s.running();
       if (!any_running) break;

@@ -261,6 +261,7 @@ class Worker {
   }
 
   int64_t latest_epoch() const { return agent_->latest_epoch(); }
+  void set_total_steps(int64_t total) { agent_->set_total_steps(total); }
 
  private:
   Reducer* RequireReducer() {
@@ -435,6 +436,7 @@ NB_MODULE(_core, m) {
       .def("finish_job", &Worker::FinishJob, nb::arg("step"), nb::arg("loss"),
            nb::arg("weights_sha256"), nb::arg("test_accuracy"))
       .def("all_gather", &Worker::AllGather, nb::arg("value"))
+      .def("set_total_steps", &Worker::set_total_steps, nb::arg("total_steps"))
       .def_prop_ro("latest_epoch", &Worker::latest_epoch);
 
   m.def(

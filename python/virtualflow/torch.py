@@ -428,6 +428,7 @@ class Job:
             int(self.spec["virtual_nodes"]),
         )
         self._total = self.total_steps(dataset_size)
+        self._worker.set_total_steps(self._total)
         self._holder = _Holder(self, state)
         self._attach(state)
 

@@ -26,8 +26,8 @@ namespace {
 
 using Names = std::span<const std::string_view>;
 
-constexpr std::string_view kApiVersion = "virtualflow.io/v1alpha1";
-constexpr std::string_view kKind = "VirtualFlowJob";
+constexpr std::string_view kApiVersion = kJobApiVersion;
+constexpr std::string_view kKind = kJobKind;
 
 constexpr std::array<std::string_view, 1> kModels = {"mlp"};
 constexpr std::array<std::string_view, 2> kDatasets = {"fashion-mnist", "synthetic"};
@@ -520,28 +520,8 @@ Status ExpectConstant(const Fields& top, std::string_view key, std::string_view 
   return Status::Ok();
 }
 
-Status ParseManifest(const std::string& text, JobSpec* job) {
-  std::vector<YAML::Node> documents;
-  try {
-    for (YAML::Node& doc : YAML::LoadAll(text)) {
-      if (KindOf(doc) != Kind::kNull) documents.push_back(doc);  // as kubectl skips empty ones
-    }
-  } catch (const YAML::Exception& e) {
-    std::string where;
-    if (!e.mark.is_null()) {
-      where = " at line " + std::to_string(e.mark.line + 1) + ", column " +
-              std::to_string(e.mark.column + 1);
-    }
-    return InvalidArgument("malformed YAML" + where + ": " + Printable(e.msg));
-  }
-  if (documents.empty()) {
-    return InvalidArgument("the file is empty; expected a VirtualFlowJob manifest");
-  }
-  if (documents.size() > 1) {
-    return InvalidArgument("expected one YAML document (one VirtualFlowJob), found " +
-                           std::to_string(documents.size()));
-  }
-  const YAML::Node& root = documents[0];
+// The manifest's top level: apiVersion, kind, metadata and spec.
+Status ParseRoot(const YAML::Node& root, JobSpec* job) {
   if (KindOf(root) != Kind::kMap) {
     return InvalidArgument(
         "expected a VirtualFlowJob manifest (a map with apiVersion, kind, metadata and spec), "
@@ -564,6 +544,30 @@ Status ParseManifest(const std::string& text, JobSpec* job) {
 
   if (!top.Has("spec")) return InvalidArgument("spec: required field is missing");
   return ParseSpec(top.Get("spec"), job);
+}
+
+Status ParseManifest(const std::string& text, JobSpec* job) {
+  std::vector<YAML::Node> documents;
+  try {
+    for (YAML::Node& doc : YAML::LoadAll(text)) {
+      if (KindOf(doc) != Kind::kNull) documents.push_back(doc);  // as kubectl skips empty ones
+    }
+  } catch (const YAML::Exception& e) {
+    std::string where;
+    if (!e.mark.is_null()) {
+      where = " at line " + std::to_string(e.mark.line + 1) + ", column " +
+              std::to_string(e.mark.column + 1);
+    }
+    return InvalidArgument("malformed YAML" + where + ": " + Printable(e.msg));
+  }
+  if (documents.empty()) {
+    return InvalidArgument("the file is empty; expected a VirtualFlowJob manifest");
+  }
+  if (documents.size() > 1) {
+    return InvalidArgument("expected one YAML document (one VirtualFlowJob), found " +
+                           std::to_string(documents.size()));
+  }
+  return ParseRoot(documents[0], job);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -859,11 +863,21 @@ Status ValidateJob(const JobSpec& job) {
   return ValidateRun(job);
 }
 
-Result<JobSpec> ParseJobYaml(const std::string& text, const std::string& source) {
+int64_t TotalSteps(const JobSpec& job, int64_t train_samples) {
+  if (job.steps > 0) return job.steps;
+  if (job.global_batch_size <= 0 || train_samples <= 0) return 0;
+  return job.epochs * (train_samples / job.global_batch_size);
+}
+
+namespace {
+
+// Parses with `parse` (text or tree), then validates; errors name `source`.
+template <typename Parse>
+Result<JobSpec> ParseAndValidate(Parse parse, const std::string& source) {
   JobSpec job;
   Status status;
   try {
-    status = ParseManifest(text, &job);
+    status = parse(&job);
   } catch (const YAML::Exception& e) {
     // Loading already succeeded, so this is a yaml-cpp surprise rather than a bad file.
     status = Internal("unexpected YAML error: " + Printable(e.what()));
@@ -871,6 +885,16 @@ Result<JobSpec> ParseJobYaml(const std::string& text, const std::string& source)
   if (status.ok()) status = ValidateJob(job);
   if (!status.ok()) return WithSource(status, source);
   return job;
+}
+
+}  // namespace
+
+Result<JobSpec> ParseJobYaml(const std::string& text, const std::string& source) {
+  return ParseAndValidate([&](JobSpec* job) { return ParseManifest(text, job); }, source);
+}
+
+Result<JobSpec> ParseJobNode(const YAML::Node& manifest, const std::string& source) {
+  return ParseAndValidate([&](JobSpec* job) { return ParseRoot(manifest, job); }, source);
 }
 
 Result<JobSpec> LoadJobFile(const std::string& path) {

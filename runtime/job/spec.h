@@ -1,5 +1,8 @@
 // The VirtualFlowJob manifest (docs/architecture.md): the same YAML file that `vf run` reads
-// locally is later `kubectl apply`-ed unchanged.
+// locally is later `kubectl apply`-ed unchanged. Parsed once into JobSpec, which every part uses
+// (the agent, `vf run`, the operator, the simulator): the defaults below are the only statement
+// of each default (crds/virtualflowjob.yaml restates them for the API server, and
+// crd_test.cc checks that it does so faithfully).
 #pragma once
 
 #include <cstdint>
@@ -8,11 +11,20 @@
 
 #include "runtime/status.h"
 
+namespace YAML {
+class Node;
+}  // namespace YAML
+
 namespace vf {
+
+inline constexpr char kJobApiVersion[] = "virtualflow.io/v1alpha1";
+inline constexpr char kJobKind[] = "VirtualFlowJob";
 
 struct ModelSpec {
   std::string name = "mlp";  // known: mlp
   std::vector<int> hidden_sizes = {512, 256};
+
+  bool operator==(const ModelSpec&) const = default;
 };
 
 struct DatasetSpec {
@@ -20,6 +32,8 @@ struct DatasetSpec {
   std::string path = "/usr/share/datasets/fashion-mnist";  // fashion-mnist only
   int64_t train_samples = 8192;                            // synthetic only
   int64_t test_samples = 1024;                             // synthetic only
+
+  bool operator==(const DatasetSpec&) const = default;
 };
 
 struct OptimizerSpec {
@@ -31,6 +45,8 @@ struct OptimizerSpec {
   double beta1 = 0.9;     // adamw
   double beta2 = 0.999;   // adamw
   double epsilon = 1e-8;  // adamw
+
+  bool operator==(const OptimizerSpec&) const = default;
 };
 
 enum class Reduction { kExact, kFast };
@@ -38,11 +54,15 @@ enum class Reduction { kExact, kFast };
 struct ElasticitySpec {
   std::string policy = "elastic";
   int cooldown_seconds = 30;
+
+  bool operator==(const ElasticitySpec&) const = default;
 };
 
 struct CheckpointSpec {
   std::string path;         // empty: no checkpoints
   int64_t every_steps = 0;  // 0: only at the end
+
+  bool operator==(const CheckpointSpec&) const = default;
 };
 
 // A validated job. Value type; thread-compatible.
@@ -65,15 +85,20 @@ struct JobSpec {
   CheckpointSpec checkpoint;
 
   int64_t micro_batch() const { return global_batch_size / virtual_nodes; }
-  // Total steps of the job given the dataset's steps per epoch.
-  int64_t TotalSteps(int64_t steps_per_epoch) const {
-    return steps > 0 ? steps : epochs * steps_per_epoch;
-  }
   // Hex digest of every field that defines the training math (virtual nodes, batch, model,
   // dataset identity, optimizer, reduction, seed) and nothing else: two workers may train
   // together, and a checkpoint may be resumed, only when the fingerprints match.
   std::string Fingerprint() const;
+
+  bool operator==(const JobSpec&) const = default;
 };
+
+// The job's length in steps: spec.steps, or spec.epochs epochs of a training set of
+// `train_samples` samples, each epoch floor(train_samples / globalBatchSize) steps (the sharder
+// drops the tail that does not fill a step). Only whoever loaded the data knows its size: the
+// agents report the result to the coordinator. 0 when the length depends on the training set and
+// `train_samples` is 0 (unknown).
+int64_t TotalSteps(const JobSpec& job, int64_t train_samples);
 
 // Largest supported virtualNodes: the exact reducer sums up to this many fixed-point values
 // per element without overflowing int64 (see runtime/reduce/exact.h).
@@ -85,6 +110,9 @@ const char* ReductionName(Reduction r);
 // and the field: "job.yaml: spec.globalBatchSize (250) must be divisible by spec.virtualNodes
 // (8)". Unknown fields under spec are errors (as with kubectl's strict validation).
 Result<JobSpec> ParseJobYaml(const std::string& text, const std::string& source);
+// The same for a manifest already in memory as a YAML tree (the operator's, converted from the
+// API server's JSON): scalars are typed as in a file, quoted or tagged !!str ones are text.
+Result<JobSpec> ParseJobNode(const YAML::Node& manifest, const std::string& source);
 Result<JobSpec> LoadJobFile(const std::string& path);
 // Validation alone (used after programmatic overrides).
 Status ValidateJob(const JobSpec& job);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <yaml-cpp/yaml.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -70,7 +71,7 @@ TEST(JobSpecTest, ExampleFileParsesToItsValues) {
   EXPECT_FALSE(job->optimizer.nesterov);
   EXPECT_EQ(job->steps, 0);
   EXPECT_EQ(job->epochs, 8);
-  EXPECT_EQ(job->TotalSteps(234), 8 * 234);
+  EXPECT_EQ(TotalSteps(*job, 2560), 8 * 10);
   EXPECT_EQ(job->reduction, Reduction::kExact);
   EXPECT_EQ(job->seed, 42u);
   EXPECT_EQ(job->elasticity.policy, "elastic");
@@ -633,6 +634,51 @@ TEST(JobSpecTest, ValidateJobChecksProgrammaticOverrides) {
   JobSpec unnamed = job;
   unnamed.name.clear();
   EXPECT_NE(ValidateJob(unnamed).message().find("metadata.name"), std::string::npos);
+}
+
+TEST(JobSpecTest, TreeParsesLikeTheSameText) {
+  const std::string text =
+      Manifest({{"optimizer", "{name: adamw, learningRate: 0.002}"}, {"seed", "7"}});
+  EXPECT_EQ(ParseJobNode(YAML::Load(text), "job").value(), MustParse(text));
+}
+
+TEST(JobSpecTest, TreeErrorsAreTheOneLineErrorsOfTheText) {
+  const std::string text = Manifest({{"globalBatchSize", "250"}});
+  Result<JobSpec> from_tree = ParseJobNode(YAML::Load(text), "ns/job");
+  ASSERT_FALSE(from_tree.ok());
+  EXPECT_EQ(from_tree.status().message(),
+            "ns/job: spec.globalBatchSize (250) must be divisible by spec.virtualNodes (8): every "
+            "virtual node takes an equal micro-batch");
+}
+
+TEST(JobSpecTest, TreeScalarsTaggedAsTextAreText) {
+  // The operator builds trees from JSON, where "8" is a string: it must not pass as a number.
+  YAML::Node manifest = YAML::Load(Manifest({}));
+  manifest["spec"]["virtualNodes"] = YAML::Node("8");
+  manifest["spec"]["virtualNodes"].SetTag("tag:yaml.org,2002:str");
+  Result<JobSpec> job = ParseJobNode(manifest, "job");
+  ASSERT_FALSE(job.ok());
+  EXPECT_NE(job.status().message().find("spec.virtualNodes: expected an integer"),
+            std::string::npos)
+      << job.status().message();
+}
+
+TEST(TotalStepsTest, StepsAreTheLengthWhateverTheData) {
+  JobSpec job = MustParse(Manifest({{"steps", "25"}}));
+  EXPECT_EQ(TotalSteps(job, 5000), 25);
+  EXPECT_EQ(TotalSteps(job, 0), 25);
+}
+
+TEST(TotalStepsTest, EpochsCountWholeStepsOfTheRealTrainingSet) {
+  JobSpec job = MustParse(Manifest({{"steps", kRemove}, {"epochs", "3"}}));
+  EXPECT_EQ(TotalSteps(job, 5000), 3 * 19);  // the tail of 136 samples is dropped
+  EXPECT_EQ(TotalSteps(job, 1000), 3 * 3);   // another set, its own length
+  EXPECT_EQ(TotalSteps(job, 256), 3);
+}
+
+TEST(TotalStepsTest, EpochsOfAnUnknownTrainingSetAreUnknown) {
+  JobSpec job = MustParse(Manifest({{"steps", kRemove}, {"epochs", "3"}}));
+  EXPECT_EQ(TotalSteps(job, 0), 0);
 }
 
 TEST(JobSpecTest, ReductionNames) {

@@ -1,15 +1,16 @@
+#include "runtime/split.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
 
-#include "operator/policy/policy.h"
-
-namespace vf::policy {
+namespace vf {
 namespace {
 
 // The best max(count_i * t_i) over all splits with every count >= 1, by enumeration.
@@ -91,6 +92,56 @@ TEST(SplitVirtualNodes, RejectsImpossibleInput) {
   EXPECT_TRUE(SplitVirtualNodes(4, {1.0, std::numeric_limits<double>::infinity()}).empty());
 }
 
+// The even split as the executor's EvenAssignment defined it before the split had one home:
+// contiguous ranges, the first V % n ranks holding one more.
+std::vector<std::vector<int>> FormerEvenAssignment(int virtual_nodes, int ranks) {
+  std::vector<std::vector<int>> out(static_cast<size_t>(ranks));
+  int next = 0;
+  for (int r = 0; r < ranks; ++r) {
+    const int count = virtual_nodes / ranks + (r < virtual_nodes % ranks ? 1 : 0);
+    for (int i = 0; i < count; ++i) out[static_cast<size_t>(r)].push_back(next++);
+  }
+  return out;
+}
+
+TEST(SplitVirtualNodes, EqualTimesGiveExactlyTheFormerEvenAssignment) {
+  for (int v = 1; v <= 70; ++v) {
+    for (int n = 1; n <= v; ++n) {
+      ASSERT_EQ(ContiguousVirtualNodes(SplitVirtualNodes(v, EqualTimes(n))),
+                FormerEvenAssignment(v, n))
+          << v << " virtual nodes on " << n << " workers";
+    }
+  }
+  // The largest job: 4096 virtual nodes.
+  EXPECT_EQ(ContiguousVirtualNodes(SplitVirtualNodes(4096, EqualTimes(7))),
+            FormerEvenAssignment(4096, 7));
+}
+
+TEST(SplitVirtualNodes, EvenSplitCoversEveryVirtualNodeOnce) {
+  for (int v : {1, 5, 8, 12}) {
+    for (int n = 1; n <= v; ++n) {
+      const auto a = ContiguousVirtualNodes(SplitVirtualNodes(v, EqualTimes(n)));
+      ASSERT_EQ(static_cast<int>(a.size()), n);
+      int next = 0;
+      size_t most = 0;
+      size_t least = SIZE_MAX;
+      for (const auto& r : a) {
+        for (int x : r) EXPECT_EQ(x, next++);
+        most = std::max(most, r.size());
+        least = std::min(least, r.size());
+      }
+      EXPECT_EQ(next, v);
+      EXPECT_LE(most - least, 1u);
+    }
+  }
+}
+
+TEST(EqualTimes, OneEqualTimePerWorker) {
+  EXPECT_EQ(EqualTimes(3), (std::vector<double>{1.0, 1.0, 1.0}));
+  EXPECT_TRUE(EqualTimes(0).empty());
+  EXPECT_TRUE(EqualTimes(-2).empty());
+}
+
 TEST(ContiguousVirtualNodes, NumbersNodesInWorkerOrder) {
   const auto lists = ContiguousVirtualNodes({3, 1, 2});
   ASSERT_EQ(lists.size(), 3u);
@@ -105,4 +156,4 @@ TEST(SplitStepSeconds, IsTheSlowestWorker) {
 }
 
 }  // namespace
-}  // namespace vf::policy
+}  // namespace vf

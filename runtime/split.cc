@@ -1,14 +1,15 @@
-// Splitting a job's virtual nodes among workers of different speeds.
+#include "runtime/split.h"
+
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <functional>
 #include <queue>
 #include <tuple>
+#include <utility>
 #include <vector>
 
-#include "operator/policy/policy.h"
-
-namespace vf::policy {
+namespace vf {
 
 std::vector<int> SplitVirtualNodes(int virtual_nodes,
                                    const std::vector<double>& seconds_per_virtual_node) {
@@ -33,6 +34,10 @@ std::vector<int> SplitVirtualNodes(int virtual_nodes,
   return counts;
 }
 
+std::vector<double> EqualTimes(int workers) {
+  return std::vector<double>(static_cast<size_t>(std::max(workers, 0)), 1.0);
+}
+
 std::vector<std::vector<int>> ContiguousVirtualNodes(const std::vector<int>& counts) {
   std::vector<std::vector<int>> out;
   out.reserve(counts.size());
@@ -54,4 +59,4 @@ double SplitStepSeconds(const std::vector<int>& counts,
   return worst;
 }
 
-}  // namespace vf::policy
+}  // namespace vf

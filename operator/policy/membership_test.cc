@@ -1,37 +1,23 @@
-#include "operator/controller/membership.h"
+#include "operator/policy/membership.h"
 
 #include <gtest/gtest.h>
 
-namespace vf::controller {
+namespace vf::policy {
 namespace {
 
 WorkerState Ready(const std::string& name, double age = 100) {
   WorkerState w;
   w.name = name;
-  w.life = PodLife::kRunning;
+  w.life = WorkerLife::kRunning;
   w.registered = true;
   w.ready = true;
   w.age_seconds = age;
   return w;
 }
 
-Plan PlanOf(int64_t epoch, std::vector<std::string> workers, int vnodes) {
-  Plan p;
-  p.epoch = epoch;
-  const int n = static_cast<int>(workers.size());
-  int next = 0;
-  for (int i = 0; i < n; ++i) {
-    Member m{workers[static_cast<size_t>(i)], i, {}};
-    const int count = vnodes / n + (i < vnodes % n ? 1 : 0);
-    for (int k = 0; k < count; ++k) m.virtual_nodes.push_back(next++);
-    p.members.push_back(m);
-  }
-  return p;
-}
-
 std::vector<std::string> Names(const MembershipDecision& d) {
   std::vector<std::string> out;
-  for (const Member& m : d.members) out.push_back(m.worker);
+  for (const PlannedMember& m : d.members) out.push_back(m.worker);
   return out;
 }
 
@@ -55,7 +41,7 @@ TEST(MembershipTest, FirstPlanWaitsForMinimumThenStarts) {
 
 TEST(MembershipTest, JoinersWarmingUpAreWaitedForThenAddedTogether) {
   MembershipInput in;
-  in.plan = PlanOf(1, {"a"}, 6);
+  in.members = {"a"};
   in.desired = 3;
   in.virtual_nodes = 6;
   WorkerState warming = Ready("c", 1);
@@ -78,7 +64,7 @@ TEST(MembershipTest, JoinersWarmingUpAreWaitedForThenAddedTogether) {
 
 TEST(MembershipTest, NothingChangesWhenAllIsWell) {
   MembershipInput in;
-  in.plan = PlanOf(4, {"a", "b"}, 8);
+  in.members = {"a", "b"};
   in.desired = 2;
   in.virtual_nodes = 8;
   in.workers = {Ready("a"), Ready("b"), Ready("spare")};
@@ -87,11 +73,11 @@ TEST(MembershipTest, NothingChangesWhenAllIsWell) {
 
 TEST(MembershipTest, LostMemberForcesAPlanAtOnce) {
   MembershipInput in;
-  in.plan = PlanOf(2, {"a", "b", "c"}, 12);
+  in.members = {"a", "b", "c"};
   in.desired = 3;
   in.virtual_nodes = 12;
   WorkerState dead = Ready("b");
-  dead.life = PodLife::kFailed;
+  dead.life = WorkerLife::kFailed;
   WorkerState warming = Ready("d", 1);
   warming.ready = false;
   in.workers = {Ready("a"), dead, Ready("c"), warming};
@@ -99,7 +85,6 @@ TEST(MembershipTest, LostMemberForcesAPlanAtOnce) {
   ASSERT_TRUE(d.publish);
   EXPECT_EQ(d.kind, "failure");
   EXPECT_EQ(Names(d), (std::vector<std::string>{"a", "c"}));
-  EXPECT_EQ(d.members[1].rank, 1);
   // A vanished pod counts as lost too.
   in.workers = {Ready("a"), Ready("c")};
   d = DecideMembership(in);
@@ -109,7 +94,7 @@ TEST(MembershipTest, LostMemberForcesAPlanAtOnce) {
 
 TEST(MembershipTest, ReportedFailureRedoesWithSameMembers) {
   MembershipInput in;
-  in.plan = PlanOf(3, {"a", "b"}, 4);
+  in.members = {"a", "b"};
   in.desired = 2;
   in.virtual_nodes = 4;
   in.failure_reported = true;
@@ -122,11 +107,11 @@ TEST(MembershipTest, ReportedFailureRedoesWithSameMembers) {
 
 TEST(MembershipTest, LeaverIsLeftOutAndReplacedByReadyJoiner) {
   MembershipInput in;
-  in.plan = PlanOf(5, {"a", "b"}, 4);
+  in.members = {"a", "b"};
   in.desired = 2;
   in.virtual_nodes = 4;
   WorkerState leaving = Ready("a");
-  leaving.life = PodLife::kTerminating;
+  leaving.life = WorkerLife::kLeaving;
   in.workers = {leaving, Ready("b"), Ready("c")};
   MembershipDecision d = DecideMembership(in);
   ASSERT_TRUE(d.publish);
@@ -136,7 +121,7 @@ TEST(MembershipTest, LeaverIsLeftOutAndReplacedByReadyJoiner) {
 
 TEST(MembershipTest, ShrinkDropsMembersOnCordonedNodesFirst) {
   MembershipInput in;
-  in.plan = PlanOf(5, {"a", "b", "c"}, 6);
+  in.members = {"a", "b", "c"};
   in.desired = 2;
   in.virtual_nodes = 6;
   WorkerState a = Ready("a");
@@ -154,7 +139,7 @@ TEST(MembershipTest, ShrinkDropsMembersOnCordonedNodesFirst) {
 TEST(MembershipTest, MembersNotYetReRegisteredAreKept) {
   // After an operator restart the coordinator knows no worker until they report again.
   MembershipInput in;
-  in.plan = PlanOf(7, {"a", "b"}, 4);
+  in.members = {"a", "b"};
   in.desired = 2;
   in.virtual_nodes = 4;
   WorkerState a = Ready("a");
@@ -188,5 +173,109 @@ TEST(MembershipTest, NeverMoreWorkersThanVirtualNodes) {
   EXPECT_EQ(d.members.size(), 2u);
 }
 
+TEST(MembershipTest, PlanStandsUnheldWhileOnlySparesWarmUp) {
+  MembershipInput in;
+  in.members = {"a", "b"};
+  in.desired = 3;
+  in.virtual_nodes = 6;
+  WorkerState warming = Ready("c", 1);
+  warming.ready = false;
+  in.workers = {Ready("a"), Ready("b"), warming};
+  MembershipDecision d = DecideMembership(in);
+  EXPECT_FALSE(d.publish);
+  EXPECT_FALSE(d.held);  // nothing is due yet: the plan stands
+  EXPECT_NE(d.reason.find("warm up"), std::string::npos);
+}
+
+TEST(MembershipTest, GrowthIsHeldWhileAnotherJoinerWarmsUp) {
+  MembershipInput in;
+  in.members = {"a"};
+  in.desired = 3;
+  in.virtual_nodes = 6;
+  WorkerState warming = Ready("c", 1);
+  warming.ready = false;
+  in.workers = {Ready("a"), Ready("b", 2), warming};
+  MembershipDecision d = DecideMembership(in);
+  EXPECT_FALSE(d.publish);
+  EXPECT_TRUE(d.held);
+}
+
+TEST(MembershipTest, FirstPlanBelowMinimumIsHeld) {
+  MembershipInput in;
+  in.desired = 2;
+  in.min_workers = 2;
+  in.virtual_nodes = 4;
+  in.workers = {Ready("a")};
+  MembershipDecision d = DecideMembership(in);
+  EXPECT_FALSE(d.publish);
+  EXPECT_TRUE(d.held);
+}
+
+TEST(MembershipTest, MemberThatExitedIsLost) {
+  MembershipInput in;
+  in.members = {"a", "b"};
+  in.desired = 2;
+  in.virtual_nodes = 4;
+  WorkerState exited = Ready("b");
+  exited.life = WorkerLife::kExited;
+  in.workers = {Ready("a"), exited};
+  MembershipDecision d = DecideMembership(in);
+  ASSERT_TRUE(d.publish);
+  EXPECT_EQ(d.kind, "failure");
+  EXPECT_EQ(Names(d), (std::vector<std::string>{"a"}));
+  EXPECT_EQ(d.members[0].virtual_nodes, (std::vector<int>{0, 1, 2, 3}));
+}
+
+TEST(MembershipTest, RunningMemberThatAskedToLeaveIsLeftOut) {
+  MembershipInput in;
+  in.members = {"a", "b", "c"};
+  in.desired = 3;
+  in.virtual_nodes = 6;
+  in.workers = {Ready("a"), Ready("b"), Ready("c")};
+  in.workers[1].leave_requested = true;
+  MembershipDecision d = DecideMembership(in);
+  ASSERT_TRUE(d.publish);
+  EXPECT_EQ(d.kind, "leave");
+  EXPECT_EQ(Names(d), (std::vector<std::string>{"a", "c"}));
+}
+
+TEST(MembershipTest, SurvivorsKeepTheCallersRankOrder) {
+  MembershipInput in;
+  in.members = {"c", "a", "b"};
+  in.desired = 3;
+  in.virtual_nodes = 6;
+  WorkerState dead = Ready("b");
+  dead.life = WorkerLife::kFailed;
+  in.workers = {Ready("a"), dead, Ready("c")};
+  MembershipDecision d = DecideMembership(in);
+  ASSERT_TRUE(d.publish);
+  EXPECT_EQ(Names(d), (std::vector<std::string>{"c", "a"}));
+}
+
+TEST(MembershipTest, OldestReadyJoinersJoinFirst) {
+  MembershipInput in;
+  in.members = {"a"};
+  in.desired = 2;
+  in.virtual_nodes = 4;
+  in.workers = {Ready("a"), Ready("young", 5), Ready("old", 50)};
+  MembershipDecision d = DecideMembership(in);
+  ASSERT_TRUE(d.publish);
+  EXPECT_EQ(d.kind, "grow");
+  EXPECT_EQ(Names(d), (std::vector<std::string>{"a", "old"}));
+}
+
+TEST(MembershipTest, EvenSplitGivesTheRemainderToTheLowestRanks) {
+  MembershipInput in;
+  in.desired = 3;
+  in.virtual_nodes = 8;
+  in.workers = {Ready("a"), Ready("b"), Ready("c")};
+  MembershipDecision d = DecideMembership(in);
+  ASSERT_TRUE(d.publish);
+  ASSERT_EQ(d.members.size(), 3u);
+  EXPECT_EQ(d.members[0].virtual_nodes, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(d.members[1].virtual_nodes, (std::vector<int>{3, 4, 5}));
+  EXPECT_EQ(d.members[2].virtual_nodes, (std::vector<int>{6, 7}));
+}
+
 }  // namespace
-}  // namespace vf::controller
+}  // namespace vf::policy

@@ -1,0 +1,243 @@
+// The reconciler against an API server stand-in (operator/kube/test_util.h) that serves a fixed
+// set of objects and records every write, with a real coordinator: what one Reconcile of a job
+// writes for the spec, the job length and the membership plan.
+#include "operator/controller/reconciler.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stop_token>
+#include <string>
+#include <vector>
+
+#include "operator/controller/job_spec.h"
+#include "operator/kube/test_util.h"
+
+namespace vf::controller {
+namespace {
+
+using kube::testing::Connection;
+using kube::testing::FakeServer;
+using kube::testing::HoldUntil;
+using kube::testing::Request;
+using nlohmann::json;
+
+constexpr char kKey[] = "team/mnist";
+constexpr char kUid[] = "u-1";
+
+// Lists the objects it was given, holds watches open, answers the token Secret, and records
+// status patches, created pods and events. Thread-safe.
+class FakeApi {
+ public:
+  FakeApi(std::vector<json> jobs, std::vector<json> pods, std::vector<json> nodes)
+      : lists_{{"/apis/virtualflow.io/v1alpha1/virtualflowjobs", std::move(jobs)},
+               {"/api/v1/pods", std::move(pods)},
+               {"/api/v1/nodes", std::move(nodes)}},
+        server_(
+            [this](const Request& r, Connection& c, std::stop_token stop) { Serve(r, c, stop); }) {}
+
+  std::string url() const { return server_.url(); }
+  std::vector<json> status_patches() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return patches_;
+  }
+  std::vector<json> created_pods() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return pods_;
+  }
+  std::vector<std::string> event_reasons() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return events_;
+  }
+
+ private:
+  void Serve(const Request& r, Connection& c, std::stop_token stop) {
+    const std::string path = r.Path();
+    if (r.method == "GET" && r.Query().find("watch=true") != std::string::npos) {
+      c.StartChunked();
+      HoldUntil(stop, [] { return false; });
+      return;
+    }
+    if (r.method == "GET" && lists_.count(path) != 0) {
+      json list = {{"metadata", {{"resourceVersion", "1"}}}, {"items", lists_.at(path)}};
+      c.Respond(200, list.dump());
+      return;
+    }
+    if (r.method == "GET" && path == "/api/v1/namespaces/team/secrets/mnist-vf-token") {
+      const json secret = {
+          {"metadata", {{"name", "mnist-vf-token"}, {"ownerReferences", {{{"uid", kUid}}}}}},
+          {"data", {{"token", "c2VjcmV0"}}}};  // "secret"
+      c.Respond(200, secret.dump());
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    const json body = r.body.empty() ? json() : json::parse(r.body);
+    if (r.method == "PATCH" && path.ends_with("/status")) {
+      patches_.push_back(body["status"]);
+    } else if (r.method == "POST" && path == "/api/v1/namespaces/team/pods") {
+      pods_.push_back(body);
+    } else if (r.method == "POST" && path.ends_with("/events")) {
+      events_.push_back(body.value("reason", ""));
+    }
+    c.Respond(200, r.body.empty() ? "{}" : r.body);
+  }
+
+  const std::map<std::string, std::vector<json>> lists_;
+  std::mutex mu_;
+  std::vector<json> patches_;
+  std::vector<json> pods_;
+  std::vector<std::string> events_;
+  FakeServer server_;  // last: it stops serving before the rest goes away
+};
+
+json Job(const json& spec) {
+  return {{"apiVersion", "virtualflow.io/v1alpha1"},
+          {"kind", "VirtualFlowJob"},
+          {"metadata",
+           {{"name", "mnist"},
+            {"namespace", "team"},
+            {"uid", kUid},
+            {"generation", 1},
+            {"creationTimestamp", "2026-01-02T03:04:05Z"}}},
+          {"spec", spec}};
+}
+
+json EpochJob() {
+  return Job({{"virtualNodes", 4},
+              {"globalBatchSize", 64},
+              {"epochs", 2},
+              {"replicas", {{"min", 1}, {"max", 2}}}});
+}
+
+json GpuNode(const std::string& name, int gpus) {
+  return {{"metadata", {{"name", name}, {"labels", {{"nvidia.com/gpu.product", "V100"}}}}},
+          {"spec", json::object()},
+          {"status",
+           {{"allocatable", {{"nvidia.com/gpu", std::to_string(gpus)}}},
+            {"conditions", {{{"type", "Ready"}, {"status", "True"}}}}}}};
+}
+
+json RunningPod(const std::string& name) {
+  return {{"metadata",
+           {{"name", name},
+            {"namespace", "team"},
+            {"uid", "pod-" + name},
+            {"creationTimestamp", "2026-01-02T03:04:06Z"},
+            {"labels", {{kJobLabel, "mnist"}}},
+            {"ownerReferences", {{{"uid", kUid}}}}}},
+          {"spec",
+           {{"nodeName", "gpu-a"},
+            {"containers", {{{"resources", {{"limits", {{"nvidia.com/gpu", "1"}}}}}}}}}},
+          {"status", {{"phase", "Running"}}}};
+}
+
+// Informers over the fake API server, a coordinator and the reconciler under test.
+class ReconcilerTest : public testing::Test {
+ protected:
+  void Start(std::vector<json> jobs, std::vector<json> pods, std::vector<json> nodes) {
+    api_ = std::make_unique<FakeApi>(std::move(jobs), std::move(pods), std::move(nodes));
+    kube::Config config;
+    config.server = api_->url();
+    client_ = kube::Client::Create(config).value();
+    jobs_ = NewInformer(kube::kVirtualFlowJobs);
+    pods_ = NewInformer(kube::kPods);
+    nodes_ = NewInformer(kube::kNodes);
+    ReconcilerOptions options;
+    options.pods.coordinator_url = "http://operator:7070";
+    reconciler_ =
+        Reconciler::Create(*client_, *jobs_, *pods_, *nodes_, coordinator_, options).value();
+  }
+
+  void TearDown() override {
+    for (Informer* i : {jobs_.get(), pods_.get(), nodes_.get()}) {
+      if (i != nullptr) i->Stop();
+    }
+  }
+
+  std::unique_ptr<Informer> NewInformer(const kube::Resource& resource) {
+    auto informer = std::make_unique<Informer>(*client_, resource, "", kube::ReflectorOptions{},
+                                               [](const json&, const json&) {});
+    informer->Start();
+    std::stop_source never;
+    EXPECT_TRUE(informer->WaitForSync(never.get_token()));
+    return informer;
+  }
+
+  // The workers register and warm up, as their agents would.
+  void Ready(const std::vector<std::string>& workers) {
+    const JobView view = coordinator_.GetJob(kKey).value();
+    for (const std::string& w : workers) {
+      ASSERT_TRUE(coordinator_.RegisterWorker(kKey, w, view.fingerprint, view.build, true).ok());
+    }
+  }
+
+  std::unique_ptr<FakeApi> api_;
+  std::unique_ptr<kube::Client> client_;
+  std::unique_ptr<Informer> jobs_;
+  std::unique_ptr<Informer> pods_;
+  std::unique_ptr<Informer> nodes_;
+  Coordinator coordinator_;
+  std::unique_ptr<Reconciler> reconciler_;
+};
+
+TEST_F(ReconcilerTest, SpecTheParserRejectsFailsTheJobWithItsMessage) {
+  Start({Job({{"virtualNodes", 8}, {"globalBatchSize", 250}, {"steps", 10}})}, {}, {});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  const std::vector<json> patches = api_->status_patches();
+  ASSERT_EQ(patches.size(), 1u);
+  EXPECT_EQ(patches[0]["phase"], "Failed");
+  EXPECT_EQ(patches[0]["message"],
+            "team/mnist: spec.globalBatchSize (250) must be divisible by spec.virtualNodes (8): "
+            "every virtual node takes an equal micro-batch");
+  EXPECT_EQ(api_->event_reasons(), (std::vector<std::string>{"InvalidSpec"}));
+}
+
+TEST_F(ReconcilerTest, CreatesThePodsThePolicyWantsWithTheSpecsGpus) {
+  Start({EpochJob()}, {}, {GpuNode("gpu-a", 4)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  const std::vector<json> pods = api_->created_pods();
+  ASSERT_EQ(pods.size(), 2u);  // replicas.max, with 4 GPUs free
+  EXPECT_EQ(pods[0]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"], "1");
+  const json status = api_->status_patches().back();
+  EXPECT_EQ(status["phase"], "Pending");
+  EXPECT_EQ(status["desiredWorkers"], 2);
+}
+
+TEST_F(ReconcilerTest, EpochJobLengthIsUnknownUntilAnAgentReportsIt) {
+  Start({EpochJob()}, {RunningPod("mnist-worker-a"), RunningPod("mnist-worker-b")},
+        {GpuNode("gpu-a", 2)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_FALSE(api_->status_patches().back().contains("totalSteps"));
+
+  Ready({"mnist-worker-a", "mnist-worker-b"});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  const json started = api_->status_patches().back();
+  EXPECT_EQ(started["epoch"], 1);
+  ASSERT_EQ(started["assignment"].size(), 2u);
+  EXPECT_EQ(started["assignment"][0]["virtualNodes"], json({0, 1}));
+  EXPECT_EQ(coordinator_.GetPlan(kKey)->members.size(), 2u);
+  EXPECT_FALSE(started.contains("totalSteps"));
+
+  // The agents loaded a training set of 1000 samples: 15 steps an epoch, 30 in all.
+  Report report;
+  report.epoch = 1;
+  report.step = 3;
+  report.total_steps = 30;
+  ASSERT_TRUE(coordinator_.RecordReport(kKey, "mnist-worker-a", report).ok());
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  const json known = api_->status_patches().back();
+  EXPECT_EQ(known["totalSteps"], 30);
+  EXPECT_EQ(known["step"], 3);
+}
+
+TEST_F(ReconcilerTest, StepJobLengthIsKnownFromItsSpec) {
+  Start({Job({{"virtualNodes", 4}, {"globalBatchSize", 64}, {"steps", 25}})}, {},
+        {GpuNode("gpu-a", 1)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_EQ(api_->status_patches().back()["totalSteps"], 25);
+}
+
+}  // namespace
+}  // namespace vf::controller
