@@ -1,4 +1,5 @@
 // vf: the VirtualFlow command line. `vf run job.yaml` trains a VirtualFlowJob on this machine.
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -117,15 +118,26 @@ int Run(int argc, char** argv) {
       static_cast<long long>(s.steps), s.seconds, s.workers, s.workers == 1 ? "" : "s",
       s.samples_per_second, s.resizes.size(), s.resizes.size() == 1 ? "" : "s", s.recoveries,
       s.recoveries == 1 ? "y" : "ies");
-  std::printf("test accuracy %.2f%%, test loss %.4f, final training loss %.4f\n",
-              100.0 * s.test_accuracy, s.test_loss, s.final_loss);
+  // Only what rank 0 evaluated: a user's program may report no test accuracy, or nothing.
+  std::string evaluated;
+  char buf[96];
+  if (!std::isnan(s.test_accuracy)) {
+    std::snprintf(buf, sizeof(buf), "test accuracy %.2f%%, ", 100.0 * s.test_accuracy);
+    evaluated += buf;
+  }
+  if (!std::isnan(s.test_loss)) {
+    std::snprintf(buf, sizeof(buf), "test loss %.4f, ", s.test_loss);
+    evaluated += buf;
+  }
+  std::printf("%sfinal training loss %.4f\n", evaluated.c_str(), s.final_loss);
   std::printf("weights sha256 %s\n", s.weights_sha256.c_str());
   if (!summary_path.empty()) {
     nlohmann::json j;
     j["steps"] = s.steps;
     j["final_loss"] = s.final_loss;
-    j["test_accuracy"] = s.test_accuracy;
-    j["test_loss"] = s.test_loss;
+    j["test_accuracy"] =
+        std::isnan(s.test_accuracy) ? nlohmann::json() : nlohmann::json(s.test_accuracy);
+    j["test_loss"] = std::isnan(s.test_loss) ? nlohmann::json() : nlohmann::json(s.test_loss);
     j["weights_sha256"] = s.weights_sha256;
     j["workers"] = s.workers;
     j["virtual_nodes"] = s.virtual_nodes;

@@ -105,6 +105,21 @@ std::string RandomToken() {
   return s.str();
 }
 
+std::string FormatNumber(double v) {
+  std::ostringstream out;
+  out << v;
+  return out.str();
+}
+
+// The directory holding the virtualflow Python package built with this binary (build/bin/vf ->
+// build/python), or empty when there is none (an installed vf, whose package is installed too).
+std::string PythonPackageBeside() {
+  std::error_code ec;
+  const fs::path dir =
+      fs::read_symlink("/proc/self/exe", ec).parent_path().parent_path() / "python";
+  return fs::exists(dir / "virtualflow" / "__init__.py", ec) ? dir.string() : std::string();
+}
+
 std::string FormatDuration(double seconds) {
   const long long s = std::llround(seconds);
   char buf[32];
@@ -139,6 +154,7 @@ class LocalCluster {
         job_(std::move(job)),
         capacity_(std::move(capacity)),
         agent_(std::move(agent)),
+        python_package_(PythonPackageBeside()),
         total_steps_(total_steps) {}
 
   Result<LocalRunSummary> Run();
@@ -150,6 +166,15 @@ class LocalCluster {
   // One pass of the control loop: the policy's workers on the slots the schedule gives now, new
   // processes for missing ones, and the next plan when membership changes.
   Status Reconcile(const JobView& view);
+  // How a worker is started: its command line and its whole environment.
+  struct Launch {
+    std::vector<std::string> argv;
+    std::vector<std::string> env;
+  };
+  // The virtualflow-agent binary with flags (the built-in model), or the user's program of
+  // spec.template with the job in VF_* variables.
+  Launch AgentProgram(const Worker& w, int slot) const;
+  Launch UserProgram(const Worker& w, int slot) const;
   // Starts workers on free slots until `desired` are usable or the slots are full.
   Status SpawnMissing(const JobView& view, int desired, int slots);
   local::ProcessView ViewOf(const Worker& w, const JobView& view) const;
@@ -177,6 +202,8 @@ class LocalCluster {
   JobSpec job_;
   CapacitySchedule capacity_;
   std::string agent_;
+  // build/python (the virtualflow package built with this binary) when it exists; else empty.
+  std::string python_package_;
   std::string job_id_;
   std::string token_;
   TempDir run_;
@@ -244,41 +271,8 @@ Status LocalCluster::Spawn(int slot) {
   const fs::path dir = run_.path();
   w->err_path = (dir / (w->name + ".log")).string();
   w->result_path = (dir / (w->name + ".json")).string();
-  std::ostringstream timeout;
-  timeout << o_.timeout;
-  std::vector<std::string> args = {agent_,
-                                   "--job",
-                                   o_.job_path,
-                                   "--coordinator",
-                                   server_->url(),
-                                   "--job-id",
-                                   job_id_,
-                                   "--worker",
-                                   w->name,
-                                   "--token-file",
-                                   (dir / "token").string(),
-                                   "--result",
-                                   w->result_path,
-                                   "--timeout",
-                                   timeout.str(),
-                                   "--report-interval",
-                                   "0.5"};
-  if (o_.steps_override > 0) {
-    args.push_back("--steps");
-    args.push_back(std::to_string(o_.steps_override));
-  }
-  if (!o_.vnode_delays_ms.empty()) {
-    std::ostringstream f;
-    f << o_.vnode_delays_ms[static_cast<size_t>(slot) % o_.vnode_delays_ms.size()];
-    args.push_back("--vnode-delay-ms");
-    args.push_back(f.str());
-  }
-  if (!o_.slowdowns.empty()) {
-    std::ostringstream f;
-    f << o_.slowdowns[static_cast<size_t>(slot) % o_.slowdowns.size()];
-    args.push_back("--slowdown");
-    args.push_back(f.str());
-  }
+  const Launch launch =
+      job_.worker_template.user_program() ? UserProgram(*w, slot) : AgentProgram(*w, slot);
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, w->err_path.c_str(),
@@ -286,13 +280,105 @@ Status LocalCluster::Spawn(int slot) {
   posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, w->err_path.c_str(),
                                    O_WRONLY | O_CREAT | O_APPEND, 0644);
   std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  for (const auto& a : launch.argv) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
-  const int rc = posix_spawn(&w->pid, argv[0], &actions, nullptr, argv.data(), environ);
+  std::vector<char*> envp;
+  for (const auto& e : launch.env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  // A user's program is found on PATH, as a Pod's command is.
+  const int rc = posix_spawnp(&w->pid, argv[0], &actions, nullptr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) return Internal("cannot start " + agent_ + ": " + std::strerror(rc));
+  if (rc != 0) return Internal("cannot start " + launch.argv[0] + ": " + std::strerror(rc));
   workers_.push_back(std::move(w));
   return Status::Ok();
+}
+
+// This process's environment, which every worker inherits.
+std::vector<std::string> InheritedEnvironment() {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
+  return env;
+}
+
+LocalCluster::Launch LocalCluster::AgentProgram(const Worker& w, int slot) const {
+  const fs::path dir = run_.path();
+  std::ostringstream timeout;
+  timeout << o_.timeout;
+  Launch l;
+  l.env = InheritedEnvironment();
+  l.argv = {agent_,
+            "--job",
+            o_.job_path,
+            "--coordinator",
+            server_->url(),
+            "--job-id",
+            job_id_,
+            "--worker",
+            w.name,
+            "--token-file",
+            (dir / "token").string(),
+            "--result",
+            w.result_path,
+            "--timeout",
+            timeout.str(),
+            "--report-interval",
+            "0.5"};
+  if (o_.steps_override > 0) {
+    l.argv.push_back("--steps");
+    l.argv.push_back(std::to_string(o_.steps_override));
+  }
+  if (!o_.vnode_delays_ms.empty()) {
+    std::ostringstream f;
+    f << o_.vnode_delays_ms[static_cast<size_t>(slot) % o_.vnode_delays_ms.size()];
+    l.argv.push_back("--vnode-delay-ms");
+    l.argv.push_back(f.str());
+  }
+  if (!o_.slowdowns.empty()) {
+    std::ostringstream f;
+    f << o_.slowdowns[static_cast<size_t>(slot) % o_.slowdowns.size()];
+    l.argv.push_back("--slowdown");
+    l.argv.push_back(f.str());
+  }
+  return l;
+}
+
+LocalCluster::Launch LocalCluster::UserProgram(const Worker& w, int slot) const {
+  const fs::path dir = run_.path();
+  Launch l;
+  l.argv = job_.worker_template.command;
+  l.argv.insert(l.argv.end(), job_.worker_template.args.begin(), job_.worker_template.args.end());
+  // The job reaches the program through its environment, as on Kubernetes (virtualflow.torch's
+  // init() reads it). The caller's own variables of these names (and a stale VF_JOB_SPEC or
+  // VF_JOB_TOKEN) do not reach it; others (VF_THREADS, VF_CHECK_EVERY, ...) do.
+  std::map<std::string, std::string> vf = {{"VF_JOB", fs::absolute(o_.job_path).string()},
+                                           {"VF_COORDINATOR", server_->url()},
+                                           {"VF_JOB_ID", job_id_},
+                                           {"VF_WORKER", w.name},
+                                           {"VF_JOB_TOKEN_FILE", (dir / "token").string()},
+                                           {"VF_RESULT", w.result_path},
+                                           {"VF_TIMEOUT", FormatNumber(o_.timeout)},
+                                           {"VF_REPORT_INTERVAL", "0.5"}};
+  if (o_.steps_override > 0) vf["VF_STEPS"] = std::to_string(o_.steps_override);
+  if (!o_.slowdowns.empty()) {
+    vf["VF_SLOWDOWN"] = FormatNumber(o_.slowdowns[static_cast<size_t>(slot) % o_.slowdowns.size()]);
+  }
+  if (!o_.vnode_delays_ms.empty()) {
+    vf["VF_VNODE_DELAY_MS"] =
+        FormatNumber(o_.vnode_delays_ms[static_cast<size_t>(slot) % o_.vnode_delays_ms.size()]);
+  }
+  std::string python_path = python_package_;
+  for (const std::string& e : InheritedEnvironment()) {
+    const std::string name = e.substr(0, e.find('='));
+    if (name == "PYTHONPATH" && !python_package_.empty()) {
+      python_path += ":" + e.substr(name.size() + 1);
+    } else if (vf.count(name) == 0 && name != "VF_JOB_TOKEN" && name != "VF_JOB_SPEC") {
+      l.env.push_back(e);
+    }
+  }
+  // The virtualflow package built next to this vf binary, ahead of any other.
+  if (!python_package_.empty()) l.env.push_back("PYTHONPATH=" + python_path);
+  for (const auto& [name, value] : vf) l.env.push_back(name + "=" + value);
+  return l;
 }
 
 void LocalCluster::Reap(Status* job_failure) {
@@ -599,11 +685,12 @@ Result<LocalRunSummary> LocalCluster::Collect() {
       return Internal("workers ended with different weights (" + s.weights_sha256 + " and " +
                       w->name + " " + sha + ")");
     }
-    if (j.contains("test_accuracy")) {
+    // Rank 0 of the final plan evaluates (a user's program may evaluate nothing).
+    if (j.value("rank", -1) == 0) {
       s.steps = j["steps"].get<int64_t>();
       s.final_loss = j["final_loss"].is_null() ? 0.0 : j["final_loss"].get<double>();
-      s.test_accuracy = j["test_accuracy"].get<double>();
-      s.test_loss = j["test_loss"].get<double>();
+      if (j.contains("test_accuracy")) s.test_accuracy = j["test_accuracy"].get<double>();
+      if (j.contains("test_loss")) s.test_loss = j["test_loss"].get<double>();
     }
   }
   if (!have) return Internal("no worker finished the job");
@@ -726,6 +813,9 @@ Result<JobSpec> LoadLocalJob(const LocalRunOptions& o) {
 // returns the job's length in steps from the training set's real size (the workers report the
 // same once they have loaded it).
 Result<int64_t> CheckDataAndCheckpoint(const JobSpec& job, const LocalRunOptions& o) {
+  // A user's program loads its own data and checks its own checkpoints (they hold its
+  // state_dicts); its workers report the job's length once they know it.
+  if (job.worker_template.user_program()) return TotalSteps(job, 0);
   VF_ASSIGN_OR_RETURN(DatasetSplits data, LoadJobDataset(job));
   VF_RETURN_IF_ERROR(Sharder::Check(data.train.count, job.global_batch_size, job.virtual_nodes)
                          .WithContext(o.job_path));
@@ -746,7 +836,7 @@ Result<int64_t> CheckDataAndCheckpoint(const JobSpec& job, const LocalRunOptions
 }
 
 // The virtualflow-agent program the workers run.
-Result<std::string> AgentProgram(const LocalRunOptions& o) {
+Result<std::string> AgentBinary(const LocalRunOptions& o) {
   std::string agent = o.agent_path;
   if (agent.empty()) {
     std::error_code ec;
@@ -770,7 +860,10 @@ Result<LocalRunSummary> RunLocalJob(const LocalRunOptions& o) {
   VF_ASSIGN_OR_RETURN(CapacitySchedule capacity,
                       local::SlotSchedule(o.capacity, o.workers, job, cores));
   VF_ASSIGN_OR_RETURN(const int64_t total_steps, CheckDataAndCheckpoint(job, o));
-  VF_ASSIGN_OR_RETURN(std::string agent, AgentProgram(o));
+  std::string agent;
+  if (!job.worker_template.user_program()) {
+    VF_ASSIGN_OR_RETURN(agent, AgentBinary(o));
+  }
   LocalCluster cluster(o, std::move(job), std::move(capacity), std::move(agent), total_steps);
   return cluster.Run();
 }

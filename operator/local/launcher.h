@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -40,8 +41,9 @@ struct ResizeEvent {
 struct LocalRunSummary {
   int64_t steps = 0;
   double final_loss = 0.0;
-  double test_accuracy = 0.0;
-  double test_loss = 0.0;
+  // NaN when not evaluated (a user's program may report neither).
+  double test_accuracy = std::numeric_limits<double>::quiet_NaN();
+  double test_loss = std::numeric_limits<double>::quiet_NaN();
   std::string weights_sha256;
   int workers = 0;  // members at the end
   int virtual_nodes = 0;

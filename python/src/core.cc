@@ -333,8 +333,7 @@ NB_MODULE(_core, m) {
       [](const std::string& text, int64_t dataset_size) {
         JobSpec job = Take(ParseJobYaml(text, "job"));
         Check(Sharder::Check(dataset_size, job.global_batch_size, job.virtual_nodes));
-        Sharder sharder(job.seed, dataset_size, job.global_batch_size, job.virtual_nodes);
-        return job.TotalSteps(sharder.steps_per_epoch());
+        return TotalSteps(job, dataset_size);
       },
       "The job's length in steps on a training set of `dataset_size` samples.");
   m.def(

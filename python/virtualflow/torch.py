@@ -285,7 +285,9 @@ class Job:
         self.job_id = env.get("VF_JOB_ID") or f"{self.spec['namespace']}/{self.spec['name']}"
         self._result_path = env.get("VF_RESULT", "")
         self._check_every = int(env.get("VF_CHECK_EVERY", "0") or 0)
+        # Experiments (vf run --slowdown, VF_VNODE_DELAY_MS): a slower device, simulated.
         self._slowdown = float(env.get("VF_SLOWDOWN", "1") or 1)
+        self._vnode_delay = float(env.get("VF_VNODE_DELAY_MS", "0") or 0) / 1000.0
         self._worker = _core.Worker(
             coordinator=env["VF_COORDINATOR"],
             job_id=self.job_id,
@@ -526,8 +528,8 @@ class Job:
                 self._worker.add(self._flat.data_ptr())
                 self._worker.add_loss(node._loss * b, b)
                 elapsed = time.monotonic() - t0
-                if self._slowdown > 1:
-                    time.sleep(elapsed * (self._slowdown - 1))
+                if self._slowdown > 1 or self._vnode_delay > 0:
+                    time.sleep(elapsed * max(0.0, self._slowdown - 1) + self._vnode_delay)
                 compute += time.monotonic() - t0
             try:
                 redo, loss_sum, samples, agreed = self._worker.finish(self._flat.data_ptr())

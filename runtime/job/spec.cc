@@ -400,6 +400,38 @@ class Fields {
   std::set<std::string, std::less<>> seen_;
 };
 
+// A list of strings (command and args, as in a Pod).
+Status ParseStringList(const Fields& f, std::string_view key, std::vector<std::string>* out) {
+  if (!f.Has(key)) return Status::Ok();
+  const YAML::Node& list = f.Get(key);
+  const std::string path = f.PathOf(key);
+  if (KindOf(list) != Kind::kList) return TypeError(path, "a list of strings", list);
+  out->clear();
+  for (const YAML::Node& item : list) {
+    std::string v;
+    VF_RETURN_IF_ERROR(ParseString(item, path + "[" + std::to_string(out->size()) + "]", &v));
+    out->push_back(std::move(v));
+  }
+  return Status::Ok();
+}
+
+// The pod template belongs to the operator (image, resources, ...: not checked here), except the
+// worker program, which `vf run` starts too.
+Status ParseTemplate(const Fields& spec, TemplateSpec* t) {
+  if (!spec.Has("template")) return Status::Ok();
+  VF_ASSIGN_OR_RETURN(Fields f, Fields::Open(spec.Get("template"), spec.PathOf("template"), {},
+                                             /*strict=*/false));
+  VF_RETURN_IF_ERROR(ParseStringList(f, "command", &t->command));
+  VF_RETURN_IF_ERROR(ParseStringList(f, "args", &t->args));
+  if (t->command.empty() && !t->args.empty()) {
+    return InvalidArgument(f.PathOf("args") + ": needs spec.template.command (the program)");
+  }
+  if (!t->command.empty() && t->command.front().empty()) {
+    return InvalidArgument(f.PathOf("command") + "[0]: the program must not be empty");
+  }
+  return Status::Ok();
+}
+
 Status ParseReplicas(const Fields& spec, JobSpec* job) {
   if (spec.Has("replicas") && KindOf(spec.Get("replicas")) != Kind::kMap) {
     return TypeError(spec.PathOf("replicas"), "a map with min and max", spec.Get("replicas"));
@@ -499,11 +531,7 @@ Status ParseSpec(const YAML::Node& node, JobSpec* job) {
   VF_RETURN_IF_ERROR(checkpoint.ReadString("path", &job->checkpoint.path));
   VF_RETURN_IF_ERROR(checkpoint.ReadInt("everySteps", &job->checkpoint.every_steps));
 
-  // The pod template belongs to the operator; only its shape is checked here.
-  if (spec.Has("template") && KindOf(spec.Get("template")) != Kind::kMap) {
-    return TypeError(spec.PathOf("template"), "a map", spec.Get("template"));
-  }
-  return Status::Ok();
+  return ParseTemplate(spec, &job->worker_template);
 }
 
 Status ExpectConstant(const Fields& top, std::string_view key, std::string_view expected) {
@@ -851,6 +879,9 @@ std::string JobSpec::Fingerprint() const {
   add_double("optimizer.epsilon", optimizer.epsilon);
   add("reduction", ReductionName(reduction));
   add("seed", std::to_string(seed));
+  // Only a user's program adds lines, so built-in jobs keep their fingerprints (and checkpoints).
+  for (const std::string& word : worker_template.command) add("template.command", word);
+  for (const std::string& word : worker_template.args) add("template.args", word);
   return Sha256Hex(text);
 }
 

@@ -65,6 +65,17 @@ struct CheckpointSpec {
   bool operator==(const CheckpointSpec&) const = default;
 };
 
+// The worker program: empty for the built-in model (the virtualflow-agent binary trains it);
+// otherwise the user's own training program (spec.template.command and args, as in a Pod),
+// which joins the job through the virtualflow Python package.
+struct TemplateSpec {
+  std::vector<std::string> command;
+  std::vector<std::string> args;
+
+  bool user_program() const { return !command.empty(); }
+  bool operator==(const TemplateSpec&) const = default;
+};
+
 // A validated job. Value type; thread-compatible.
 struct JobSpec {
   std::string name;
@@ -83,10 +94,12 @@ struct JobSpec {
   uint64_t seed = 0;
   ElasticitySpec elasticity;
   CheckpointSpec checkpoint;
+  TemplateSpec worker_template;
 
   int64_t micro_batch() const { return global_batch_size / virtual_nodes; }
   // Hex digest of every field that defines the training math (virtual nodes, batch, model,
-  // dataset identity, optimizer, reduction, seed) and nothing else: two workers may train
+  // dataset identity, optimizer, reduction, seed, and the user's program if there is one) and
+  // nothing else: two workers may train
   // together, and a checkpoint may be resumed, only when the fingerprints match.
   std::string Fingerprint() const;
 

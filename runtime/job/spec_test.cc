@@ -174,6 +174,44 @@ TEST(JobSpecTest, TemplateAcceptsAnyMap) {
   EXPECT_EQ(job.virtual_nodes, 8);
 }
 
+TEST(JobSpecTest, TemplateCommandAndArgsNameTheUsersProgram) {
+  const JobSpec builtin = MustParse(Manifest({}));
+  EXPECT_FALSE(builtin.worker_template.user_program());
+  const JobSpec job = MustParse(Manifest(
+      {{"template", "{image: 'x:1', command: [python3, train.py], args: ['--lr', '3']}"}}));
+  EXPECT_TRUE(job.worker_template.user_program());
+  EXPECT_EQ(job.worker_template.command, (std::vector<std::string>{"python3", "train.py"}));
+  EXPECT_EQ(job.worker_template.args, (std::vector<std::string>{"--lr", "3"}));
+}
+
+TEST(JobSpecTest, TheUsersProgramIsPartOfTheFingerprintAndTheBuiltInsIsUnchanged) {
+  const std::string builtin = MustParse(Manifest({})).Fingerprint();
+  EXPECT_EQ(MustParse(Manifest({{"template", "{image: 'x:2'}"}})).Fingerprint(), builtin);
+  const std::string a =
+      MustParse(Manifest({{"template", "{command: [python3, a.py]}"}})).Fingerprint();
+  const std::string b =
+      MustParse(Manifest({{"template", "{command: [python3, b.py]}"}})).Fingerprint();
+  const std::string a_args =
+      MustParse(Manifest({{"template", "{command: [python3, a.py], args: [x]}"}})).Fingerprint();
+  EXPECT_NE(a, builtin);
+  EXPECT_NE(a, b);
+  EXPECT_NE(a, a_args);
+}
+
+TEST(JobSpecTest, ABadTemplateCommandIsAOneLineErrorNamingTheField) {
+  const auto error = [](const std::string& tmpl) {
+    Result<JobSpec> job = ParseJobYaml(Manifest({{"template", tmpl}}), "job.yaml");
+    EXPECT_FALSE(job.ok()) << tmpl;
+    return job.ok() ? std::string() : job.status().message();
+  };
+  EXPECT_NE(error("{command: python3}").find("spec.template.command"), std::string::npos);
+  EXPECT_NE(error("{command: [python3, {a: b}]}").find("spec.template.command[1]"),
+            std::string::npos);
+  EXPECT_NE(error("{args: [x]}").find("needs spec.template.command"), std::string::npos);
+  EXPECT_NE(error("{command: ['']}").find("must not be empty"), std::string::npos);
+  EXPECT_NE(error("[a]").find("spec.template"), std::string::npos);
+}
+
 TEST(JobSpecTest, AcceptsWhatTheApiServerAccepts) {
   // Quoted text for string fields, YAML 1.1 booleans, integers for numbers, nulls as absent.
   JobSpec job = MustParse(Manifest({{"optimizer", "{name: 'sgd', nesterov: yes, learningRate: 1}"},
