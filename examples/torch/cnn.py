@@ -1,0 +1,121 @@
+"""A ResNet-style CNN with BatchNorm on Fashion-MNIST, trained as a VirtualFlow job.
+
+Ordinary PyTorch: the lines that mention `vf`, `job`, `step` or `node` are all VirtualFlow adds
+to a training loop. Start it with `vf run examples/torch-cnn.yaml` (see docs/user-guide.md).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import struct
+import sys
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import virtualflow.torch as vf
+
+DATA = os.environ.get("FASHION_MNIST", "/usr/share/datasets/fashion-mnist")
+
+
+def load(split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images as float tensors (N, 1, 28, 28), normalized; labels as int64."""
+    prefix = "train" if split == "train" else "t10k"
+    with gzip.open(f"{DATA}/{prefix}-images-idx3-ubyte.gz") as f:
+        _, n, rows, cols = struct.unpack(">IIII", f.read(16))
+        pixels = np.frombuffer(f.read(), dtype=np.uint8).reshape(n, 1, rows, cols)
+    with gzip.open(f"{DATA}/{prefix}-labels-idx1-ubyte.gz") as f:
+        _, n_labels = struct.unpack(">II", f.read(8))
+        labels = np.frombuffer(f.read(), dtype=np.uint8)
+    if n_labels != n:
+        sys.exit(f"{DATA}: {n} images but {n_labels} labels")
+    x = torch.from_numpy(pixels.astype(np.float32) / 255.0)
+    return (x - 0.2860) / 0.3530, torch.from_numpy(labels.astype(np.int64))
+
+
+class Block(nn.Module):
+    """Two 3x3 convolutions with BatchNorm and a shortcut (a 1x1 projection when the shape changes)."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(y)) + self.shortcut(x))
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(1, 32, 3, 1, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU())
+        self.layer1 = Block(32, 64, 2)   # 14 x 14
+        self.layer2 = Block(64, 128, 2)  # 7 x 7
+        self.fc = nn.Linear(128, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.layer2(self.layer1(self.stem(x)))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+def augment(x: torch.Tensor) -> torch.Tensor:
+    """Random horizontal flips and 2-pixel shifts, drawn from the virtual node's generator."""
+    flip = torch.rand(x.shape[0]) < 0.5
+    x = torch.where(flip[:, None, None, None], x.flip(3), x)
+    padded = F.pad(x, (2, 2, 2, 2))
+    dx, dy = torch.randint(0, 5, (2,))
+    return padded[:, :, int(dy):int(dy) + 28, int(dx):int(dx) + 28]
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    model.eval()
+    correct, loss = 0, 0.0
+    for i in range(0, len(x), 1000):
+        out = model(x[i:i + 1000])
+        loss += float(F.cross_entropy(out, y[i:i + 1000], reduction="sum"))
+        correct += int((out.argmax(1) == y[i:i + 1000]).sum())
+    return correct / len(x), loss / len(x)
+
+
+def main() -> None:
+    job = vf.init()
+    x_train, y_train = load("train")
+    x_test, y_test = load("test")
+    torch.manual_seed(0)
+    model = Net()
+    lr = float(os.environ.get("CNN_LR", "0.1"))
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
+    total = job.total_steps(len(x_train))
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=total)
+    state = vf.State(model=model, optimizer=opt, scheduler=sched)
+
+    for step in job.steps(state, dataset_size=len(x_train)):
+        model.train()
+        for node in step.virtual_nodes():
+            idx = torch.tensor(node.indices)
+            loss = F.cross_entropy(model(augment(x_train[idx])), y_train[idx])
+            node.backward(loss)
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        if job.rank == 0 and (step.index + 1) % 100 == 0:
+            print(f"step {step.index + 1}/{total} loss {step.loss:.4f}", flush=True)
+
+    accuracy, test_loss = evaluate(model, x_test, y_test) if job.rank == 0 else (None, None)
+    if accuracy is not None:
+        print(f"test accuracy {100 * accuracy:.2f}%, test loss {test_loss:.4f}", flush=True)
+    job.finish(test_accuracy=accuracy, test_loss=test_loss)
+
+
+if __name__ == "__main__":
+    main()
