@@ -16,11 +16,11 @@
 #include <thread>
 
 #include "agent/fault.h"
+#include "agent/metrics/agent_metrics.h"
+#include "agent/metrics/http_exporter.h"
 #include "agent/plan_watcher.h"
 #include "agent/state_sync.h"
 #include "operator/coordinator/client.h"
-#include "operator/metrics/agent_metrics.h"
-#include "operator/metrics/http_exporter.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/store.h"
 #include "runtime/device.h"

@@ -10,13 +10,13 @@
 #include <string>
 #include <thread>
 
+#include "agent/metrics/http_exporter.h"
 #include "cli/flags.h"
 #include "operator/controller/controller.h"
 #include "operator/coordinator/server.h"
 #include "operator/kube/client.h"
 #include "operator/kube/config.h"
 #include "operator/kube/leader_election.h"
-#include "operator/metrics/http_exporter.h"
 #include "operator/metrics/operator_metrics.h"
 
 namespace {
