@@ -26,7 +26,7 @@ RUN apt-get update -q \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
       build-essential cmake ninja-build pkg-config git python3 \
       libgloo-dev libcpprest-dev nlohmann-json3-dev libyaml-cpp-dev zlib1g-dev libssl-dev \
-      libgtest-dev libgmock-dev libopenblas-dev \
+      prometheus-cpp-dev libgtest-dev libgmock-dev libopenblas-dev \
       libcli11-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src

@@ -6,7 +6,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git python3 procps
   libgloo-dev libcpprest-dev nlohmann-json3-dev libyaml-cpp-dev zlib1g-dev libssl-dev
-  libgtest-dev libgmock-dev libopenblas-dev
+  prometheus-cpp-dev libgtest-dev libgmock-dev libopenblas-dev
   libcli11-dev   # every binary's command line (header-only)
   dataset-fashion-mnist prometheus
   clang-format clang-tidy

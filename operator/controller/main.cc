@@ -22,12 +22,12 @@
 #include <thread>
 #include <utility>
 
+#include "agent/metrics/http_exporter.h"
 #include "operator/controller/controller.h"
 #include "operator/coordinator/server.h"
 #include "operator/kube/client.h"
 #include "operator/kube/config.h"
 #include "operator/kube/leader_election.h"
-#include "operator/metrics/http_exporter.h"
 #include "operator/metrics/operator_metrics.h"
 #include "runtime/command_line.h"
 

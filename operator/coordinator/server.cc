@@ -1,18 +1,10 @@
 #include "operator/coordinator/server.h"
 
-#include <netdb.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <condition_variable>
-#include <cstring>
-#include <exception>
 #include <future>
 #include <map>
 #include <mutex>
@@ -20,12 +12,10 @@
 #include <utility>
 #include <vector>
 
-#include <cpprest/http_listener.h>
-
 #include <cpprest/uri.h>
 #include <nlohmann/json.hpp>
-#include "operator/net/listen.h"
 
+#include "agent/http/listener.h"
 #include "agent/protocol/json.h"
 
 namespace vf {
@@ -42,93 +32,36 @@ namespace wire = protocol;
 constexpr int64_t kDefaultPollMs = 30000;
 constexpr int64_t kMaxPlanPollMs = 60000;
 constexpr int64_t kMaxStorePollMs = 120000;
-constexpr size_t kReadChunkBytes = 64 << 10;
 constexpr std::chrono::seconds kStopFlushTime(2);
 
-std::string CurrentExceptionMessage() {
-  try {
-    throw;
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "unknown exception";
-  }
-}
-
-// Error bodies are one line: a client's log shows them as they are.
-std::string OneLine(std::string text) {
-  for (char& c : text) {
-    if (c == '\n' || c == '\r') c = ' ';
-  }
-  return text;
-}
-
-// Sets a body of bytes. Never through cpprest's std::string overload: that one hands cpprest a
-// stream of char that it then reads as a stream of unsigned char (undefined behaviour that
-// UBSan reports).
-void SetBody(http_response& response, const std::string& bytes, const std::string& content_type) {
-  response.headers().set_content_type(content_type);
-  response.set_body(std::vector<unsigned char>(bytes.begin(), bytes.end()));
-}
-
-// Starts sending `response`; the task completes once it is sent or has failed. A client that
-// went away makes the send fail; that is observed here, because an unobserved failed task
-// terminates the process.
-pplx::task<void> Send(http_request request, const http_response& response) {
-  try {
-    return request.reply(response).then([](pplx::task<void> sent) {
-      try {
-        sent.get();
-      } catch (...) {
-      }
-    });
-  } catch (...) {
-    // Already answered (the listener closed the connection): nothing left to do.
-    return pplx::task_from_result();
-  }
+// The error answer: {"error": "<one line>"}. Also the listener's own (503, 500).
+http_response JsonError(status_code code, const std::string& message) {
+  http_response response(code);
+  http::SetBody(response, wire::Dump(json{{"error", http::OneLine(message)}}), "application/json");
+  return response;
 }
 
 void SendEmpty(const http_request& request, status_code code) {
-  Send(request, http_response(code));
-}
-
-pplx::task<void> SendJsonTask(const http_request& request, status_code code, const json& body) {
-  http_response response(code);
-  SetBody(response, wire::Dump(body), "application/json");
-  return Send(request, response);
+  http::Send(request, http_response(code));
 }
 
 void SendJson(const http_request& request, status_code code, const json& body) {
-  SendJsonTask(request, code, body);
+  http_response response(code);
+  http::SetBody(response, wire::Dump(body), "application/json");
+  http::Send(request, response);
 }
 
-pplx::task<void> SendErrorTask(const http_request& request, status_code code, std::string message) {
-  return SendJsonTask(request, code, json{{"error", OneLine(std::move(message))}});
+pplx::task<void> SendErrorTask(const http_request& request, status_code code,
+                               const std::string& message) {
+  return http::Send(request, JsonError(code, message));
 }
 
-void SendError(const http_request& request, status_code code, std::string message) {
-  SendErrorTask(request, code, std::move(message));
-}
-
-status_code HttpCode(const Status& status) {
-  switch (status.code()) {
-    case StatusCode::kInvalidArgument:
-      return status_codes::BadRequest;
-    case StatusCode::kNotFound:
-      return status_codes::NotFound;
-    case StatusCode::kFailedPrecondition:
-      return status_codes::Conflict;
-    case StatusCode::kDeadlineExceeded:
-      return status_codes::RequestTimeout;
-    case StatusCode::kUnavailable:
-      return status_codes::ServiceUnavailable;
-    default:
-      return status_codes::InternalError;
-  }
+void SendError(const http_request& request, status_code code, const std::string& message) {
+  SendErrorTask(request, code, message);
 }
 
 void SendStatus(const http_request& request, const Status& status) {
-  SendError(request, HttpCode(status), status.message());
+  SendError(request, http::HttpCode(status), status.message());
 }
 
 void SendNoContentOr(const http_request& request, const Status& status) {
@@ -136,111 +69,6 @@ void SendNoContentOr(const http_request& request, const Status& status) {
     SendEmpty(request, status_codes::NoContent);
   } else {
     SendStatus(request, status);
-  }
-}
-
-// ---- Request bodies ----
-
-struct Body {
-  std::string data;
-  bool too_large = false;
-  std::string error;  // the body could not be read (the client went away mid-body)
-};
-
-// Reads a request body chunk by chunk. The listener buffers whatever a client sends until it is
-// read, so even a body that is refused is read to its end (and dropped): memory stays bounded
-// by one chunk, not by what the client chose to send.
-class BodyReader : public std::enable_shared_from_this<BodyReader> {
- public:
-  BodyReader(http_request request, size_t limit)
-      : request_(request), limit_(limit), chunk_(kReadChunkBytes) {}
-
-  pplx::task<Body> Read() {
-    try {
-      const concurrency::streams::istream& stream = request_.body();
-      if (!stream.is_valid()) {
-        Finish();
-      } else {
-        buffer_ = stream.streambuf();
-        Next();
-      }
-    } catch (...) {
-      body_.error = CurrentExceptionMessage();
-      Finish();
-    }
-    return pplx::create_task(done_);
-  }
-
- private:
-  void Next() {
-    auto self = shared_from_this();
-    buffer_.getn(chunk_.data(), chunk_.size()).then([self](pplx::task<size_t> read) {
-      self->OnChunk(std::move(read));
-    });
-  }
-
-  void OnChunk(pplx::task<size_t> read) {
-    try {
-      const size_t n = read.get();
-      if (n == 0) {
-        CheckComplete();
-        return;
-      }
-      if (!body_.too_large) {
-        if (body_.data.size() + n > limit_) {
-          body_.too_large = true;
-          std::string().swap(body_.data);
-        } else {
-          body_.data.append(reinterpret_cast<const char*>(chunk_.data()), n);
-        }
-      }
-      Next();
-    } catch (...) {
-      body_.error = CurrentExceptionMessage();
-      Finish();
-    }
-  }
-
-  // End of stream also comes when the connection broke mid-body; only the request's completion
-  // says which, and a truncated value must never reach the store.
-  void CheckComplete() {
-    auto self = shared_from_this();
-    request_.content_ready().then([self](pplx::task<http_request> ready) {
-      try {
-        ready.get();
-        uint64_t declared = 0;
-        if (!self->body_.too_large &&
-            self->request_.headers().match(web::http::header_names::content_length, declared) &&
-            declared != self->body_.data.size()) {
-          self->body_.error = "body has " + std::to_string(self->body_.data.size()) +
-                              " bytes, Content-Length says " + std::to_string(declared);
-        }
-      } catch (...) {
-        self->body_.error = CurrentExceptionMessage();
-      }
-      self->Finish();
-    });
-  }
-
-  void Finish() { done_.set(std::move(body_)); }
-
-  http_request request_;
-  size_t limit_;
-  std::vector<uint8_t> chunk_;
-  concurrency::streams::streambuf<uint8_t> buffer_;
-  Body body_;
-  pplx::task_completion_event<Body> done_;
-};
-
-pplx::task<Body> ReadBody(const http_request& request, size_t limit) {
-  return std::make_shared<BodyReader>(request, limit)->Read();
-}
-
-// Reads and drops the body of a request that has already been answered.
-void DrainBody(const http_request& request) {
-  try {
-    ReadBody(request, 0);
-  } catch (...) {
   }
 }
 
@@ -403,153 +231,109 @@ void SendTimeout(const Poll& poll) {
 
 }  // namespace
 
-// The server's state, shared with the request handlers' continuations so that it outlives them.
-// Thread-safe.
-class CoordinatorServer::Impl : public std::enable_shared_from_this<CoordinatorServer::Impl> {
+// The server's state: the listener, and the timers of the long polls. Thread-safe.
+class CoordinatorServer::Impl {
  public:
-  Impl(Coordinator& coordinator, std::string host, int port)
-      : coordinator_(coordinator), host_(std::move(host)), port_(port) {}
+  explicit Impl(Coordinator& coordinator) : coordinator_(coordinator) {}
   ~Impl() {
     if (timer_thread_.joinable()) timer_thread_.join();
   }
 
-  int port() const { return port_; }
-  const std::string& host() const { return host_; }
+  const http::Listener& listener() const { return *listener_; }
 
-  Status Open();
+  Status Start(const std::string& host, int port);
   void Stop();
 
  private:
-  // Counts a running handler, so that Stop can wait until none touches the coordinator.
-  struct InFlight {
-    explicit InFlight(std::shared_ptr<Impl> i) : impl(std::move(i)) {}
-    ~InFlight() {
-      std::lock_guard<std::mutex> lock(impl->mu_);
-      if (--impl->in_flight_ == 0) impl->idle_.notify_all();
-    }
-    std::shared_ptr<Impl> impl;
-  };
-  using Guard = std::shared_ptr<InFlight>;
-
   struct Timer {
     Coordinator::WatchId id;
     std::weak_ptr<Poll> poll;
   };
 
-  Guard Enter();
-  void Handle(http_request request);
-  void Dispatch(const http_request& request, const Route& route, const Body& body);
+  void Handle(const http_request& request, const http::InFlight& in_flight);
+  void Dispatch(const http_request& request, const Route& route, const http::Body& body);
   void HandleReport(const http_request& request, const Route& route, const json& body);
   void StartPoll(const http_request& request, const Route& route, int64_t after,
                  int64_t timeout_ms);
   void TimerLoop();
   pplx::task<void> Expire(const Timer& timer, bool shutting_down);
+  void AnswerPendingPolls();
 
   Coordinator& coordinator_;
-  const std::string host_;
-  const int port_;
-  // Set by Open; closed and dropped by Stop (under stop_mu_).
-  std::unique_ptr<web::http::experimental::listener::http_listener> listener_;
+  // Set by Start. The handler it calls holds a plain pointer to this object: the listener calls
+  // it only until its Stop returns, and so do the continuations that hold a request's InFlight.
+  std::unique_ptr<http::Listener> listener_;
   std::thread timer_thread_;
 
-  std::mutex stop_mu_;    // serialises Stop calls
-  bool stopped_ = false;  // guarded by stop_mu_
-  std::mutex mu_;         // guards everything below
+  std::mutex mu_;  // guards everything below
   std::condition_variable timer_cv_;
-  std::condition_variable idle_;
   bool stopping_ = false;
-  int64_t in_flight_ = 0;
   std::multimap<Clock::time_point, Timer> timers_;
 };
 
-CoordinatorServer::Impl::Guard CoordinatorServer::Impl::Enter() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (stopping_) return nullptr;
-  ++in_flight_;
-  return std::make_shared<InFlight>(shared_from_this());
-}
-
-Status CoordinatorServer::Impl::Open() {
-  const std::string address =
-      "http://" + net::HostForUri(host_) + ":" + std::to_string(port_) + "/";
-  try {
-    listener_ = std::make_unique<web::http::experimental::listener::http_listener>(address);
-    // A raw pointer: the listener belongs to this object, and Stop closes it before the object
-    // can go away, so the handler never outlives it.
-    Impl* self = this;
-    listener_->support([self](http_request request) { self->Handle(request); });
-    listener_->open().wait();
-  } catch (...) {
-    listener_.reset();
-    return Unavailable("cannot listen on " + address + ": " + CurrentExceptionMessage());
-  }
+Status CoordinatorServer::Impl::Start(const std::string& host, int port) {
+  http::Listener::Options options;
+  options.name = "coordinator";
+  options.error_response = JsonError;
+  VF_ASSIGN_OR_RETURN(listener_, http::Listener::Start(host, port, std::move(options),
+                                                       [this](const http_request& request,
+                                                              const http::InFlight& in_flight) {
+                                                         Handle(request, in_flight);
+                                                       }));
   timer_thread_ = std::thread([this] { TimerLoop(); });
   return Status::Ok();
 }
 
-void CoordinatorServer::Impl::Handle(http_request request) {
-  Guard guard = Enter();
-  if (guard == nullptr) {
-    SendError(request, status_codes::ServiceUnavailable, "coordinator is shutting down");
-    DrainBody(request);
+void CoordinatorServer::Impl::Handle(const http_request& request, const http::InFlight& in_flight) {
+  // Everything decided from the request line and headers comes first; the body is read (and
+  // dropped) after an early answer too.
+  auto reject = [&](status_code code, const std::string& message) {
+    SendError(request, code, message);
+    http::DrainBody(request);
+  };
+  Result<Route> route = ParseRoute(request.request_uri().path());
+  if (!route.ok()) return reject(http::HttpCode(route.status()), route.status().message());
+  if (!MethodAllowed(route->action, request.method())) {
+    http_response response = JsonError(status_codes::MethodNotAllowed,
+                                       "method " + request.method() + " is not allowed here; use " +
+                                           AllowedMethods(route->action));
+    response.headers().add(U("Allow"), AllowedMethods(route->action));
+    http::Send(request, response);
+    http::DrainBody(request);
     return;
   }
-  try {
-    // Everything decided from the request line and headers comes first; the body is read
-    // (and dropped) after an early answer too.
-    auto reject = [&](status_code code, const std::string& message) {
-      SendError(request, code, message);
-      DrainBody(request);
-    };
-    Result<Route> route = ParseRoute(request.request_uri().path());
-    if (!route.ok()) return reject(HttpCode(route.status()), route.status().message());
-    if (!MethodAllowed(route->action, request.method())) {
-      http_response response(status_codes::MethodNotAllowed);
-      response.headers().add(U("Allow"), AllowedMethods(route->action));
-      SetBody(
-          response,
-          wire::Dump(json{{"error", "method " + request.method() + " is not allowed here; use " +
-                                        AllowedMethods(route->action)}}),
-          "application/json");
-      Send(request, response);
-      DrainBody(request);
-      return;
-    }
-    const std::string token = BearerToken(request);
-    const Status auth = coordinator_.CheckToken(route->job, token);
-    if (auth.code() == StatusCode::kNotFound) {
-      return reject(status_codes::NotFound, auth.message());
-    }
-    if (!auth.ok()) {
-      return reject(status_codes::Unauthorized, token.empty()
-                                                    ? "request has no bearer token"
-                                                    : "the bearer token is not this job's token");
-    }
-    uint64_t declared = 0;
-    if (request.headers().match(web::http::header_names::content_length, declared) &&
-        declared > kMaxBodyBytes) {
-      return reject(status_codes::RequestEntityTooLarge,
-                    "request body is " + std::to_string(declared) + " bytes; the limit is " +
-                        std::to_string(kMaxBodyBytes));
-    }
-    ReadBody(request, kMaxBodyBytes)
-        .then([self = shared_from_this(), guard, request,
-               route = std::move(route).value()](pplx::task<Body> read) {
-          try {
-            self->Dispatch(request, route, read.get());
-          } catch (...) {
-            SendError(request, status_codes::InternalError,
-                      "coordinator failed: " + CurrentExceptionMessage());
-          }
-        });
-  } catch (...) {
-    SendError(request, status_codes::InternalError,
-              "coordinator failed: " + CurrentExceptionMessage());
+  const std::string token = BearerToken(request);
+  const Status auth = coordinator_.CheckToken(route->job, token);
+  if (auth.code() == StatusCode::kNotFound) {
+    return reject(status_codes::NotFound, auth.message());
   }
+  if (!auth.ok()) {
+    return reject(status_codes::Unauthorized, token.empty()
+                                                  ? "request has no bearer token"
+                                                  : "the bearer token is not this job's token");
+  }
+  uint64_t declared = 0;
+  if (request.headers().match(web::http::header_names::content_length, declared) &&
+      declared > kMaxBodyBytes) {
+    return reject(status_codes::RequestEntityTooLarge,
+                  "request body is " + std::to_string(declared) + " bytes; the limit is " +
+                      std::to_string(kMaxBodyBytes));
+  }
+  // The continuation keeps the request in flight: Stop waits for it.
+  http::ReadBody(request, kMaxBodyBytes)
+      .then([this, in_flight, request,
+             route = std::move(route).value()](pplx::task<http::Body> read) {
+        try {
+          Dispatch(request, route, read.get());
+        } catch (...) {
+          SendError(request, status_codes::InternalError,
+                    "coordinator failed: " + http::CurrentExceptionMessage());
+        }
+      });
 }
 
 void CoordinatorServer::Impl::Dispatch(const http_request& request, const Route& route,
-                                       const Body& body) {
+                                       const http::Body& body) {
   if (!body.error.empty()) {
     return SendError(request, status_codes::BadRequest,
                      "could not read the request body: " + body.error);
@@ -639,8 +423,8 @@ void CoordinatorServer::Impl::StartPoll(const http_request& request, const Route
     id = coordinator_.WatchKey(route.job, route.key, [poll](Result<std::string> value) {
       if (!value.ok()) return SendStatus(poll->request, value.status());
       http_response response(status_codes::OK);
-      SetBody(response, *value, "application/octet-stream");
-      Send(poll->request, response);
+      http::SetBody(response, *value, "application/octet-stream");
+      http::Send(poll->request, response);
     });
   } else {
     id = coordinator_.WatchPlan(route.job, after, [poll](Result<Plan> plan) {
@@ -707,8 +491,11 @@ void CoordinatorServer::Impl::TimerLoop() {
 }
 
 void CoordinatorServer::Impl::Stop() {
-  std::lock_guard<std::mutex> stop_lock(stop_mu_);
-  if (stopped_) return;
+  if (listener_ != nullptr) listener_->Stop([this] { AnswerPendingPolls(); });
+}
+
+// Runs once, while the listener refuses new requests but still holds its connections.
+void CoordinatorServer::Impl::AnswerPendingPolls() {
   std::multimap<Clock::time_point, Timer> pending;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -738,44 +525,23 @@ void CoordinatorServer::Impl::Stop() {
     });
     done.wait_for(kStopFlushTime);
   }
-  if (listener_ != nullptr) {
-    try {
-      listener_->close().wait();
-    } catch (...) {
-    }
-  }
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    idle_.wait(lock, [this] { return in_flight_ == 0; });
-  }
-  listener_.reset();
-  stopped_ = true;
 }
 
 Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Coordinator& coordinator,
                                                                     const std::string& host,
                                                                     int port) {
-  if (host.empty()) return InvalidArgument("coordinator host is empty");
-  if (port < 0 || port > 65535) {
-    return InvalidArgument("coordinator port " + std::to_string(port) + " is not in 0..65535");
-  }
-  std::shared_ptr<Impl> impl;
-  VF_RETURN_IF_ERROR(net::OpenOnPort(host, port, [&](int chosen) {
-                       impl = std::make_shared<Impl>(coordinator, host, chosen);
-                       return impl->Open();
-                     }).WithContext("coordinator server"));
-  return std::unique_ptr<CoordinatorServer>(new CoordinatorServer(impl));
+  auto impl = std::make_shared<Impl>(coordinator);
+  VF_RETURN_IF_ERROR(impl->Start(host, port));
+  return std::unique_ptr<CoordinatorServer>(new CoordinatorServer(std::move(impl)));
 }
 
 CoordinatorServer::CoordinatorServer(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 CoordinatorServer::~CoordinatorServer() { Stop(); }
 
-int CoordinatorServer::port() const { return impl_->port(); }
+int CoordinatorServer::port() const { return impl_->listener().port(); }
 
-std::string CoordinatorServer::url() const {
-  return "http://" + net::HostForUri(impl_->host()) + ":" + std::to_string(impl_->port());
-}
+std::string CoordinatorServer::url() const { return impl_->listener().url(); }
 
 void CoordinatorServer::Stop() { impl_->Stop(); }
 

@@ -11,7 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "operator/metrics/agent_metrics.h"
+#include "agent/metrics/agent_metrics.h"
+#include "agent/metrics/described_registry.h"
 #include "operator/metrics/operator_metrics.h"
 
 #ifndef VF_METRICS_DOC
@@ -129,11 +130,11 @@ std::map<std::string, Entry> ParseReference(const std::string& markdown,
   return entries;
 }
 
-void AddFamilies(const metrics::Registry& registry, const std::string& exporter,
+void AddFamilies(const std::vector<metrics::FamilyInfo>& families, const std::string& exporter,
                  std::map<std::string, Entry>& entries) {
-  for (const metrics::FamilyDescriptor& family : registry.Describe()) {
+  for (const metrics::FamilyInfo& family : families) {
     Entry entry;
-    entry.type = std::string(metrics::MetricTypeName(family.type));
+    entry.type = std::string(metrics::TypeName(family.type));
     entry.labels.insert(family.label_names.begin(), family.label_names.end());
     entry.exporter = exporter;
     entries[family.name] = entry;
@@ -143,9 +144,9 @@ void AddFamilies(const metrics::Registry& registry, const std::string& exporter,
 std::map<std::string, Entry> CodeFamilies() {
   std::map<std::string, Entry> entries;
   OperatorMetrics operator_metrics;
-  AddFamilies(operator_metrics.registry(), "operator", entries);
+  AddFamilies(operator_metrics.Describe(), "operator", entries);
   AgentMetrics agent_metrics("namespace", "job");
-  AddFamilies(agent_metrics.registry(), "agent", entries);
+  AddFamilies(agent_metrics.Describe(), "agent", entries);
   return entries;
 }
 

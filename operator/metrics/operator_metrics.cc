@@ -1,18 +1,12 @@
 #include "operator/metrics/operator_metrics.h"
 
-#include <cstdio>
-#include <cstdlib>
-#include <set>
-#include <vector>
+#include <iterator>
+#include <utility>
 
 namespace vf {
 namespace {
 
-using metrics::Counter;
-using metrics::Family;
-using metrics::Gauge;
-using metrics::Histogram;
-using metrics::Labels;
+using prometheus::Labels;
 
 // Resize pauses: a rebalance between two steps of a small model on one machine takes tens of
 // milliseconds; a grow that waits for a joiner's state transfer and an NCCL communicator takes
@@ -28,15 +22,13 @@ const std::vector<double> kReconcileBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025
 const std::vector<double> kApiBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                                          0.5,   1,      2.5,   5,    10,    30,   60};
 
-// The families' names and labels are fixed, so a registration can fail only by a bug here.
-template <typename T>
-T* Must(Result<T*> result) {
-  if (!result.ok()) {
-    std::fprintf(stderr, "OperatorMetrics: %s\n", result.status().ToString().c_str());
-    std::abort();
-  }
-  return *result;
-}
+// The `kind`s of vf_operator_job_workers: the fields of WorkerCounts.
+constexpr const char* kWorkerKinds[] = {"current", "desired", "ready", "min", "max"};
+constexpr ResizeReason kResizeReasons[] = {ResizeReason::kGrow, ResizeReason::kShrink,
+                                           ResizeReason::kFailure, ResizeReason::kLeave,
+                                           ResizeReason::kRebalance};
+// The `state`s of vf_operator_gpus: the fields of GpuCounts.
+constexpr const char* kGpuStates[] = {"free", "allocated", "total"};
 
 Labels JobLabels(std::string_view ns, std::string_view job) {
   return {{"namespace", std::string(ns)}, {"job", std::string(job)}};
@@ -47,6 +39,13 @@ Labels JobLabels(std::string_view ns, std::string_view job, const char* name,
   Labels labels = JobLabels(ns, job);
   labels.emplace(name, std::string(value));
   return labels;
+}
+
+// Removes the child with `labels`, if there is one. prometheus-cpp removes by pointer, and Add
+// finds an existing child (the `args` only make the one it would create).
+template <typename T, typename... Args>
+void RemoveChild(prometheus::Family<T>& family, const Labels& labels, const Args&... args) {
+  if (family.Has(labels)) family.Remove(&family.Add(labels, args...));
 }
 
 }  // namespace
@@ -68,109 +67,115 @@ std::string_view ResizeReasonName(ResizeReason reason) {
 }
 
 OperatorMetrics::OperatorMetrics() {
-  metrics::Registry& r = registry_;
-  jobs_ = Must(r.AddGauge("vf_operator_jobs", "VirtualFlowJobs by status phase.", {"phase"}));
-  job_workers_ = Must(r.AddGauge(
+  metrics::DescribedRegistry& r = families_;
+  jobs_ = &r.AddGauge("vf_operator_jobs", "VirtualFlowJobs by status phase.", {"phase"});
+  job_workers_ = &r.AddGauge(
       "vf_operator_job_workers",
       "Workers of a job: current (pods), desired (policy), ready (in the plan), min and max "
       "(spec).",
-      {"namespace", "job", "kind"}));
-  resizes_ = Must(r.AddCounter("vf_operator_resizes_total",
-                               "Membership changes of a job, by reason: grow, shrink, failure, "
-                               "leave, rebalance.",
-                               {"namespace", "job", "reason"}));
-  resize_pause_ = Must(r.AddHistogram("vf_operator_resize_pause_seconds",
-                                      "Time training stood still for one resize.",
-                                      {"namespace", "job"}, kPauseBuckets));
-  job_step_ = Must(r.AddGauge("vf_operator_job_step", "Last training step a job reported.",
-                              {"namespace", "job"}));
+      {"namespace", "job", "kind"});
+  resizes_ = &r.AddCounter("vf_operator_resizes_total",
+                           "Membership changes of a job, by reason: grow, shrink, failure, "
+                           "leave, rebalance.",
+                           {"namespace", "job", "reason"});
+  resize_pause_ = &r.AddHistogram("vf_operator_resize_pause_seconds",
+                                  "Time training stood still for one resize.", {"namespace", "job"},
+                                  kPauseBuckets);
+  job_step_ = &r.AddGauge("vf_operator_job_step", "Last training step a job reported.",
+                          {"namespace", "job"});
   job_samples_per_second_ =
-      Must(r.AddGauge("vf_operator_job_samples_per_second",
-                      "Training throughput of a job, all workers together.", {"namespace", "job"}));
+      &r.AddGauge("vf_operator_job_samples_per_second",
+                  "Training throughput of a job, all workers together.", {"namespace", "job"});
   reconcile_duration_ =
-      &Must(r.AddHistogram("vf_operator_reconcile_duration_seconds",
-                           "Time one reconcile of one job took.", {}, kReconcileBuckets))
-           ->Add({});
+      &r.AddHistogram("vf_operator_reconcile_duration_seconds",
+                      "Time one reconcile of one job took.", {}, kReconcileBuckets)
+           .Add({}, kReconcileBuckets);
   reconcile_errors_ =
-      &Must(r.AddCounter("vf_operator_reconcile_errors_total", "Reconciles that failed."))->Add({});
+      &r.AddCounter("vf_operator_reconcile_errors_total", "Reconciles that failed.").Add({});
   workqueue_depth_ =
-      &Must(r.AddGauge("vf_operator_workqueue_depth", "Jobs waiting to be reconciled."))->Add({});
-  api_request_duration_ = Must(r.AddHistogram("vf_operator_api_request_duration_seconds",
-                                              "Kubernetes API calls by verb, watches excluded.",
-                                              {"verb"}, kApiBuckets));
-  api_request_errors_ = Must(r.AddCounter(
+      &r.AddGauge("vf_operator_workqueue_depth", "Jobs waiting to be reconciled.").Add({});
+  api_request_duration_ =
+      &r.AddHistogram("vf_operator_api_request_duration_seconds",
+                      "Kubernetes API calls by verb, watches excluded.", {"verb"}, kApiBuckets);
+  api_request_errors_ = &r.AddCounter(
       "vf_operator_api_request_errors_total",
       "Kubernetes API calls that failed, by verb and HTTP code (or reason, with no answer).",
-      {"verb", "code"}));
-  gpus_ = Must(r.AddGauge("vf_operator_gpus", "GPUs on the cluster's nodes by product and state.",
-                          {"product", "state"}));
-  is_leader_ = &Must(r.AddGauge("vf_operator_is_leader",
-                                "1 if this replica holds the leader Lease, else 0."))
-                    ->Add({});
+      {"verb", "code"});
+  gpus_ = &r.AddGauge("vf_operator_gpus", "GPUs on the cluster's nodes by product and state.",
+                      {"product", "state"});
+  is_leader_ =
+      &r.AddGauge("vf_operator_is_leader", "1 if this replica holds the leader Lease, else 0.")
+           .Add({});
   SetJobsByPhase({});
 }
 
 void OperatorMetrics::SetJobsByPhase(const std::map<std::string, int64_t>& jobs_by_phase) {
-  std::lock_guard<std::mutex> lock(replace_mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   std::set<std::string> keep;
   for (const std::string_view phase : kJobPhases) {
     keep.emplace(phase);
     auto it = jobs_by_phase.find(std::string(phase));
-    jobs_->AddShared({{"phase", std::string(phase)}})
-        ->Set(it == jobs_by_phase.end() ? 0.0 : static_cast<double>(it->second));
+    jobs_->Add({{"phase", std::string(phase)}})
+        .Set(it == jobs_by_phase.end() ? 0.0 : static_cast<double>(it->second));
   }
   for (const auto& [phase, count] : jobs_by_phase) {
     keep.insert(phase);
-    jobs_->AddShared({{"phase", phase}})->Set(static_cast<double>(count));
+    jobs_->Add({{"phase", phase}}).Set(static_cast<double>(count));
   }
-  for (const metrics::ChildSnapshot& child : jobs_->Collect().children) {
-    if (keep.count(child.label_values[0]) == 0) jobs_->Remove({{"phase", child.label_values[0]}});
+  for (const std::string& phase : phases_) {
+    if (keep.count(phase) == 0) RemoveChild(*jobs_, {{"phase", phase}});
   }
+  phases_ = std::move(keep);
 }
 
 void OperatorMetrics::SetJobWorkers(std::string_view ns, std::string_view job,
                                     const WorkerCounts& counts) {
-  const std::pair<const char*, int64_t> kinds[] = {{"current", counts.current},
-                                                   {"desired", counts.desired},
-                                                   {"ready", counts.ready},
-                                                   {"min", counts.min},
-                                                   {"max", counts.max}};
-  for (const auto& [kind, value] : kinds) {
-    job_workers_->AddShared(JobLabels(ns, job, "kind", kind))->Set(static_cast<double>(value));
+  const int64_t values[] = {counts.current, counts.desired, counts.ready, counts.min, counts.max};
+  static_assert(std::size(values) == std::size(kWorkerKinds));
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < std::size(kWorkerKinds); ++i) {
+    job_workers_->Add(JobLabels(ns, job, "kind", kWorkerKinds[i]))
+        .Set(static_cast<double>(values[i]));
   }
   // A counter or histogram series that first appears with its first event hides that event
   // from increase() and rate(): Prometheus has no earlier sample to subtract. So the job's
   // resize counters (every reason) and its pause histogram exist, at zero, from the start.
-  for (const ResizeReason reason :
-       {ResizeReason::kGrow, ResizeReason::kShrink, ResizeReason::kFailure, ResizeReason::kLeave,
-        ResizeReason::kRebalance}) {
-    resizes_->AddShared(JobLabels(ns, job, "reason", ResizeReasonName(reason)));
+  for (const ResizeReason reason : kResizeReasons) {
+    resizes_->Add(JobLabels(ns, job, "reason", ResizeReasonName(reason)));
   }
-  resize_pause_->AddShared(JobLabels(ns, job));
+  resize_pause_->Add(JobLabels(ns, job), kPauseBuckets);
 }
 
 void OperatorMetrics::SetJobProgress(std::string_view ns, std::string_view job, int64_t step,
                                      double samples_per_second) {
-  job_step_->AddShared(JobLabels(ns, job))->Set(static_cast<double>(step));
-  job_samples_per_second_->AddShared(JobLabels(ns, job))->Set(samples_per_second);
+  std::lock_guard<std::mutex> lock(mu_);
+  job_step_->Add(JobLabels(ns, job)).Set(static_cast<double>(step));
+  job_samples_per_second_->Add(JobLabels(ns, job)).Set(samples_per_second);
 }
 
 void OperatorMetrics::OnResize(std::string_view ns, std::string_view job, ResizeReason reason) {
-  resizes_->AddShared(JobLabels(ns, job, "reason", ResizeReasonName(reason)))->Increment();
+  std::lock_guard<std::mutex> lock(mu_);
+  resizes_->Add(JobLabels(ns, job, "reason", ResizeReasonName(reason))).Increment();
 }
 
 void OperatorMetrics::ObserveResizePause(std::string_view ns, std::string_view job,
                                          double seconds) {
-  resize_pause_->AddShared(JobLabels(ns, job))->Observe(seconds);
+  std::lock_guard<std::mutex> lock(mu_);
+  resize_pause_->Add(JobLabels(ns, job), kPauseBuckets).Observe(seconds);
 }
 
 void OperatorMetrics::RemoveJob(std::string_view ns, std::string_view job) {
   const Labels labels = JobLabels(ns, job);
-  job_workers_->RemoveMatching(labels);
-  resizes_->RemoveMatching(labels);
-  resize_pause_->RemoveMatching(labels);
-  job_step_->RemoveMatching(labels);
-  job_samples_per_second_->RemoveMatching(labels);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const char* kind : kWorkerKinds) {
+    RemoveChild(*job_workers_, JobLabels(ns, job, "kind", kind));
+  }
+  for (const ResizeReason reason : kResizeReasons) {
+    RemoveChild(*resizes_, JobLabels(ns, job, "reason", ResizeReasonName(reason)));
+  }
+  RemoveChild(*resize_pause_, labels, kPauseBuckets);
+  RemoveChild(*job_step_, labels);
+  RemoveChild(*job_samples_per_second_, labels);
 }
 
 void OperatorMetrics::OnReconcile(double seconds, bool failed) {
@@ -184,26 +189,30 @@ void OperatorMetrics::SetWorkqueueDepth(int64_t depth) {
 
 void OperatorMetrics::OnApiRequest(std::string_view verb, double seconds,
                                    std::string_view error_code) {
-  api_request_duration_->AddShared({{"verb", std::string(verb)}})->Observe(seconds);
+  api_request_duration_->Add({{"verb", std::string(verb)}}, kApiBuckets).Observe(seconds);
   if (!error_code.empty()) {
-    api_request_errors_->AddShared({{"verb", std::string(verb)}, {"code", std::string(error_code)}})
-        ->Increment();
+    api_request_errors_->Add({{"verb", std::string(verb)}, {"code", std::string(error_code)}})
+        .Increment();
   }
 }
 
 void OperatorMetrics::SetGpuInventory(const std::map<std::string, GpuCounts>& by_product) {
-  std::lock_guard<std::mutex> lock(replace_mu_);
-  for (const metrics::ChildSnapshot& child : gpus_->Collect().children) {
-    if (by_product.count(child.label_values[0]) == 0) {
-      gpus_->RemoveMatching({{"product", child.label_values[0]}});
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const std::string& product : gpu_products_) {
+    if (by_product.count(product) != 0) continue;
+    for (const char* state : kGpuStates) {
+      RemoveChild(*gpus_, {{"product", product}, {"state", state}});
     }
   }
+  gpu_products_.clear();
   for (const auto& [product, counts] : by_product) {
-    const std::pair<const char*, int64_t> states[] = {
-        {"free", counts.free}, {"allocated", counts.allocated}, {"total", counts.total}};
-    for (const auto& [state, value] : states) {
-      gpus_->AddShared({{"product", product}, {"state", state}})->Set(static_cast<double>(value));
+    const int64_t values[] = {counts.free, counts.allocated, counts.total};
+    static_assert(std::size(values) == std::size(kGpuStates));
+    for (size_t i = 0; i < std::size(kGpuStates); ++i) {
+      gpus_->Add({{"product", product}, {"state", kGpuStates[i]}})
+          .Set(static_cast<double>(values[i]));
     }
+    gpu_products_.insert(product);
   }
 }
 

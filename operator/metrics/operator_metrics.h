@@ -3,15 +3,21 @@
 // test keeps that list and these families the same.
 #pragma once
 
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <string_view>
+#include <vector>
 
-#include "runtime/metrics/family.h"
-#include "runtime/metrics/metric.h"
-#include "runtime/metrics/registry.h"
+#include "agent/metrics/described_registry.h"
 
 namespace vf {
 
@@ -32,9 +38,11 @@ enum class ResizeReason {
 std::string_view ResizeReasonName(ResizeReason reason);
 
 // Owns the operator's metric families in their own Registry, which the operator serves on
-// GET /metrics. Thread-safe: the families are, the unlabelled children are fixed at construction,
-// and the methods that replace a whole family's contents (SetJobsByPhase, SetGpuInventory) are
-// serialised so that two callers cannot leave a mix of both.
+// GET /metrics. Thread-safe: the unlabelled children are fixed at construction; the children of
+// the per-job, per-phase and per-GPU-product families come and go, and prometheus-cpp frees a
+// removed child at once, so one mutex serialises every method that adds to or removes from those
+// families (which also keeps two callers of SetJobsByPhase or SetGpuInventory from leaving a mix
+// of both).
 class OperatorMetrics {
  public:
   // vf_operator_job_workers{kind}, one series per field.
@@ -57,8 +65,10 @@ class OperatorMetrics {
   OperatorMetrics(const OperatorMetrics&) = delete;
   OperatorMetrics& operator=(const OperatorMetrics&) = delete;
 
-  metrics::Registry& registry() { return registry_; }
-  const metrics::Registry& registry() const { return registry_; }
+  prometheus::Registry& registry() { return families_.registry(); }
+  const prometheus::Registry& registry() const { return families_.registry(); }
+  // Every family, sorted by name: what docs/metrics.md lists.
+  std::vector<metrics::FamilyInfo> Describe() const { return families_.Describe(); }
 
   // ---- Jobs ----
 
@@ -92,44 +102,37 @@ class OperatorMetrics {
   void SetGpuInventory(const std::map<std::string, GpuCounts>& by_product);
   void SetLeader(bool leader);
 
-  // ---- The families, for what the methods above do not cover ----
-  // Labels: jobs {phase}; job_workers {namespace, job, kind}; resizes {namespace, job, reason};
-  // resize_pause_seconds, job_step, job_samples_per_second {namespace, job};
-  // api_request_duration_seconds {verb}; api_request_errors {verb, code}; gpus {product, state}.
-  // The unlabelled ones are given as their single child.
+  // ---- The unlabelled children, for what the methods above do not cover ----
+  // (The labelled families are reached through the methods only: a child taken from one could be
+  // freed by RemoveJob, SetJobsByPhase or SetGpuInventory on another thread.)
 
-  metrics::Family<metrics::Gauge>& jobs() { return *jobs_; }
-  metrics::Family<metrics::Gauge>& job_workers() { return *job_workers_; }
-  metrics::Family<metrics::Counter>& resizes() { return *resizes_; }
-  metrics::Family<metrics::Histogram>& resize_pause_seconds() { return *resize_pause_; }
-  metrics::Family<metrics::Gauge>& job_step() { return *job_step_; }
-  metrics::Family<metrics::Gauge>& job_samples_per_second() { return *job_samples_per_second_; }
-  metrics::Histogram& reconcile_duration_seconds() { return *reconcile_duration_; }
-  metrics::Counter& reconcile_errors() { return *reconcile_errors_; }
-  metrics::Gauge& workqueue_depth() { return *workqueue_depth_; }
-  metrics::Family<metrics::Histogram>& api_request_duration_seconds() {
-    return *api_request_duration_;
-  }
-  metrics::Family<metrics::Counter>& api_request_errors() { return *api_request_errors_; }
-  metrics::Family<metrics::Gauge>& gpus() { return *gpus_; }
-  metrics::Gauge& is_leader() { return *is_leader_; }
+  prometheus::Histogram& reconcile_duration_seconds() { return *reconcile_duration_; }
+  prometheus::Counter& reconcile_errors() { return *reconcile_errors_; }
+  prometheus::Gauge& workqueue_depth() { return *workqueue_depth_; }
+  prometheus::Gauge& is_leader() { return *is_leader_; }
 
  private:
-  metrics::Registry registry_;
-  std::mutex replace_mu_;  // held by SetJobsByPhase and SetGpuInventory
-  metrics::Family<metrics::Gauge>* jobs_ = nullptr;
-  metrics::Family<metrics::Gauge>* job_workers_ = nullptr;
-  metrics::Family<metrics::Counter>* resizes_ = nullptr;
-  metrics::Family<metrics::Histogram>* resize_pause_ = nullptr;
-  metrics::Family<metrics::Gauge>* job_step_ = nullptr;
-  metrics::Family<metrics::Gauge>* job_samples_per_second_ = nullptr;
-  metrics::Histogram* reconcile_duration_ = nullptr;
-  metrics::Counter* reconcile_errors_ = nullptr;
-  metrics::Gauge* workqueue_depth_ = nullptr;
-  metrics::Family<metrics::Histogram>* api_request_duration_ = nullptr;
-  metrics::Family<metrics::Counter>* api_request_errors_ = nullptr;
-  metrics::Family<metrics::Gauge>* gpus_ = nullptr;
-  metrics::Gauge* is_leader_ = nullptr;
+  metrics::DescribedRegistry families_;
+  // Held by every method that adds children to the families below or removes them, for as long
+  // as it uses a child it got from Family::Add.
+  std::mutex mu_;
+  std::set<std::string> phases_;        // the phases vf_operator_jobs has a series for
+  std::set<std::string> gpu_products_;  // the products vf_operator_gpus has series for
+  prometheus::Family<prometheus::Gauge>* jobs_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* job_workers_ = nullptr;
+  prometheus::Family<prometheus::Counter>* resizes_ = nullptr;
+  prometheus::Family<prometheus::Histogram>* resize_pause_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* job_step_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* job_samples_per_second_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* gpus_ = nullptr;
+  // Never removed from: their children are used without mu_.
+  prometheus::Family<prometheus::Histogram>* api_request_duration_ = nullptr;
+  prometheus::Family<prometheus::Counter>* api_request_errors_ = nullptr;
+  // Fixed at construction.
+  prometheus::Histogram* reconcile_duration_ = nullptr;
+  prometheus::Counter* reconcile_errors_ = nullptr;
+  prometheus::Gauge* workqueue_depth_ = nullptr;
+  prometheus::Gauge* is_leader_ = nullptr;
 };
 
 }  // namespace vf

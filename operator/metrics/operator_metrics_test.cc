@@ -5,49 +5,67 @@
 #include <atomic>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "runtime/metrics/promtool.h"
+#include "agent/metrics/promtool.h"
+#include "agent/metrics/test_util.h"
 
 namespace vf {
 namespace {
 
-using metrics::MetricType;
+using metrics::ExportedChildren;
+using metrics::Exposition;
+using prometheus::MetricType;
 
 bool Contains(const std::string& text, const std::string& line) {
   return text.find(line + "\n") != std::string::npos;
 }
 
+// The sample lines of the job ns/job: those with both labels, wherever they stand.
+int SeriesOf(const std::string& text, const std::string& ns, const std::string& job) {
+  int n = 0;
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    const bool labelled = line.find("namespace=\"" + ns + "\"") != std::string::npos &&
+                          (line.find("{job=\"" + job + "\"") != std::string::npos ||
+                           line.find(",job=\"" + job + "\"") != std::string::npos);
+    if (!line.empty() && line[0] != '#' && labelled) ++n;
+  }
+  return n;
+}
+
 TEST(OperatorMetrics, RegistersTheFixedFamilies) {
   OperatorMetrics m;
   std::map<std::string, std::pair<MetricType, std::vector<std::string>>> got;
-  for (const metrics::FamilyDescriptor& f : m.registry().Describe()) {
+  for (const metrics::FamilyInfo& f : m.Describe()) {
     got[f.name] = {f.type, f.label_names};
   }
   using V = std::vector<std::string>;
   const std::map<std::string, std::pair<MetricType, V>> want = {
-      {"vf_operator_jobs", {MetricType::kGauge, V{"phase"}}},
-      {"vf_operator_job_workers", {MetricType::kGauge, V{"namespace", "job", "kind"}}},
-      {"vf_operator_resizes_total", {MetricType::kCounter, V{"namespace", "job", "reason"}}},
-      {"vf_operator_resize_pause_seconds", {MetricType::kHistogram, V{"namespace", "job"}}},
-      {"vf_operator_job_step", {MetricType::kGauge, V{"namespace", "job"}}},
-      {"vf_operator_job_samples_per_second", {MetricType::kGauge, V{"namespace", "job"}}},
-      {"vf_operator_reconcile_duration_seconds", {MetricType::kHistogram, V{}}},
-      {"vf_operator_reconcile_errors_total", {MetricType::kCounter, V{}}},
-      {"vf_operator_workqueue_depth", {MetricType::kGauge, V{}}},
-      {"vf_operator_api_request_duration_seconds", {MetricType::kHistogram, V{"verb"}}},
-      {"vf_operator_api_request_errors_total", {MetricType::kCounter, V{"verb", "code"}}},
-      {"vf_operator_gpus", {MetricType::kGauge, V{"product", "state"}}},
-      {"vf_operator_is_leader", {MetricType::kGauge, V{}}},
+      {"vf_operator_jobs", {MetricType::Gauge, V{"phase"}}},
+      {"vf_operator_job_workers", {MetricType::Gauge, V{"namespace", "job", "kind"}}},
+      {"vf_operator_resizes_total", {MetricType::Counter, V{"namespace", "job", "reason"}}},
+      {"vf_operator_resize_pause_seconds", {MetricType::Histogram, V{"namespace", "job"}}},
+      {"vf_operator_job_step", {MetricType::Gauge, V{"namespace", "job"}}},
+      {"vf_operator_job_samples_per_second", {MetricType::Gauge, V{"namespace", "job"}}},
+      {"vf_operator_reconcile_duration_seconds", {MetricType::Histogram, V{}}},
+      {"vf_operator_reconcile_errors_total", {MetricType::Counter, V{}}},
+      {"vf_operator_workqueue_depth", {MetricType::Gauge, V{}}},
+      {"vf_operator_api_request_duration_seconds", {MetricType::Histogram, V{"verb"}}},
+      {"vf_operator_api_request_errors_total", {MetricType::Counter, V{"verb", "code"}}},
+      {"vf_operator_gpus", {MetricType::Gauge, V{"product", "state"}}},
+      {"vf_operator_is_leader", {MetricType::Gauge, V{}}},
   };
   EXPECT_EQ(got, want);
 }
 
 TEST(OperatorMetrics, FreshExportShowsPhasesLoopAndLeadershipAtZero) {
   OperatorMetrics m;
-  const std::string text = m.registry().Serialize();
+  const std::string text = Exposition(m.registry());
   for (const char* phase : {"Pending", "Running", "Resizing", "Succeeded", "Failed"}) {
     EXPECT_TRUE(Contains(text, "vf_operator_jobs{phase=\"" + std::string(phase) + "\"} 0")) << text;
   }
@@ -63,12 +81,12 @@ TEST(OperatorMetrics, FreshExportShowsPhasesLoopAndLeadershipAtZero) {
 TEST(OperatorMetrics, SetJobsByPhaseZeroesMissingPhasesAndDropsStaleUnknownOnes) {
   OperatorMetrics m;
   m.SetJobsByPhase({{"Running", 3}, {"Pending", 1}, {"Mystery", 2}});
-  std::string text = m.registry().Serialize();
+  std::string text = Exposition(m.registry());
   EXPECT_TRUE(Contains(text, "vf_operator_jobs{phase=\"Running\"} 3"));
   EXPECT_TRUE(Contains(text, "vf_operator_jobs{phase=\"Pending\"} 1"));
   EXPECT_TRUE(Contains(text, "vf_operator_jobs{phase=\"Mystery\"} 2"));
   m.SetJobsByPhase({{"Succeeded", 4}});
-  text = m.registry().Serialize();
+  text = Exposition(m.registry());
   EXPECT_TRUE(Contains(text, "vf_operator_jobs{phase=\"Running\"} 0"));
   EXPECT_TRUE(Contains(text, "vf_operator_jobs{phase=\"Succeeded\"} 4"));
   EXPECT_EQ(text.find("Mystery"), std::string::npos);
@@ -82,46 +100,46 @@ TEST(OperatorMetrics, JobSeriesCarryNamespaceJobAndTheirKindOrReason) {
   m.OnResize("team", "mnist", ResizeReason::kRebalance);
   m.ObserveResizePause("team", "mnist", 0.3);
   m.SetJobProgress("team", "mnist", 1200, 5120.5);
-  const std::string text = m.registry().Serialize();
+  const std::string text = Exposition(m.registry());
   EXPECT_TRUE(Contains(
-      text, "vf_operator_job_workers{namespace=\"team\",job=\"mnist\",kind=\"current\"} 2"));
+      text, "vf_operator_job_workers{job=\"mnist\",kind=\"current\",namespace=\"team\"} 2"));
   EXPECT_TRUE(Contains(
-      text, "vf_operator_job_workers{namespace=\"team\",job=\"mnist\",kind=\"desired\"} 3"));
+      text, "vf_operator_job_workers{job=\"mnist\",kind=\"desired\",namespace=\"team\"} 3"));
   EXPECT_TRUE(
-      Contains(text, "vf_operator_job_workers{namespace=\"team\",job=\"mnist\",kind=\"max\"} 4"));
+      Contains(text, "vf_operator_job_workers{job=\"mnist\",kind=\"max\",namespace=\"team\"} 4"));
   EXPECT_TRUE(Contains(
-      text, "vf_operator_resizes_total{namespace=\"team\",job=\"mnist\",reason=\"grow\"} 2"));
+      text, "vf_operator_resizes_total{job=\"mnist\",namespace=\"team\",reason=\"grow\"} 2"));
   EXPECT_TRUE(Contains(
-      text, "vf_operator_resizes_total{namespace=\"team\",job=\"mnist\",reason=\"rebalance\"} 1"));
-  EXPECT_TRUE(Contains(
-      text,
-      "vf_operator_resize_pause_seconds_bucket{namespace=\"team\",job=\"mnist\",le=\"0.5\"} 1"));
+      text, "vf_operator_resizes_total{job=\"mnist\",namespace=\"team\",reason=\"rebalance\"} 1"));
   EXPECT_TRUE(Contains(
       text,
-      "vf_operator_resize_pause_seconds_bucket{namespace=\"team\",job=\"mnist\",le=\"0.25\"} 0"));
-  EXPECT_TRUE(Contains(text, "vf_operator_job_step{namespace=\"team\",job=\"mnist\"} 1200"));
+      "vf_operator_resize_pause_seconds_bucket{job=\"mnist\",namespace=\"team\",le=\"0.5\"} 1"));
   EXPECT_TRUE(Contains(
-      text, "vf_operator_job_samples_per_second{namespace=\"team\",job=\"mnist\"} 5120.5"));
+      text,
+      "vf_operator_resize_pause_seconds_bucket{job=\"mnist\",namespace=\"team\",le=\"0.25\"} 0"));
+  EXPECT_TRUE(Contains(text, "vf_operator_job_step{job=\"mnist\",namespace=\"team\"} 1200"));
+  EXPECT_TRUE(Contains(
+      text, "vf_operator_job_samples_per_second{job=\"mnist\",namespace=\"team\"} 5120.5"));
 }
 
 TEST(OperatorMetrics, AJobsResizeSeriesStartAtZero) {
   OperatorMetrics m;
   m.SetJobWorkers("team", "mnist", {.current = 1, .desired = 1, .ready = 0, .min = 1, .max = 4});
-  const std::string text = m.registry().Serialize();
+  const std::string text = Exposition(m.registry());
   for (const char* reason : {"grow", "shrink", "failure", "leave", "rebalance"}) {
     EXPECT_TRUE(
-        Contains(text, std::string("vf_operator_resizes_total{namespace=\"team\",job=\"mnist\","
+        Contains(text, std::string("vf_operator_resizes_total{job=\"mnist\",namespace=\"team\","
                                    "reason=\"") +
                            reason + "\"} 0"))
         << reason << "\n"
         << text;
   }
   EXPECT_TRUE(
-      Contains(text, "vf_operator_resize_pause_seconds_count{namespace=\"team\",job=\"mnist\"} 0"));
+      Contains(text, "vf_operator_resize_pause_seconds_count{job=\"mnist\",namespace=\"team\"} 0"));
   m.OnResize("team", "mnist", ResizeReason::kGrow);
   EXPECT_TRUE(
-      Contains(m.registry().Serialize(),
-               "vf_operator_resizes_total{namespace=\"team\",job=\"mnist\",reason=\"grow\"} 1"));
+      Contains(Exposition(m.registry()),
+               "vf_operator_resizes_total{job=\"mnist\",namespace=\"team\",reason=\"grow\"} 1"));
 }
 
 TEST(OperatorMetrics, ResizeReasonsHaveTheirLabelNames) {
@@ -142,13 +160,15 @@ TEST(OperatorMetrics, RemoveJobDropsEveryJobSeriesAndOnlyThatJobs) {
   }
   m.SetJobProgress("other", "a", 10, 1);
   m.RemoveJob("team", "a");
-  const std::string text = m.registry().Serialize();
-  EXPECT_EQ(text.find("namespace=\"team\",job=\"a\""), std::string::npos) << text;
-  EXPECT_NE(text.find("vf_operator_job_workers{namespace=\"team\",job=\"b\""), std::string::npos);
-  EXPECT_NE(text.find("vf_operator_resizes_total{namespace=\"team\",job=\"b\""), std::string::npos);
-  EXPECT_NE(text.find("vf_operator_resize_pause_seconds_count{namespace=\"team\",job=\"b\"}"),
+  const std::string text = Exposition(m.registry());
+  EXPECT_EQ(SeriesOf(text, "team", "a"), 0) << text;
+  EXPECT_EQ(SeriesOf(text, "team", "b"), 5 + 5 + (15 + 1 + 2) + 1 + 1) << text;
+  EXPECT_EQ(SeriesOf(text, "other", "a"), 2) << text;
+  EXPECT_NE(text.find("vf_operator_job_workers{job=\"b\",kind="), std::string::npos);
+  EXPECT_NE(text.find("vf_operator_resizes_total{job=\"b\",namespace=\"team\""), std::string::npos);
+  EXPECT_NE(text.find("vf_operator_resize_pause_seconds_count{job=\"b\",namespace=\"team\"}"),
             std::string::npos);
-  EXPECT_TRUE(Contains(text, "vf_operator_job_step{namespace=\"other\",job=\"a\"} 10"));
+  EXPECT_TRUE(Contains(text, "vf_operator_job_step{job=\"a\",namespace=\"other\"} 10"));
 }
 
 TEST(OperatorMetrics, ReconcilesAndApiRequestsCountErrorsApart) {
@@ -160,29 +180,30 @@ TEST(OperatorMetrics, ReconcilesAndApiRequestsCountErrorsApart) {
   m.OnApiRequest("patch", 0.02, "409");
   m.OnApiRequest("patch", 0.01, "409");
   m.OnApiRequest("list", 2, "Transport");
-  const std::string text = m.registry().Serialize();
+  const std::string text = Exposition(m.registry());
   EXPECT_TRUE(Contains(text, "vf_operator_reconcile_duration_seconds_count 2"));
   EXPECT_TRUE(Contains(text, "vf_operator_reconcile_errors_total 1"));
   EXPECT_TRUE(Contains(text, "vf_operator_workqueue_depth 7"));
   EXPECT_TRUE(Contains(text, "vf_operator_api_request_duration_seconds_count{verb=\"patch\"} 2"));
   EXPECT_TRUE(Contains(text, "vf_operator_api_request_duration_seconds_count{verb=\"get\"} 1"));
   EXPECT_TRUE(
-      Contains(text, "vf_operator_api_request_errors_total{verb=\"patch\",code=\"409\"} 2"));
+      Contains(text, "vf_operator_api_request_errors_total{code=\"409\",verb=\"patch\"} 2"));
   EXPECT_TRUE(
-      Contains(text, "vf_operator_api_request_errors_total{verb=\"list\",code=\"Transport\"} 1"));
-  EXPECT_EQ(text.find("vf_operator_api_request_errors_total{verb=\"get\""), std::string::npos);
+      Contains(text, "vf_operator_api_request_errors_total{code=\"Transport\",verb=\"list\"} 1"));
+  // (prometheus-cpp writes label names sorted: {code, verb}.)
+  EXPECT_EQ(text.find(",verb=\"get\"}"), std::string::npos);
 }
 
 TEST(OperatorMetrics, GpuInventoryReplacesProducts) {
   OperatorMetrics m;
   m.SetGpuInventory({{"NVIDIA-A100-SXM4-80GB", {.free = 2, .allocated = 6, .total = 8}},
                      {"Tesla-T4", {.free = 1, .allocated = 0, .total = 1}}});
-  std::string text = m.registry().Serialize();
+  std::string text = Exposition(m.registry());
   EXPECT_TRUE(
       Contains(text, "vf_operator_gpus{product=\"NVIDIA-A100-SXM4-80GB\",state=\"allocated\"} 6"));
   EXPECT_TRUE(Contains(text, "vf_operator_gpus{product=\"Tesla-T4\",state=\"total\"} 1"));
   m.SetGpuInventory({{"Tesla-T4", {.free = 0, .allocated = 1, .total = 1}}});
-  text = m.registry().Serialize();
+  text = Exposition(m.registry());
   EXPECT_EQ(text.find("A100"), std::string::npos);
   EXPECT_TRUE(Contains(text, "vf_operator_gpus{product=\"Tesla-T4\",state=\"free\"} 0"));
 }
@@ -211,6 +232,17 @@ void Populate(OperatorMetrics& m) {
   m.SetLeader(true);
 }
 
+TEST(OperatorMetrics, ExportsEveryFamilyAsRegistered) {
+  OperatorMetrics m;
+  Populate(m);
+  const std::vector<metrics::FamilyInfo> declared = m.Describe();
+  const std::vector<std::string> problems = metrics::ExportMismatches(m.registry(), declared);
+  EXPECT_TRUE(problems.empty()) << ::testing::PrintToString(problems);
+  for (const metrics::FamilyInfo& f : declared) {
+    EXPECT_GT(ExportedChildren(m.registry(), f.name), 0u) << f.name << " is not populated";
+  }
+}
+
 TEST(OperatorMetrics, FullExpositionPassesPromtool) {
   const std::optional<std::string> promtool = metrics::FindPromtool();
   if (!promtool) {
@@ -219,7 +251,7 @@ TEST(OperatorMetrics, FullExpositionPassesPromtool) {
   }
   OperatorMetrics m;
   Populate(m);
-  const std::string text = m.registry().Serialize();
+  const std::string text = Exposition(m.registry());
   Result<metrics::PromtoolReport> report = metrics::PromtoolCheckMetrics(*promtool, text);
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   EXPECT_TRUE(report->clean()) << "promtool exit " << report->exit_code << ":\n"
@@ -234,7 +266,7 @@ TEST(OperatorMetrics, ConcurrentUpdatesAndScrapes) {
   std::atomic<bool> done{false};
   std::thread scraper([&] {
     while (!done.load()) {
-      const std::string text = m.registry().Serialize();
+      const std::string text = Exposition(m.registry());
       ASSERT_NE(text.find("vf_operator_jobs{phase=\"Pending\"}"), std::string::npos);
     }
   });
@@ -270,10 +302,12 @@ TEST(OperatorMetrics, ConcurrentUpdatesAndScrapes) {
   scraper.join();
   deleter.join();
   m.RemoveJob("ns", "shared");
-  EXPECT_EQ(m.reconcile_duration_seconds().Collect().count, 2000u);
+  EXPECT_EQ(m.reconcile_duration_seconds().Collect().histogram.sample_count, 2000u);
   // Each job was removed last after its 500th round: nothing of it is left.
-  EXPECT_EQ(m.job_workers().size(), 0u);
-  EXPECT_EQ(m.gpus().size(), 3u);
+  EXPECT_EQ(ExportedChildren(m.registry(), "vf_operator_job_workers"), 0u);
+  EXPECT_EQ(ExportedChildren(m.registry(), "vf_operator_resizes_total"), 0u);
+  EXPECT_EQ(ExportedChildren(m.registry(), "vf_operator_resize_pause_seconds"), 0u);
+  EXPECT_EQ(ExportedChildren(m.registry(), "vf_operator_gpus"), 3u);
 }
 
 }  // namespace

@@ -356,7 +356,10 @@ class PrometheusTest(ControlPlaneTestCase):
         self.assertGreaterEqual(len(self.targets.checked), 4, sorted(self.targets.ports))
         for pod, (rc, out, text) in sorted(self.targets.checked.items()):
             with self.subTest(pod):
-                self.assertIn('vf_agent_virtual_nodes{namespace="%s",job="%s"}' % (NS, JOB), text)
+                # In whichever order the exporter writes the two labels.
+                self.assertRegex(text, r'(?m)^vf_agent_virtual_nodes\{(%s|%s)\} ' % (
+                    re.escape('namespace="%s",job="%s"' % (NS, JOB)),
+                    re.escape('job="%s",namespace="%s"' % (JOB, NS))))
                 self.assertEqual(rc, 0, out)
 
     def test_prometheus_scraped_every_worker_and_the_operator(self):

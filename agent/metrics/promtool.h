@@ -1,6 +1,7 @@
-// For tests: runs Prometheus' own linter, `promtool check metrics`, over an exposition, so that
-// the text format is checked by the parser that will read it rather than by our idea of it.
-// promtool comes with the Debian package `prometheus` (scripts/setup.sh installs it).
+// For tests (built only with them): runs Prometheus' own linter, `promtool check metrics`, over an
+// exposition, so that what the project exports is checked by the parser that will read it, with
+// the label values, help texts and numbers the project writes. promtool comes with the Debian
+// package `prometheus` (scripts/setup.sh installs it).
 #pragma once
 
 #include <optional>

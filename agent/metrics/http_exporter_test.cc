@@ -1,5 +1,5 @@
 // The exporter over real HTTP on loopback, fetched with cpprest's client.
-#include "operator/metrics/http_exporter.h"
+#include "agent/metrics/http_exporter.h"
 
 #include <gtest/gtest.h>
 
@@ -10,9 +10,13 @@
 #include <utility>
 #include <vector>
 
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/registry.h>
+
 #include <cpprest/http_client.h>
 
-#include "runtime/metrics/registry.h"
+#include "agent/metrics/test_util.h"
 
 // As in operator/coordinator/server_test.cc: cpprest can leave a continuation of its own
 // connection handling queued when a process exits right after a listener closed, and
@@ -50,9 +54,12 @@ Reply Fetch(const std::string& url, const std::string& path,
 class MetricsServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    metrics::Family<metrics::Counter>& steps =
-        **registry_.AddCounter("demo_steps_total", "Steps.", {"job"});
-    steps.Add({{"job", "mnist"}}).Increment(42);
+    prometheus::BuildCounter()
+        .Name("demo_steps_total")
+        .Help("Steps.")
+        .Register(registry_)
+        .Add({{"job", "mnist"}})
+        .Increment(42);
   }
 
   std::unique_ptr<MetricsServer> Start(const std::string& host = "127.0.0.1",
@@ -63,7 +70,7 @@ class MetricsServerTest : public ::testing::Test {
     return server.ok() ? std::move(server).value() : nullptr;
   }
 
-  metrics::Registry registry_;
+  prometheus::Registry registry_;
 };
 
 TEST_F(MetricsServerTest, ServesMetricsOnAPickedPort) {
@@ -74,14 +81,19 @@ TEST_F(MetricsServerTest, ServesMetricsOnAPickedPort) {
   const Reply reply = Fetch((*server)->url(), "/metrics");
   EXPECT_EQ(reply.status, 200);
   EXPECT_EQ(reply.content_type, "text/plain; version=0.0.4; charset=utf-8");
-  EXPECT_EQ(reply.body, registry_.Serialize());
+  EXPECT_EQ(reply.body, metrics::Exposition(registry_));
   EXPECT_NE(reply.body.find("demo_steps_total{job=\"mnist\"} 42\n"), std::string::npos);
 }
 
 TEST_F(MetricsServerTest, EachScrapeReadsTheRegistryAfresh) {
   auto server = Start();
   ASSERT_NE(server, nullptr);
-  (**registry_.AddGauge("demo_late", "Registered after Start.")).Add({}).Set(7);
+  prometheus::BuildGauge()
+      .Name("demo_late")
+      .Help("Registered after Start.")
+      .Register(registry_)
+      .Add({})
+      .Set(7);
   EXPECT_NE(Fetch(server->url(), "/metrics").body.find("demo_late 7\n"), std::string::npos);
 }
 
@@ -118,12 +130,15 @@ TEST_F(MetricsServerTest, ReadyzWithoutACheckIsAlwaysReady) {
 TEST_F(MetricsServerTest, UnknownPathsAre404AndOtherMethods405) {
   auto server = Start();
   ASSERT_NE(server, nullptr);
-  EXPECT_EQ(Fetch(server->url(), "/").status, 404);
+  const Reply root = Fetch(server->url(), "/");
+  EXPECT_EQ(root.status, 404);
+  EXPECT_EQ(root.body, "no such path: / (try /metrics, /healthz or /readyz)\n");
   EXPECT_EQ(Fetch(server->url(), "/metrics/extra").status, 404);
   EXPECT_EQ(Fetch(server->url(), "/nope", web::http::methods::POST).status, 404);
   const Reply post = Fetch(server->url(), "/metrics", web::http::methods::POST);
   EXPECT_EQ(post.status, 405);
   EXPECT_EQ(post.allow, "GET");
+  EXPECT_EQ(post.body, "method POST is not allowed here; use GET\n");
   EXPECT_EQ(Fetch(server->url(), "/healthz", web::http::methods::DEL).status, 405);
   // A query string does not change the path.
   EXPECT_EQ(Fetch(server->url(), "/metrics?x=1").status, 200);

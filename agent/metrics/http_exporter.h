@@ -1,5 +1,5 @@
-// Serves a metrics Registry over HTTP for Prometheus, with the liveness and readiness probes
-// Kubernetes asks for:
+// Serves a prometheus-cpp Registry over HTTP for Prometheus, with the liveness and readiness
+// probes Kubernetes asks for:
 //
 //   GET /metrics  -> 200, the registry in the text exposition format 0.0.4
 //                    (Content-Type: text/plain; version=0.0.4; charset=utf-8)
@@ -14,12 +14,19 @@
 #include <memory>
 #include <string>
 
-#include "runtime/metrics/registry.h"
 #include "runtime/status.h"
 
-namespace vf {
+namespace prometheus {
+class Registry;
+}  // namespace prometheus
 
-// Serves one Registry and the probes on host:port. Thread-safe.
+namespace vf {
+namespace http {
+class Listener;
+}  // namespace http
+
+// Serves one Registry and the probes on host:port, on the project's listener shell
+// (agent/http/listener.h). Thread-safe.
 class MetricsServer {
  public:
   // OK when the process should receive work; otherwise the reason, sent with the 503. Called on
@@ -28,7 +35,7 @@ class MetricsServer {
 
   // Listens on host:port; port 0 picks a free port (see port()). `registry` must outlive the
   // server. Without `readiness`, /readyz always answers 200.
-  static Result<std::unique_ptr<MetricsServer>> Start(const metrics::Registry& registry,
+  static Result<std::unique_ptr<MetricsServer>> Start(const prometheus::Registry& registry,
                                                       const std::string& host, int port,
                                                       ReadinessCheck readiness = nullptr);
   ~MetricsServer();
@@ -45,9 +52,13 @@ class MetricsServer {
   void Stop();
 
  private:
-  class Impl;
-  explicit MetricsServer(std::shared_ptr<Impl> impl);
-  std::shared_ptr<Impl> impl_;
+  MetricsServer(const prometheus::Registry& registry, ReadinessCheck readiness);
+
+  const prometheus::Registry& registry_;
+  const ReadinessCheck readiness_;
+  // Set by Start; its handler holds a plain pointer to this server, which the listener's Stop
+  // (called by ours, and by the destructor) makes safe.
+  std::unique_ptr<http::Listener> listener_;
 };
 
 }  // namespace vf

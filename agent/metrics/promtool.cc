@@ -1,4 +1,4 @@
-#include "runtime/metrics/promtool.h"
+#include "agent/metrics/promtool.h"
 
 #include <sys/stat.h>
 #include <sys/wait.h>
