@@ -9,6 +9,8 @@ PACKAGES=(
   prometheus-cpp-dev libgtest-dev libgmock-dev libopenblas-dev
   libcli11-dev   # every binary's command line (header-only)
   dataset-fashion-mnist prometheus
+  python3-venv   # scripts/setup-python.sh: the environment with PyTorch
+  fortunes       # examples/torch/gpt.py's corpus
   clang-format clang-tidy
   ccache   # scripts/build.sh: a rebuild of sources compiled before takes a minute
   openssl util-linux   # tests/e2e: certificates for the control plane, flock for the tools' cache

@@ -85,8 +85,13 @@ auto Released(F f) {
   return f();
 }
 
-// The message of the Python exception being handled, for a Status.
-std::string Describe(const nb::python_error& e) { return e.what(); }
+// "Type: message" of a Python exception, without the traceback nanobind's what() carries, so
+// that it fits the one-line errors the agent and vf run pass on.
+std::string Describe(const nb::python_error& e) {
+  const std::string type = nb::cast<std::string>(e.type().attr("__name__"));
+  const std::string message = nb::cast<std::string>(nb::str(e.value()));
+  return message.empty() ? type : type + ": " + message;
+}
 
 // The training state of a PyTorch worker, kept by a Python object (virtualflow.torch's
 // _Holder): the whole state travels as one serialized blob, so Buffers() is empty. Every call
@@ -145,6 +150,9 @@ class PyStateHolder : public agent::TrainingStateHolder {
       }
       return Status::Ok();
     } catch (const nb::python_error& e) {
+      // A checkpoint of another job or model is a mismatch; anything else leaves the state
+      // half-replaced.
+      if (e.matches(g_exceptions->mismatch)) return FailedPrecondition(Describe(e));
       return DataLoss(std::string(method) + ": " + Describe(e));
     }
   }

@@ -190,7 +190,10 @@ class _Holder:
         if header.get("format") != _STATE_FORMAT:
             return f"not a PyTorch worker's state (format {header.get('format')!r})"
         if header.get("fingerprint") != self._job.spec["fingerprint"]:
-            return "it belongs to a different job (its virtual nodes, batch size, optimizer, reduction or seed differ)"
+            return (
+                "it belongs to a different job (its program, virtual nodes, global batch, "
+                "reduction or seed differ)"
+            )
         if header.get("signature") != [list(x) for x in _signature(self._state.model)]:
             diff = _signature_difference(_signature(self._state.model), header["signature"])
             return f"this worker builds a different model than the job's: {diff}; every worker must build the same model"
@@ -425,6 +428,9 @@ class Job:
     def _prepare(self, state: State, dataset_size: int) -> None:
         if self._holder is not None:
             raise MisuseError("job.steps() can run only once per process")
+        _core.Sharder.check(
+            int(dataset_size), int(self.spec["global_batch_size"]), int(self.spec["virtual_nodes"])
+        )
         self._sharder = _core.Sharder(
             int(self.spec["seed"]), int(dataset_size), int(self.spec["global_batch_size"]),
             int(self.spec["virtual_nodes"]),
@@ -534,10 +540,18 @@ class Job:
             try:
                 redo, loss_sum, samples, agreed = self._worker.finish(self._flat.data_ptr())
             except CollectiveError as e:
-                # A member died or stalled; nothing of the step was applied. Follow the plan
+                # A member died or stalled; nothing of the step was applied here. Follow the plan
                 # without it (state comes along if needed) and redo the step.
                 self._worker.failed(step.index, str(e))
                 self._membership = self._next()
+                if self._holder is not None and self._holder.step_done != step.index:
+                    # A peer had finished this step before the failure and its newer state was
+                    # adopted; the script's optimizer and scheduler calls for this step would
+                    # apply it twice. This worker leaves (a replacement joins with the state).
+                    raise CollectiveError(
+                        f"fell behind its peers in a recovery at step {step.index + 1}; leaving so "
+                        "that a replacement joins with their state"
+                    ) from e
                 continue
             if redo:
                 continue
@@ -576,12 +590,13 @@ class Job:
             digest.update(p.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
         mine = int.from_bytes(digest.digest()[:8], "little", signed=True)
         everyone = self._worker.all_gather(mine)
+        names = self._membership.members
         for rank, h in enumerate(everyone):
             if h != everyone[0]:
                 raise DivergenceError(
-                    f"after step {self._holder.step_done} worker {self._membership.members[rank]} "
-                    f"(rank {rank}) holds different parameters than rank 0: the training script is "
-                    "not deterministic (see docs/user-guide.md, 'What must stay deterministic')"
+                    f"after step {self._holder.step_done} worker {names[rank]} (rank {rank}) holds "
+                    f"different parameters than worker {names[0]} (rank 0): the training script "
+                    "is not deterministic (see docs/user-guide.md, 'What must stay deterministic')"
                 )
 
     def _write_checkpoint(self) -> None:
@@ -603,6 +618,29 @@ def _read_spec() -> tuple[str, str]:
     )
 
 
+# Exit status of a worker whose job cannot go on (as virtualflow-agent's): `vf run` and the
+# operator then fail the job with the worker's last line instead of replacing the worker, which
+# would only fail again the same way.
+EXIT_JOB_FAILED = 3
+
+
+def _install_excepthook(worker: str) -> None:
+    """An uncaught exception in the training script is deterministic (the same script on the
+    same data): it ends the job with one line naming it, after the usual traceback. A lost
+    peer (CollectiveError) is not: that worker just fails and is replaced."""
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        previous(kind, value, tb)
+        if issubclass(kind, CollectiveError):
+            return
+        message = " ".join(str(value).split()) or kind.__name__
+        print(f"virtualflow: {worker}: error: {kind.__name__}: {message}", file=sys.stderr, flush=True)
+        os._exit(EXIT_JOB_FAILED)
+
+    sys.excepthook = hook
+
+
 def init(*, threads: int | None = None) -> Job:
     """Joins the job described by the environment `vf run` or the operator set.
 
@@ -617,5 +655,6 @@ def init(*, threads: int | None = None) -> Job:
     # In C, not with the signal module: a Python handler would wait for the interpreter, and a
     # joiner spends its wait inside the library.
     _core.leave_on_sigterm()
+    _install_excepthook(os.environ.get("VF_WORKER", "worker"))
     text, source = _read_spec()
     return Job(text, source)
