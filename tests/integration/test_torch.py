@@ -1,0 +1,250 @@
+"""A user's own PyTorch training program as a VirtualFlowJob (virtualflow.torch): the examples
+train to bitwise the same weights on 1, 2 and 3 worker processes, across resizes and after
+workers are killed with SIGKILL, and misuse ends the job with one line naming the problem."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import textwrap
+import threading
+import time
+import unittest
+
+from harness import RUN_TIMEOUT, SOURCE_DIR, VF, VfTestCase, vf, write
+
+PYTHON = os.environ.get("VF_PYTHON", "")
+
+
+def torch_job(path, command, steps, virtual_nodes=8, batch=256, extra=""):
+    """A job whose workers run `command` (a list of words), with `steps` steps."""
+    return write(path, textwrap.dedent("""\
+        apiVersion: virtualflow.io/v1alpha1
+        kind: VirtualFlowJob
+        metadata: {name: torch-test}
+        spec:
+          virtualNodes: %d
+          globalBatchSize: %d
+          replicas: {min: 1, max: 4}
+          steps: %d
+          seed: 11
+          template:
+            command: [%s]
+        %s""") % (virtual_nodes, batch, steps, ", ".join(command), extra))
+
+
+class Background:
+    """`vf run` in the background, with its progress lines and its workers' pids."""
+
+    def __init__(self, args):
+        self.proc = subprocess.Popen([VF, "run", *args, "--progress-interval", "0.05"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     cwd=SOURCE_DIR)
+        self.out = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.out.append(line)
+
+    def step(self):
+        for line in reversed(self.out):
+            m = re.match(r"step\s+(\d+)/", line)
+            if m:
+                return int(m.group(1))
+        return 0
+
+    def wait_for_step(self, step, timeout=300):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            if self.step() >= step:
+                return True
+            time.sleep(0.02)
+        return False
+
+    def workers(self):
+        """pids of the live worker processes, by worker name (VF_WORKER in their environment)."""
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True,
+                             text=True).stdout
+        found = {}
+        for pid in out.split():
+            try:
+                with open("/proc/%s/environ" % pid, "rb") as f:
+                    env = dict(e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e)
+            except OSError:
+                continue
+            if b"VF_WORKER" in env:
+                found[env[b"VF_WORKER"].decode()] = int(pid)
+        return found
+
+    def wait(self, timeout=RUN_TIMEOUT):
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError("vf run hung:\n" + "".join(self.out))
+        self.reader.join(timeout=10)
+        return self.proc.returncode, "".join(self.out), self.proc.stderr.read()
+
+
+@unittest.skipUnless(PYTHON, "no Python environment with PyTorch (scripts/setup-python.sh)")
+class TorchTest(VfTestCase):
+    def setUp(self):
+        super().setUp()
+        # The workers' python3 is the environment's, as `source .../bin/activate` would make it.
+        self._path = os.environ["PATH"]
+        os.environ["PATH"] = os.path.dirname(PYTHON) + os.pathsep + self._path
+        self._cwd = os.getcwd()
+        os.chdir(SOURCE_DIR)  # the examples' command paths are relative to the checkout
+
+    def tearDown(self):
+        os.environ["PATH"] = self._path
+        os.chdir(self._cwd)
+        super().tearDown()
+
+    def example(self, name, steps, **kw):
+        return torch_job(os.path.join(self.tmp, name + ".yaml"),
+                         ["python3", "examples/torch/%s.py" % name], steps, **kw)
+
+    def run_ok(self, job, *args):
+        run = vf("run", job, "--progress-interval", "0", *args)
+        self.assertSucceeded(run)
+        return run
+
+    def test_examples_train_to_the_same_weights_on_1_2_and_3_workers(self):
+        for name, batch in (("cnn", 256), ("gpt", 64)):
+            with self.subTest(example=name):
+                job = self.example(name, 4, batch=batch)
+                digests = {}
+                for workers in (1, 2, 3):
+                    run = self.run_ok(job, "--workers", str(workers))
+                    self.assertEqual(run.summary["workers"], workers)
+                    self.assertEqual(run.summary["steps"], 4)
+                    digests[workers] = run.summary["weights_sha256"]
+                self.assertEqual(len(set(digests.values())), 1, "weights differ: %s" % digests)
+                self.assertRegex(digests[1], r"^[0-9a-f]{64}$")
+
+    def elastic_reference(self, job):
+        run = self.run_ok(job, "--workers", "2", "--vnode-delay-ms", "60")
+        self.assertEqual(run.summary["resizes"], [], "the reference run must be static")
+        return run.summary["weights_sha256"]
+
+    def test_cnn_resized_three_times_keeps_the_weights_of_a_static_run(self):
+        job = self.example("cnn", 40)
+        expected = self.elastic_reference(job)
+        run = self.run_ok(job, "--capacity", "0:2,4:3,18:1,28:2", "--vnode-delay-ms", "60")
+        self.assertGreaterEqual(len(run.summary["resizes"]), 3, run.stdout)
+        self.assertEqual(run.summary["recoveries"], 0, run.stdout)
+        self.assertEqual(run.summary["weights_sha256"], expected)
+
+    def test_cnn_survives_two_kill_9_with_the_weights_of_a_static_run(self):
+        job = self.example("cnn", 40)
+        expected = self.elastic_reference(job)
+        bg = Background([job, "--workers", "2", "--vnode-delay-ms", "60",
+                         "--summary-json", os.path.join(self.tmp, "kill.json")])
+        killed = []
+        for target in (8, 30):
+            self.assertTrue(bg.wait_for_step(target), "".join(bg.out))
+            live = bg.workers()
+            self.assertTrue(live, "no live worker at step %d" % target)
+            # The oldest live worker: a member of the running plan (a replacement may still be
+            # warming up), killed in the middle of a step.
+            victim = min(live, key=lambda name: int(name.rsplit("-", 1)[1]))
+            os.kill(live[victim], signal.SIGKILL)
+            killed.append(victim)
+        code, out, err = bg.wait()
+        self.assertEqual(code, 0, out + err)
+        for victim in killed:
+            self.assertIn("%s was killed by signal 9" % victim, out)
+        with open(os.path.join(self.tmp, "kill.json")) as f:
+            summary = json.load(f)
+        self.assertGreaterEqual(summary["recoveries"], 2, out)
+        self.assertEqual(summary["weights_sha256"], expected)
+
+
+MISUSE = textwrap.dedent("""\
+    import os, torch, torch.nn.functional as F
+    import virtualflow.torch as vf
+
+    job = vf.init()
+    torch.manual_seed(0)
+    worker = os.environ["VF_WORKER"]
+    out = 3 if (MODE == "model" and worker == "worker-1") else 2
+    model = torch.nn.Linear(4, out)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(64, 4)
+    y = torch.randint(0, 2, (64,))
+    for step in job.steps(vf.State(model=model, optimizer=opt), dataset_size=64):
+        if MODE == "diverge" and worker == "worker-1" and step.index == 2:
+            with torch.no_grad():
+                model.weight[0, 0] += 1.0
+        for node in step.virtual_nodes():
+            idx = torch.tensor(node.indices)
+            loss = F.cross_entropy(model(x[idx]), y[idx])
+            if MODE == "nan":
+                loss = loss * float("nan")
+            if MODE == "backward":
+                loss.backward()
+            else:
+                node.backward(loss)
+            if MODE == "optimizer":
+                opt.step()
+        opt.step()
+        opt.zero_grad()
+    job.finish()
+    """)
+
+
+@unittest.skipUnless(PYTHON, "no Python environment with PyTorch (scripts/setup-python.sh)")
+class TorchMisuseTest(VfTestCase):
+    def setUp(self):
+        super().setUp()
+        self._path = os.environ["PATH"]
+        os.environ["PATH"] = os.path.dirname(PYTHON) + os.pathsep + self._path
+
+    def tearDown(self):
+        os.environ["PATH"] = self._path
+        super().tearDown()
+
+    def misuse(self, mode, workers=2, env=None):
+        script = write(os.path.join(self.tmp, mode + ".py"), "MODE = %r\n" % mode + MISUSE)
+        job = torch_job(os.path.join(self.tmp, mode + ".yaml"), ["python3", script], 6,
+                        virtual_nodes=4, batch=16)
+        saved = dict(os.environ)
+        os.environ.update(env or {})
+        try:
+            return vf("run", job, "--workers", str(workers), "--progress-interval", "0",
+                      timeout=300)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+
+    def test_the_misuse_script_trains_when_used_right(self):
+        run = self.misuse("right")
+        self.assertSucceeded(run)
+        self.assertEqual(run.summary["steps"], 6)
+
+    def test_backward_outside_a_virtual_node_is_refused(self):
+        self.assertOneLineError(self.misuse("backward"), "backward() outside a virtual node",
+                                "node.backward(loss)")
+
+    def test_an_optimizer_step_before_the_reduction_is_refused(self):
+        self.assertOneLineError(self.misuse("optimizer"), "optimizer.step() before the step's reduction")
+
+    def test_a_worker_with_a_different_model_is_refused_at_join(self):
+        line = self.assertOneLineError(self.misuse("model"), "different model", "weight")
+        self.assertIn("[3, 4]", line)
+
+    def test_nan_gradients_end_the_job_with_a_numerical_error(self):
+        self.assertOneLineError(self.misuse("nan", workers=1), "NumericalError")
+
+    def test_check_mode_names_the_first_step_and_worker_that_diverged(self):
+        line = self.assertOneLineError(self.misuse("diverge", env={"VF_CHECK_EVERY": "1"}),
+                                       "DivergenceError", "after step 3", "worker-1")
+        self.assertIn("not deterministic", line)
+
+
+if __name__ == "__main__":
+    unittest.main()
