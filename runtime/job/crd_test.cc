@@ -34,7 +34,7 @@ YAML::Node MinimalManifest() {
 }
 
 // One value the CRD states for a field the job leaves out. `path` is relative to spec, e.g.
-// {"optimizer", "learningRate"}.
+// {"optimizer", "learningRate"}. Value type.
 struct Restated {
   std::vector<std::string> path;
   YAML::Node value;
