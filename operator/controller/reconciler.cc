@@ -318,7 +318,7 @@ bool OwnedBy(const json& pod, const std::string& ns, const std::string& name,
 
 std::string PodName(const json& pod) { return Obj(pod, "metadata").value("name", ""); }
 
-// What the members' latest reports say about the job's progress under plan `epoch`.
+// What the members' latest reports say about the job's progress under plan `epoch`. Value type.
 struct Progress {
   int64_t step = 0;
   double loss = std::nan("");

@@ -15,7 +15,8 @@ bool Usable(const WorkerState& w) {
   return w.life == WorkerLife::kRunning && w.registered && w.ready && !w.leave_requested;
 }
 
-// The current members, in rank order, and what became of them.
+// The current members, in rank order, and what became of them. Value type (pointers into the
+// input).
 struct Survivors {
   std::vector<const WorkerState*> keep;  // still training, rank order
   bool lost = false;                     // a member failed, exited or vanished
@@ -47,7 +48,7 @@ Survivors SortOutMembers(const MembershipInput& in) {
 }
 
 // Workers outside the plan: those ready to join (oldest first), and whether any is still
-// warming up recently enough to be worth waiting for.
+// warming up recently enough to be worth waiting for. Value type (pointers into the input).
 struct Joiners {
   std::vector<const WorkerState*> ready;
   bool warming = false;

@@ -36,7 +36,7 @@ struct WorkerState {
   double seconds_per_virtual_node = 0;  // measured; 0 when unknown
 };
 
-// Value type.
+// What the decision is made from. Value type.
 struct MembershipInput {
   std::vector<std::string> members;  // the current plan's workers in rank order (empty: none yet)
   int desired = 0;

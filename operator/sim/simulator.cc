@@ -135,6 +135,7 @@ std::vector<JobState> InitialStates(const std::vector<SimJob>& jobs, const Clust
 }
 
 // What the next event depends on: the earliest arrival or completion, and what is going on.
+// Value type.
 struct Outlook {
   double next = kInf;
   bool active = false;  // a job has arrived and not finished

@@ -34,7 +34,7 @@ YAML::Node MinimalManifest() {
 }
 
 // One value the CRD states for a field the job leaves out. `path` is relative to spec, e.g.
-// {"optimizer", "learningRate"}.
+// {"optimizer", "learningRate"}. Value type.
 struct Restated {
   std::vector<std::string> path;
   YAML::Node value;
@@ -69,7 +69,7 @@ YAML::Node Literal(const std::string& text) {
   return YAML::Load(text);
 }
 
-void CollectDefaults(const YAML::Node& schema, std::vector<std::string> path,
+void CollectDefaults(const YAML::Node& schema, const std::vector<std::string>& path,
                      std::vector<Restated>& out) {
   if (schema["default"] && !path.empty()) {
     out.push_back({path, schema["default"], Dotted(path) + " default:"});
@@ -99,7 +99,7 @@ std::vector<std::pair<std::string, std::string>> CelFallbacks(const std::string&
     const std::string then = ") ? self." + field + " : ";
     if (text.compare(close, then.size(), then) != 0) continue;
     const size_t value = close + then.size();
-    size_t end = value;
+    size_t end = 0;
     if (value < text.size() && text[value] == '\'') {
       end = text.find('\'', value + 1);
       if (end == std::string::npos) break;
@@ -141,7 +141,7 @@ void CollectCelFallbacks(const YAML::Node& schema, const std::vector<std::string
 
 // "Default 0.9." in a field's description, where the value is a literal (a number, true or
 // false, a path), not "Default min", which names the field it copies (ReplicasMaxDefaultsToMin).
-void CollectDescribedDefaults(const YAML::Node& schema, std::vector<std::string> path,
+void CollectDescribedDefaults(const YAML::Node& schema, const std::vector<std::string>& path,
                               std::vector<Restated>& out) {
   if (schema["description"] && !path.empty()) {
     const std::string text = schema["description"].as<std::string>();
