@@ -443,6 +443,13 @@ Result<ReconcileResult> Reconciler::Reconcile(const std::string& key) {
   Pass p(key, std::move(*found));
   Begin(p);
   Result<JobSpec> spec = JobSpecOf(p.job);
+  if (spec.ok() && spec->worker_template.user_program()) {
+    // The worker pods run virtualflow-agent's built-in model; training that instead of the
+    // user's program would be silently wrong.
+    spec = InvalidArgument(
+        "spec.template.command: the operator does not run a user's own program yet; run this "
+        "job with `vf run`");
+  }
   if (!spec.ok()) {
     VF_RETURN_IF_ERROR(FailInvalidSpec(p, spec.status()));
     return ReconcileResult{};
