@@ -21,9 +21,10 @@ launcher=()
 if [ "${VF_CCACHE:-on}" != off ] && command -v ccache >/dev/null; then
   ccache_dir="${CCACHE_DIR:-${VF_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/virtualflow}/ccache}"
   env_launcher="env;CCACHE_DIR=$ccache_dir;CCACHE_BASEDIR=$root;CCACHE_NOHASHDIR=true;ccache"
-  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER="$env_launcher" -DCMAKE_CUDA_COMPILER_LAUNCHER="$env_launcher")
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER="$env_launcher" -DCMAKE_CUDA_COMPILER_LAUNCHER="$env_launcher"
+            -DVF_CCACHE_DIR="$ccache_dir")
 else
-  launcher=(-UCMAKE_CXX_COMPILER_LAUNCHER -UCMAKE_CUDA_COMPILER_LAUNCHER)
+  launcher=(-UCMAKE_CXX_COMPILER_LAUNCHER -UCMAKE_CUDA_COMPILER_LAUNCHER -UVF_CCACHE_DIR)
 fi
 cmake -S "$root" -B "$build" -G Ninja \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo \

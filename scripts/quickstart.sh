@@ -4,5 +4,6 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 "$root/scripts/setup.sh"
-"$root/scripts/build.sh" vf virtualflow-agent
+# The built-in model needs no PyTorch: skip the Python environment unless asked for.
+VF_PYTHON_ENV="${VF_PYTHON_ENV:-off}" "$root/scripts/build.sh" vf virtualflow-agent
 exec "${VF_BUILD_DIR:-$root/build}/bin/vf" run "$root/examples/fashion-mnist.yaml" "$@"
