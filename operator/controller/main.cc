@@ -29,6 +29,7 @@
 #include "operator/kube/config.h"
 #include "operator/kube/leader_election.h"
 #include "operator/metrics/operator_metrics.h"
+#include "operator/policy/membership.h"
 #include "runtime/command_line.h"
 
 namespace {
@@ -58,7 +59,7 @@ struct OperatorFlags {
   std::string policy = "elastic";
   int64_t agent_metrics_port = 9090;
   int64_t workers = 2;
-  double join_batch = 20;
+  double join_batch = vf::policy::kJoinBatchSeconds;
   double lease_duration = 15;
   double renew_deadline = 10;
   double retry_period = 2;
@@ -295,15 +296,14 @@ void ReportToMetrics(vf::controller::ControllerOptions& options, vf::OperatorMet
   };
   options.hooks.on_job_status = [&metrics, phases, publish_phases](const std::string& job,
                                                                    const nlohmann::json& status,
-                                                                   const nlohmann::json& spec) {
+                                                                   const vf::JobSpec& spec) {
     auto [job_ns, name] = SplitJobKey(job);
     vf::OperatorMetrics::WorkerCounts counts;
     counts.current = status.value("workers", 0);
     counts.desired = status.value("desiredWorkers", 0);
     counts.ready = status.value("readyWorkers", 0);
-    const nlohmann::json replicas = spec.value("replicas", nlohmann::json::object());
-    counts.min = replicas.value("min", 1);
-    counts.max = replicas.value("max", counts.min);
+    counts.min = spec.replicas_min;
+    counts.max = spec.replicas_max;
     metrics.SetJobWorkers(job_ns, name, counts);
     metrics.SetJobProgress(job_ns, name, status.value("step", int64_t{0}),
                            status.value("samplesPerSecond", 0.0));

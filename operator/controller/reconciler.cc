@@ -458,7 +458,7 @@ Result<ReconcileResult> Reconciler::Reconcile(const std::string& key) {
   const std::string phase_before = p.old_status.value("phase", "");
   if (phase_before == "Succeeded" || phase_before == "Failed") {
     (void)coordinator_.RemoveJob(key);
-    if (hooks_.on_job_status) hooks_.on_job_status(key, p.old_status, Obj(p.job, "spec"));
+    if (hooks_.on_job_status) hooks_.on_job_status(key, p.old_status, p.spec);
     return ReconcileResult{};
   }
 
@@ -565,7 +565,7 @@ Result<Reconciler::Next> Reconciler::RecordSuccess(Pass& p) {
           "trained " + std::to_string(r.step) + " steps, test accuracy " +
               std::to_string(r.test_accuracy));
     (void)coordinator_.RemoveJob(p.key);
-    if (hooks_.on_job_status) hooks_.on_job_status(p.key, status, Obj(p.job, "spec"));
+    if (hooks_.on_job_status) hooks_.on_job_status(p.key, status, p.spec);
     return Next::kDone;
   }
   return Next::kGoOn;
@@ -797,7 +797,7 @@ Status Reconciler::WriteProgress(Pass& p) {
   }
   SetPhase(p, progress.all_switched);
   VF_RETURN_IF_ERROR(PatchStatus(p.job, status));
-  if (hooks_.on_job_status) hooks_.on_job_status(p.key, status, Obj(p.job, "spec"));
+  if (hooks_.on_job_status) hooks_.on_job_status(p.key, status, p.spec);
   return Status::Ok();
 }
 

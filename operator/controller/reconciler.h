@@ -24,6 +24,7 @@
 #include "operator/kube/client.h"
 #include "operator/policy/membership.h"
 #include "operator/policy/policy.h"
+#include "runtime/job/spec.h"
 #include "runtime/status.h"
 
 namespace vf::controller {
@@ -39,8 +40,7 @@ struct ReconcilerHooks {
   std::function<void(const std::string& job, const std::string& kind, int from, int to)> on_resize;
   std::function<void(const std::string& job, double pause_seconds)> on_resize_pause;
   // After every reconcile of a job that exists: its phase, workers and progress.
-  std::function<void(const std::string& job, const nlohmann::json& status,
-                     const nlohmann::json& spec)>
+  std::function<void(const std::string& job, const nlohmann::json& status, const JobSpec& spec)>
       on_job_status;
   std::function<void(const std::string& job)> on_job_gone;
   std::function<void(const ClusterGpus& gpus)> on_inventory;

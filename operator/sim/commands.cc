@@ -77,7 +77,10 @@ constexpr const char* kSimulateDescription =
 struct SimulateFlags {
   std::string cluster, policies = "static,elastic", profiles, split = "proportional", types;
   std::string max_workers = "demand", predict, workers = "1,2,3,4";
-  double cooldown = 30.0, tick = 30.0, threshold = 0.1;
+  // The policies' own defaults, stated once in PolicyOptions.
+  double cooldown = policy::PolicyOptions{}.cooldown_seconds;
+  double threshold = policy::PolicyOptions{}.scaling_efficiency_threshold;
+  double tick = 30.0;
   int64_t virtual_nodes = 0, global_batch = 0;
   bool json = false, backfill = false, summary_only = false, log = false;
 };
