@@ -8,11 +8,11 @@
 #include <utility>
 
 #include "agent/fault.h"
+#include "agent/metrics/agent_metrics.h"
+#include "agent/metrics/http_exporter.h"
 #include "agent/plan_watcher.h"
 #include "agent/protocol/client.h"
 #include "agent/state_sync.h"
-#include "agent/metrics/agent_metrics.h"
-#include "agent/metrics/http_exporter.h"
 #include "runtime/comm/store.h"
 
 namespace vf::agent {
