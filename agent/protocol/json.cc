@@ -35,8 +35,9 @@ template <typename T, typename Reader>
 Status Read(const json& object, const char* name, bool optional, Reader read, T& out) {
   if (optional && !object.contains(name)) return Status::Ok();
   Result<T> value = read(object, name);
-  if (value.ok()) out = *std::move(value);
-  return value.status();
+  if (!value.ok()) return value.status();
+  out = *std::move(value);
+  return Status::Ok();
 }
 
 }  // namespace

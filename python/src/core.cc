@@ -3,6 +3,7 @@
 // PyTorch-facing API is python/virtualflow/torch.py; this module only moves bytes, numbers and
 // raw CPU pointers, so it has no build dependency on PyTorch.
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -160,6 +161,9 @@ class PyStateHolder : public agent::TrainingStateHolder {
   nb::object py_;
 };
 
+// A flat float32 CPU tensor, contiguous: the gradient buffer the parameters' .grad views.
+using FlatGradient = nb::ndarray<float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
 // This worker's part in the next step, as Python sees it. Value type.
 struct MembershipView {
   std::vector<std::string> members;  // worker names by rank
@@ -202,11 +206,18 @@ class Worker {
     const Reduction r = mode == "fast" ? Reduction::kFast : Reduction::kExact;
     constexpr size_t kMaxBucket = size_t{1} << 20;
     reducer_ = Take(CreateReducer(r, *device_, MakeBuckets(sizes, kMaxBucket), virtual_nodes));
+    elements_ = 0;
+    for (size_t n : sizes) elements_ += n;
   }
 
   void Begin() { RequireReducer()->Begin(); }
 
-  void Add(uintptr_t grad) { Check(RequireReducer()->Add(reinterpret_cast<const float*>(grad))); }
+  // The tensors come in through DLPack (a torch tensor is accepted as it is): no copy, and
+  // dtype, layout, device and size are checked here rather than trusted.
+  void Add(const FlatGradient& grad) {
+    Check(CheckSize(grad.shape(0)));
+    Check(RequireReducer()->Add(grad.data()));
+  }
 
   void AddLoss(double loss_sum, int64_t samples) {
     LossStats s;
@@ -216,12 +227,13 @@ class Worker {
   }
 
   // Sums across the members; returns (redo, loss_sum, samples, agreed_epoch).
-  std::tuple<bool, double, int64_t, int64_t> Finish(uintptr_t mean_grad) {
+  std::tuple<bool, double, int64_t, int64_t> Finish(const FlatGradient& mean_grad) {
+    Check(CheckSize(mean_grad.shape(0)));
     Reducer* reducer = RequireReducer();
     Communicator* comm = RequireComm();
     const int64_t header[1] = {agent_->latest_epoch()};
-    ReduceResult r = Take(Released(
-        [&] { return reducer->Finish(*comm, header, reinterpret_cast<float*>(mean_grad)); }));
+    float* mean = mean_grad.data();
+    ReduceResult r = Take(Released([&] { return reducer->Finish(*comm, header, mean); }));
     const int64_t agreed = r.header_extra.size() == 1 ? r.header_extra[0] : 0;
     return {r.redo, r.totals.loss_sum, r.totals.samples, agreed};
   }
@@ -272,6 +284,11 @@ class Worker {
   void set_total_steps(int64_t total) { agent_->set_total_steps(total); }
 
  private:
+  Status CheckSize(size_t n) const {
+    if (n == elements_) return Status::Ok();
+    return InvalidArgument("the flat gradient has " + std::to_string(n) +
+                           " elements, the reducer " + std::to_string(elements_));
+  }
   Reducer* RequireReducer() {
     if (reducer_ == nullptr) Raise(Internal("the reducer is not configured"));
     return reducer_.get();
@@ -285,6 +302,7 @@ class Worker {
   std::unique_ptr<Device> device_;
   std::unique_ptr<Reducer> reducer_;
   Communicator* comm_ = nullptr;  // owned by the agent; valid until the next Next or Failed
+  size_t elements_ = 0;           // of the flat gradient the reducer was configured for
 };
 
 // The job as a PyTorch worker needs it: the fields of the one parsed JobSpec. Value type.
@@ -351,14 +369,14 @@ NB_MODULE(_core, m) {
       "A counter-based 64-bit key of (seed, a, b, c): the per-virtual-node RNG seed.");
   m.def(
       "seal",
-      [](nb::bytes payload) {
+      [](const nb::bytes& payload) {
         std::string sealed = SealBlob(std::string_view(payload.c_str(), payload.size()));
         return nb::bytes(sealed.data(), sealed.size());
       },
       "Wraps bytes with a magic and a SHA-256, so corruption is found on read.");
   m.def(
       "unseal",
-      [](nb::bytes sealed, const std::string& source) {
+      [](const nb::bytes& sealed, const std::string& source) {
         std::string payload =
             Take(UnsealBlob(std::string_view(sealed.c_str(), sealed.size()), source));
         return nb::bytes(payload.data(), payload.size());
@@ -366,7 +384,7 @@ NB_MODULE(_core, m) {
       "The payload of seal(); raises for truncated, tampered or foreign bytes.");
   m.def(
       "write_checkpoint",
-      [](const std::string& path, nb::bytes payload) {
+      [](const std::string& path, const nb::bytes& payload) {
         Check(WriteSealedFile(path, std::string_view(payload.c_str(), payload.size())));
       },
       "Writes a sealed blob atomically (temporary file, fsync, rename, fsync of the directory).");
@@ -378,7 +396,7 @@ NB_MODULE(_core, m) {
       },
       "Reads and verifies what write_checkpoint wrote.");
   m.def(
-      "sha256_hex", [](nb::bytes data) { return Sha256Hex(data.c_str(), data.size()); },
+      "sha256_hex", [](const nb::bytes& data) { return Sha256Hex(data.c_str(), data.size()); },
       "Lower-case hex SHA-256.");
 
   nb::class_<Sharder>(m, "Sharder")
@@ -431,9 +449,9 @@ NB_MODULE(_core, m) {
       .def("configure_reducer", &Worker::ConfigureReducer, nb::arg("mode"), nb::arg("sizes"),
            nb::arg("virtual_nodes"))
       .def("begin", &Worker::Begin)
-      .def("add", &Worker::Add, nb::arg("grad_ptr"))
+      .def("add", &Worker::Add, nb::arg("grad"))
       .def("add_loss", &Worker::AddLoss, nb::arg("loss_sum"), nb::arg("samples"))
-      .def("finish", &Worker::Finish, nb::arg("mean_grad_ptr"))
+      .def("finish", &Worker::Finish, nb::arg("mean_grad"))
       .def("exponents", &Worker::Exponents)
       .def("set_exponents", &Worker::SetExponents)
       .def("completed", &Worker::Completed, nb::arg("step"), nb::arg("loss"), nb::arg("seconds"),

@@ -531,14 +531,14 @@ class Job:
                 after_ints = ints
                 for t, view in zip(self._float_buffers, self._buffer_views):
                     view.copy_(t)
-                self._worker.add(self._flat.data_ptr())
+                self._worker.add(self._flat)
                 self._worker.add_loss(node._loss * b, b)
                 elapsed = time.monotonic() - t0
                 if self._slowdown > 1 or self._vnode_delay > 0:
                     time.sleep(elapsed * max(0.0, self._slowdown - 1) + self._vnode_delay)
                 compute += time.monotonic() - t0
             try:
-                redo, loss_sum, samples, agreed = self._worker.finish(self._flat.data_ptr())
+                redo, loss_sum, samples, agreed = self._worker.finish(self._flat)
             except CollectiveError as e:
                 # A member died or stalled; nothing of the step was applied here. Follow the plan
                 # without it (state comes along if needed) and redo the step.
