@@ -462,8 +462,8 @@ class CrdTest(ControlPlaneTestCase):
                 ("unknown-spec-field", {"frobnicate": 1}, "spec.frobnicate"),
                 ("misspelled-field", {"replicas": {"min": 1, "maximum": 4}},
                  "spec.replicas.maximum"),
-                ("unknown-template-field", {"template": {"image": "x", "command": ["sh"]}},
-                 "spec.template.command")):
+                ("unknown-template-field", {"template": {"image": "x", "workingDir": "/w"}},
+                 "spec.template.workingDir")):
             with self.subTest(name):
                 obj = manifest(name, edits)
                 proc = self.apply(obj)  # --validate=strict is kubectl's default
