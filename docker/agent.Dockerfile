@@ -36,7 +36,7 @@ COPY . .
 # keeping them, and builds the agent only.
 RUN cmake -S . -B /build -G Ninja -DVF_WITH_CUDA=ON -DVF_WITH_NCCL=ON \
       -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHITECTURES}" >/dev/null \
- && VF_BUILD_DIR=/build ./scripts/build.sh virtualflow-agent \
+ && VF_PYTHON_ENV=off VF_BUILD_DIR=/build ./scripts/build.sh virtualflow-agent \
  && mkdir -p /out \
  && strip --strip-debug -o /out/virtualflow-agent /build/bin/virtualflow-agent \
  && strip --strip-debug -o /out/libvirtualflow-cuda.so /build/bin/libvirtualflow-cuda.so \

@@ -27,8 +27,8 @@ WORKDIR /src
 COPY . .
 # scripts/build.sh: the same CMake configuration as every developer's and CI's build
 # (RelWithDebInfo, warnings are errors), built for the operator only, which uses no GPU
-# (VF_CUDA=off: no CUDA toolkit in this image).
-RUN VF_CUDA=off VF_BUILD_DIR=/build ./scripts/build.sh virtualflow-operator \
+# (VF_CUDA=off: no CUDA toolkit in this image; VF_PYTHON_ENV=off: no PyTorch either).
+RUN VF_CUDA=off VF_PYTHON_ENV=off VF_BUILD_DIR=/build ./scripts/build.sh virtualflow-operator \
  && mkdir -p /out \
  && strip --strip-debug -o /out/virtualflow-operator /build/bin/virtualflow-operator \
  && ./docker/runtime-packages.sh /out/virtualflow-operator > /out/runtime-packages \
