@@ -447,8 +447,13 @@ def bench_resize(a: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
             for name, fn in (order if r % 2 == 0 else order[::-1]):
                 got[name].append(fn(a, tmp))
             loads.append(load_average())
-            print(f"  round {r + 1}/{a.repeats}: vf {got['vf'][-1]}, torchrun {got['torchrun'][-1]} "
-                  f"(load {loads[-1]:.2f})", flush=True)
+            def show(d: dict[str, float]) -> str:
+                return " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
+                                for k, v in d.items())
+
+            print(f"  round {r + 1}/{a.repeats} (load {loads[-1]:.2f}):\n"
+                  f"    vf       {show(got['vf'][-1])}\n    torchrun {show(got['torchrun'][-1])}",
+                  flush=True)
         vf_s = [x["seconds"] for x in got["vf"]]
         tr_s = [x["seconds"] for x in got["torchrun"]]
         rows.append({"bench": "resize", "case": label, "event": event,
