@@ -306,11 +306,16 @@ class PrometheusTest(ControlPlaneTestCase):
                    input=json.dumps(job_manifest(JOB, steps=STEPS, delay_ms=8)))
         cls.wait_workers(2)
         cls.phases = [(2, time.time())]
+        prometheus = cls.prometheus
+        # A step rate needs two scrapes of a worker: the first membership lasts until both
+        # workers have been scraped twice, however fast the machine runs the steps.
+        cp.wait_for("Prometheus to scrape 2 workers twice", lambda: prometheus.query(
+            'count(count_over_time(vf_agent_steps_total{namespace="%s",job="%s"}[5s]) >= 2)'
+            ' == 2' % (NS, JOB)), timeout=60)
         cls.wait_steps(100)
         cp.add_gpu_node("gpu-2", gpus=2)
         cls.wait_workers(4)
         cls.phases.append((4, time.time()))
-        prometheus = cls.prometheus
         cp.wait_for("Prometheus to scrape 4 workers", lambda: prometheus.query(
             'count(up{job="virtualflow-workers"} == 1) == 4'), timeout=60)
         cls.wait_steps(150)
