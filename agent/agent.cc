@@ -154,6 +154,7 @@ Result<bool> Agent::Impl::Switch(const Plan& plan, const Member& me, TrainingSta
   const int world = static_cast<int>(plan.members.size());
   CommOptions copts;
   copts.timeout = o_.timeout;
+  copts.hostname = o_.host;
   auto c = o_.gpu ? CreateNcclCommunicator(*prefixed_, me.rank, world, copts)
                   : CreateGlooCommunicator(*prefixed_, me.rank, world, copts);
   if (!c.ok()) {

@@ -81,6 +81,9 @@ struct AgentOptions {
   double report_interval = 1.0;              // seconds between progress reports
   int metrics_port = -1;  // serve /metrics on this port (0: any free one; < 0: none)
   bool gpu = false;       // NCCL on CUDA device 0; otherwise Gloo on the CPU
+  // The address this worker's communicator listens on, which its peers dial: the pod's own
+  // address on Kubernetes (VF_POD_IP), loopback when every worker runs on one machine.
+  std::string host = "127.0.0.1";
 };
 
 // This worker's part in the next step. Valid until the next call of Next or Failed.

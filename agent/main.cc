@@ -86,6 +86,9 @@ int main(int argc, char** argv) {
   app.add_option("--report-interval", o.report_interval, "seconds between progress reports")
       ->check(vf::FiniteNumber())
       ->capture_default_str();
+  app.add_option("--host", o.host,
+                 "the address this worker's communicator listens on and its peers dial "
+                 "(default: $VF_POD_IP, the pod's address on Kubernetes, else 127.0.0.1)");
   app.add_option("--metrics-port", metrics_port,
                  "serve Prometheus /metrics on this port (0: any free port; -1: none)")
       ->transform(vf::Base10Integer())
@@ -102,6 +105,10 @@ int main(int argc, char** argv) {
     o.job_text = spec;
   }
   if (o.coordinator_url.empty()) return usage("--coordinator is required (see --help)");
+  if (const char* ip = std::getenv("VF_POD_IP");
+      app.count("--host") == 0 && ip != nullptr && *ip != '\0') {
+    o.host = ip;
+  }
   if (o.worker.empty()) return usage("--worker is required (see --help)");
   if (o.timeout <= 0) return usage("--timeout must be positive");
   if (metrics_port < -1 || metrics_port > 65535) return usage("--metrics-port must be 0..65535");

@@ -130,6 +130,7 @@ Status BuiltinWorker::Start() {
   ao.timeout = std::chrono::milliseconds(static_cast<int64_t>(o_.timeout * 1000));
   ao.report_interval = o_.report_interval;
   ao.metrics_port = o_.metrics_port;
+  ao.host = o_.host;
   ao.gpu = UseGpu(&no_gpu);
   VF_ASSIGN_OR_RETURN(agent_, agent::Agent::Join(ao));
 

@@ -12,18 +12,19 @@ namespace vf {
 // How a worker is started (flags of virtualflow-agent).
 struct WorkerOptions {
   std::string job_path;
-  std::string job_text;          // the manifest itself (YAML or JSON), when job_path is empty
-  std::string coordinator_url;   // e.g. http://127.0.0.1:7070
-  std::string job_id;            // "namespace/name"; default from the job file's metadata
-  std::string worker;            // unique name of this worker within the job
-  std::string token;             // the job's coordinator token
-  int64_t steps_override = 0;    // > 0 replaces the job's length
-  std::string result_path;       // JSON result written at the end (local runs)
-  double timeout = 60.0;         // seconds bound on rendezvous, collectives and plan waits
-  double slowdown = 1.0;         // >= 1: artificially slower device (heterogeneous experiments)
-  double vnode_delay_ms = 0.0;   // fixed extra milliseconds per virtual node (the same)
-  double report_interval = 1.0;  // seconds between progress reports to the coordinator
-  int metrics_port = -1;         // serve /metrics on this port (0: any free one; < 0: none)
+  std::string job_text;            // the manifest itself (YAML or JSON), when job_path is empty
+  std::string coordinator_url;     // e.g. http://127.0.0.1:7070
+  std::string job_id;              // "namespace/name"; default from the job file's metadata
+  std::string worker;              // unique name of this worker within the job
+  std::string token;               // the job's coordinator token
+  std::string host = "127.0.0.1";  // the address peers reach this worker's communicator at
+  int64_t steps_override = 0;      // > 0 replaces the job's length
+  std::string result_path;         // JSON result written at the end (local runs)
+  double timeout = 60.0;           // seconds bound on rendezvous, collectives and plan waits
+  double slowdown = 1.0;           // >= 1: artificially slower device (heterogeneous experiments)
+  double vnode_delay_ms = 0.0;     // fixed extra milliseconds per virtual node (the same)
+  double report_interval = 1.0;    // seconds between progress reports to the coordinator
+  int metrics_port = -1;           // serve /metrics on this port (0: any free one; < 0: none)
 };
 
 // Exit codes of virtualflow-agent.

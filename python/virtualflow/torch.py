@@ -301,6 +301,8 @@ class Job:
             timeout=float(env.get("VF_TIMEOUT", "60") or 60),
             report_interval=float(env.get("VF_REPORT_INTERVAL", "1") or 1),
             metrics_port=int(env.get("VF_METRICS_PORT", "-1") or -1),
+            # The pod's own address on Kubernetes, where the other workers reach this one.
+            host=env.get("VF_POD_IP") or "127.0.0.1",
         )
         self._holder: _Holder | None = None
         self._membership: Any = None
