@@ -146,7 +146,12 @@ double Weight(const PolicyJob& job) { return std::max(1, job.priority); }
 std::vector<std::string> TypesFastestFirst(const PolicyJob& job, const GpuInventory& inventory,
                                            const PolicyOptions& options) {
   std::vector<std::string> types;
-  for (const auto& [type, n] : inventory.gpus) types.push_back(type);
+  for (const auto& [type, n] : inventory.gpus) {
+    const auto& allowed = job.allowed_types;
+    if (allowed.empty() || std::find(allowed.begin(), allowed.end(), type) != allowed.end()) {
+      types.push_back(type);
+    }
+  }
   std::map<std::string, double> measured;
   bool all_measured = !types.empty();
   for (const auto& t : types) {
@@ -339,7 +344,7 @@ MinimumPass ReserveMinimums(const std::vector<PolicyJob>& jobs, const GpuInvento
                          options.allow_mixed_types);
     if (!a) {
       m.reason[i] = "stopped: fewer than " + std::to_string(j.min_workers * j.gpus_per_worker) +
-                    " GPUs (min) left for it";
+                    " " + j.unit + " (min) left for it";
       continue;
     }
     m.base[i] = *a;
@@ -353,12 +358,14 @@ MinimumPass ReserveMinimums(const std::vector<PolicyJob>& jobs, const GpuInvento
       m.reason[i] = "waiting: behind higher-priority job " + blocker;
       continue;
     }
-    const int free = m.pool.TotalFree();
+    int free = 0;
+    for (const std::string& t : m.types[i]) free += m.pool.Free(t);
     auto a =
         m.pool.Take(j.min_workers, j.gpus_per_worker, {}, m.types[i], options.allow_mixed_types);
     if (!a) {
-      m.reason[i] = "waiting: needs " + std::to_string(j.min_workers * j.gpus_per_worker) +
-                    " GPUs (min), " + std::to_string(free) + " free beyond running jobs' minimums";
+      m.reason[i] = "waiting: needs " + std::to_string(j.min_workers * j.gpus_per_worker) + " " +
+                    j.unit + " (min), " + std::to_string(free) +
+                    " free beyond running jobs' minimums";
       if (blocker.empty()) blocker = j.id;
       continue;
     }

@@ -45,7 +45,11 @@ struct PolicyJob {
   int requested_workers = 0;     // what the static policy gives (0: max_workers)
   int virtual_nodes = 1;         // V, fixed for the job's life
   int gpus_per_worker = 1;       // GPUs one worker occupies, all of one type
-  Allocation current;            // workers it holds now (empty: waiting or not started)
+  // The inventory types this job may use (the GPU products its nodeSelector, affinity and
+  // tolerations allow, or the CPU pool of a CPU-only job); empty: every type.
+  std::vector<std::string> allowed_types;
+  std::string unit = "GPUs";  // what gpus_per_worker counts, in messages ("CPU millicores")
+  Allocation current;         // workers it holds now (empty: waiting or not started)
   // Workers it has asked for that the scheduler has not placed on a node yet. A job that keeps
   // what it holds keeps these too, as far as free GPUs go; they are not in `current`, whose
   // types are known.

@@ -63,12 +63,13 @@ class StaticPolicy final : public Policy {
         continue;
       }
       const int want = j.requested_workers > 0 ? j.requested_workers : j.max_workers;
-      const int free = pool.TotalFree();
-      auto a = pool.Take(want, j.gpus_per_worker, {}, TypesFastestFirst(j, inventory, options_),
-                         options_.allow_mixed_types);
+      const std::vector<std::string> types = TypesFastestFirst(j, inventory, options_);
+      int free = 0;
+      for (const std::string& t : types) free += pool.Free(t);
+      auto a = pool.Take(want, j.gpus_per_worker, {}, types, options_.allow_mixed_types);
       if (!a) {
-        d.jobs[i].reason = "waiting: needs " + std::to_string(want * j.gpus_per_worker) +
-                           " GPUs (requested), " + std::to_string(free) + " free";
+        d.jobs[i].reason = "waiting: needs " + std::to_string(want * j.gpus_per_worker) + " " +
+                           j.unit + " (requested), " + std::to_string(free) + " free";
         if (blocker.empty()) blocker = j.id;
         continue;
       }
