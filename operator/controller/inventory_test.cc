@@ -1,5 +1,8 @@
 #include "operator/controller/inventory.h"
 
+#include <string>
+#include <vector>
+
 #include <gtest/gtest.h>
 
 namespace vf::controller {
@@ -62,6 +65,73 @@ TEST(InventoryTest, QuantitiesParseOrCountAsZero) {
   EXPECT_EQ(ParseGpuQuantity(json("-1")), 0);
   EXPECT_EQ(ParseGpuQuantity(json("2Gi")), 0);
   EXPECT_EQ(ParseGpuQuantity(json(nullptr)), 0);
+}
+
+TEST(InventoryTest, CpuQuantitiesAreMillicores) {
+  EXPECT_EQ(ParseCpuMillis(json("500m")), 500);
+  EXPECT_EQ(ParseCpuMillis(json("2")), 2000);
+  EXPECT_EQ(ParseCpuMillis(json("1.5")), 1500);
+  EXPECT_EQ(ParseCpuMillis(json("0.125")), 125);
+  EXPECT_EQ(ParseCpuMillis(json(".5")), 500);
+  EXPECT_EQ(ParseCpuMillis(json(4)), 4000);
+  EXPECT_EQ(ParseCpuMillis(json("1.2345")), -1);
+  EXPECT_EQ(ParseCpuMillis(json("1.5m")), -1);
+  EXPECT_EQ(ParseCpuMillis(json("-1")), -1);
+  EXPECT_EQ(ParseCpuMillis(json("2Ki")), -1);
+  EXPECT_EQ(ParseCpuMillis(json("")), -1);
+  EXPECT_EQ(ParseCpuMillis(json(nullptr)), -1);
+}
+
+TEST(InventoryTest, EligibilityFollowsSelectorAffinityAndTaints) {
+  json node = Node("a", 4, "H100");
+  node["metadata"]["labels"]["pool"] = "train";
+  node["metadata"]["labels"]["zone"] = "z1";
+  EXPECT_TRUE(NodeEligible(node, json::object()));
+  EXPECT_TRUE(NodeEligible(node, {{"nodeSelector", {{"pool", "train"}}}}));
+  EXPECT_FALSE(NodeEligible(node, {{"nodeSelector", {{"pool", "serve"}}}}));
+  json affinity = json::parse(R"({"affinity": {"nodeAffinity": {
+      "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z2"]}]},
+        {"matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["z3"]},
+                              {"key": "spot", "operator": "DoesNotExist"}]}]}}}})");
+  EXPECT_TRUE(NodeEligible(node, affinity));  // the second term matches
+  node["metadata"]["labels"]["spot"] = "true";
+  EXPECT_FALSE(NodeEligible(node, affinity));
+  json by_name = json::parse(R"({"affinity": {"nodeAffinity": {
+      "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["b"]}]}]}}}})");
+  EXPECT_FALSE(NodeEligible(node, by_name));
+  node["spec"]["taints"] = json::parse(R"([{"key": "gpu", "value": "yes", "effect": "NoSchedule"},
+                                           {"key": "soft", "effect": "PreferNoSchedule"}])");
+  EXPECT_FALSE(NodeEligible(node, json::object()));
+  EXPECT_TRUE(NodeEligible(
+      node,
+      json::parse(R"({"tolerations": [{"key": "gpu", "operator": "Equal", "value": "yes"}]})")));
+  EXPECT_FALSE(
+      NodeEligible(node, json::parse(R"({"tolerations": [{"key": "gpu", "value": "no"}]})")));
+  EXPECT_TRUE(NodeEligible(node, json::parse(R"({"tolerations": [{"operator": "Exists"}]})")));
+  node["spec"]["unschedulable"] = true;
+  EXPECT_FALSE(NodeEligible(node, json::parse(R"({"tolerations": [{"operator": "Exists"}]})")));
+}
+
+TEST(InventoryTest, EligibleWorkersCountOnlyTheNodesATemplateAllows) {
+  std::vector<json> nodes = {Node("a", 4, "H100"), Node("b", 2, "A100"), Node("c", 0, "")};
+  nodes[0]["metadata"]["labels"]["pool"] = "train";
+  nodes[2]["status"]["allocatable"].erase("nvidia.com/gpu");
+  // Something else holds 1 GPU and 3 CPUs on node a.
+  json other = Pod("a", 1, false);
+  other["spec"]["containers"][0]["resources"]["requests"] = {{"cpu", "3"}};
+  ClusterGpus cluster = CountGpus(nodes, {other});
+  EXPECT_EQ(EligibleWorkers(cluster, json::object(), 1, 0), 3 + 2);
+  EXPECT_EQ(EligibleWorkers(cluster, json::object(), 2, 0), 1 + 1);
+  const json train = {{"nodeSelector", {{"pool", "train"}}}};
+  EXPECT_EQ(EligibleWorkers(cluster, train, 1, 0), 3);
+  EXPECT_EQ(EligibleProducts(cluster, train), std::vector<std::string>{"H100"});
+  EXPECT_EQ(EligibleProducts(cluster, json::object()), (std::vector<std::string>{"A100", "H100"}));
+  // CPU-only: every node's free CPU (8 each, 3 held on a), 2 CPUs a worker.
+  EXPECT_EQ(EligibleWorkers(cluster, json::object(), 0, 2000), 2 + 4 + 4);
+  EXPECT_EQ(EligibleWorkers(cluster, train, 0, 2000), 2);
+  EXPECT_EQ(cluster.cpu_held_by_others["a"], 3000);
 }
 
 TEST(InventoryTest, OddObjectsDoNotThrow) {

@@ -280,7 +280,8 @@ struct Reconciler::Pass {
   JobView view;                                // the coordinator's
   int desired = 0;
   std::string policy_reason;
-  int64_t total_steps = 0;  // 0: no agent has reported it yet
+  policy::Allocation allocation;  // the policy's workers by type (GPU product or CPU pool)
+  int64_t total_steps = 0;        // 0: no agent has reported it yet
   std::map<std::string, int64_t> restarts;
 
   // The plan the workers train under once this pass is done.
@@ -349,6 +350,12 @@ Progress ProgressOf(const std::vector<Member>& members, int64_t epoch, const Job
 
 }  // namespace
 
+namespace {
+
+const json& TemplateOf(const json& job) { return Obj(Obj(job, "spec"), "template"); }
+
+}  // namespace
+
 std::optional<policy::PolicyJob> Reconciler::PolicyJobOf(const json& job,
                                                          const ClusterGpus& gpus) const {
   const json& status = Obj(job, "status");
@@ -363,7 +370,19 @@ std::optional<policy::PolicyJob> Reconciler::PolicyJobOf(const json& job,
   p.virtual_nodes = spec->virtual_nodes;
   p.min_workers = spec->replicas_min;
   p.max_workers = spec->replicas_max;
-  p.gpus_per_worker = spec->gpus_per_worker;
+  const bool cpu_only = spec->gpus_per_worker == 0;
+  if (cpu_only) {
+    // CPU-only workers are counted in the CPU pool, in millicores.
+    p.gpus_per_worker = static_cast<int>(WorkerCpuMillis(job));
+    p.allowed_types = {kCpuPool};
+    p.unit = "CPU millicores";
+  } else {
+    p.gpus_per_worker = spec->gpus_per_worker;
+    p.allowed_types = EligibleProducts(gpus, TemplateOf(job));
+    // No eligible node at all: a type no inventory has, so that the job gets nothing (an
+    // empty list would mean every type).
+    if (p.allowed_types.empty()) p.allowed_types = {"(no eligible node)"};
+  }
   if (spec->elasticity.policy == "static") p.min_workers = p.max_workers;
   p.cooldown_seconds = spec->elasticity.cooldown_seconds;
   p.arrival_time = UnixSeconds(Obj(job, "metadata").value("creationTimestamp", ""));
@@ -387,15 +406,19 @@ std::optional<policy::PolicyJob> Reconciler::PolicyJobOf(const json& job,
       ++p.unbound_workers;
       continue;
     }
+    if (cpu_only) {
+      if (gpus.nodes.count(node) != 0) p.current[kCpuPool] += 1;
+      continue;
+    }
     auto it = gpus.node_product.find(node);
     if (it != gpus.node_product.end()) p.current[it->second] += 1;
   }
   return p;
 }
 
-std::pair<int, std::string> Reconciler::DesiredWorkers(const std::string& key,
-                                                       const ClusterGpus& gpus) {
+Reconciler::Desired Reconciler::DesiredWorkers(const std::string& key, const ClusterGpus& gpus) {
   std::vector<policy::PolicyJob> jobs;
+  std::optional<json> mine_job = jobs_.Get(key);
   for (const json& job : jobs_.List()) {
     std::optional<policy::PolicyJob> p = PolicyJobOf(job, gpus);
     if (p) jobs.push_back(std::move(*p));
@@ -406,11 +429,33 @@ std::pair<int, std::string> Reconciler::DesiredWorkers(const std::string& key,
     inventory.gpus[product] =
         std::max(0, count.total - (held == gpus.held_by_others.end() ? 0 : held->second));
   }
+  int64_t cpu = 0;
+  for (const auto& [node, millis] : gpus.cpu_allocatable) {
+    auto held = gpus.cpu_held_by_others.find(node);
+    cpu +=
+        std::max<int64_t>(0, millis - (held == gpus.cpu_held_by_others.end() ? 0 : held->second));
+  }
+  inventory.gpus[kCpuPool] = static_cast<int>(std::min<int64_t>(cpu, 1 << 30));
   auto decision = policy_->Decide(jobs, inventory, NowUnix());
-  if (!decision.ok()) return {0, decision.status().message()};
+  if (!decision.ok()) return {0, decision.status().message(), {}};
   const policy::JobDecision* mine = decision->Find(key);
-  if (mine == nullptr) return {0, "not scheduled"};
-  return {policy::TotalWorkers(mine->workers), mine->reason};
+  if (mine == nullptr) return {0, "not scheduled", {}};
+  Desired out{policy::TotalWorkers(mine->workers), mine->reason, mine->workers};
+  // The policy counts GPUs by product across the cluster; the scheduler places a pod only on
+  // a node its template allows, with room on that node.
+  if (mine_job) {
+    Result<JobSpec> spec = JobSpecOf(*mine_job);
+    if (spec.ok()) {
+      const int fit = EligibleWorkers(gpus, TemplateOf(*mine_job), spec->gpus_per_worker,
+                                      WorkerCpuMillis(*mine_job));
+      if (out.workers > fit) {
+        out.workers = fit;
+        out.reason += "; " + std::to_string(fit) +
+                      " fit on the nodes its nodeSelector, affinity and tolerations allow";
+      }
+    }
+  }
+  return out;
 }
 
 Status Reconciler::PatchStatus(const json& job, const json& status) {
@@ -443,12 +488,9 @@ Result<ReconcileResult> Reconciler::Reconcile(const std::string& key) {
   Pass p(key, std::move(*found));
   Begin(p);
   Result<JobSpec> spec = JobSpecOf(p.job);
-  if (spec.ok() && spec->worker_template.user_program()) {
-    // The worker pods run virtualflow-agent's built-in model; training that instead of the
-    // user's program would be silently wrong.
-    spec = InvalidArgument(
-        "spec.template.command: the operator does not run a user's own program yet; run this "
-        "job with `vf run`");
+  if (spec.ok()) {
+    // What the CRD's schema cannot check about the pod template.
+    if (Status t = ValidateTemplate(p.job); !t.ok()) spec = t;
   }
   if (!spec.ok()) {
     VF_RETURN_IF_ERROR(FailInvalidSpec(p, spec.status()));
@@ -526,7 +568,10 @@ Status Reconciler::Observe(Pass& p) {
   for (const json& pod : p.pods) p.by_name[PodName(pod)] = &pod;
 
   VF_ASSIGN_OR_RETURN(p.view, coordinator_.GetJob(p.key));
-  std::tie(p.desired, p.policy_reason) = DesiredWorkers(p.key, p.gpus);
+  Desired desired = DesiredWorkers(p.key, p.gpus);
+  p.desired = desired.workers;
+  p.policy_reason = std::move(desired.reason);
+  p.allocation = std::move(desired.allocation);
   p.total_steps = KnownTotalSteps(p.spec, p.view);
   p.epoch = p.view.plan.epoch;
   p.members = p.view.plan.members;
@@ -549,6 +594,10 @@ Result<Reconciler::Next> Reconciler::RecordSuccess(Pass& p) {
     if (!r.weights_sha256.empty()) status["weightsSha256"] = r.weights_sha256;
     if (std::isfinite(r.test_accuracy)) status["testAccuracy"] = r.test_accuracy;
     if (std::isfinite(r.loss)) status["loss"] = r.loss;
+    // Where the trained weights are: the final checkpoint, on the volume that holds it.
+    if (json where = FinalCheckpointLocation(p.job, p.spec); !where.is_null()) {
+      status["finalCheckpoint"] = where;
+    }
     json conditions = json::array();
     SetCondition(conditions, p.old_conditions, "Created", true, "PodsCreated",
                  "worker pods were created", p.generation);
@@ -747,10 +796,47 @@ Status Reconciler::DeleteSurplusPods(Pass& p, int& live, std::vector<const json*
   return Status::Ok();
 }
 
+namespace {
+
+// The GPU product each new pod should be pinned to: what the policy allocated per product,
+// less the live pods already there (bound to a node of that product, or pinned to it).
+std::vector<std::string> ProductsToPin(const policy::Allocation& allocation,
+                                       const std::vector<json>& pods, const ClusterGpus& gpus) {
+  std::map<std::string, int> missing;
+  for (const auto& [type, n] : allocation) {
+    if (type != kCpuPool && type != kUnknownProduct) missing[type] = n;
+  }
+  for (const json& pod : pods) {
+    const PodLife life = PodLifeOf(pod);
+    if (life != PodLife::kStarting && life != PodLife::kRunning) continue;
+    const std::string node = Obj(pod, "spec").value("nodeName", "");
+    auto bound = gpus.node_product.find(node);
+    const std::string product =
+        bound != gpus.node_product.end()
+            ? bound->second
+            : Obj(Obj(pod, "spec"), "nodeSelector").value(kGpuProductLabel, "");
+    auto it = missing.find(product);
+    if (it != missing.end()) --it->second;
+  }
+  std::vector<std::string> out;
+  for (const auto& [product, n] : missing) {
+    for (int i = 0; i < n; ++i) out.push_back(product);
+  }
+  return out;
+}
+
+}  // namespace
+
 Status Reconciler::CreateMissingPods(Pass& p, int live) {
+  // A template that names a product itself keeps it.
+  const bool own_product = Obj(TemplateOf(p.job), "nodeSelector").contains(kGpuProductLabel);
+  std::vector<std::string> pins =
+      own_product ? std::vector<std::string>{} : ProductsToPin(p.allocation, p.pods, p.gpus);
+  size_t next_pin = 0;
   while (live < p.desired) {
     const std::string pod_name = p.name + "-worker-" + RandomSuffix();
-    json pod = BuildWorkerPod(p.job, p.spec, pod_name, options_.pods);
+    const std::string product = next_pin < pins.size() ? pins[next_pin++] : "";
+    json pod = BuildWorkerPod(p.job, p.spec, pod_name, options_.pods, product);
     auto r = client_.Create(kube::kPods, p.ns, pod);
     if (!r.ok() && r.reason() != kube::Reason::kAlreadyExists) return r.status();
     {

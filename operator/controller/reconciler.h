@@ -104,8 +104,14 @@ class Reconciler {
   Status WriteProgress(Pass& p);
   void SetPhase(Pass& p, bool all_switched);
 
-  // Workers the policy gives the job now, and why when it waits.
-  std::pair<int, std::string> DesiredWorkers(const std::string& key, const ClusterGpus& gpus);
+  // Workers the policy gives the job now (no more than fit on the nodes its template allows),
+  // why when it waits, and by type.
+  struct Desired {
+    int workers = 0;
+    std::string reason;
+    policy::Allocation allocation;
+  };
+  Desired DesiredWorkers(const std::string& key, const ClusterGpus& gpus);
   // A job as the policy sees it; nothing for a job that has ended, is being deleted or does not
   // parse.
   std::optional<policy::PolicyJob> PolicyJobOf(const nlohmann::json& job,

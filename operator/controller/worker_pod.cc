@@ -1,5 +1,8 @@
 #include "operator/controller/worker_pod.h"
 
+#include <algorithm>
+#include <set>
+
 #include "operator/controller/inventory.h"
 
 namespace vf::controller {
@@ -27,61 +30,273 @@ json AgentManifest(const json& job) {
       {"spec", job.value("spec", json::object())}};
 }
 
-json BuildWorkerPod(const json& job, const JobSpec& spec, const std::string& pod_name,
-                    const PodSettings& settings) {
-  const json& meta = job.at("metadata");
-  const std::string name = meta.value("name", "");
-  const std::string ns = meta.value("namespace", "");
-  // The pod template is the operator's alone (JobSpec has no part of it).
-  const json& tmpl = job.value("spec", json::object()).value("template", json::object());
-  const int gpus = spec.gpus_per_worker;
+namespace {
 
-  json args = {"--coordinator", settings.coordinator_url, "--job-id", ns + "/" + name, "--worker",
-               pod_name};
-  json container = {{"name", "agent"}, {"command", {"virtualflow-agent"}}};
-  if (settings.metrics_port >= 0) {
-    args.push_back("--metrics-port");
-    args.push_back(std::to_string(settings.metrics_port));
-    if (settings.metrics_port > 0) {
-      container["ports"] = {{{"name", "metrics"}, {"containerPort", settings.metrics_port}}};
+// `over` merged into `base`, key by key, recursively for objects: the template's own security
+// context fields win over the operator's defaults.
+json MergeObjects(json base, const json& over) {
+  if (!over.is_object()) return base;
+  for (const auto& [k, v] : over.items()) {
+    if (v.is_object() && base.contains(k) && base[k].is_object()) {
+      base[k] = MergeObjects(base[k], v);
+    } else {
+      base[k] = v;
     }
   }
-  container["args"] = args;
-  container["image"] = tmpl.value("image", settings.default_image);
-  json env = json::array();
-  env.push_back({{"name", "VF_JOB_SPEC"}, {"value", AgentManifest(job).dump()}});
-  env.push_back(
-      {{"name", "VF_JOB_TOKEN"},
-       {"valueFrom", {{"secretKeyRef", {{"name", TokenSecretName(name)}, {"key", kTokenKey}}}}}});
-  for (const json& e : tmpl.value("env", json::array())) env.push_back(e);
-  container["env"] = env;
-  json resources = tmpl.value("resources", json::object());
-  resources["limits"][kGpuResource] = std::to_string(gpus);
-  if (resources.contains("requests") && resources["requests"].contains(kGpuResource)) {
-    resources["requests"][kGpuResource] = std::to_string(gpus);
-  }
-  container["resources"] = resources;
-  container["terminationMessagePolicy"] = "FallbackToLogsOnError";
+  return base;
+}
 
+bool IsOperatorEnv(const std::string& name) { return name.rfind("VF_", 0) == 0; }
+
+json EnvValue(const std::string& name, const std::string& value) {
+  return {{"name", name}, {"value", value}};
+}
+
+json EnvField(const std::string& name, const std::string& field_path) {
+  return {{"name", name}, {"valueFrom", {{"fieldRef", {{"fieldPath", field_path}}}}}};
+}
+
+// The command and environment: the built-in agent with flags, or the user's program with the
+// same facts in VF_* variables (which virtualflow.torch.init() reads).
+void SetProgram(json& container, const json& job, const JobSpec& spec, const std::string& pod_name,
+                const PodSettings& settings) {
+  const json& meta = job.at("metadata");
+  const std::string job_id = meta.value("namespace", "") + "/" + meta.value("name", "");
+  const json& tmpl = job.value("spec", json::object()).value("template", json::object());
+  json env = json::array();
+  for (const json& e : tmpl.value("env", json::array())) {
+    if (!IsOperatorEnv(e.value("name", ""))) env.push_back(e);
+  }
+  env.push_back(EnvValue("VF_JOB_SPEC", AgentManifest(job).dump()));
+  env.push_back(EnvField("VF_POD_IP", "status.podIP"));
+  if (spec.worker_template.user_program()) {
+    container["command"] = spec.worker_template.command;
+    if (!spec.worker_template.args.empty()) container["args"] = spec.worker_template.args;
+    env.push_back(EnvValue("VF_COORDINATOR", settings.coordinator_url));
+    env.push_back(EnvValue("VF_JOB_ID", job_id));
+    env.push_back(EnvValue("VF_WORKER", pod_name));
+    env.push_back(EnvValue("VF_JOB_TOKEN_FILE", kTokenFile));
+    env.push_back(EnvValue("VF_METRICS_PORT", std::to_string(settings.metrics_port)));
+  } else {
+    json args = {"--coordinator", settings.coordinator_url, "--job-id", job_id, "--worker",
+                 pod_name,        "--token-file",           kTokenFile};
+    if (settings.metrics_port >= 0) {
+      args.push_back("--metrics-port");
+      args.push_back(std::to_string(settings.metrics_port));
+    }
+    container["command"] = {"virtualflow-agent"};
+    container["args"] = args;
+  }
+  container["env"] = env;
+}
+
+json Resources(const json& tmpl, const JobSpec& spec) {
+  json resources = tmpl.value("resources", json::object());
+  if (!resources.is_object()) resources = json::object();
+  if (spec.gpus_per_worker > 0) {
+    resources["limits"][kGpuResource] = std::to_string(spec.gpus_per_worker);
+    if (resources.contains("requests") && resources["requests"].contains(kGpuResource)) {
+      resources["requests"][kGpuResource] = std::to_string(spec.gpus_per_worker);
+    }
+  } else {
+    // A CPU-only worker asks for what the operator counted it as (see WorkerCpuMillis), so
+    // the scheduler and the inventory agree.
+    for (const char* part : {"limits", "requests"}) {
+      if (resources.contains(part) && resources[part].is_object()) {
+        resources[part].erase(kGpuResource);
+      }
+    }
+    const bool has_request = resources.value("requests", json::object()).contains("cpu");
+    const bool has_limit = resources.value("limits", json::object()).contains("cpu");
+    if (!has_request && !has_limit) resources["requests"]["cpu"] = kDefaultWorkerCpu;
+  }
+  return resources;
+}
+
+// The agent's /healthz (the process answers) and /readyz (joined and warmed up). The startup
+// probe gives a program time to import its framework and load its data.
+void SetProbes(json& container, int port) {
+  if (port <= 0) return;
+  container["ports"] = {{{"name", "metrics"}, {"containerPort", port}}};
+  auto probe = [&](const char* path, int period, int failures) {
+    return json{{"httpGet", {{"path", path}, {"port", "metrics"}}},
+                {"periodSeconds", period},
+                {"timeoutSeconds", 5},
+                {"failureThreshold", failures}};
+  };
+  container["startupProbe"] = probe("/healthz", 5, 120);
+  container["livenessProbe"] = probe("/healthz", 10, 6);
+  container["readinessProbe"] = probe("/readyz", 5, 3);
+}
+
+json Container(const json& job, const JobSpec& spec, const std::string& pod_name,
+               const PodSettings& settings) {
+  const json& tmpl = job.value("spec", json::object()).value("template", json::object());
+  json container = {{"name", "agent"}};
+  container["image"] = tmpl.value("image", settings.default_image);
+  for (const char* key : {"imagePullPolicy", "workingDir", "envFrom"}) {
+    if (tmpl.contains(key)) container[key] = tmpl[key];
+  }
+  SetProgram(container, job, spec, pod_name, settings);
+  container["resources"] = Resources(tmpl, spec);
+  json mounts = tmpl.value("volumeMounts", json::array());
+  mounts.push_back({{"name", kTokenVolume}, {"mountPath", kTokenDir}, {"readOnly", true}});
+  mounts.push_back({{"name", kShmVolume}, {"mountPath", "/dev/shm"}});
+  container["volumeMounts"] = mounts;
+  container["securityContext"] = MergeObjects({{"allowPrivilegeEscalation", false},
+                                               {"capabilities", {{"drop", {"ALL"}}}},
+                                               {"runAsNonRoot", true},
+                                               {"seccompProfile", {{"type", "RuntimeDefault"}}}},
+                                              tmpl.value("securityContext", json::object()));
+  container["terminationMessagePolicy"] = "FallbackToLogsOnError";
+  SetProbes(container, settings.metrics_port);
+  return container;
+}
+
+json PodSpec(const json& job, const JobSpec& spec, json container, const PodSettings& settings,
+             const std::string& gpu_product) {
+  const json& tmpl = job.value("spec", json::object()).value("template", json::object());
   json pod_spec = {{"restartPolicy", "Never"},
-                   {"automountServiceAccountToken", false},
                    {"enableServiceLinks", false},
                    {"terminationGracePeriodSeconds", settings.termination_grace_seconds},
-                   {"containers", {container}}};
-  if (tmpl.contains("nodeSelector")) pod_spec["nodeSelector"] = tmpl["nodeSelector"];
-  if (tmpl.contains("tolerations")) pod_spec["tolerations"] = tmpl["tolerations"];
+                   {"containers", {std::move(container)}}};
+  // Workers talk to the coordinator with their own token, never to the API server: no token
+  // unless the template names a service account (whose own setting then decides).
+  if (tmpl.contains("serviceAccountName")) {
+    pod_spec["serviceAccountName"] = tmpl["serviceAccountName"];
+  } else {
+    pod_spec["automountServiceAccountToken"] = false;
+  }
+  for (const char* key : {"affinity", "tolerations", "priorityClassName", "schedulerName",
+                          "imagePullSecrets", "runtimeClassName", "nodeSelector"}) {
+    if (tmpl.contains(key)) pod_spec[key] = tmpl[key];
+  }
+  if (!gpu_product.empty() && spec.gpus_per_worker > 0) {
+    pod_spec["nodeSelector"][kGpuProductLabel] = gpu_product;
+  }
+  json volumes = tmpl.value("volumes", json::array());
+  volumes.push_back({{"name", kTokenVolume},
+                     {"secret",
+                      {{"secretName", TokenSecretName(job.at("metadata").value("name", ""))},
+                       {"defaultMode", 0444},
+                       {"items", {{{"key", kTokenKey}, {"path", "token"}}}}}}});
+  volumes.push_back({{"name", kShmVolume}, {"emptyDir", {{"medium", "Memory"}}}});
+  pod_spec["volumes"] = volumes;
+  pod_spec["securityContext"] =
+      MergeObjects({{"runAsNonRoot", true}, {"seccompProfile", {{"type", "RuntimeDefault"}}}},
+                   tmpl.value("podSecurityContext", json::object()));
+  return pod_spec;
+}
 
+}  // namespace
+
+Status ValidateTemplate(const json& job) {
+  const json& tmpl = job.value("spec", json::object()).value("template", json::object());
+  if (!tmpl.is_object()) return Status::Ok();
+  std::set<std::string> volumes;
+  for (const json& v : tmpl.value("volumes", json::array())) {
+    const std::string name = v.value("name", "");
+    if (name.rfind("vf-", 0) == 0) {
+      return InvalidArgument("spec.template.volumes: the name " + name +
+                             " is the operator's (vf-*); choose another");
+    }
+    volumes.insert(name);
+  }
+  for (const json& m : tmpl.value("volumeMounts", json::array())) {
+    const std::string name = m.value("name", "");
+    const std::string path = m.value("mountPath", "");
+    if (volumes.count(name) == 0) {
+      return InvalidArgument("spec.template.volumeMounts: " + path + " mounts volume \"" + name +
+                             "\", which spec.template.volumes does not have");
+    }
+    if (path == "/dev/shm" || path.rfind(kTokenDir, 0) == 0) {
+      return InvalidArgument("spec.template.volumeMounts: " + path +
+                             " is the operator's (a memory-backed /dev/shm and the token)");
+    }
+  }
+  for (const json& e : tmpl.value("env", json::array())) {
+    if (IsOperatorEnv(e.value("name", ""))) {
+      // VF_THREADS, VF_CHECK_EVERY and the like tune the library; the job's facts are ours.
+      static const std::set<std::string> kOwned = {
+          "VF_JOB_SPEC",  "VF_JOB",    "VF_COORDINATOR",    "VF_JOB_ID",       "VF_WORKER",
+          "VF_JOB_TOKEN", "VF_POD_IP", "VF_JOB_TOKEN_FILE", "VF_METRICS_PORT", "VF_RESULT"};
+      if (kOwned.count(e.value("name", "")) != 0) {
+        return InvalidArgument("spec.template.env: " + e.value("name", "") +
+                               " is set by the operator");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+json BuildWorkerPod(const json& job, const JobSpec& spec, const std::string& pod_name,
+                    const PodSettings& settings, const std::string& gpu_product) {
+  const json& meta = job.at("metadata");
+  const std::string name = meta.value("name", "");
+  const json& tmpl = job.value("spec", json::object()).value("template", json::object());
+  const json& tmeta = tmpl.value("metadata", json::object());
+  json labels = tmeta.value("labels", json::object());
+  labels[kJobLabel] = name;
+  labels[kManagedByLabel] = kManagedBy;
+  labels["app.kubernetes.io/name"] = "virtualflow-agent";
+  json metadata = {{"name", pod_name},
+                   {"namespace", meta.value("namespace", "")},
+                   {"labels", labels},
+                   {"ownerReferences", {OwnerReference(job)}}};
+  if (tmeta.contains("annotations")) metadata["annotations"] = tmeta["annotations"];
   return {{"apiVersion", "v1"},
           {"kind", "Pod"},
-          {"metadata",
-           {{"name", pod_name},
-            {"namespace", ns},
-            {"labels",
-             {{kJobLabel, name},
-              {kManagedByLabel, kManagedBy},
-              {"app.kubernetes.io/name", "virtualflow-agent"}}},
-            {"ownerReferences", {OwnerReference(job)}}}},
-          {"spec", pod_spec}};
+          {"metadata", metadata},
+          {"spec",
+           PodSpec(job, spec, Container(job, spec, pod_name, settings), settings, gpu_product)}};
+}
+
+int64_t WorkerCpuMillis(const json& job) {
+  const json& res = job.value("spec", json::object())
+                        .value("template", json::object())
+                        .value("resources", json::object());
+  for (const char* part : {"requests", "limits"}) {
+    const json& r = res.value(part, json::object());
+    if (r.contains("cpu")) {
+      const int64_t m = ParseCpuMillis(r.at("cpu"));
+      if (m > 0) return m;
+    }
+  }
+  return ParseCpuMillis(json(kDefaultWorkerCpu));
+}
+
+json FinalCheckpointLocation(const json& job, const JobSpec& spec) {
+  const std::string& path = spec.checkpoint.path;
+  if (path.empty()) return nullptr;
+  json out = {{"path", path}};
+  const json& tmpl = job.value("spec", json::object()).value("template", json::object());
+  // The deepest mount that holds the path.
+  const json* best = nullptr;
+  size_t best_len = 0;
+  const json mounts = tmpl.value("volumeMounts", json::array());  // `best` points into it
+  for (const json& m : mounts) {
+    std::string mp = m.value("mountPath", "");
+    while (mp.size() > 1 && mp.back() == '/') mp.pop_back();
+    const bool under = path == mp || (path.rfind(mp + "/", 0) == 0) || mp == "/";
+    if (under && mp.size() >= best_len) {
+      best = &m;
+      best_len = mp.size();
+    }
+  }
+  if (best == nullptr) return out;
+  const std::string volume = best->value("name", "");
+  out["volume"] = volume;
+  std::string rest = path.substr(std::min(path.size(), best_len));
+  while (!rest.empty() && rest.front() == '/') rest.erase(0, 1);
+  std::string sub = best->value("subPath", "");
+  if (!sub.empty() && !rest.empty()) sub += "/";
+  out["subPath"] = sub + rest;
+  for (const json& v : tmpl.value("volumes", json::array())) {
+    if (v.value("name", "") == volume && v.contains("persistentVolumeClaim")) {
+      out["claimName"] = v["persistentVolumeClaim"].value("claimName", "");
+    }
+  }
+  return out;
 }
 
 PodLife PodLifeOf(const json& pod) {

@@ -8,6 +8,7 @@
 
 #include "operator/policy/membership.h"
 #include "runtime/job/spec.h"
+#include "runtime/status.h"
 
 namespace vf::controller {
 
@@ -25,6 +26,15 @@ struct PodSettings {
   int termination_grace_seconds = 60;
 };
 
+// Where the operator mounts what it owns in every worker container.
+inline constexpr char kTokenDir[] = "/var/run/virtualflow";
+inline constexpr char kTokenFile[] = "/var/run/virtualflow/token";
+// Volume names the operator owns; a template may not use them.
+inline constexpr char kTokenVolume[] = "vf-token";
+inline constexpr char kShmVolume[] = "vf-shm";
+// The CPU a worker of a CPU-only job requests when its template says nothing.
+inline constexpr char kDefaultWorkerCpu[] = "1";
+
 // The name of the Secret that holds a job's coordinator token.
 std::string TokenSecretName(const std::string& job_name);
 
@@ -35,12 +45,32 @@ nlohmann::json OwnerReference(const nlohmann::json& job);
 // The manifest an agent trains from: apiVersion, kind, metadata (name, namespace) and spec.
 nlohmann::json AgentManifest(const nlohmann::json& job);
 
-// The worker pod `pod_name` of `job` (whose parsed spec is `spec`): restartPolicy Never (the
-// operator replaces failed workers itself), the job's GPUs per worker as a limit, its template's
-// image, resources, node selector, tolerations and env, the token from the job's Secret, no
-// service-account token.
+// What the CRD's schema cannot say about spec.template: volume and mount names the operator
+// owns (vf-*), mounts of volumes that do not exist, a mount at /dev/shm or the token directory,
+// environment variables the operator sets (VF_*). InvalidArgument naming the field.
+Status ValidateTemplate(const nlohmann::json& job);
+
+// The worker pod `pod_name` of `job` (whose parsed spec is `spec`): the job's spec.template
+// (a pod template flattened to its one container: see docs/crd-reference.md) plus what the
+// operator owns: name, labels, owner reference, restartPolicy Never (the operator replaces
+// failed workers itself), the command (virtualflow-agent, or the user's program with the job
+// in VF_* variables), the token as a mounted file, the pod's address for the communicator,
+// nvidia.com/gpu from gpusPerWorker (a CPU request for CPU-only jobs when the template has
+// none), a memory-backed /dev/shm, probes on the agent's /healthz and /readyz, and a security
+// context that passes the restricted Pod Security Standard (the template's fields win).
+// `gpu_product` non-empty pins the pod to nodes of that nvidia.com/gpu.product.
 nlohmann::json BuildWorkerPod(const nlohmann::json& job, const JobSpec& spec,
-                              const std::string& pod_name, const PodSettings& settings);
+                              const std::string& pod_name, const PodSettings& settings,
+                              const std::string& gpu_product = "");
+
+// The CPU one worker of a CPU-only job requests, in millicores (the template's request, else
+// its limit, else kDefaultWorkerCpu).
+int64_t WorkerCpuMillis(const nlohmann::json& job);
+
+// Where the final checkpoint (the trained weights) of `job` is, for status.finalCheckpoint:
+// {path, and when a template volume holds it: volume, claimName (a PVC), subPath}; null when
+// the job writes no checkpoint.
+nlohmann::json FinalCheckpointLocation(const nlohmann::json& job, const JobSpec& spec);
 
 // Where a worker pod is in its life, as the operator needs to know it.
 enum class PodLife {

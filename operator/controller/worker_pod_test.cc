@@ -1,5 +1,7 @@
 #include "operator/controller/worker_pod.h"
 
+#include <map>
+
 #include <gtest/gtest.h>
 
 #include "operator/controller/job_spec.h"
@@ -43,16 +45,153 @@ TEST(WorkerPodTest, BuildsAPodTheAgentCanRun) {
   EXPECT_EQ(c["resources"]["limits"]["nvidia.com/gpu"], "2");
   const std::vector<std::string> args = c["args"];
   const std::vector<std::string> want = {
-      "--coordinator", "http://op:7070",   "--job-id",       "team/mnist",
-      "--worker",      "mnist-worker-abc", "--metrics-port", "9090"};
+      "--coordinator",    "http://op:7070", "--job-id", "team/mnist",     "--worker",
+      "mnist-worker-abc", "--token-file",   kTokenFile, "--metrics-port", "9090"};
   EXPECT_EQ(args, want);
+  // The template's env first, then the operator's.
   ASSERT_EQ(c["env"].size(), 3u);
-  EXPECT_EQ(c["env"][0]["name"], "VF_JOB_SPEC");
-  json manifest = json::parse(c["env"][0]["value"].get<std::string>());
+  EXPECT_EQ(c["env"][0]["name"], "X");
+  EXPECT_EQ(c["env"][1]["name"], "VF_JOB_SPEC");
+  json manifest = json::parse(c["env"][1]["value"].get<std::string>());
   EXPECT_EQ(manifest["spec"]["virtualNodes"], 8);
   EXPECT_FALSE(manifest.contains("status"));
-  EXPECT_EQ(c["env"][1]["valueFrom"]["secretKeyRef"]["name"], "mnist-vf-token");
-  EXPECT_EQ(c["env"][2]["name"], "X");
+  EXPECT_EQ(c["env"][2]["name"], "VF_POD_IP");
+  EXPECT_EQ(c["env"][2]["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP");
+  // The token is a file from the job's Secret, never an environment variable.
+  const json& volumes = pod["spec"]["volumes"];
+  ASSERT_EQ(volumes.size(), 2u);
+  EXPECT_EQ(volumes[0]["secret"]["secretName"], "mnist-vf-token");
+  EXPECT_EQ(volumes[1]["emptyDir"]["medium"], "Memory");
+  EXPECT_EQ(c["volumeMounts"][0]["mountPath"], kTokenDir);
+  EXPECT_EQ(c["volumeMounts"][1]["mountPath"], "/dev/shm");
+  EXPECT_EQ(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+  EXPECT_EQ(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+}
+
+// What the restricted Pod Security Standard asks of every pod and container.
+TEST(WorkerPodTest, PassesTheRestrictedPodSecurityStandardByDefault) {
+  json pod = BuildWorkerPod(Job(), SpecOf(Job()), "w", PodSettings{});
+  const json& psc = pod["spec"]["securityContext"];
+  EXPECT_TRUE(psc["runAsNonRoot"].get<bool>());
+  EXPECT_EQ(psc["seccompProfile"]["type"], "RuntimeDefault");
+  const json& sc = pod["spec"]["containers"][0]["securityContext"];
+  EXPECT_FALSE(sc["allowPrivilegeEscalation"].get<bool>());
+  EXPECT_EQ(sc["capabilities"]["drop"], json::array({"ALL"}));
+  EXPECT_TRUE(sc["runAsNonRoot"].get<bool>());
+  // The template's own fields win, key by key.
+  json job = Job();
+  job["spec"]["template"]["securityContext"] = {{"runAsUser", 1000},
+                                                {"capabilities", {{"add", {"NET_BIND_SERVICE"}}}}};
+  job["spec"]["template"]["podSecurityContext"] = {{"fsGroup", 2000}};
+  pod = BuildWorkerPod(job, SpecOf(job), "w", PodSettings{});
+  const json& merged = pod["spec"]["containers"][0]["securityContext"];
+  EXPECT_EQ(merged["runAsUser"], 1000);
+  EXPECT_EQ(merged["capabilities"]["drop"], json::array({"ALL"}));
+  EXPECT_EQ(merged["capabilities"]["add"], json::array({"NET_BIND_SERVICE"}));
+  EXPECT_EQ(pod["spec"]["securityContext"]["fsGroup"], 2000);
+  EXPECT_TRUE(pod["spec"]["securityContext"]["runAsNonRoot"].get<bool>());
+}
+
+TEST(WorkerPodTest, TheTemplateIsAPodTemplateFlattenedToItsContainer) {
+  json job = Job();
+  json& t = job["spec"]["template"];
+  t["metadata"] = {{"labels", {{"team", "vision"}, {kJobLabel, "spoofed"}}},
+                   {"annotations", {{"a", "b"}}}};
+  t["workingDir"] = "/work";
+  t["volumes"] = json::parse(R"([{"name": "data", "persistentVolumeClaim": {"claimName": "c"}}])");
+  t["volumeMounts"] = json::parse(R"([{"name": "data", "mountPath": "/data"}])");
+  t["affinity"] = {{"nodeAffinity", json::object()}};
+  t["priorityClassName"] = "high";
+  t["schedulerName"] = "volcano";
+  t["serviceAccountName"] = "trainer";
+  t["imagePullSecrets"] = json::parse(R"([{"name": "registry"}])");
+  json pod = BuildWorkerPod(job, SpecOf(job), "w", PodSettings{}, "NVIDIA-H100");
+  EXPECT_EQ(pod["metadata"]["labels"]["team"], "vision");
+  EXPECT_EQ(pod["metadata"]["labels"][kJobLabel], "mnist");  // the operator's label wins
+  EXPECT_EQ(pod["metadata"]["annotations"]["a"], "b");
+  const json& spec = pod["spec"];
+  EXPECT_EQ(spec["containers"][0]["workingDir"], "/work");
+  EXPECT_EQ(spec["volumes"][0]["name"], "data");
+  EXPECT_EQ(spec["containers"][0]["volumeMounts"][0]["mountPath"], "/data");
+  EXPECT_EQ(spec["priorityClassName"], "high");
+  EXPECT_EQ(spec["schedulerName"], "volcano");
+  EXPECT_EQ(spec["serviceAccountName"], "trainer");
+  EXPECT_FALSE(spec.contains("automountServiceAccountToken"));  // the account decides
+  EXPECT_EQ(spec["imagePullSecrets"][0]["name"], "registry");
+  EXPECT_EQ(spec["nodeSelector"]["pool"], "gpu");
+  EXPECT_EQ(spec["nodeSelector"]["nvidia.com/gpu.product"], "NVIDIA-H100");
+}
+
+TEST(WorkerPodTest, AUserProgramGetsTheJobInItsEnvironment) {
+  json job = Job();
+  job["spec"]["template"]["command"] = {"python3", "train.py"};
+  job["spec"]["template"]["args"] = {"--lr", "0.1"};
+  PodSettings s;
+  s.coordinator_url = "http://op:7070";
+  json pod = BuildWorkerPod(job, SpecOf(job), "mnist-worker-x", s);
+  const json& c = pod["spec"]["containers"][0];
+  EXPECT_EQ(c["command"], json::array({"python3", "train.py"}));
+  EXPECT_EQ(c["args"], json::array({"--lr", "0.1"}));
+  std::map<std::string, std::string> env;
+  for (const json& e : c["env"]) env[e["name"]] = e.value("value", "(ref)");
+  EXPECT_EQ(env["VF_COORDINATOR"], "http://op:7070");
+  EXPECT_EQ(env["VF_JOB_ID"], "team/mnist");
+  EXPECT_EQ(env["VF_WORKER"], "mnist-worker-x");
+  EXPECT_EQ(env["VF_JOB_TOKEN_FILE"], kTokenFile);
+  EXPECT_EQ(env["VF_METRICS_PORT"], "9090");
+  EXPECT_EQ(env["VF_POD_IP"], "(ref)");
+  EXPECT_EQ(env.count("VF_JOB_TOKEN"), 0u);
+}
+
+TEST(WorkerPodTest, ACpuOnlyWorkerAsksForCpuAndNoGpu) {
+  json job = Job();
+  job["spec"]["gpusPerWorker"] = 0;
+  json pod = BuildWorkerPod(job, SpecOf(job), "w", PodSettings{}, "NVIDIA-H100");
+  const json& res = pod["spec"]["containers"][0]["resources"];
+  EXPECT_FALSE(res.value("limits", json::object()).contains("nvidia.com/gpu"));
+  EXPECT_EQ(res["requests"]["cpu"], kDefaultWorkerCpu);
+  EXPECT_FALSE(pod["spec"]["nodeSelector"].contains("nvidia.com/gpu.product"));
+  EXPECT_EQ(WorkerCpuMillis(job), 1000);
+  job["spec"]["template"]["resources"] = {{"requests", {{"cpu", "1500m"}}}};
+  EXPECT_EQ(WorkerCpuMillis(job), 1500);
+  pod = BuildWorkerPod(job, SpecOf(job), "w", PodSettings{});
+  EXPECT_EQ(pod["spec"]["containers"][0]["resources"]["requests"]["cpu"], "1500m");
+}
+
+TEST(WorkerPodTest, TemplatesThatCollideWithTheOperatorAreRefused) {
+  EXPECT_TRUE(ValidateTemplate(Job()).ok());
+  auto refused = [](const char* tmpl, const char* says) {
+    json job = Job();
+    job["spec"]["template"] = json::parse(tmpl);
+    Status s = ValidateTemplate(job);
+    EXPECT_FALSE(s.ok()) << tmpl;
+    EXPECT_NE(s.message().find(says), std::string::npos) << s.message();
+  };
+  refused(R"({"volumes": [{"name": "vf-token", "emptyDir": {}}]})", "vf-token");
+  refused(R"({"volumeMounts": [{"name": "nope", "mountPath": "/x"}]})", "\"nope\"");
+  refused(R"({"volumes": [{"name": "m", "emptyDir": {}}],
+              "volumeMounts": [{"name": "m", "mountPath": "/dev/shm"}]})",
+          "/dev/shm");
+  refused(R"({"env": [{"name": "VF_WORKER", "value": "me"}]})", "VF_WORKER");
+  json job = Job();
+  job["spec"]["template"]["env"] = json::parse(R"([{"name": "VF_THREADS", "value": "2"}])");
+  EXPECT_TRUE(ValidateTemplate(job).ok());  // the library's knobs are the user's
+}
+
+TEST(WorkerPodTest, TheFinalCheckpointIsFoundOnItsVolume) {
+  json job = Job();
+  EXPECT_TRUE(FinalCheckpointLocation(job, SpecOf(job)).is_null());
+  job["spec"]["checkpoint"] = {{"path", "/ckpt/runs/cnn.ckpt"}};
+  json where = FinalCheckpointLocation(job, SpecOf(job));
+  EXPECT_EQ(where, json({{"path", "/ckpt/runs/cnn.ckpt"}}));  // on no volume: said so by absence
+  job["spec"]["template"]["volumes"] =
+      json::parse(R"([{"name": "store", "persistentVolumeClaim": {"claimName": "train"}}])");
+  job["spec"]["template"]["volumeMounts"] =
+      json::parse(R"([{"name": "store", "mountPath": "/ckpt/", "subPath": "team"}])");
+  where = FinalCheckpointLocation(job, SpecOf(job));
+  EXPECT_EQ(where["volume"], "store");
+  EXPECT_EQ(where["claimName"], "train");
+  EXPECT_EQ(where["subPath"], "team/runs/cnn.ckpt");
 }
 
 TEST(WorkerPodTest, DefaultImageAndNoMetricsPort) {
@@ -64,6 +203,7 @@ TEST(WorkerPodTest, DefaultImageAndNoMetricsPort) {
   json pod = BuildWorkerPod(job, SpecOf(job), "w", s);
   EXPECT_EQ(pod["spec"]["containers"][0]["image"], "default/agent:0");
   for (const auto& a : pod["spec"]["containers"][0]["args"]) EXPECT_NE(a, "--metrics-port");
+  EXPECT_FALSE(pod["spec"]["containers"][0].contains("readinessProbe"));  // nothing to probe
 }
 
 TEST(WorkerPodTest, LifeFollowsPhaseAndDeletion) {
