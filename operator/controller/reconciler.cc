@@ -678,7 +678,10 @@ policy::MembershipInput Reconciler::MembershipInputOf(const Pass& p) const {
       w.seconds_per_virtual_node = it->second.last_report.seconds_per_virtual_node;
     }
     const std::string node = Obj(pod, "spec").value("nodeName", "");
-    w.on_schedulable_node = node.empty() || p.gpus.node_product.count(node) != 0;
+    // A GPU job's pod needs a schedulable node with GPUs; a CPU-only job's any schedulable one.
+    w.on_schedulable_node =
+        node.empty() || (p.spec.gpus_per_worker > 0 ? p.gpus.node_product.count(node) != 0
+                                                    : p.gpus.nodes.count(node) != 0);
     const double created = UnixSeconds(Obj(pod, "metadata").value("creationTimestamp", ""));
     w.age_seconds = std::isnan(created) ? 0 : now_unix - created;
     in.workers.push_back(w);

@@ -239,5 +239,65 @@ TEST_F(ReconcilerTest, StepJobLengthIsKnownFromItsSpec) {
   EXPECT_EQ(api_->status_patches().back()["totalSteps"], 25);
 }
 
+json CpuOnlyJob() {
+  json job = EpochJob();
+  job["spec"]["gpusPerWorker"] = 0;
+  job["spec"]["replicas"]["max"] = 4;
+  job["spec"]["template"] = {{"nodeSelector", {{"pool", "cpu"}}},
+                             {"resources", {{"requests", {{"cpu", "1500m"}}}}}};
+  return job;
+}
+
+json CpuNode(const std::string& name, const std::string& cpu, const std::string& pool) {
+  return {{"metadata", {{"name", name}, {"labels", {{"pool", pool}}}}},
+          {"spec", json::object()},
+          {"status",
+           {{"allocatable", {{"cpu", cpu}}},
+            {"conditions", {{{"type", "Ready"}, {"status", "True"}}}}}}};
+}
+
+TEST_F(ReconcilerTest, ACpuOnlyJobGetsTheWorkersItsNodesCpusFit) {
+  // 4 CPUs on the node its selector allows fit two workers of 1.5 CPUs, whatever replicas.max
+  // and the other node (and the GPU node) would allow.
+  Start({CpuOnlyJob()}, {},
+        {CpuNode("cpu-a", "4", "cpu"), CpuNode("cpu-b", "64", "other"), GpuNode("gpu-a", 4)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  const std::vector<json> pods = api_->created_pods();
+  ASSERT_EQ(pods.size(), 2u);
+  const json& resources = pods[0]["spec"]["containers"][0]["resources"];
+  EXPECT_EQ(resources["requests"]["cpu"], "1500m");
+  EXPECT_FALSE(resources.value("limits", json::object()).contains("nvidia.com/gpu"));
+  EXPECT_EQ(api_->status_patches().back()["desiredWorkers"], 2);
+}
+
+TEST_F(ReconcilerTest, ACpuOnlyJobsWorkersOnACpuNodeStartTraining) {
+  json a = RunningPod("mnist-worker-a");
+  json b = RunningPod("mnist-worker-b");
+  for (json* pod : {&a, &b}) (*pod)["spec"]["nodeName"] = "cpu-a";
+  Start({CpuOnlyJob()}, {a, b}, {CpuNode("cpu-a", "4", "cpu")});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  Ready({"mnist-worker-a", "mnist-worker-b"});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_EQ(api_->status_patches().back()["epoch"], 1);
+  EXPECT_EQ(coordinator_.GetPlan(kKey)->members.size(), 2u);
+}
+
+TEST_F(ReconcilerTest, AGpuJobWhoseSelectorMatchesNoNodeWaits) {
+  json job = EpochJob();
+  job["spec"]["template"] = {{"nodeSelector", {{"pool", "nowhere"}}}};
+  Start({job}, {}, {GpuNode("gpu-a", 4)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_TRUE(api_->created_pods().empty());
+  EXPECT_EQ(api_->status_patches().back()["desiredWorkers"], 0);
+}
+
+TEST_F(ReconcilerTest, NewPodsArePinnedToTheProductThePolicyChose) {
+  Start({EpochJob()}, {}, {GpuNode("gpu-a", 4)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  for (const json& pod : api_->created_pods()) {
+    EXPECT_EQ(pod["spec"]["nodeSelector"]["nvidia.com/gpu.product"], "V100");
+  }
+}
+
 }  // namespace
 }  // namespace vf::controller
