@@ -42,13 +42,16 @@ json BaseStatus(const PodFacts& pod, std::string_view phase, bool ready,
   conditions.push_back(Condition("ContainersReady", ready, now,
                                  ready ? std::string_view() : not_ready_reason, not_ready_message));
   conditions.push_back(Condition("PodScheduled", true, now));
-  return {{"phase", phase},
-          {"conditions", std::move(conditions)},
-          {"hostIP", pod.host_ip},
-          {"hostIPs", json::array({{{"ip", pod.host_ip}}})},
-          {"podIP", pod.pod_ip},
-          {"podIPs", json::array({{{"ip", pod.pod_ip}}})},
-          {"startTime", Time(pod.start_time)}};
+  json status = {{"phase", phase},
+                 {"conditions", std::move(conditions)},
+                 {"hostIP", pod.host_ip},
+                 {"hostIPs", json::array({{{"ip", pod.host_ip}}})},
+                 {"startTime", Time(pod.start_time)}};
+  if (!pod.pod_ip.empty()) {
+    status["podIP"] = pod.pod_ip;
+    status["podIPs"] = json::array({{{"ip", pod.pod_ip}}});
+  }
+  return status;
 }
 
 json ContainerStatus(const PodFacts& pod, bool running, int64_t pid, json state) {

@@ -16,7 +16,7 @@ using TimePoint = std::chrono::system_clock::time_point;
 
 // The pod-level facts every status carries. Value type; thread-compatible.
 struct PodFacts {
-  std::string pod_ip = "127.0.0.1";
+  std::string pod_ip = "127.0.0.1";  // "" before the pod has an address: none is reported
   std::string host_ip = "127.0.0.1";
   TimePoint start_time;   // when the runner first acted on the pod (status.startTime)
   std::string container;  // the container's name

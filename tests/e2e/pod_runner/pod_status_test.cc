@@ -123,6 +123,15 @@ TEST(WaitingStatusTest, StaysPendingWithReasonAndMessage) {
   EXPECT_EQ(Condition(s, "Ready")["message"], "containers with unready status: [worker]");
 }
 
+TEST(WaitingStatusTest, ReportsNoPodIpBeforeThePodHasOne) {
+  PodFacts facts = Facts();
+  facts.pod_ip = "";
+  const json s = WaitingStatus(facts, "ContainerCreating", "not yet", At(1700000003));
+  EXPECT_FALSE(s.contains("podIP"));
+  EXPECT_FALSE(s.contains("podIPs"));
+  EXPECT_EQ(s["hostIP"], "127.0.0.1");
+}
+
 TEST(LostStatusTest, FailsWithContainerStatusUnknown) {
   const json s = LostStatus(Facts(), At(1700000003));
   EXPECT_EQ(s["phase"], "Failed");
