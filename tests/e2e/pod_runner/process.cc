@@ -1,6 +1,8 @@
 #include "tests/e2e/pod_runner/process.h"
 
 #include <fcntl.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -31,8 +33,25 @@ std::string Quote(std::string_view command) { return "exec: \"" + std::string(co
 struct ChildFailure {
   int stage;
   int err;
+  int index;  // kStageMount, kStageReadOnly: which mount
 };
-enum Stage : int { kStageChdir = 1, kStageStdio, kStageExec };
+enum Stage : int {
+  kStageChdir = 1,
+  kStageStdio,
+  kStageExec,
+  kStageNetns,
+  kStageMountNamespace,
+  kStageMount,
+  kStageReadOnly
+};
+
+// The pod's namespaces as the child gets them: all prepared before fork. Not thread-safe.
+struct ChildNamespaces {
+  int netns_fd = -1;  // joined when >= 0
+  bool mount_namespace = false;
+  const BindMount* mounts = nullptr;
+  size_t mount_count = 0;
+};
 
 void CloseQuietly(int fd) {
   if (fd >= 0) close(fd);
@@ -41,9 +60,10 @@ void CloseQuietly(int fd) {
 // Everything after fork() in the child: async-signal-safe calls only (the parent has other
 // threads, whose locks the child inherits held), then execve.
 [[noreturn]] void RunChild(pid_t parent, const char* exe, char* const* argv, char* const* envp,
-                           const char* working_dir, int log_fd, int null_fd, int report_fd) {
-  auto fail = [&](int stage) {
-    const ChildFailure failure{stage, errno};
+                           const char* working_dir, int log_fd, int null_fd, int report_fd,
+                           const ChildNamespaces& ns) {
+  auto fail = [&](int stage, int index = 0) {
+    const ChildFailure failure{stage, errno, index};
     ssize_t ignored = write(report_fd, &failure, sizeof(failure));
     (void)ignored;
     _exit(127);
@@ -61,6 +81,22 @@ void CloseQuietly(int fd) {
   setpgid(0, 0);
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent) _exit(127);  // the runner died before prctl took effect
+  if (ns.netns_fd >= 0 && setns(ns.netns_fd, CLONE_NEWNET) != 0) fail(kStageNetns);
+  if (ns.mount_namespace) {
+    if (unshare(CLONE_NEWNS) != 0) fail(kStageMountNamespace);
+    if (mount(nullptr, "/", nullptr, MS_REC | MS_SLAVE, nullptr) != 0) fail(kStageMountNamespace);
+    for (size_t i = 0; i < ns.mount_count; ++i) {
+      const BindMount& m = ns.mounts[i];
+      const int index = static_cast<int>(i);
+      if (mount(m.source.c_str(), m.target.c_str(), nullptr, MS_BIND | MS_REC, nullptr) != 0) {
+        fail(kStageMount, index);
+      }
+      if (m.read_only && mount(nullptr, m.target.c_str(), nullptr, MS_BIND | MS_REMOUNT | MS_RDONLY,
+                               nullptr) != 0) {
+        fail(kStageReadOnly, index);
+      }
+    }
+  }
   if (chdir(working_dir) != 0) fail(kStageChdir);
   if (dup2(null_fd, STDIN_FILENO) < 0 || dup2(log_fd, STDOUT_FILENO) < 0 ||
       dup2(log_fd, STDERR_FILENO) < 0) {
@@ -154,6 +190,19 @@ Result<std::unique_ptr<ChildProcess>> ChildProcess::Start(const LaunchSpec& spec
     CloseQuietly(null_fd);
     return Internal("cannot set up " + Quote(spec.argv[0]) + ": " + Errno(err));
   }
+  ChildNamespaces ns;
+  ns.mount_namespace = spec.mount_namespace;
+  ns.mounts = spec.mounts.data();
+  ns.mount_count = spec.mount_namespace ? spec.mounts.size() : 0;
+  if (!spec.netns_path.empty()) {
+    ns.netns_fd = open(spec.netns_path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (ns.netns_fd < 0) {
+      const int err = errno;
+      for (int fd : {log_fd, null_fd, report[0], report[1]}) CloseQuietly(fd);
+      return FailedPrecondition("network namespace " + spec.netns_path + " for " +
+                                Quote(spec.argv[0]) + ": " + Errno(err));
+    }
+  }
 
   // Everything the child needs is allocated now: after fork it may not allocate.
   std::vector<char*> argv;
@@ -167,12 +216,13 @@ Result<std::unique_ptr<ChildProcess>> ChildProcess::Start(const LaunchSpec& spec
   const pid_t pid = fork();
   if (pid == 0) {
     RunChild(parent, exe.c_str(), argv.data(), envp.data(), spec.working_dir.c_str(), log_fd,
-             null_fd, report[1]);
+             null_fd, report[1], ns);
   }
   const int fork_errno = errno;
   close(report[1]);
   close(log_fd);
   close(null_fd);
+  CloseQuietly(ns.netns_fd);
   if (pid < 0) {
     close(report[0]);
     return Unavailable("fork for " + Quote(spec.argv[0]) + ": " + Errno(fork_errno));
@@ -197,6 +247,20 @@ Result<std::unique_ptr<ChildProcess>> ChildProcess::Start(const LaunchSpec& spec
       case kStageStdio:
         return Internal("redirecting the output of " + Quote(spec.argv[0]) + ": " +
                         Errno(failure.err));
+      case kStageNetns:
+        return FailedPrecondition("joining network namespace " + spec.netns_path + " for " +
+                                  Quote(spec.argv[0]) + ": " + Errno(failure.err));
+      case kStageMountNamespace:
+        return FailedPrecondition("a mount namespace for " + Quote(spec.argv[0]) + ": " +
+                                  Errno(failure.err));
+      case kStageMount:
+      case kStageReadOnly: {
+        const BindMount& m = spec.mounts.at(static_cast<size_t>(failure.index));
+        return FailedPrecondition(
+            std::string(failure.stage == kStageMount ? "bind mount of " : "read-only remount of ") +
+            m.source + " at " + m.target + " for " + Quote(spec.argv[0]) + ": " +
+            Errno(failure.err));
+      }
       default:
         return FailedPrecondition(Quote(spec.argv[0]) + ": exec " + exe + ": " +
                                   Errno(failure.err));

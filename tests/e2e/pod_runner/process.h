@@ -1,6 +1,8 @@
 // A container played by a local process: fork/exec in a new process group with
 // PR_SET_PDEATHSIG, the environment given and nothing else, stdout and stderr appended to a log
-// file; signals go to the whole group; the exit is collected without blocking.
+// file; signals go to the whole group; the exit is collected without blocking. When asked (root
+// only), the child joins the pod's network namespace and gets a mount namespace of its own with
+// the pod's bind mounts before it runs the program.
 #pragma once
 
 #include <sys/types.h>
@@ -16,6 +18,14 @@
 
 namespace vf::podrunner {
 
+// A bind mount in the process's mount namespace. Value type; thread-compatible.
+struct BindMount {
+  std::string source;  // on the host
+  std::string target;  // must exist on the host (the runner does not chroot)
+  bool read_only = false;
+  friend bool operator==(const BindMount&, const BindMount&) = default;
+};
+
 // What to run. Value type; thread-compatible.
 struct LaunchSpec {
   std::vector<std::string> argv;  // argv[0] is resolved through `path` unless it holds a '/'
@@ -23,6 +33,12 @@ struct LaunchSpec {
   std::string path;               // the PATH argv[0] is looked up in
   std::string working_dir;        // must exist
   std::string log_path;           // created if missing, appended to
+  // The network namespace to run in (/var/run/netns/NAME); "" keeps the runner's.
+  std::string netns_path;
+  // A mount namespace of its own, `/` made rslave so that nothing mounted in it reaches the
+  // host, with `mounts` made in order (parents first) before the working directory is entered.
+  bool mount_namespace = false;
+  std::vector<BindMount> mounts;
 };
 
 // How a process ended. Value type; thread-compatible.
@@ -49,8 +65,8 @@ std::string ReadLogTail(const std::string& path, int64_t from, size_t max_bytes)
 class ChildProcess {
  public:
   // Starts spec.argv. Fails, starting nothing that lingers, when the command cannot be found or
-  // run, the working directory does not exist or the log cannot be opened; the message says
-  // which and names the command.
+  // run, the working directory does not exist, the log cannot be opened, or the namespaces or a
+  // mount cannot be set up; the message says which and names the command.
   static Result<std::unique_ptr<ChildProcess>> Start(const LaunchSpec& spec);
 
   // SIGKILLs the group and reaps the process if it is still there.

@@ -241,5 +241,35 @@ TEST_F(ProcessTest, FindExecutableSearchesThePathInOrder) {
   EXPECT_FALSE(FindExecutable("b", "", dir_).ok());  // a directory
 }
 
+TEST_F(ProcessTest, BindMountsAreSeenByTheProcessOnly) {
+  if (geteuid() != 0) GTEST_SKIP() << "mount namespaces need root";
+  ASSERT_EQ(mkdir((dir_ + "/src").c_str(), 0755), 0);
+  ASSERT_EQ(mkdir((dir_ + "/ro").c_str(), 0755), 0);
+  ASSERT_EQ(mkdir((dir_ + "/target").c_str(), 0755), 0);
+  std::ofstream(dir_ + "/src/file") << "from src";
+  LaunchSpec spec = Shell(
+      "test \"$(cat target/file)\" = 'from src' && echo written > target/new && "
+      "! touch ro/x 2>/dev/null");
+  spec.mount_namespace = true;
+  spec.mounts = {{dir_ + "/src", dir_ + "/target", false}, {dir_ + "/src", dir_ + "/ro", true}};
+  auto p = ChildProcess::Start(spec);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(WaitExit(**p).exit_code, 0) << Read("c.log");
+  EXPECT_EQ(Read("src/new"), "written\n");
+  EXPECT_EQ(Read("target/file"), "") << "the mount must not leak to the host";
+}
+
+TEST_F(ProcessTest, AFailedMountIsReportedWithItsPaths) {
+  if (geteuid() != 0) GTEST_SKIP() << "mount namespaces need root";
+  LaunchSpec spec = Shell("true");
+  spec.mount_namespace = true;
+  spec.mounts = {{dir_ + "/absent", dir_, false}};
+  auto p = ChildProcess::Start(spec);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("bind mount of " + dir_ + "/absent at " + dir_),
+            std::string::npos)
+      << p.status().message();
+}
+
 }  // namespace
 }  // namespace vf::podrunner
