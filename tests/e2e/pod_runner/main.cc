@@ -1,8 +1,11 @@
 // vf-pod-runner: plays the kubelet for the fake GPU nodes of the end-to-end tests. Watches the
 // nodes carrying --node-label and every pod; runs each pod bound to one of those nodes as a
 // local process and keeps the pod's status true. See runner.h.
+#include <fcntl.h>
 #include <pthread.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <csignal>
@@ -21,7 +24,9 @@
 #include "runtime/command_line.h"
 #include "tests/e2e/pod_runner/cluster_view.h"
 #include "tests/e2e/pod_runner/log.h"
+#include "tests/e2e/pod_runner/network.h"
 #include "tests/e2e/pod_runner/runner.h"
+#include "tests/e2e/pod_runner/volumes.h"
 
 namespace {
 
@@ -49,6 +54,35 @@ std::string Absolute(const std::string& path) {
   char cwd[4096];
   if (getcwd(cwd, sizeof(cwd)) == nullptr) return path;
   return std::string(cwd) + "/" + path;
+}
+
+// Holds an exclusive lock on DIR/lock for the life of the process: two runners sharing a state
+// directory (and so a bridge) would remove each other's pods' namespaces and volumes.
+vf::Status LockStateDir(const std::string& dir) {
+  const std::string path = dir + "/lock";
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return vf::Internal("cannot open " + path + ": " + std::strerror(errno));
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    char pid[32] = {};
+    const ssize_t n = pread(fd, pid, sizeof(pid) - 1, 0);
+    close(fd);
+    return vf::FailedPrecondition(
+        "another vf-pod-runner (pid " + std::string(pid, n > 0 ? static_cast<size_t>(n) : 0) +
+        ") uses " + dir + ": give this one a --bridge and --pod-cidr (or --state-dir) of its own");
+  }
+  const std::string mine = std::to_string(getpid());
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, mine.data(), mine.size(), 0) < 0) {
+    vf::podrunner::LogLine("cannot write " + path);
+  }
+  return vf::Status::Ok();  // the descriptor stays open, and the lock held, until exit
+}
+
+// Whether `ip` can be run: iproute2 does the pod network's work.
+bool HaveIp() {
+  for (const char* dir : {"/usr/sbin", "/sbin", "/usr/bin", "/bin"}) {
+    if (access((std::string(dir) + "/ip").c_str(), X_OK) == 0) return true;
+  }
+  return false;
 }
 
 vf::kube::ReflectorHandlers Handlers(const char* what, vf::podrunner::ClusterView& view,
@@ -92,19 +126,33 @@ int main(int argc, char** argv) {
   std::string log_dir;
   std::string path;
   int64_t shutdown_grace = 5;
+  std::string pod_network = "netns";
+  vf::podrunner::NetworkOptions net;
+  std::string state_dir;
   CLI::App app(
       "Plays the kubelet for the fake GPU nodes of the end-to-end tests: watches the nodes that\n"
       "carry --node-label and every pod, runs the first container of each pod bound to one of\n"
       "those nodes as a local process (its command and args, with the container's env; Secrets,\n"
       "ConfigMaps and fieldRefs resolved), and keeps the pod's status true through pods/status:\n"
-      "Running with pod IP 127.0.0.1, then Succeeded (exit 0) or Failed with the exit code and\n"
-      "the end of the log. Every restartPolicy is treated as Never. Deleting a pod sends SIGTERM\n"
+      "Running with its pod IP, then Succeeded (exit 0) or Failed with the exit code and the\n"
+      "end of the log. Every restartPolicy is treated as Never. Deleting a pod sends SIGTERM\n"
       "to its process group, SIGKILL after the grace period, then removes the pod object; a pod\n"
       "deleted outright has its processes SIGKILLed at once.\n\n"
+      "With --pod-network=netns (the default; needs root and iproute2's `ip`) every pod runs in\n"
+      "a network namespace of its own with an address from --pod-cidr, on a bridge that holds\n"
+      "the CIDR's first address: the pods reach the host there, so whatever they must reach on\n"
+      "the host has to listen on 0.0.0.0 or that address. As root every process also gets a\n"
+      "mount namespace with the pod's volumes bind-mounted (emptyDir, hostPath,\n"
+      "persistentVolumeClaim of a hostPath or local PersistentVolume, secret, configMap,\n"
+      "downwardAPI). --pod-network=host runs every pod in the host's network at 127.0.0.1.\n"
+      "securityContext and probes are ignored; processes run as the runner's user.\n\n"
       "Logs one line per action to stderr. SIGTERM or SIGINT stops it: its processes get\n"
-      "SIGTERM, then SIGKILL after --shutdown-grace seconds; it exits 0.",
+      "SIGTERM, then SIGKILL after --shutdown-grace seconds, and the bridge is removed; it\n"
+      "exits 0.",
       "vf-pod-runner");
-  app.footer("Exit status: 0 stopped by a signal; 1 cannot start (kubeconfig, log dir); 2 usage.");
+  app.footer(
+      "Exit status: 0 stopped by a signal; 1 cannot start (kubeconfig, log dir, not root, the\n"
+      "bridge, another runner on the same state dir); 2 usage.");
   app.add_option("--kubeconfig", kubeconfig,
                  "the kubeconfig to reach the API server with (required)")
       ->type_name("PATH");
@@ -121,6 +169,24 @@ int main(int argc, char** argv) {
                  "running commands (e.g. the build's bin directory, for\n"
                  "virtualflow-agent)")
       ->type_name("DIRS");
+  app.add_option("--pod-network", pod_network,
+                 "netns: a network namespace and address per pod (root);\n"
+                 "host: every pod in the host's network at 127.0.0.1")
+      ->check(CLI::IsMember({"netns", "host"}))
+      ->capture_default_str();
+  app.add_option("--pod-cidr", net.cidr,
+                 "the pods' addresses; the first one is the bridge's (the pods'\n"
+                 "gateway and the host as they see it)")
+      ->type_name("CIDR")
+      ->capture_default_str();
+  app.add_option("--bridge", net.bridge, "the Linux bridge the pods' veths are on")
+      ->type_name("NAME")
+      ->capture_default_str();
+  app.add_option("--state-dir", state_dir,
+                 "the pods' volumes and what a killed runner left behind\n"
+                 "(default /var/lib/vf-pod-runner/<bridge>; with --pod-network=host,\n"
+                 "<log-dir>/state)")
+      ->type_name("DIR");
   app.add_option("--shutdown-grace", shutdown_grace,
                  "seconds between SIGTERM and SIGKILL for the processes on shutdown")
       ->transform(vf::Base10Integer())
@@ -144,6 +210,29 @@ int main(int argc, char** argv) {
     return kExitError;
   }
 
+  const bool netns = pod_network == "netns";
+  auto fail = [](const std::string& message) {
+    std::fprintf(stderr, "vf-pod-runner: error: %s\n", message.c_str());
+    return kExitError;
+  };
+  if (netns && geteuid() != 0) {
+    return fail(
+        "--pod-network=netns needs root (network namespaces, veths, a bridge); run as "
+        "root or pass --pod-network=host");
+  }
+  if (netns && !HaveIp()) {
+    return fail(
+        "--pod-network=netns needs iproute2's `ip` (apt-get install iproute2), or pass "
+        "--pod-network=host");
+  }
+  if (state_dir.empty()) {
+    state_dir = netns ? "/var/lib/vf-pod-runner/" + net.bridge : log_dir + "/state";
+  }
+  state_dir = Absolute(state_dir);
+  if (vf::Status s = MakeDirs(state_dir + "/pods"); !s.ok())
+    return fail("--state-dir: " + s.message());
+  if (vf::Status s = LockStateDir(state_dir); !s.ok()) return fail(s.message());
+
   vf::Result<vf::kube::Config> config = vf::kube::LoadKubeconfig(kubeconfig);
   if (!config.ok()) {
     std::fprintf(stderr, "vf-pod-runner: error: %s\n", config.status().message().c_str());
@@ -165,9 +254,13 @@ int main(int argc, char** argv) {
   const char* own_path = std::getenv("PATH");
   options.base_path = own_path != nullptr ? own_path : "/usr/local/bin:/usr/bin:/bin";
   options.shutdown_grace = std::chrono::seconds(shutdown_grace);
+  options.state_dir = state_dir;
+  options.mount_namespaces = geteuid() == 0;
 
   vf::podrunner::LogLine("starting: server " + config->server + ", nodes labelled " + node_label +
-                         ", logs in " + log_dir + (path.empty() ? "" : ", PATH first " + path));
+                         ", logs in " + log_dir + (path.empty() ? "" : ", PATH first " + path) +
+                         ", pod network " + (netns ? net.bridge + " " + net.cidr : "host") +
+                         ", state in " + state_dir);
 
   vf::podrunner::ClusterView view;
   vf::kube::ReflectorOptions node_options;
@@ -197,7 +290,17 @@ int main(int argc, char** argv) {
   std::jthread node_thread([&nodes](std::stop_token t) { nodes.Run(t); });
   std::jthread pod_thread([&pods](std::stop_token t) { pods.Run(t); });
 
-  vf::podrunner::PodRunner runner(**client, view, options);
+  // What a killed runner left; then the bridge. Both before any pod starts.
+  vf::podrunner::RemoveStaleStates(state_dir + "/pods");
+  std::unique_ptr<vf::podrunner::PodNetwork> network;
+  if (netns) {
+    auto created = vf::podrunner::PodNetwork::Create(net);
+    if (!created.ok()) return fail(created.status().message());
+    network = std::move(created).value();
+    options.host_ip = network->gateway();
+  }
+
+  vf::podrunner::PodRunner runner(**client, view, options, std::move(network));
   runner.Run(stop.get_token());  // on the main thread: it forks the pods' processes
 
   node_thread.request_stop();

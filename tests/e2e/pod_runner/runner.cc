@@ -17,6 +17,9 @@ namespace {
 using nlohmann::json;
 
 constexpr int64_t kDefaultGraceSeconds = 30;
+constexpr kube::Resource kClaims{"", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", true};
+constexpr kube::Resource kPersistentVolumes{"", "v1", "persistentvolumes", "PersistentVolume",
+                                            false};
 // Enough log for a 2 KiB message even when the last bytes are multi-byte characters.
 constexpr size_t kLogTailBytes = 4096;
 
@@ -98,7 +101,10 @@ struct PodRunner::Pod {
   std::unique_ptr<ChildProcess> process;
   ContainerRun run;
   std::string log_path;
-  std::string waiting_message;  // the last reason it could not start
+  std::string waiting_message;             // the last reason it could not start
+  std::string state_dir;                   // its volumes' directory (RunnerOptions::state_dir)
+  VolumeState volumes;                     // what was made on the host for its volumes
+  std::vector<std::string> mount_targets;  // where its process has volumes mounted
 
   // The status to write; written when written_gen catches up with desired_gen.
   json desired;
@@ -119,8 +125,9 @@ struct PodRunner::Pod {
   bool api_gone = false;  // the API says the object (this uid) no longer exists
 };
 
-PodRunner::PodRunner(kube::Client& client, ClusterView& view, RunnerOptions options)
-    : client_(client), view_(view), options_(std::move(options)) {}
+PodRunner::PodRunner(kube::Client& client, ClusterView& view, RunnerOptions options,
+                     std::unique_ptr<PodNetwork> network)
+    : client_(client), view_(view), options_(std::move(options)), network_(std::move(network)) {}
 
 PodRunner::~PodRunner() = default;
 
@@ -191,6 +198,7 @@ void PodRunner::Reconcile(const ClusterView::Snapshot& snapshot) {
     if (pod.state == Pod::State::kRunning) {
       ++it;  // reaped in a later round
     } else {
+      Release(pod);
       it = pods_.erase(it);
     }
   }
@@ -206,8 +214,13 @@ void PodRunner::Adopt(const std::string& key, const ClusterView::PodPtr& object)
   pod->ref = RefOf(*object);
   pod->object = object;
   const json* container = FirstContainer(*object);
-  pod->facts.pod_ip = options_.pod_ip;
-  pod->facts.host_ip = options_.host_ip;
+  // A pod lost with an earlier runner keeps the address it had; a new one gets one when it
+  // starts (when the runner has a pod network).
+  pod->facts.pod_ip = StringAt(*object, {"status", "podIP"});
+  if (pod->facts.pod_ip.empty() && network_ == nullptr) pod->facts.pod_ip = options_.pod_ip;
+  pod->facts.host_ip = network_ != nullptr ? network_->gateway() : options_.host_ip;
+  pod->state_dir = options_.state_dir + "/pods/" +
+                   (pod->ref.uid.empty() ? pod->ref.ns + "_" + pod->ref.name : pod->ref.uid);
   pod->facts.start_time = std::chrono::system_clock::now();
   if (container != nullptr) {
     pod->facts.container = StringAt(*container, {"name"});
@@ -239,6 +252,7 @@ void PodRunner::Handle(Pod& pod, Clock::time_point now) {
         pod.state = Pod::State::kFinished;
         pod.delete_wanted = true;
         pod.written_gen = pod.desired_gen;  // a waiting status is not worth writing now
+        Release(pod);
       } else if (pod.start.Ready(now)) {
         Start(pod);
       }
@@ -253,87 +267,180 @@ void PodRunner::Handle(Pod& pod, Clock::time_point now) {
 }
 
 void PodRunner::Start(Pod& pod) {
-  const json& object = *pod.object;
-  const std::string name = pod.ref.ToString();
-  const auto wall_now = std::chrono::system_clock::now();
-  auto cannot_run = [&](const std::string& message) {
-    LogLine("pod " + name + " cannot run: " + message);
-    pod.state = Pod::State::kFinished;
-    SetStatus(pod, CannotRunStatus(pod.facts, message, wall_now));
-    pod.summary = "Failed (ContainerCannotRun)";
-  };
+  const json* container = FirstContainer(*pod.object);
+  if (container == nullptr) return CannotRun(pod, "the pod has no containers");
+  if (pod.waiting_message.empty()) LogFirstAttempt(pod);
+  if (pod.facts.container.empty()) return CannotRun(pod, "the first container has no name");
 
-  const json* container = FirstContainer(object);
-  if (container == nullptr) return cannot_run("the pod has no containers");
-  const bool first_attempt = pod.waiting_message.empty();
-  if (first_attempt) {
-    const std::string policy = StringAt(object, {"spec", "restartPolicy"});
-    if (policy != "Never") {
-      LogLine("pod " + name + " has restartPolicy " + (policy.empty() ? "Always" : policy) +
-              ", treated as Never: its container is not restarted");
-    }
-    const json* containers = FieldPath(object, {"spec", "containers"});
-    if (containers != nullptr && containers->size() > 1) {
-      LogLine("pod " + name + ": only the first of its " + std::to_string(containers->size()) +
-              " containers is run");
-    }
-    const json* init = FieldPath(object, {"spec", "initContainers"});
-    if (init != nullptr && init->is_array() && !init->empty()) {
-      LogLine("pod " + name + ": its init containers are not run");
-    }
+  if (network_ != nullptr) {
+    Result<std::string> address = network_->Address(pod.ref.uid);
+    if (!address.ok()) return Wait(pod, "ContainerCreating", address.status().message());
+    pod.facts.pod_ip = *address;
   }
-  if (pod.facts.container.empty()) return cannot_run("the first container has no name");
-
-  EnvContext context;
-  context.pod_ip = options_.pod_ip;
-  context.host_ip = options_.host_ip;
-  context.path_prefix = options_.path_prefix;
-  context.base_path = options_.base_path;
   Result<std::vector<EnvVar>> env = ResolveEnv(
-      object, *container,
+      *pod.object, *container,
       [this](SourceKind kind, const std::string& ns, const std::string& source) {
         return LookupSource(kind, ns, source);
       },
-      context);
-  if (!env.ok()) {
-    const std::string& message = env.status().message();
-    const auto delay = pod.start.Failed(Clock::now());
-    LogLine("pod " + name + " cannot start yet: " + message + " (trying again in " +
-            Seconds(delay) + ")");
-    if (message != pod.waiting_message) {
-      SetStatus(pod, WaitingStatus(pod.facts, "CreateContainerConfigError", message, wall_now));
-      pod.summary = "Pending (CreateContainerConfigError)";
-      pod.waiting_message = message;
+      Context(pod));
+  if (!env.ok()) return Wait(pod, "CreateContainerConfigError", env.status().message());
+  Result<VolumePlan> plan = PlanPodVolumes(pod, *container);
+  if (!plan.ok()) {
+    if (plan.status().code() == StatusCode::kInvalidArgument) {
+      return CannotRun(pod, plan.status().message());
     }
-    return;
+    return Wait(pod, "ContainerCreating", plan.status().message());
   }
+  if (!plan->mounts.empty() && !options_.mount_namespaces) {
+    return CannotRun(pod,
+                     "the container mounts volumes, which needs a mount namespace: run "
+                     "vf-pod-runner as root");
+  }
+  Result<LaunchSpec> spec = Command(pod, *container, *env);
+  if (!spec.ok()) return CannotRun(pod, spec.status().message());
+  if (Status s = SetUp(pod, *plan, *spec); !s.ok()) {
+    Release(pod);
+    return Wait(pod, "ContainerCreating", s.message());
+  }
+  Launch(pod, *spec);
+}
 
-  LaunchSpec spec;
-  spec.argv = ExpandCommand(*container, *env);
-  if (spec.argv.empty()) {
-    return cannot_run("container " + pod.facts.container +
-                      " has no command: vf-pod-runner runs a container's command and args as a "
-                      "local process and cannot run an image's entrypoint");
+void PodRunner::LogFirstAttempt(const Pod& pod) {
+  const json& object = *pod.object;
+  const std::string name = pod.ref.ToString();
+  const std::string policy = StringAt(object, {"spec", "restartPolicy"});
+  if (policy != "Never") {
+    LogLine("pod " + name + " has restartPolicy " + (policy.empty() ? "Always" : policy) +
+            ", treated as Never: its container is not restarted");
   }
-  for (const auto& var : *env) spec.env.push_back(var.name + "=" + var.value);
-  spec.path = Lookup(*env, "PATH").value_or("");
-  spec.working_dir = StringAt(*container, {"workingDir"});
+  const json* containers = FieldPath(object, {"spec", "containers"});
+  if (containers != nullptr && containers->size() > 1) {
+    LogLine("pod " + name + ": only the first of its " + std::to_string(containers->size()) +
+            " containers is run");
+  }
+  const json* init = FieldPath(object, {"spec", "initContainers"});
+  if (init != nullptr && init->is_array() && !init->empty()) {
+    LogLine("pod " + name + ": its init containers are not run");
+  }
+}
+
+void PodRunner::CannotRun(Pod& pod, const std::string& message) {
+  LogLine("pod " + pod.ref.ToString() + " cannot run: " + message);
+  Release(pod);
+  pod.state = Pod::State::kFinished;
+  SetStatus(pod, CannotRunStatus(pod.facts, message, std::chrono::system_clock::now()));
+  pod.summary = "Failed (ContainerCannotRun)";
+}
+
+void PodRunner::Wait(Pod& pod, const std::string& reason, const std::string& message) {
+  const auto delay = pod.start.Failed(Clock::now());
+  LogLine("pod " + pod.ref.ToString() + " cannot start yet: " + message + " (trying again in " +
+          Seconds(delay) + ")");
+  if (message != pod.waiting_message) {
+    SetStatus(pod, WaitingStatus(pod.facts, reason, message, std::chrono::system_clock::now()));
+    pod.summary = "Pending (" + reason + ")";
+    pod.waiting_message = message;
+  }
+}
+
+EnvContext PodRunner::Context(const Pod& pod) const {
+  EnvContext context;
+  context.pod_ip = pod.facts.pod_ip;
+  context.host_ip = pod.facts.host_ip;
+  context.path_prefix = options_.path_prefix;
+  context.base_path = options_.base_path;
+  return context;
+}
+
+Result<LaunchSpec> PodRunner::Command(Pod& pod, const json& container,
+                                      const std::vector<EnvVar>& env) {
+  LaunchSpec spec;
+  spec.argv = ExpandCommand(container, env);
+  if (spec.argv.empty()) {
+    return InvalidArgument("container " + pod.facts.container +
+                           " has no command: vf-pod-runner runs a container's command and args "
+                           "as a local process and cannot run an image's entrypoint");
+  }
+  for (const auto& var : env) spec.env.push_back(var.name + "=" + var.value);
+  spec.path = Lookup(env, "PATH").value_or("");
+  spec.working_dir = StringAt(container, {"workingDir"});
   if (spec.working_dir.empty()) spec.working_dir = options_.log_dir;
   pod.log_path =
       options_.log_dir + "/" + pod.ref.ns + "_" + pod.ref.name + "_" + pod.facts.container + ".log";
   spec.log_path = pod.log_path;
+  return spec;
+}
 
+Result<VolumePlan> PodRunner::PlanPodVolumes(const Pod& pod, const json& container) {
+  VolumeLookups lookups;
+  lookups.objects = [this](SourceKind kind, const std::string& ns, const std::string& name) {
+    return LookupSource(kind, ns, name);
+  };
+  lookups.claim = [this](const std::string& ns, const std::string& name) {
+    return LookupObject(kClaims, ns, name);
+  };
+  lookups.volume = [this](const std::string& name) {
+    return LookupObject(kPersistentVolumes, "", name);
+  };
+  return PlanVolumes(*pod.object, container, lookups, pod.state_dir, Context(pod));
+}
+
+// Makes the pod's volumes and mount points and its network namespace; on failure the caller
+// releases whatever was made.
+Status PodRunner::SetUp(Pod& pod, const VolumePlan& plan, LaunchSpec& spec) {
+  if (!plan.mounts.empty()) {
+    pod.volumes.pod_dir = pod.state_dir;
+    Status prepared = Prepare(plan, pod.volumes);
+    SaveState(pod.volumes);
+    VF_RETURN_IF_ERROR(prepared);
+    for (const BindMount& m : plan.mounts) pod.mount_targets.push_back(m.target);
+  }
+  spec.mount_namespace = options_.mount_namespaces;
+  spec.mounts = plan.mounts;
+  if (network_ != nullptr) {
+    VF_ASSIGN_OR_RETURN(spec.netns_path, network_->Attach(pod.ref.uid));
+  }
+  return Status::Ok();
+}
+
+void PodRunner::Launch(Pod& pod, const LaunchSpec& spec) {
+  const auto wall_now = std::chrono::system_clock::now();
   Result<std::unique_ptr<ChildProcess>> child = ChildProcess::Start(spec);
-  if (!child.ok()) return cannot_run(child.status().message());
+  if (!child.ok()) return CannotRun(pod, child.status().message());
   pod.process = std::move(child).value();
   pod.state = Pod::State::kRunning;
   pod.run.pid = pod.process->pid();
   pod.run.started_at = wall_now;
-  LogLine("started pod " + name + " on node " + StringAt(object, {"spec", "nodeName"}) + ": pid " +
+  std::string where;
+  if (network_ != nullptr) where = " at " + pod.facts.pod_ip;
+  if (!spec.mounts.empty()) where += " with " + std::to_string(spec.mounts.size()) + " mounts";
+  LogLine("started pod " + pod.ref.ToString() + " on node " +
+          StringAt(*pod.object, {"spec", "nodeName"}) + where + ": pid " +
           std::to_string(pod.run.pid) + ": " + ShowCommand(spec.argv) + " (log " + pod.log_path +
           ")");
   SetStatus(pod, RunningStatus(pod.facts, pod.run, wall_now));
   pod.summary = "Running";
+}
+
+// Gives back what the pod held on the host: its network namespace and address, its volumes and
+// the mount points made for it. Idempotent.
+void PodRunner::Release(Pod& pod) {
+  if (pod.state == Pod::State::kRunning) return;  // its process may still use them
+  if (network_ != nullptr && !pod.ref.uid.empty()) network_->Detach(pod.ref.uid);
+  if (pod.volumes.pod_dir.empty() && pod.mount_targets.empty()) return;
+  const std::vector<std::string> in_use = MountTargetsInUse(&pod);
+  pod.mount_targets.clear();
+  for (auto& path : Cleanup(pod.volumes, in_use)) leftover_targets_.push_back(std::move(path));
+  leftover_targets_ = RemoveCreated(std::move(leftover_targets_), in_use);
+}
+
+std::vector<std::string> PodRunner::MountTargetsInUse(const Pod* except) const {
+  std::vector<std::string> out;
+  for (const auto& [key, pod] : pods_) {
+    if (pod.get() == except) continue;
+    out.insert(out.end(), pod->mount_targets.begin(), pod->mount_targets.end());
+  }
+  return out;
 }
 
 void PodRunner::Terminate(Pod& pod, Clock::time_point now) {
@@ -386,6 +493,7 @@ void PodRunner::Collect(Pod& pod) {
   result.finished_at = std::chrono::system_clock::now();
   result.log_tail = ReadLogTail(pod.log_path, pod.process->log_offset(), kLogTailBytes);
   SetStatus(pod, ExitedStatus(pod.facts, pod.run, result));
+  Release(pod);
   const int code = ReportedExitCode(result);
   pod.summary = code == 0 ? "Succeeded" : "Failed (exit code " + std::to_string(code) + ")";
 }
@@ -481,7 +589,14 @@ void PodRunner::Shutdown() {
   }
   wait_all(Clock::now() + std::chrono::seconds(5));
   // Whatever is still there is reaped by ~ChildProcess (after one more SIGKILL).
+  for (auto& [key, pod] : pods_) pod->process.reset();
+  for (auto& [key, pod] : pods_) {
+    if (pod->state == Pod::State::kRunning) pod->state = Pod::State::kFinished;
+    Release(*pod);
+  }
   pods_.clear();
+  leftover_targets_ = RemoveCreated(std::move(leftover_targets_), {});
+  network_.reset();  // deletes the bridge
 }
 
 Result<json> PodRunner::LookupSource(SourceKind kind, const std::string& ns,
@@ -490,6 +605,16 @@ Result<json> PodRunner::LookupSource(SourceKind kind, const std::string& ns,
   call.timeout = options_.call_timeout;
   kube::ApiResult<json> got =
       client_.Get(kind == SourceKind::kSecret ? kube::kSecrets : kube::kConfigMaps, ns, name, call);
+  if (got.ok()) return std::move(got).value();
+  if (got.reason() == kube::Reason::kNotFound) return NotFound(got.error().ToString());
+  return got.status();
+}
+
+Result<json> PodRunner::LookupObject(const kube::Resource& resource, const std::string& ns,
+                                     const std::string& name) {
+  kube::CallOptions call;
+  call.timeout = options_.call_timeout;
+  kube::ApiResult<json> got = client_.Get(resource, ns, name, call);
   if (got.ok()) return std::move(got).value();
   if (got.reason() == kube::Reason::kNotFound) return NotFound(got.error().ToString());
   return got.status();
