@@ -667,7 +667,14 @@ class ControlPlane:
 
     # ---------------------------------------------------------------- the pod runner
 
-    def start_pod_runner(self, bin_dir, path=None, log_dir=None, timeout=60):
+    # After start_pod_runner: the pods' network. pod_gateway is the host's address as pods see
+    # it (the bridge's), where a pod reaches anything listening on the host on 0.0.0.0 or that
+    # address (127.0.0.1 inside a pod is the pod itself); 127.0.0.1 with pod_network="host".
+    pod_gateway = None
+    pod_cidr = None
+    pod_bridge = None
+
+    def start_pod_runner(self, bin_dir, path=None, log_dir=None, timeout=60, pod_network="netns"):
         """Starts vf-pod-runner from BIN_DIR as the kubelet of every node labelled
         virtualflow.io/pod-runner=true, with the admin kubeconfig, and waits until it has listed
         the nodes and pods. PATH (a directory or a list of them; default: BIN_DIR) goes first on
@@ -675,7 +682,12 @@ class ControlPlane:
         the freshly built one. Each container's output goes to LOG_DIR (default: pods/ in the
         control plane's directory) as <namespace>_<pod>_<container>.log. The runner is a
         component like the others: it dies with the test, dump_logs() shows its log, and stop()
-        stops it (and so every pod's process) first. Returns the Component."""
+        stops it (and so every pod's process) first. Returns the Component.
+
+        POD_NETWORK "netns" (needs root) gives every pod a network namespace and an address of
+        its own on a bridge of its own (a free one of vfpods0..vfpods11, with 10.244.0.0/16 ..
+        10.255.0.0/16, kept across restarts of this control plane's runner); pod_gateway is then
+        the bridge's address. "host" runs every pod in the host's network at 127.0.0.1."""
         if self.pod_runner is not None:
             raise RuntimeError("a pod runner is already running")
         binary = os.path.join(bin_dir, "vf-pod-runner")
@@ -690,9 +702,16 @@ class ControlPlane:
         os.makedirs(self.pod_log_dir, exist_ok=True)
         log_path = os.path.join(self.logs, "pod-runner.log")
         offset = os.path.getsize(log_path) if os.path.exists(log_path) else 0  # a restart appends
-        runner = self._spawn("pod-runner", [
-            binary, "--kubeconfig", self.kubeconfig, "--log-dir", self.pod_log_dir,
-            "--path", os.pathsep.join(os.path.abspath(p) for p in path)])
+        argv = [binary, "--kubeconfig", self.kubeconfig, "--log-dir", self.pod_log_dir,
+                "--path", os.pathsep.join(os.path.abspath(p) for p in path),
+                "--pod-network", pod_network]
+        if pod_network == "netns":
+            if self.pod_bridge is None:
+                self.pod_bridge, self.pod_cidr, self.pod_gateway = _free_pod_bridge()
+            argv += ["--bridge", self.pod_bridge, "--pod-cidr", self.pod_cidr]
+        else:
+            self.pod_bridge, self.pod_cidr, self.pod_gateway = None, None, "127.0.0.1"
+        runner = self._spawn("pod-runner", argv)
         self.pod_runner = runner
 
         def synced():
@@ -731,6 +750,34 @@ class ControlPlane:
             self.check_alive()
             return predicate()
         return _wait(what, check, timeout, interval)
+
+
+# ---------------------------------------------------------------- pod networks
+
+# Where vf-pod-runner keeps each bridge's state; a runner holds DIR/<bridge>/lock while it runs.
+POD_RUNNER_STATE = "/var/lib/vf-pod-runner"
+
+
+def _free_pod_bridge():
+    """(bridge, cidr, gateway) of a pod network no running vf-pod-runner holds, so that control
+    planes of concurrent test runs do not share one."""
+    import fcntl
+    for i in range(12):
+        bridge = "vfpods%d" % i
+        lock = os.path.join(POD_RUNNER_STATE, bridge, "lock")
+        try:
+            fd = os.open(lock, os.O_RDWR)
+        except FileNotFoundError:
+            fd = None
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            finally:
+                os.close(fd)  # closing drops the lock again
+        return bridge, "10.%d.0.0/16" % (244 + i), "10.%d.0.1" % (244 + i)
+    raise RuntimeError("every pod bridge vfpods0..vfpods11 is held by a running vf-pod-runner")
 
 
 # ---------------------------------------------------------------- process-wide cleanup

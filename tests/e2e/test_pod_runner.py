@@ -1,15 +1,21 @@
 """vf-pod-runner against a real control plane: the real scheduler binds pods (created without a
 nodeName) to fake GPU nodes, and the runner plays their kubelet: runs each pod's command as a local
-process with the pod's environment, reports Running / Succeeded / Failed through pods/status,
-carries out graceful and forced deletion, and leaves alone the nodes it does not manage.
+process with the pod's environment, in a network namespace with an address of its own and with its
+volumes mounted, reports Running / Succeeded / Failed through pods/status, carries out graceful and
+forced deletion, and leaves alone the nodes it does not manage.
 
 The runner comes from $VF_BIN_DIR (the build's bin directory); ctest sets it.
 """
 
 import base64
+import ipaddress
 import json
 import os
+import signal
+import socket
 import stat
+import subprocess
+import threading
 import time
 import unittest
 
@@ -27,15 +33,23 @@ def runner_bin_dir():
     return path
 
 
-def pod(name, command, pool="run", env=None, gpus=None, grace=None, restart="Never"):
+def pod(name, command, pool="run", env=None, gpus=None, grace=None, restart="Never", volumes=None,
+        mounts=None, node=None):
     """A pod in NS whose one container runs COMMAND. Commands and args go through Kubernetes'
-    $(VAR) expansion, in which $$ stands for $: a shell's $$ is written $$$$."""
+    $(VAR) expansion, in which $$ stands for $: a shell's $$ is written $$$$. NODE binds it
+    directly, past the scheduler."""
     container = {"name": "main", "image": "busybox:e2e", "command": command}
     if env:
         container["env"] = env
     if gpus:
         container["resources"] = {"limits": {GPU_RESOURCE: str(gpus)}}
+    if mounts:
+        container["volumeMounts"] = mounts
     spec = {"containers": [container], "nodeSelector": {POOL: pool}}
+    if volumes:
+        spec["volumes"] = volumes
+    if node:
+        spec["nodeName"] = node
     if restart:
         spec["restartPolicy"] = restart
     if grace is not None:
@@ -54,6 +68,20 @@ def condition(p, kind):
         if c["type"] == kind:
             return c
     return None
+
+
+def net_name(uid):
+    """The network namespace and veth name vf-pod-runner gives the pod of UID."""
+    return "vf" + "".join(c for c in uid if c in "0123456789abcdef")[:12]
+
+
+def netns_names():
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
+    return {line.split()[0] for line in out.stdout.splitlines() if line.strip()}
+
+
+def link_exists(name):
+    return subprocess.run(["ip", "link", "show", name], capture_output=True).returncode == 0
 
 
 def alive(pid):
@@ -159,7 +187,8 @@ class PodRunnerTest(ControlPlaneTestCase):
         self.assertNotIn("message", t)
         self.assertTrue(t["startedAt"] and t["finishedAt"])
         self.assertIn(p["spec"]["nodeName"], ("run-1", "run-2"))
-        self.assertEqual(p["status"]["podIP"], "127.0.0.1")
+        self.assertIn(ipaddress.ip_address(p["status"]["podIP"]),
+                      ipaddress.ip_network(self.cp.pod_cidr))
         self.assertEqual(condition(p, "Ready")["status"], "False")
         self.assertEqual(condition(p, "PodScheduled")["status"], "True")
         self.assertIn("hello from exit-zero", self.cp.pod_log(NS, "exit-zero", "main"))
@@ -214,13 +243,14 @@ class PodRunnerTest(ControlPlaneTestCase):
                {"name": "IP", "valueFrom": field("status.podIP")},
                {"name": "REF", "value": "$(A)-$(N)"}]
         checks = ('test "$A" = x && test "$S" = secretvalue && test "$C" = fast && '
-                  'test "$N" = "$POD" && test "$NS" = %s && test "$IP" = 127.0.0.1 && '
+                  'test "$N" = "$POD" && test "$NS" = %s && test -n "$IP" && '
                   'test "$REF" = "x-$POD" && test "$HOSTNAME" = "$POD" && test -z "${O+set}" && '
                   'test -z "${HOME+set}"' % NS)
-        script = 'env | sort; echo "node=$NODE uid=$UID"; %s'
+        script = 'env | sort; echo "node=$NODE uid=$UID ip=$IP."; %s'
         good = env + [{"name": "POD", "value": "env-good"}]
         p = self.run_to_end("env-good", ["sh", "-c", script % checks], "Succeeded", env=good)
-        self.assertIn("node=%s uid=%s" % (p["spec"]["nodeName"], p["metadata"]["uid"]),
+        self.assertIn("node=%s uid=%s ip=%s." % (p["spec"]["nodeName"], p["metadata"]["uid"],
+                                                 p["status"]["podIP"]),
                       self.cp.pod_log(NS, "env-good", "main"))
         # The same checks fail when one value is not what it should be.
         wrong = env + [{"name": "POD", "value": "some-other-pod"}]
@@ -324,9 +354,10 @@ class PodRunnerTest(ControlPlaneTestCase):
 
         # What a kubelet reports for a running pod.
         s = running[0]["status"]
-        self.assertEqual(s["podIP"], "127.0.0.1")
-        self.assertEqual(s["podIPs"], [{"ip": "127.0.0.1"}])
-        self.assertEqual(s["hostIP"], "127.0.0.1")
+        self.assertNotEqual(s["podIP"], running[1]["status"]["podIP"])
+        self.assertIn(ipaddress.ip_address(s["podIP"]), ipaddress.ip_network(self.cp.pod_cidr))
+        self.assertEqual(s["podIPs"], [{"ip": s["podIP"]}])
+        self.assertEqual(s["hostIP"], self.cp.pod_gateway)
         self.assertTrue(s["startTime"])
         for kind in ("PodScheduled", "Initialized", "ContainersReady", "Ready"):
             self.assertEqual(condition(running[0], kind)["status"], "True", kind)
@@ -358,6 +389,133 @@ class PodRunnerTest(ControlPlaneTestCase):
         self.assertNotIn("pod %s/unmanaged" % NS, self.runner_log())
         self.kubectl_delete("unmanaged", "--grace-period=0", "--force")
 
+    # ---------------------------------------------------------------- network
+
+    def test_pods_have_addresses_of_their_own_and_reach_each_other(self):
+        # The server listens on its pod IP; 127.0.0.1 in the client is the client's own.
+        server = ("import socket, os; s = socket.create_server((os.environ['IP'], 7070)); "
+                  "c, _ = s.accept(); c.sendall(b'hello from ' + os.environ['IP'].encode())")
+        client = ("import socket, sys, os\n"
+                  "try:\n"
+                  "    socket.create_connection(('127.0.0.1', 7070), timeout=2)\n"
+                  "    sys.exit('reached the server on 127.0.0.1: not isolated')\n"
+                  "except OSError:\n"
+                  "    pass\n"
+                  "got = socket.create_connection((os.environ['SERVER'], 7070), timeout=10)"
+                  ".recv(100)\n"
+                  "print(got.decode())\n"
+                  "sys.exit(0 if got == b'hello from ' + os.environ['SERVER'].encode() else 1)\n")
+        ip = [{"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
+        self.create(pod("net-server", ["python3", "-c", server], env=ip))
+        s = self.wait_phase("net-server", "Running")["status"]
+        self.assertNotEqual(s["podIP"], "127.0.0.1")
+        self.assertIn(ipaddress.ip_address(s["podIP"]), ipaddress.ip_network(self.cp.pod_cidr))
+        self.assertIn(net_name(self.get("net-server")["metadata"]["uid"]), netns_names())
+        env = [{"name": "SERVER", "value": s["podIP"]}]
+        c = self.run_to_end("net-client", ["python3", "-c", client], "Succeeded", env=env)
+        self.assertNotEqual(c["status"]["podIP"], s["podIP"])
+        server_pod = self.wait_phase("net-server", "Succeeded")
+        self.assertIn("hello from " + s["podIP"], self.cp.pod_log(NS, "net-client", "main"))
+        # The namespaces and veths go with the processes.
+        for p in (server_pod, c):
+            name = net_name(p["metadata"]["uid"])
+            self.assertNotIn(name, netns_names())
+            self.assertFalse(link_exists(name), name)
+
+    def test_pod_reaches_the_host_at_the_gateway(self):
+        listener = socket.create_server(("0.0.0.0", 0))
+        self.addCleanup(listener.close)
+        port = listener.getsockname()[1]
+        got = []
+
+        def serve():
+            listener.settimeout(60)
+            try:
+                conn, addr = listener.accept()
+                got.append((conn.recv(100), addr[0]))
+                conn.close()
+            except OSError:
+                pass
+        t = threading.Thread(target=serve, daemon=True)
+        t.start()
+        host_ip = [{"name": "HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}]
+        script = ("import socket, os; socket.create_connection((os.environ['HOST'], %d), "
+                  "timeout=10).sendall(b'from the pod')" % port)
+        p = self.run_to_end("to-host", ["python3", "-c", script], "Succeeded", env=host_ip)
+        t.join(10)
+        self.assertEqual(p["status"]["hostIP"], self.cp.pod_gateway)
+        self.assertEqual(got, [(b"from the pod", p["status"]["podIP"])])
+
+    # ---------------------------------------------------------------- volumes
+
+    def test_empty_dir_host_path_and_secret_volumes(self):
+        self.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "vol-secret"},
+                     "data": {"token": base64.b64encode(b"s3cret").decode()}})
+        host_dir = self.path("host-dir")
+        os.makedirs(host_dir)
+        mnt = os.path.join(self.cp.dir, "mnt")  # missing on the host: made for the pod
+        volumes = [{"name": "scratch", "emptyDir": {}},
+                   {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
+                   {"name": "host", "hostPath": {"path": host_dir}},
+                   {"name": "creds", "secret": {"secretName": "vol-secret", "defaultMode": 0o400}}]
+        mounts = [{"name": "scratch", "mountPath": mnt + "/scratch"},
+                  {"name": "shm", "mountPath": mnt + "/shm"},
+                  {"name": "host", "mountPath": mnt + "/host", "subPath": "sub"},
+                  {"name": "creds", "mountPath": mnt + "/creds"}]
+        script = ("set -e; echo kept > {m}/scratch/a; test \"$(cat {m}/scratch/a)\" = kept; "
+                  "df {m}/shm | grep -q tmpfs; echo via-pod > {m}/host/out; "
+                  "test \"$(cat {m}/creds/token)\" = s3cret; "
+                  "test \"$(stat -L -c %a {m}/creds/token)\" = 400; "
+                  "if touch {m}/creds/new 2>/dev/null; then echo secret not read-only; exit 1; fi; "
+                  "echo all good").format(m=mnt)
+        p = self.run_to_end("volumes", ["sh", "-c", script], "Succeeded", volumes=volumes,
+                            mounts=mounts)
+        self.assertIn("all good", self.cp.pod_log(NS, "volumes", "main"))
+        with open(os.path.join(host_dir, "sub", "out")) as f:
+            self.assertEqual(f.read(), "via-pod\n")
+        # The mount points made for the pod went with it; nothing was mounted on the host.
+        self.assertFalse(os.path.exists(mnt), os.listdir(mnt) if os.path.isdir(mnt) else mnt)
+        self.assertNotIn(mnt, open("/proc/self/mountinfo").read())
+        self.assertEqual(p["status"]["phase"], "Succeeded")
+
+    def test_missing_claim_waits_then_a_bound_claim_mounts_its_volume(self):
+        # Bound straight to a node: the scheduler would keep a pod with a missing claim unbound.
+        data = self.path("pv-data")
+        os.makedirs(data)
+        volumes = [{"name": "data", "persistentVolumeClaim": {"claimName": "ckpt"}}]
+        mounts = [{"name": "data", "mountPath": "/vf-e2e-ckpt"}]
+        self.create(pod("with-claim", ["sh", "-c", "echo saved > /vf-e2e-ckpt/model.pt"],
+                        volumes=volumes, mounts=mounts, node="run-1"))
+
+        def waiting():
+            p = self.get("with-claim")
+            return container_state(p).get("waiting") if p else None
+        state = self.cp.wait_for("with-claim to wait for its claim", waiting)
+        self.assertEqual(state["reason"], "ContainerCreating")
+        self.assertIn('persistentvolumeclaim "ckpt" not found', state["message"])
+        self.assertEqual(self.get("with-claim")["status"]["phase"], "Pending")
+
+        self.cp.request("POST", "/api/v1/persistentvolumes", {
+            "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "e2e-ckpt"},
+            "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                     "storageClassName": "manual", "hostPath": {"path": data}}})
+        self.create({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                     "metadata": {"name": "ckpt"},
+                     "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "manual",
+                              "resources": {"requests": {"storage": "1Gi"}}}})
+        self.wait_phase("with-claim", "Succeeded", timeout=60)
+        with open(os.path.join(data, "model.pt")) as f:
+            self.assertEqual(f.read(), "saved\n")
+        self.assertFalse(os.path.exists("/vf-e2e-ckpt"))
+
+    def test_unsupported_volume_fails_the_pod(self):
+        volumes = [{"name": "remote", "nfs": {"server": "nfs.example", "path": "/x"}}]
+        mounts = [{"name": "remote", "mountPath": "/vf-e2e-nfs"}]
+        p = self.run_to_end("nfs", ["true"], "Failed", volumes=volumes, mounts=mounts)
+        t = self.terminated(p)
+        self.assertEqual(t["reason"], "ContainerCannotRun")
+        self.assertIn("does not support nfs volumes", t["message"])
+
     # ---------------------------------------------------------------- the runner itself
 
     def test_runner_stops_cleanly_and_a_new_one_marks_lost_pods_failed(self):
@@ -365,14 +523,39 @@ class PodRunnerTest(ControlPlaneTestCase):
         self.create(pod("outlived", ["sh", "-c", "echo $$$$ > %s; exec sleep 600" % pid_file]))
         self.wait_phase("outlived", "Running")
         pid = int(self.wait_file(pid_file))
+        name = net_name(self.get("outlived")["metadata"]["uid"])
+        self.assertIn(name, netns_names())
         try:
             self.assertEqual(self.cp.stop_pod_runner(), 0)
             self.assertFalse(alive(pid), "the runner's processes must not outlive it")
             self.assertEqual(self.get("outlived")["status"]["phase"], "Running")
+            self.assertNotIn(name, netns_names())
+            self.assertFalse(link_exists(name))
+            self.assertFalse(link_exists(self.cp.pod_bridge), "the bridge goes with the runner")
         finally:
             self.start_runner()
         p = self.wait_phase("outlived", "Failed")
         self.assertEqual(self.terminated(p)["reason"], "ContainerStatusUnknown")
+
+    def test_a_killed_runners_namespaces_are_removed_by_the_next(self):
+        pid_file = self.path("orphaned.pid")
+        self.create(pod("orphaned", ["sh", "-c", "echo $$$$ > %s; exec sleep 600" % pid_file]))
+        self.wait_phase("orphaned", "Running")
+        pid = int(self.wait_file(pid_file))
+        name = net_name(self.get("orphaned")["metadata"]["uid"])
+        try:
+            os.kill(self.cp.pod_runner.proc.pid, signal.SIGKILL)
+            self.cp.stop_pod_runner()
+            self.cp.wait_for("the killed runner's process to die", lambda: not alive(pid),
+                             timeout=10)
+            self.assertIn(name, netns_names(), "a SIGKILLed runner cannot clean up")
+        finally:
+            self.start_runner()
+        self.assertNotIn(name, netns_names())
+        self.assertFalse(link_exists(name))
+        self.assertIn("removing network namespace %s left by an earlier runner" % name,
+                      self.runner_log())
+        self.wait_phase("orphaned", "Failed")
 
 
 if __name__ == "__main__":
