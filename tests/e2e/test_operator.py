@@ -63,17 +63,22 @@ def local_sha(manifest, workers):
             return json.load(f)["weights_sha256"]
 
 
-class OperatorTest(ControlPlaneTestCase):
+class OperatorTestCase(ControlPlaneTestCase):
+    """A control plane with the CRD, the pod runner and an operator; helpers for jobs in the
+    namespace `ns`. The tests are in subclasses."""
+    ns = NS
+    pod_path = [BIN_DIR]  # where the pods' commands are found, first
+
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.cp.create_namespace(NS)
+        cls.cp.create_namespace(cls.ns)
         cls.cp.kubectl("apply", "-f", CRD_FILE, check=True)
         cls.cp.wait_for("virtualflowjobs to be served",
                         lambda: cls.cp.kubectl("get", "vfj", "-A").returncode == 0)
         cls.runner_logs = os.path.join(cls.cp.dir, "pods")
         os.makedirs(cls.runner_logs, exist_ok=True)
-        cls.cp.start_pod_runner(BIN_DIR, path=BIN_DIR, log_dir=cls.runner_logs)
+        cls.cp.start_pod_runner(BIN_DIR, path=cls.pod_path, log_dir=cls.runner_logs)
         cls.coordinator_port = free_port()
         cls.operator = None
         cls.operators = 0
@@ -89,8 +94,15 @@ class OperatorTest(ControlPlaneTestCase):
     @classmethod
     def start_operator(cls, identity="operator-1", extra=()):
         cls.operators += 1
+        # Pods have network namespaces of their own: they reach the coordinator at the pod
+        # network's gateway, the host's address on it.
+        gateway = getattr(cls.cp, "pod_gateway", None)
+        coordinator = ["--coordinator-listen", "127.0.0.1:%d" % cls.coordinator_port]
+        if gateway:
+            coordinator = ["--coordinator-listen", "0.0.0.0:%d" % cls.coordinator_port,
+                           "--coordinator-url", "http://%s:%d" % (gateway, cls.coordinator_port)]
         argv = [os.path.join(BIN_DIR, "virtualflow-operator"), "--kubeconfig", cls.cp.kubeconfig,
-                "--coordinator-listen", "127.0.0.1:%d" % cls.coordinator_port,
+                *coordinator,
                 "--http-listen", "127.0.0.1:0", "--agent-metrics-port", "0",
                 "--join-batch-seconds", "3", "--leader-election-namespace", "default",
                 # A short Lease, so that a successor takes over from a killed operator quickly.
@@ -121,14 +133,14 @@ class OperatorTest(ControlPlaneTestCase):
 
     def job(self, name):
         return self.cp.get("/apis/virtualflow.io/v1alpha1/namespaces/%s/virtualflowjobs/%s" % (
-            NS, name)) or {}
+            self.ns, name)) or {}
 
     def status(self, name):
         return self.job(name).get("status") or {}
 
     def pods(self, name):
         return self.cp.request("GET", "/api/v1/namespaces/%s/pods?labelSelector=%s" % (
-            NS, "virtualflow.io/job%3D" + name))["items"]
+            self.ns, "virtualflow.io/job%3D" + name))["items"]
 
     def wait_status(self, name, what, predicate, timeout=240):
         def check():
@@ -153,7 +165,7 @@ class OperatorTest(ControlPlaneTestCase):
         return self.wait_status(name, "Succeeded", lambda s: s.get("phase") == "Succeeded", timeout)
 
     def delete_job(self, name):
-        self.cp.kubectl("delete", "vfj", "-n", NS, name, "--wait=false")
+        self.cp.kubectl("delete", "vfj", "-n", self.ns, name, "--wait=false")
 
     def reset_nodes(self, *nodes):
         """Deletes every fake node, then adds NODES as (name, gpus) pairs."""
@@ -163,12 +175,13 @@ class OperatorTest(ControlPlaneTestCase):
             self.cp.add_gpu_node(name, gpus=gpus)
 
     def events(self, name):
-        out = self.cp.kubectl("get", "events", "-n", NS, "--field-selector",
+        out = self.cp.kubectl("get", "events", "-n", self.ns, "--field-selector",
                               "involvedObject.name=" + name, "-o", "json", check=True).stdout
         return [(e["reason"], e["message"]) for e in json.loads(out)["items"]]
 
-    # ------------------------------------------------------------------ tests
 
+
+class OperatorTest(OperatorTestCase):
     def test_1_example_job_runs_to_success(self):
         """kubectl apply of the example; printer columns; status with step, loss, assignment."""
         self.reset_nodes(("gpu-a", 2), ("gpu-b", 2))
