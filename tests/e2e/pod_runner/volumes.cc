@@ -520,8 +520,11 @@ void RemoveStaleStates(const std::string& pods_dir) {
       if (space == std::string::npos) continue;
       const std::string kind = line.substr(0, space);
       std::string path = line.substr(space + 1);
-      if (kind == "tmpfs") state.tmpfs.push_back(std::move(path));
-      if (kind == "created") state.created.push_back(std::move(path));
+      if (kind == "tmpfs") {
+        state.tmpfs.push_back(std::move(path));
+      } else if (kind == "created") {
+        state.created.push_back(std::move(path));
+      }
     }
     LogLine("removing the volumes of a pod of an earlier runner: " + state.pod_dir);
     Cleanup(state, {});
