@@ -475,7 +475,8 @@ class PodRunnerTest(ControlPlaneTestCase):
             self.assertEqual(f.read(), "via-pod\n")
         # The mount points made for the pod went with it; nothing was mounted on the host.
         self.assertFalse(os.path.exists(mnt), os.listdir(mnt) if os.path.isdir(mnt) else mnt)
-        self.assertNotIn(mnt, open("/proc/self/mountinfo").read())
+        with open("/proc/self/mountinfo") as f:
+            self.assertNotIn(mnt, f.read())
         self.assertEqual(p["status"]["phase"], "Succeeded")
 
     def test_missing_claim_waits_then_a_bound_claim_mounts_its_volume(self):
