@@ -6,12 +6,14 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${VF_BUILD_DIR:-$root/build}"
-mapfile -t cuda_args < <("$root/scripts/setup-cuda.sh")
+# The Python environment with PyTorch for the virtualflow package (VF_PYTHON_ENV=off: none).
+python_env="$("$root/scripts/setup-python.sh")"
+# The CUDA toolkit: the machine's, else that environment's CUDA wheels (one set for PyTorch and
+# the C++ build), else the same wheels in a cache.
+mapfile -t cuda_args < <(VF_PYTHON="$python_env" "$root/scripts/setup-cuda.sh")
 if [ "${#cuda_args[@]}" -eq 0 ]; then
   cuda_args=(-DVF_WITH_CUDA=OFF -DVF_WITH_NCCL=OFF)
 fi
-# The Python environment with PyTorch for the virtualflow package (VF_PYTHON_ENV=off: none).
-python_env="$("$root/scripts/setup-python.sh")"
 # Compiler cache: rebuilding sources already compiled once (a fresh clone of a commit built
 # before, a branch switched back) takes a minute instead of a quarter of an hour on 2 cores.
 # Paths under the checkout are hashed relative to it, so clones in different directories share
@@ -26,6 +28,20 @@ if [ "${VF_CCACHE:-on}" != off ] && command -v ccache >/dev/null; then
 else
   launcher=(-UCMAKE_CXX_COMPILER_LAUNCHER -UCMAKE_CUDA_COMPILER_LAUNCHER -UVF_CCACHE_DIR)
 fi
+# CMake cannot switch an existing build to another CUDA compiler: it deletes its cache and
+# configures again without the options below. Start from a clean cache instead (ccache keeps
+# the rebuild short).
+for arg in "${cuda_args[@]}"; do
+  case "$arg" in
+    -DCMAKE_CUDA_COMPILER=*)
+      if [ -f "$build/CMakeCache.txt" ] &&
+         ! grep -qxF "CMAKE_CUDA_COMPILER:FILEPATH=${arg#*=}" "$build/CMakeCache.txt" &&
+         grep -q "^CMAKE_CUDA_COMPILER:" "$build/CMakeCache.txt"; then
+        echo "build: the CUDA compiler changed to ${arg#*=}; configuring from scratch" >&2
+        rm -rf "$build/CMakeCache.txt" "$build/CMakeFiles"
+      fi ;;
+  esac
+done
 cmake -S "$root" -B "$build" -G Ninja \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DVF_BUILD_TESTS=ON -DVF_SANITIZER_TESTS=ON -DVF_WERROR=ON -DVF_PYTHON="$python_env" "${cuda_args[@]}" "${launcher[@]}" >/dev/null

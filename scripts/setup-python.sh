@@ -10,8 +10,12 @@ set -euo pipefail
 
 [ "${VF_PYTHON_ENV:-on}" = "off" ] && exit 0
 
+# The CUDA compiler wheels are those of the release whose runtime, cuBLAS and NCCL torch pulls
+# (CUDA 13.2: nvidia-cuda-runtime 13.2.86): with them the environment is the one CUDA toolkit
+# the C++ build uses too (scripts/setup-cuda.sh), so one set of CUDA libraries is installed.
 PINS=(
   torch==2.15.0 numpy==2.4.6
+  nvidia-cuda-nvcc==13.2.86 nvidia-cuda-crt==13.2.86 nvidia-nvvm==13.2.86
   nanobind==3.1.0 scikit-build-core==1.1.2
   pytest==9.2.0
 )

@@ -45,6 +45,5 @@ if [ -n "${install_packages:-}" ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-# The CUDA compiler, runtime, cuBLAS and NCCL (the machine's, or the pinned Python wheels in a
-# cache), so that every build compiles the GPU code; scripts/build.sh asks again for the flags.
-"$(dirname "$0")/setup-cuda.sh" >/dev/null
+# The CUDA compiler, runtime, cuBLAS and NCCL come with the build (scripts/build.sh runs
+# scripts/setup-cuda.sh after scripts/setup-python.sh, so that PyTorch's CUDA wheels serve both).
