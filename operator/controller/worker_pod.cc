@@ -46,7 +46,16 @@ json MergeObjects(json base, const json& over) {
   return base;
 }
 
-bool IsOperatorEnv(const std::string& name) { return name.rfind("VF_", 0) == 0; }
+// The variables that carry the job's facts: the operator sets them, a template may not.
+// Other VF_* variables (VF_THREADS, VF_CHECK_EVERY, VF_VNODE_DELAY_MS, ...) tune the worker and
+// are the template's to set.
+bool IsOperatorEnv(const std::string& name) {
+  static const std::set<std::string> kOwned = {
+      "VF_JOB_SPEC", "VF_JOB",       "VF_COORDINATOR",    "VF_JOB_ID",
+      "VF_WORKER",   "VF_JOB_TOKEN", "VF_JOB_TOKEN_FILE", "VF_METRICS_PORT",
+      "VF_RESULT",   "VF_POD_IP"};
+  return kOwned.count(name) != 0;
+}
 
 json EnvValue(const std::string& name, const std::string& value) {
   return {{"name", name}, {"value", value}};
@@ -216,14 +225,8 @@ Status ValidateTemplate(const json& job) {
   }
   for (const json& e : tmpl.value("env", json::array())) {
     if (IsOperatorEnv(e.value("name", ""))) {
-      // VF_THREADS, VF_CHECK_EVERY and the like tune the library; the job's facts are ours.
-      static const std::set<std::string> kOwned = {
-          "VF_JOB_SPEC",  "VF_JOB",    "VF_COORDINATOR",    "VF_JOB_ID",       "VF_WORKER",
-          "VF_JOB_TOKEN", "VF_POD_IP", "VF_JOB_TOKEN_FILE", "VF_METRICS_PORT", "VF_RESULT"};
-      if (kOwned.count(e.value("name", "")) != 0) {
-        return InvalidArgument("spec.template.env: " + e.value("name", "") +
-                               " is set by the operator");
-      }
+      return InvalidArgument("spec.template.env: " + e.value("name", "") +
+                             " is set by the operator");
     }
   }
   return Status::Ok();

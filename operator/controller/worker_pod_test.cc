@@ -124,6 +124,9 @@ TEST(WorkerPodTest, TheTemplateIsAPodTemplateFlattenedToItsContainer) {
 
 TEST(WorkerPodTest, AUserProgramGetsTheJobInItsEnvironment) {
   json job = Job();
+  // A knob of the worker's own passes through; the job's facts are the operator's.
+  job["spec"]["template"]["env"] =
+      json::parse(R"([{"name": "VF_VNODE_DELAY_MS", "value": "8"}, {"name": "X", "value": "1"}])");
   job["spec"]["template"]["command"] = {"python3", "train.py"};
   job["spec"]["template"]["args"] = {"--lr", "0.1"};
   PodSettings s;
@@ -140,6 +143,8 @@ TEST(WorkerPodTest, AUserProgramGetsTheJobInItsEnvironment) {
   EXPECT_EQ(env["VF_JOB_TOKEN_FILE"], kTokenFile);
   EXPECT_EQ(env["VF_METRICS_PORT"], "9090");
   EXPECT_EQ(env["VF_POD_IP"], "(ref)");
+  EXPECT_EQ(env["VF_VNODE_DELAY_MS"], "8");
+  EXPECT_EQ(env["X"], "1");
   EXPECT_EQ(env.count("VF_JOB_TOKEN"), 0u);
 }
 

@@ -188,9 +188,11 @@ class WorkerTargets(threading.Thread):
             if not found:
                 continue
             port = self.ports[name] = int(found[-1])
-            targets.append({"targets": ["127.0.0.1:%d" % port], "labels": {"pod": name}})
+            # Each pod has its own network namespace: its agent is reached at the pod's address.
+            address = "%s:%d" % (pod["status"].get("podIP", "127.0.0.1"), port)
+            targets.append({"targets": [address], "labels": {"pod": name}})
             if name not in self.checked:
-                status, text = http_get("http://127.0.0.1:%d/metrics" % port)
+                status, text = http_get("http://%s/metrics" % address)
                 steps = re.search(r"^vf_agent_steps_total\{[^}]*\} (\S+)$", text, re.M)
                 if status == 200 and steps and float(steps.group(1)) > 0:
                     self.checked[name] = promtool_check(text) + (text,)
@@ -232,10 +234,13 @@ class PrometheusTest(ControlPlaneTestCase):
                     lambda: cp.kubectl("get", "vfj", "-A").returncode == 0)
         cp.start_pod_runner(BIN_DIR, path=BIN_DIR, log_dir=os.path.join(cp.dir, "pods"))
         cls.operator_port = free_port()
+        coordinator_port = free_port()
         # Not one of the control plane's components (those must never die), but stopped with it.
         cls.operator = Component("operator", [
             os.path.join(BIN_DIR, "virtualflow-operator"), "--kubeconfig", cp.kubeconfig,
-            "--coordinator-listen", "127.0.0.1:%d" % free_port(),
+            # Pods reach the coordinator at the pod network's gateway, the host's address there.
+            "--coordinator-listen", "0.0.0.0:%d" % coordinator_port,
+            "--coordinator-url", "http://%s:%d" % (cp.pod_gateway, coordinator_port),
             "--http-listen", "127.0.0.1:%d" % cls.operator_port, "--agent-metrics-port", "0",
             "--join-batch-seconds", "3", "--leader-election-namespace", "default",
             "--identity", "operator-1"], os.path.join(cp.logs, "operator.log"))
