@@ -38,10 +38,10 @@ constexpr std::array<std::string_view, 3> kPolicies = {"static", "elastic", "aut
 // `status` is accepted (and ignored) so that `kubectl get -o yaml` output can be run as is.
 constexpr std::array<std::string_view, 5> kTopFields = {"apiVersion", "kind", "metadata", "spec",
                                                         "status"};
-constexpr std::array<std::string_view, 14> kSpecFields = {
+constexpr std::array<std::string_view, 15> kSpecFields = {
     "virtualNodes", "globalBatchSize", "replicas",   "gpusPerWorker", "model",
     "dataset",      "optimizer",       "steps",      "epochs",        "reduction",
-    "seed",         "elasticity",      "checkpoint", "template"};
+    "seed",         "elasticity",      "checkpoint", "template",      "runPolicy"};
 constexpr std::array<std::string_view, 2> kReplicasFields = {"min", "max"};
 constexpr std::array<std::string_view, 2> kModelFields = {"name", "hiddenSizes"};
 constexpr std::array<std::string_view, 4> kDatasetFields = {"name", "path", "trainSamples",
@@ -50,6 +50,8 @@ constexpr std::array<std::string_view, 8> kOptimizerFields = {
     "name", "learningRate", "momentum", "nesterov", "weightDecay", "beta1", "beta2", "epsilon"};
 constexpr std::array<std::string_view, 2> kElasticityFields = {"policy", "cooldownSeconds"};
 constexpr std::array<std::string_view, 2> kCheckpointFields = {"path", "everySteps"};
+constexpr std::array<std::string_view, 3> kRunPolicyFields = {
+    "backoffLimit", "activeDeadlineSeconds", "ttlSecondsAfterFinished"};
 
 constexpr int kMaxHiddenSize = 65536;
 constexpr int kMaxNameLength = 63;
@@ -484,6 +486,21 @@ Status ParseOptimizer(const Fields& spec, OptimizerSpec* opt) {
   return Status::Ok();
 }
 
+// Absent fields stay unset (no limit); ValidateRun checks the ranges.
+Status ParseRunPolicy(const Fields& spec, RunPolicySpec* policy) {
+  VF_ASSIGN_OR_RETURN(Fields run, spec.Sub("runPolicy", kRunPolicyFields));
+  auto read = [&run]<typename T>(std::string_view key, std::optional<T>* out) -> Status {
+    if (!run.Has(key)) return Status::Ok();
+    T value{};
+    VF_RETURN_IF_ERROR(run.ReadInt(key, &value));
+    *out = value;
+    return Status::Ok();
+  };
+  VF_RETURN_IF_ERROR(read("backoffLimit", &policy->backoff_limit));
+  VF_RETURN_IF_ERROR(read("activeDeadlineSeconds", &policy->active_deadline_seconds));
+  return read("ttlSecondsAfterFinished", &policy->ttl_seconds_after_finished);
+}
+
 Status ParseSpec(const YAML::Node& node, JobSpec* job) {
   VF_ASSIGN_OR_RETURN(Fields spec, Fields::Open(node, "spec", kSpecFields, /*strict=*/true));
   for (std::string_view required : {"virtualNodes", "globalBatchSize"}) {
@@ -531,6 +548,7 @@ Status ParseSpec(const YAML::Node& node, JobSpec* job) {
   VF_RETURN_IF_ERROR(checkpoint.ReadString("path", &job->checkpoint.path));
   VF_RETURN_IF_ERROR(checkpoint.ReadInt("everySteps", &job->checkpoint.every_steps));
 
+  VF_RETURN_IF_ERROR(ParseRunPolicy(spec, &job->run_policy));
   return ParseTemplate(spec, &job->worker_template);
 }
 
@@ -762,6 +780,18 @@ Status ValidateRun(const JobSpec& job) {
     return InvalidArgument("spec.checkpoint.everySteps (" +
                            std::to_string(job.checkpoint.every_steps) +
                            ") requires spec.checkpoint.path: there is nowhere to write them");
+  }
+  const RunPolicySpec& run = job.run_policy;
+  if (run.backoff_limit) {
+    VF_RETURN_IF_ERROR(CheckAtLeast("spec.runPolicy.backoffLimit", *run.backoff_limit, 0));
+  }
+  if (run.active_deadline_seconds) {
+    VF_RETURN_IF_ERROR(
+        CheckAtLeast("spec.runPolicy.activeDeadlineSeconds", *run.active_deadline_seconds, 1));
+  }
+  if (run.ttl_seconds_after_finished) {
+    VF_RETURN_IF_ERROR(
+        CheckAtLeast("spec.runPolicy.ttlSecondsAfterFinished", *run.ttl_seconds_after_finished, 0));
   }
   return Status::Ok();
 }

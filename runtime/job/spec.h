@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,16 @@ struct CheckpointSpec {
   bool operator==(const CheckpointSpec&) const = default;
 };
 
+// spec.runPolicy, as batch/v1 Job has it: when the operator gives up on a job and when it deletes
+// a finished one. Unset fields impose no limit. The operator acts on it; `vf run` ignores it.
+struct RunPolicySpec {
+  std::optional<int> backoff_limit;                // worker failures tolerated (>= 0)
+  std::optional<int64_t> active_deadline_seconds;  // from status.startTime (>= 1)
+  std::optional<int> ttl_seconds_after_finished;   // from status.completionTime (>= 0)
+
+  bool operator==(const RunPolicySpec&) const = default;
+};
+
 // The worker program: empty for the built-in model (the virtualflow-agent binary trains it);
 // otherwise the user's own training program (spec.template.command and args, as in a Pod),
 // which joins the job through the virtualflow Python package.
@@ -95,6 +106,7 @@ struct JobSpec {
   ElasticitySpec elasticity;
   CheckpointSpec checkpoint;
   TemplateSpec worker_template;
+  RunPolicySpec run_policy;  // not part of the fingerprint: it does not change the training
 
   int64_t micro_batch() const { return global_batch_size / virtual_nodes; }
   // Hex digest of every field that defines the training math (virtual nodes, batch, model,

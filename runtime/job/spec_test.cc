@@ -104,6 +104,10 @@ TEST(JobSpecTest, OmittedFieldsTakeTheHeaderDefaults) {
   EXPECT_EQ(job.seed, 0u);
   EXPECT_EQ(job.elasticity.policy, "elastic");
   EXPECT_EQ(job.elasticity.cooldown_seconds, 30);
+  // No run policy: no limit on failures or time, and a finished job stays.
+  EXPECT_FALSE(job.run_policy.backoff_limit.has_value());
+  EXPECT_FALSE(job.run_policy.active_deadline_seconds.has_value());
+  EXPECT_FALSE(job.run_policy.ttl_seconds_after_finished.has_value());
 }
 
 TEST(JobSpecTest, ReplicasDefaultFromWhicheverBoundIsGiven) {
@@ -134,7 +138,8 @@ TEST(JobSpecTest, ReadsEveryField) {
        {"reduction", "fast"},
        {"seed", "9223372036854775807"},
        {"elasticity", "{policy: autoscale, cooldownSeconds: 0}"},
-       {"checkpoint", "{path: /tmp/ckpt, everySteps: 50}"}},
+       {"checkpoint", "{path: /tmp/ckpt, everySteps: 50}"},
+       {"runPolicy", "{backoffLimit: 0, activeDeadlineSeconds: 3600, ttlSecondsAfterFinished: 0}"}},
       "{name: a-1, namespace: team-x, labels: {app: x}, annotations: {note: 'hi'}}"));
   EXPECT_EQ(job.name, "a-1");
   EXPECT_EQ(job.namespace_name, "team-x");
@@ -163,6 +168,9 @@ TEST(JobSpecTest, ReadsEveryField) {
   EXPECT_EQ(job.elasticity.cooldown_seconds, 0);
   EXPECT_EQ(job.checkpoint.path, "/tmp/ckpt");
   EXPECT_EQ(job.checkpoint.every_steps, 50);
+  EXPECT_EQ(job.run_policy.backoff_limit, 0);
+  EXPECT_EQ(job.run_policy.active_deadline_seconds, 3600);
+  EXPECT_EQ(job.run_policy.ttl_seconds_after_finished, 0);
 }
 
 TEST(JobSpecTest, TemplateAcceptsAnyMap) {
@@ -594,6 +602,34 @@ std::vector<ErrorCase> ErrorCases() {
        Manifest({{"checkpoint", "{everySteps: 100}"}}),
        kBad,
        {"spec.checkpoint.everySteps (100) requires spec.checkpoint.path"}},
+      {"BackoffLimitNegative",
+       Manifest({{"runPolicy", "{backoffLimit: -1}"}}),
+       kBad,
+       {"spec.runPolicy.backoffLimit: must be at least 0 (got -1)"}},
+      {"BackoffLimitNotAnInteger",
+       Manifest({{"runPolicy", "{backoffLimit: many}"}}),
+       kBad,
+       {"spec.runPolicy.backoffLimit: expected an integer"}},
+      {"BackoffLimitBeyondInt32",
+       Manifest({{"runPolicy", "{backoffLimit: 2147483648}"}}),
+       kBad,
+       {"spec.runPolicy.backoffLimit", "out of range"}},
+      {"ActiveDeadlineZero",
+       Manifest({{"runPolicy", "{activeDeadlineSeconds: 0}"}}),
+       kBad,
+       {"spec.runPolicy.activeDeadlineSeconds: must be at least 1 (got 0)"}},
+      {"TtlNegative",
+       Manifest({{"runPolicy", "{ttlSecondsAfterFinished: -3}"}}),
+       kBad,
+       {"spec.runPolicy.ttlSecondsAfterFinished: must be at least 0 (got -3)"}},
+      {"RunPolicyUnknownField",
+       Manifest({{"runPolicy", "{backoffLimits: 3}"}}),
+       kBad,
+       {"spec.runPolicy.backoffLimits: unknown field", "backoffLimit"}},
+      {"RunPolicyNotAMap",
+       Manifest({{"runPolicy", "3"}}),
+       kBad,
+       {"spec.runPolicy: expected a map"}},
   };
 }
 
@@ -864,6 +900,12 @@ std::vector<Mutation> NonMathMutations() {
          j->checkpoint.every_steps = 10;
        }},
       {"datasetPath", [](JobSpec* j) { j->dataset.path = "/elsewhere"; }},
+      {"runPolicy",
+       [](JobSpec* j) {
+         j->run_policy.backoff_limit = 3;
+         j->run_policy.active_deadline_seconds = 60;
+         j->run_policy.ttl_seconds_after_finished = 0;
+       }},
       // Sample counts only define a synthetic dataset; Fashion-MNIST is what it is.
       {"fashionMnistSampleCounts",
        [](JobSpec* j) {
