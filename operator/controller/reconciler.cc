@@ -501,8 +501,11 @@ Result<ReconcileResult> Reconciler::Reconcile(const std::string& key) {
   if (phase_before == "Succeeded" || phase_before == "Failed") {
     (void)coordinator_.RemoveJob(key);
     if (hooks_.on_job_status) hooks_.on_job_status(key, p.old_status, p.spec);
-    return ReconcileResult{};
+    return EnforceTtl(p);
   }
+  ReconcileResult deadline;
+  VF_ASSIGN_OR_RETURN(const Next after_deadline, EnforceDeadline(p, deadline));
+  if (after_deadline == Next::kDone) return ReconcileResult{};
 
   VF_ASSIGN_OR_RETURN(const std::string token, EnsureToken(p.job));
   VF_RETURN_IF_ERROR(EnsureCoordinatorJob(key, p.job, token, p.spec.Fingerprint()));
@@ -519,6 +522,9 @@ Result<ReconcileResult> Reconciler::Reconcile(const std::string& key) {
   ReconcileResult result;
   result.requeue_after =
       std::chrono::milliseconds(p.status.value("phase", "") == "Running" ? 2000 : 500);
+  if (deadline.requeue_after.count() > 0) {
+    result.requeue_after = std::min(result.requeue_after, deadline.requeue_after);
+  }
   return result;
 }
 
@@ -529,6 +535,7 @@ Result<ReconcileResult> Reconciler::Forget(const std::string& key) {
   registered_.erase(key);
   expected_.erase(key);
   failures_seen_.erase(key);
+  times_.erase(key);
   if (hooks_.on_job_gone) hooks_.on_job_gone(key);
   return ReconcileResult{};
 }
@@ -543,6 +550,7 @@ void Reconciler::Begin(Pass& p) {
   p.old_conditions = p.old_status.value("conditions", json::array());
   p.status = p.old_status;
   p.status["observedGeneration"] = p.generation;
+  StampTimes(p);
 }
 
 Status Reconciler::FailInvalidSpec(Pass& p, const Status& why) {
@@ -553,6 +561,7 @@ Status Reconciler::FailInvalidSpec(Pass& p, const Status& why) {
   p.status["phase"] = "Failed";
   p.status["message"] = why.message();
   p.status["conditions"] = conditions;
+  StampTimes(p);
   if (p.old_status.value("phase", "") != "Failed") Event(p.job, true, "InvalidSpec", why.message());
   return PatchStatus(p.job, p.status);
 }
@@ -589,6 +598,7 @@ Result<Reconciler::Next> Reconciler::RecordSuccess(Pass& p) {
     if (!r.finished) continue;
     json& status = p.status;
     status["phase"] = "Succeeded";
+    StampTimes(p);
     status["step"] = r.step;
     if (p.total_steps > 0) status["totalSteps"] = p.total_steps;
     if (!r.weights_sha256.empty()) status["weightsSha256"] = r.weights_sha256;
@@ -620,22 +630,29 @@ Result<Reconciler::Next> Reconciler::RecordSuccess(Pass& p) {
   return Next::kGoOn;
 }
 
+Status Reconciler::FailJob(Pass& p, const std::string& reason, const std::string& event_reason,
+                           const std::string& message) {
+  p.status["phase"] = "Failed";
+  p.status["message"] = message;
+  json conditions = json::array();
+  SetCondition(conditions, p.old_conditions, "Failed", true, reason, message, p.generation);
+  p.status["conditions"] = conditions;
+  StampTimes(p);
+  VF_RETURN_IF_ERROR(PatchStatus(p.job, p.status));
+  Event(p.job, true, event_reason, message);
+  (void)coordinator_.RemoveJob(p.key);
+  if (hooks_.on_job_status) hooks_.on_job_status(p.key, p.status, p.spec);
+  return Status::Ok();
+}
+
 Result<Reconciler::Next> Reconciler::RecordFailures(Pass& p) {
   for (const json& pod : p.pods) {
     if (PodLifeOf(pod) != PodLife::kFailed) continue;
     const std::string pod_name = PodName(pod);
     if (PodExitCode(pod) == 3) {
       // The agent found that the job itself cannot go on (diverged, bad checkpoint).
-      const std::string message = "worker " + pod_name + ": " + PodTerminationMessage(pod);
-      p.status["phase"] = "Failed";
-      p.status["message"] = message;
-      json conditions = json::array();
-      SetCondition(conditions, p.old_conditions, "Failed", true, "JobFailed", message,
-                   p.generation);
-      p.status["conditions"] = conditions;
-      VF_RETURN_IF_ERROR(PatchStatus(p.job, p.status));
-      Event(p.job, true, "Failed", message);
-      (void)coordinator_.RemoveJob(p.key);
+      VF_RETURN_IF_ERROR(FailJob(p, "JobFailed", "Failed",
+                                 "worker " + pod_name + ": " + PodTerminationMessage(pod)));
       return Next::kDone;
     }
     bool fresh = false;
@@ -650,7 +667,86 @@ Result<Reconciler::Next> Reconciler::RecordFailures(Pass& p) {
                 "): " + PodTerminationMessage(pod));
     }
   }
+  // As batch/v1 Job's backoffLimit: the failures counted above (preemptions and leaves are
+  // counted apart and do not count here).
+  const std::optional<int>& limit = p.spec.run_policy.backoff_limit;
+  auto failures = p.restarts.find("failure");
+  if (limit && failures != p.restarts.end() && failures->second > *limit) {
+    p.status["restarts"] = p.restarts;
+    VF_RETURN_IF_ERROR(FailJob(p, "BackoffLimitExceeded", "BackoffLimitExceeded",
+                               std::to_string(failures->second) +
+                                   " worker failures, more than spec.runPolicy.backoffLimit (" +
+                                   std::to_string(*limit) + ") allows"));
+    return Next::kDone;
+  }
   return Next::kGoOn;
+}
+
+Result<Reconciler::Next> Reconciler::EnforceDeadline(Pass& p, ReconcileResult& result) {
+  const std::optional<int64_t>& limit = p.spec.run_policy.active_deadline_seconds;
+  if (!limit) return Next::kGoOn;
+  const double start = UnixSeconds(p.status.value("startTime", ""));
+  if (std::isnan(start)) return Next::kGoOn;
+  const double ran = NowUnix() - start;
+  const double left = static_cast<double>(*limit) - ran;
+  if (left > 0) {
+    result.requeue_after = std::chrono::milliseconds(static_cast<int64_t>(std::ceil(left * 1000)));
+    return Next::kGoOn;
+  }
+  VF_RETURN_IF_ERROR(FailJob(p, "DeadlineExceeded", "DeadlineExceeded",
+                             "the job ran " + std::to_string(static_cast<int64_t>(ran)) +
+                                 " s since " + p.status.value("startTime", "") +
+                                 ", past spec.runPolicy.activeDeadlineSeconds (" +
+                                 std::to_string(*limit) + ")"));
+  return Next::kDone;
+}
+
+Result<ReconcileResult> Reconciler::EnforceTtl(Pass& p) {
+  const std::optional<int>& ttl = p.spec.run_policy.ttl_seconds_after_finished;
+  if (!ttl) return ReconcileResult{};
+  // A job that finished before completionTime was written counts from now.
+  StampTimes(p);
+  VF_RETURN_IF_ERROR(PatchStatus(p.job, p.status));
+  const double completed = UnixSeconds(p.status.value("completionTime", ""));
+  if (std::isnan(completed)) return ReconcileResult{};
+  const double left = completed + *ttl - NowUnix();
+  if (left > 0) {
+    return ReconcileResult{std::chrono::milliseconds(static_cast<int64_t>(std::ceil(left * 1000)))};
+  }
+  // Its pods and Secret follow through their owner references.
+  kube::DeleteOptions del;
+  del.propagation_policy = "Background";
+  del.precondition_uid = p.uid;  // never a newer job of the same name
+  auto r = client_.Delete(kube::kVirtualFlowJobs, p.ns, p.name, del);
+  if (!r.ok() && r.reason() != kube::Reason::kNotFound && r.reason() != kube::Reason::kConflict) {
+    return r.status();
+  }
+  std::fprintf(stderr,
+               "virtualflow-operator: %s: deleted %d s after it finished "
+               "(spec.runPolicy.ttlSecondsAfterFinished)\n",
+               p.key.c_str(), *ttl);
+  return ReconcileResult{};
+}
+
+void Reconciler::StampTimes(Pass& p) {
+  auto ended = [](const json& status) {
+    const std::string phase = status.value("phase", "");
+    return phase == "Succeeded" || phase == "Failed";
+  };
+  std::lock_guard<std::mutex> lock(mu_);
+  Times& times = times_[p.key];
+  if (times.uid != p.uid) times = Times{p.uid, "", ""};
+  // What the API server holds wins; then what this operator wrote; then now.
+  auto stamp = [&p](const char* field, std::string& remembered) {
+    auto it = p.old_status.find(field);
+    if (it != p.old_status.end() && it->is_string()) remembered = it->get<std::string>();
+    if (remembered.empty()) remembered = Now();
+    p.status[field] = remembered;
+  };
+  // batch/v1 Job's moment: when the controller first takes the job up. A job that ended before
+  // startTime existed gets none.
+  if (!ended(p.old_status) || p.old_status.contains("startTime")) stamp("startTime", times.start);
+  if (ended(p.status)) stamp("completionTime", times.completion);
 }
 
 policy::MembershipInput Reconciler::MembershipInputOf(const Pass& p) const {

@@ -89,8 +89,21 @@ class Reconciler {
   Status Observe(Pass& p);
   // Rank 0 reported the final weights: the job has succeeded.
   Result<Next> RecordSuccess(Pass& p);
-  // Counts failed pods; one whose agent found that the job cannot go on fails the job.
+  // Counts failed pods; one whose agent found that the job cannot go on fails the job, and so
+  // do more failures than spec.runPolicy.backoffLimit.
   Result<Next> RecordFailures(Pass& p);
+  // Ends the job as Failed with the condition reason `reason` (and an event `event_reason`);
+  // the coordinator forgets it, so its workers stop.
+  Status FailJob(Pass& p, const std::string& reason, const std::string& event_reason,
+                 const std::string& message);
+  // spec.runPolicy.activeDeadlineSeconds: fails a job past it, or says when to look again.
+  Result<Next> EnforceDeadline(Pass& p, ReconcileResult& result);
+  // spec.runPolicy.ttlSecondsAfterFinished: deletes a finished job past it, or says when to
+  // look again.
+  Result<ReconcileResult> EnforceTtl(Pass& p);
+  // status.startTime and status.completionTime: each set once and kept, even while the cache
+  // has not yet seen this operator's own write.
+  void StampTimes(Pass& p);
   // Publishes the next membership plan when one is due: the status first, then the coordinator.
   Status UpdateMembership(Pass& p);
   policy::MembershipInput MembershipInputOf(const Pass& p) const;
@@ -138,6 +151,13 @@ class Reconciler {
   std::map<std::string, std::string> registered_;
   // Job key -> failed pods already counted and reported.
   std::map<std::string, std::set<std::string>> failures_seen_;
+  // Job key -> the UID of the incarnation and the startTime and completionTime written for it.
+  struct Times {
+    std::string uid;
+    std::string start;
+    std::string completion;
+  };
+  std::map<std::string, Times> times_;
 };
 
 }  // namespace vf::controller

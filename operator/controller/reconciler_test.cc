@@ -5,14 +5,17 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <stop_token>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "operator/controller/job_spec.h"
+#include "operator/kube/client.h"
 #include "operator/kube/test_util.h"
 
 namespace vf::controller {
@@ -28,7 +31,7 @@ constexpr char kKey[] = "team/mnist";
 constexpr char kUid[] = "u-1";
 
 // Lists the objects it was given, holds watches open, answers the token Secret, and records
-// status patches, created pods and events. Thread-safe.
+// status patches, created pods, events and deletions. Thread-safe.
 class FakeApi {
  public:
   FakeApi(std::vector<json> jobs, std::vector<json> pods, std::vector<json> nodes)
@@ -50,6 +53,11 @@ class FakeApi {
   std::vector<std::string> event_reasons() {
     std::lock_guard<std::mutex> lock(mu_);
     return events_;
+  }
+  // Path and body of every DELETE.
+  std::vector<std::pair<std::string, json>> deletions() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return deletions_;
   }
 
  private:
@@ -80,6 +88,8 @@ class FakeApi {
       pods_.push_back(body);
     } else if (r.method == "POST" && path.ends_with("/events")) {
       events_.push_back(body.value("reason", ""));
+    } else if (r.method == "DELETE") {
+      deletions_.emplace_back(path, body);
     }
     c.Respond(200, r.body.empty() ? "{}" : r.body);
   }
@@ -89,6 +99,7 @@ class FakeApi {
   std::vector<json> patches_;
   std::vector<json> pods_;
   std::vector<std::string> events_;
+  std::vector<std::pair<std::string, json>> deletions_;
   FakeServer server_;  // last: it stops serving before the rest goes away
 };
 
@@ -296,6 +307,182 @@ TEST_F(ReconcilerTest, NewPodsArePinnedToTheProductThePolicyChose) {
   ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
   for (const json& pod : api_->created_pods()) {
     EXPECT_EQ(pod["spec"]["nodeSelector"]["nvidia.com/gpu.product"], "V100");
+  }
+}
+
+// ---------------------------------------------------------------- spec.runPolicy and times
+
+constexpr char kJobPath[] = "/apis/virtualflow.io/v1alpha1/namespaces/team/virtualflowjobs/mnist";
+
+std::string SecondsAgo(int seconds) {
+  return kube::FormatTime(std::chrono::system_clock::now() - std::chrono::seconds(seconds));
+}
+
+json StepJob(const json& run_policy, const json& status) {
+  json job = Job({{"virtualNodes", 4}, {"globalBatchSize", 64}, {"steps", 25}});
+  if (!run_policy.is_null()) job["spec"]["runPolicy"] = run_policy;
+  if (!status.is_null()) {
+    job["status"] = status;
+    job["status"]["observedGeneration"] = 1;
+  }
+  return job;
+}
+
+json FailedPod(const std::string& name, int exit_code) {
+  json pod = RunningPod(name);
+  pod["status"] = {
+      {"phase", "Failed"},
+      {"containerStatuses",
+       {{{"state", {{"terminated", {{"exitCode", exit_code}, {"message", "out of memory"}}}}}}}}};
+  return pod;
+}
+
+const json* Condition(const json& status, const std::string& type) {
+  for (const json& c : status["conditions"]) {
+    if (c["type"] == type) return &c;
+  }
+  return nullptr;
+}
+
+TEST_F(ReconcilerTest, MoreWorkerFailuresThanTheBackoffLimitFailTheJob) {
+  Start({StepJob({{"backoffLimit", 1}}, {{"phase", "Running"}, {"startTime", SecondsAgo(60)}})},
+        {FailedPod("mnist-worker-a", 1), FailedPod("mnist-worker-b", 137)}, {GpuNode("gpu-a", 2)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  const json status = api_->status_patches().back();
+  EXPECT_EQ(status["phase"], "Failed");
+  EXPECT_EQ(status["message"],
+            "2 worker failures, more than spec.runPolicy.backoffLimit (1) allows");
+  EXPECT_EQ(status["restarts"]["failure"], 2);
+  const json* failed = Condition(status, "Failed");
+  ASSERT_NE(failed, nullptr);
+  EXPECT_EQ((*failed)["reason"], "BackoffLimitExceeded");
+  EXPECT_TRUE(status.contains("completionTime"));
+  const std::vector<std::string> events = api_->event_reasons();
+  EXPECT_EQ(events.back(), "BackoffLimitExceeded");
+  EXPECT_FALSE(coordinator_.GetJob(kKey).ok());  // its workers stop
+  EXPECT_TRUE(api_->created_pods().empty());     // and none replaces them
+}
+
+TEST_F(ReconcilerTest, WorkerFailuresUpToTheBackoffLimitAreRetried) {
+  Start({StepJob({{"backoffLimit", 2}}, {{"phase", "Running"}, {"startTime", SecondsAgo(60)}})},
+        {FailedPod("mnist-worker-a", 1), FailedPod("mnist-worker-b", 1)}, {GpuNode("gpu-a", 2)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  const json status = api_->status_patches().back();
+  EXPECT_NE(status["phase"], "Failed");
+  EXPECT_EQ(status["restarts"]["failure"], 2);
+  EXPECT_FALSE(status.contains("completionTime"));
+}
+
+TEST_F(ReconcilerTest, AJobPastItsActiveDeadlineFailsWithDeadlineExceeded) {
+  const std::string start = SecondsAgo(120);
+  Start({StepJob({{"activeDeadlineSeconds", 60}}, {{"phase", "Running"}, {"startTime", start}})},
+        {RunningPod("mnist-worker-a")}, {GpuNode("gpu-a", 1)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  const std::vector<json> patches = api_->status_patches();
+  ASSERT_EQ(patches.size(), 1u);
+  EXPECT_EQ(patches[0]["phase"], "Failed");
+  const json* failed = Condition(patches[0], "Failed");
+  ASSERT_NE(failed, nullptr);
+  EXPECT_EQ((*failed)["reason"], "DeadlineExceeded");
+  EXPECT_NE(patches[0]["message"].get<std::string>().find(
+                "past spec.runPolicy.activeDeadlineSeconds (60)"),
+            std::string::npos)
+      << patches[0]["message"];
+  EXPECT_EQ(patches[0]["startTime"], start);
+  EXPECT_TRUE(patches[0].contains("completionTime"));
+  EXPECT_EQ(api_->event_reasons().back(), "DeadlineExceeded");
+  EXPECT_FALSE(coordinator_.GetJob(kKey).ok());
+}
+
+TEST_F(ReconcilerTest, AJobBeforeItsActiveDeadlineRunsOn) {
+  Start({StepJob({{"activeDeadlineSeconds", 3600}},
+                 {{"phase", "Running"}, {"startTime", SecondsAgo(120)}})},
+        {}, {GpuNode("gpu-a", 1)});
+  const Result<ReconcileResult> result = reconciler_->Reconcile(kKey);
+  ASSERT_TRUE(result.ok());
+  EXPECT_NE(api_->status_patches().back()["phase"], "Failed");
+  EXPECT_GT(result->requeue_after.count(), 0);
+  EXPECT_FALSE(api_->created_pods().empty());
+}
+
+TEST_F(ReconcilerTest, AFinishedJobPastItsTtlIsDeleted) {
+  Start({StepJob({{"ttlSecondsAfterFinished", 60}}, {{"phase", "Succeeded"},
+                                                     {"startTime", SecondsAgo(600)},
+                                                     {"completionTime", SecondsAgo(120)}})},
+        {}, {});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  const auto deletions = api_->deletions();
+  ASSERT_EQ(deletions.size(), 1u);
+  EXPECT_EQ(deletions[0].first, kJobPath);
+  EXPECT_EQ(deletions[0].second["preconditions"]["uid"], kUid);  // this incarnation only
+  EXPECT_TRUE(api_->status_patches().empty());
+}
+
+TEST_F(ReconcilerTest, AFinishedJobBeforeItsTtlIsLookedAtAgainWhenItRunsOut) {
+  const std::string completed = SecondsAgo(10);
+  Start({StepJob(
+            {{"ttlSecondsAfterFinished", 3600}},
+            {{"phase", "Failed"}, {"startTime", SecondsAgo(600)}, {"completionTime", completed}})},
+        {}, {});
+  const Result<ReconcileResult> result = reconciler_->Reconcile(kKey);
+  ASSERT_TRUE(result.ok());
+  EXPECT_TRUE(api_->deletions().empty());
+  EXPECT_TRUE(api_->status_patches().empty());  // completionTime stays as it was
+  EXPECT_GT(result->requeue_after, std::chrono::seconds(3580));
+  EXPECT_LE(result->requeue_after, std::chrono::seconds(3591));
+}
+
+TEST_F(ReconcilerTest, AFinishedJobWithoutTtlStays) {
+  Start({StepJob(nullptr, {{"phase", "Succeeded"}, {"completionTime", SecondsAgo(99999)}})}, {},
+        {});
+  const Result<ReconcileResult> result = reconciler_->Reconcile(kKey);
+  ASSERT_TRUE(result.ok());
+  EXPECT_TRUE(api_->deletions().empty());
+  EXPECT_EQ(result->requeue_after.count(), 0);
+}
+
+TEST_F(ReconcilerTest, StartTimeIsSetOnTheFirstPassAndNeverMoves) {
+  Start({StepJob(nullptr, nullptr)}, {}, {GpuNode("gpu-a", 1)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  const json first = api_->status_patches().back();
+  ASSERT_TRUE(first.contains("startTime"));
+  EXPECT_FALSE(first.contains("completionTime"));
+  // The cache here never sees the write; a later pass still keeps the time it wrote.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_EQ(api_->status_patches().back()["startTime"], first["startTime"]);
+}
+
+TEST_F(ReconcilerTest, StartTimeTheServerHoldsIsKept) {
+  const std::string start = "2026-01-02T03:04:06Z";
+  Start({StepJob(nullptr, {{"phase", "Pending"}, {"startTime", start}})}, {},
+        {GpuNode("gpu-a", 1)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_EQ(api_->status_patches().back()["startTime"], start);
+}
+
+TEST_F(ReconcilerTest, CompletionTimeIsSetOnceWhenTheJobSucceeds) {
+  json a = RunningPod("mnist-worker-a");
+  Start({StepJob(nullptr, {{"phase", "Running"}, {"startTime", SecondsAgo(60)}})}, {a},
+        {GpuNode("gpu-a", 1)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  Ready({"mnist-worker-a"});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  Report report;
+  report.epoch = 1;
+  report.step = 25;
+  report.finished = true;
+  report.weights_sha256 = std::string(64, 'a');
+  ASSERT_TRUE(coordinator_.RecordReport(kKey, "mnist-worker-a", report).ok());
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  const json done = api_->status_patches().back();
+  ASSERT_EQ(done["phase"], "Succeeded");
+  ASSERT_TRUE(done.contains("completionTime"));
+  EXPECT_EQ(done["startTime"], api_->status_patches().front()["startTime"]);
+  for (const json& patch : api_->status_patches()) {
+    if (patch != done) {
+      EXPECT_FALSE(patch.contains("completionTime")) << patch;
+    }
   }
 }
 
