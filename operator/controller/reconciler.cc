@@ -62,6 +62,14 @@ double NowUnix() {
 
 std::string Now() { return kube::FormatTime(std::chrono::system_clock::now()); }
 
+// A requeue for a deadline `seconds` away, capped at a day: the wait is only a hint to look
+// again, and a far-off one would overflow.
+std::chrono::milliseconds RequeueIn(double seconds) {
+  constexpr double kMaxSeconds = 24 * 3600;
+  return std::chrono::milliseconds(
+      static_cast<int64_t>(std::ceil(std::clamp(seconds, 0.001, kMaxSeconds) * 1000)));
+}
+
 const json& Obj(const json& j, const char* key) {
   static const json kEmpty = json::object();
   auto it = j.find(key);
@@ -690,7 +698,7 @@ Result<Reconciler::Next> Reconciler::EnforceDeadline(Pass& p, ReconcileResult& r
   const double ran = NowUnix() - start;
   const double left = static_cast<double>(*limit) - ran;
   if (left > 0) {
-    result.requeue_after = std::chrono::milliseconds(static_cast<int64_t>(std::ceil(left * 1000)));
+    result.requeue_after = RequeueIn(left);
     return Next::kGoOn;
   }
   VF_RETURN_IF_ERROR(FailJob(p, "DeadlineExceeded", "DeadlineExceeded",
@@ -711,7 +719,7 @@ Result<ReconcileResult> Reconciler::EnforceTtl(Pass& p) {
   if (std::isnan(completed)) return ReconcileResult{};
   const double left = completed + *ttl - NowUnix();
   if (left > 0) {
-    return ReconcileResult{std::chrono::milliseconds(static_cast<int64_t>(std::ceil(left * 1000)))};
+    return ReconcileResult{RequeueIn(left)};
   }
   // Its pods and Secret follow through their owner references.
   kube::DeleteOptions del;
