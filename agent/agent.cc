@@ -125,12 +125,17 @@ Status Agent::Impl::Start() {
                  metrics_server_->port());
   }
   // Registered but not ready: the controller sees the worker starting and waits for warm-up.
-  // A coordinator that is not serving yet (an operator starting or restarting) is waited for.
+  // A coordinator that is not serving yet (an operator starting or restarting) is waited for,
+  // and so is one that does not know the job yet: it answers 401, as for a wrong token, so
+  // that nobody learns which jobs exist; a wrong token fails at the timeout.
   const auto deadline = Clock::now() + o_.timeout;
   while (true) {
     Status s = client_.Register(o_.fingerprint, o_.build, false);
     if (s.ok()) break;
-    if (s.code() != StatusCode::kUnavailable && s.code() != StatusCode::kNotFound) return s;
+    if (s.code() != StatusCode::kUnavailable && s.code() != StatusCode::kNotFound &&
+        s.code() != StatusCode::kUnauthenticated) {
+      return s;
+    }
     if (g_leave.load()) return Status::Ok();  // deleted before it ever counted: Next says so
     if (Clock::now() > deadline) return s.WithContext("registering");
     std::this_thread::sleep_for(kRetryPause);

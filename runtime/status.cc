@@ -22,6 +22,8 @@ std::string_view StatusCodeName(StatusCode code) {
       return "NUMERICAL";
     case StatusCode::kInternal:
       return "INTERNAL";
+    case StatusCode::kUnauthenticated:
+      return "UNAUTHENTICATED";
   }
   return "UNKNOWN";
 }

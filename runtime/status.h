@@ -22,6 +22,7 @@ enum class StatusCode {
   kFailedPrecondition,  // the operation does not fit the current state
   kNumerical,           // NaN/Inf or overflow in training math
   kInternal,            // a bug or an unexpected library failure
+  kUnauthenticated,     // credentials missing or not accepted (HTTP 401)
 };
 
 std::string_view StatusCodeName(StatusCode code);
@@ -54,6 +55,9 @@ inline Status InvalidArgument(std::string m) {
   return {StatusCode::kInvalidArgument, std::move(m)};
 }
 inline Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
+inline Status Unauthenticated(std::string m) {
+  return {StatusCode::kUnauthenticated, std::move(m)};
+}
 inline Status DataLoss(std::string m) { return {StatusCode::kDataLoss, std::move(m)}; }
 inline Status DeadlineExceeded(std::string m) {
   return {StatusCode::kDeadlineExceeded, std::move(m)};

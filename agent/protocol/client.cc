@@ -54,7 +54,7 @@ Status HttpError(int code, const std::string& body) {
     case 413:
       return InvalidArgument(message);
     case 401:
-      return FailedPrecondition("coordinator refused the token (401)");
+      return Unauthenticated("coordinator refused the token (401)");
     case 404:
       return NotFound(message);
     case 408:

@@ -303,14 +303,13 @@ void CoordinatorServer::Impl::Handle(const http_request& request, const http::In
     return;
   }
   const std::string token = BearerToken(request);
+  // An unknown job and a wrong token get the same answer, so that nobody without a job's
+  // token learns which jobs exist.
   const Status auth = coordinator_.CheckToken(route->job, token);
-  if (auth.code() == StatusCode::kNotFound) {
-    return reject(status_codes::NotFound, auth.message());
-  }
   if (!auth.ok()) {
-    return reject(status_codes::Unauthorized, token.empty()
-                                                  ? "request has no bearer token"
-                                                  : "the bearer token is not this job's token");
+    return reject(status_codes::Unauthorized,
+                  token.empty() ? "request has no bearer token"
+                                : "the bearer token is not valid for job " + route->job);
   }
   uint64_t declared = 0;
   if (request.headers().match(web::http::header_names::content_length, declared) &&

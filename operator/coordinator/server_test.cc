@@ -333,7 +333,7 @@ TEST_F(ServerTest, MissingOrWrongTokenIs401) {
   const std::string path = JobPath(kJob, "register");
   ExpectError(Raw(Request("POST", path, nullptr, RegisterBody("w-0"))), 401, "no bearer token");
   ExpectError(Raw(Request("POST", path, "token-a-not", RegisterBody("w-0"))), 401,
-              "not this job's token");
+              "not valid for job team/mnist");
   // Another job's token opens nothing here.
   ExpectError(Raw(Request("POST", path, kOtherToken, RegisterBody("w-0"))), 401, "token");
   ExpectError(Raw(Request("GET", JobPath(kJob, "store/k"), "", "", "")), 401, "token");
@@ -349,8 +349,11 @@ TEST_F(ServerTest, MissingOrWrongTokenIs401) {
 }
 
 TEST_F(ServerTest, UnknownJobPathAndMethodAre404And405) {
+  // An unknown job is answered as a wrong token is: nobody learns which jobs exist.
   ExpectError(Raw(Request("POST", JobPath("team/none", "register"), kToken, RegisterBody("w"))),
-              404, "team/none");
+              401, "not valid for job team/none");
+  ExpectError(Raw(Request("POST", JobPath(kJob, "register"), "wrong", RegisterBody("w"))), 401,
+              "not valid for job team/mnist");
   ExpectError(Raw(Request("GET", "/", kToken)), 404, "no such path");
   ExpectError(Raw(Request("GET", "/v2/jobs/team/mnist/plan", kToken)), 404, "no such path");
   ExpectError(Raw(Request("GET", JobPath(kJob, "nope"), kToken)), 404, "no such path");
@@ -521,7 +524,7 @@ TEST_F(ServerTest, ClientMapsHttpCodesToStatusCodes) {
   ASSERT_TRUE(coordinator_.PublishPlan(kJob, Members(1)).ok());
 
   Status refused = Client("w-0", kJob, "wrong")->Register(kFingerprint, kBuild, true);
-  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(refused.code(), StatusCode::kUnauthenticated);
   EXPECT_NE(refused.message().find("coordinator refused the token (401)"), std::string::npos)
       << refused.message();
 
@@ -546,7 +549,8 @@ TEST_F(ServerTest, ClientMapsHttpCodesToStatusCodes) {
       << old.message();
 
   EXPECT_EQ(client->Ack(-1).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(Client("w-0", "team/none")->Leave().code(), StatusCode::kNotFound);
+  // An unknown job answers as a wrong token does.
+  EXPECT_EQ(Client("w-0", "team/none")->Leave().code(), StatusCode::kUnauthenticated);
   EXPECT_EQ(client->GetKey("absent", milliseconds(100)).status().code(),
             StatusCode::kDeadlineExceeded);
   EXPECT_EQ(client->SetKey("epoch-1/k", "v").code(), StatusCode::kFailedPrecondition);

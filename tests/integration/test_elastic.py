@@ -286,8 +286,9 @@ class ElasticTest(VfTestCase):
             ("malformed JSON", ("POST", "/report", b"{not json"), 400),
             ("missing token", ("POST", "/report", b"{}", None), 401),
             ("wrong token", ("POST", "/report", b"{}", "nope"), 401),
+            # Answered as a wrong token is, so that nobody learns which jobs exist.
             ("unknown job", ("GET", "", b"", token,
-                             info["coordinator"] + "/v1/jobs/default/nosuchjob/plan"), 404),
+                             info["coordinator"] + "/v1/jobs/default/nosuchjob/plan"), 401),
             ("epoch from the past", ("POST", "/report", json.dumps(
                 {"worker": "worker-0", "epoch": 0, "step": 1, "loss": 0.1,
                  "samplesPerSecond": 1.0, "secondsPerVirtualNode": 0.1,
