@@ -13,7 +13,7 @@ PACKAGES=(
   fortunes       # examples/torch/gpt.py's corpus
   clang-format clang-tidy
   ccache   # scripts/build.sh: a rebuild of sources compiled before takes a minute
-  openssl util-linux iproute2   # tests/e2e: certificates for the control plane, flock for the tools' cache
+  openssl util-linux iproute2   # tests/e2e: control-plane certificates, flock, the pods' networks
 )
 # tests/e2e/build-k8s-tools.sh builds Kubernetes from source with Go. The machine image brings a
 # recent Go; without one, Debian's golang-go bootstraps the toolchain that script pins.

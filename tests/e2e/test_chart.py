@@ -123,6 +123,7 @@ JOB_RIGHTS = [
     ("get", "virtualflowjobs.virtualflow.io", ""),
     ("list", "virtualflowjobs.virtualflow.io", ""),
     ("watch", "virtualflowjobs.virtualflow.io", ""),
+    ("delete", "virtualflowjobs.virtualflow.io", ""),  # ttlSecondsAfterFinished
     ("get", "virtualflowjobs.virtualflow.io", "status"),
     ("update", "virtualflowjobs.virtualflow.io", "status"),
     ("patch", "virtualflowjobs.virtualflow.io", "status"),
@@ -143,7 +144,6 @@ DENIED = [
     ("create", "virtualflowjobs.virtualflow.io", ""),   # jobs belong to users
     ("update", "virtualflowjobs.virtualflow.io", ""),
     ("patch", "virtualflowjobs.virtualflow.io", ""),
-    ("delete", "virtualflowjobs.virtualflow.io", ""),
     ("deletecollection", "virtualflowjobs.virtualflow.io", ""),
     ("update", "pods", ""), ("patch", "pods", ""), ("deletecollection", "pods", ""),
     ("update", "pods", "status"), ("create", "pods", "exec"), ("create", "pods", "eviction"),
@@ -595,10 +595,11 @@ class ChartFilesTest(unittest.TestCase):
     def test_dockerfiles_run_the_readmes_build(self):
         # What setup.sh installs for running jobs and tests, not for building (ccache speeds
         # up rebuilds on one machine; an image is built once; the images build without the
-        # PyTorch environment, VF_PYTHON_ENV=off, and the GPT example's corpus is data).
+        # PyTorch environment, VF_PYTHON_ENV=off, and the GPT example's corpus is data;
+        # iproute2 gives the end-to-end tests' pods their networks).
         build_packages = setup_packages() - {
             "dataset-fashion-mnist", "procps", "prometheus", "clang-format", "clang-tidy",
-            "openssl", "util-linux", "ccache", "python3-venv", "fortunes"}
+            "openssl", "util-linux", "ccache", "python3-venv", "fortunes", "iproute2"}
         for name, target, final_base in (
                 ("operator.Dockerfile", "virtualflow-operator", "${RUNTIME_IMAGE}"),
                 ("agent.Dockerfile", "virtualflow-agent",

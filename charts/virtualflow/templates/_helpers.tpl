@@ -109,10 +109,11 @@ namespace, each with watchNamespace) do not collide.
 
 {{/* The rules on the jobs' namespaces: everything but Nodes (cluster-scoped) and the Lease. */}}
 {{- define "virtualflow.jobRules" -}}
-# Watch jobs; write only their status (the spec belongs to the user).
+# Watch jobs; write only their status (the spec belongs to the user); delete a finished job
+# once its spec.runPolicy.ttlSecondsAfterFinished has passed, as batch/v1's TTL controller does.
 - apiGroups: [virtualflow.io]
   resources: [virtualflowjobs]
-  verbs: [get, list, watch]
+  verbs: [get, list, watch, delete]
 - apiGroups: [virtualflow.io]
   resources: [virtualflowjobs/status]
   verbs: [get, update, patch]
