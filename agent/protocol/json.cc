@@ -157,6 +157,11 @@ Result<Report> ReportFromJson(const json& object) {
   VF_RETURN_IF_ERROR(Read(object, "hasState", false, BoolField, r.has_state));
   VF_RETURN_IF_ERROR(Read(object, "finished", true, BoolField, r.finished));
   VF_RETURN_IF_ERROR(Read(object, "weightsSha256", true, StringField, r.weights_sha256));
+  if (!r.weights_sha256.empty() &&
+      (r.weights_sha256.size() != 64 ||
+       r.weights_sha256.find_first_not_of("0123456789abcdef") != std::string::npos)) {
+    return WrongType("weightsSha256", "64 lowercase hex digits (a SHA-256)");
+  }
   VF_RETURN_IF_ERROR(Read(object, "testAccuracy", true, NumberField, r.test_accuracy));
   VF_RETURN_IF_ERROR(Read(object, "totalSteps", true, IntField, r.total_steps));
   if (r.total_steps < 0) return WrongType("totalSteps", "at least 0");

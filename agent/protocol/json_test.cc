@@ -46,7 +46,7 @@ TEST(ProtocolJson, ReportRoundTripsWithNonFiniteNumbersAsNull) {
   r.pause_seconds = 1.5;
   r.has_state = true;
   r.finished = true;
-  r.weights_sha256 = "ab12";
+  r.weights_sha256 = std::string(64, 'e');
   r.test_accuracy = 0.875;
   r.total_steps = 1872;
   const json wire = ReportToJson(r);
@@ -61,9 +61,21 @@ TEST(ProtocolJson, ReportRoundTripsWithNonFiniteNumbersAsNull) {
   EXPECT_EQ(back->pause_seconds, 1.5);
   EXPECT_TRUE(back->has_state);
   EXPECT_TRUE(back->finished);
-  EXPECT_EQ(back->weights_sha256, "ab12");
+  EXPECT_EQ(back->weights_sha256, std::string(64, 'e'));
   EXPECT_EQ(back->test_accuracy, 0.875);
   EXPECT_EQ(back->total_steps, 1872);
+}
+
+TEST(ProtocolJson, ReportWithSomethingElseThanADigestIsRefused) {
+  Report r;
+  r.finished = true;
+  for (const std::string& bad : {std::string("ab12"), std::string(64, 'E'),
+                                 std::string(63, 'a') + "g", std::string(65, 'a')}) {
+    r.weights_sha256 = bad;
+    Result<Report> back = ReportFromJson(ParseObject(Dump(ReportToJson(r))).value());
+    ASSERT_FALSE(back.ok()) << bad;
+    EXPECT_NE(back.status().message().find("weightsSha256"), std::string::npos);
+  }
 }
 
 TEST(ProtocolJson, ReportFromAnOlderAgentLacksTheOptionalFields) {

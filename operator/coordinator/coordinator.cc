@@ -445,6 +445,9 @@ Status Coordinator::SetKey(const std::string& job, const std::string& key, std::
     if (key_epoch >= 0 && key_epoch < state->plan.epoch) {
       return OlderEpoch(key_epoch, state->plan.epoch);
     }
+    // Rendezvous happens under the current plan (or, in a race with its publication, the next
+    // one): keys for later epochs would only hold memory until those epochs come, if ever.
+    if (key_epoch > state->plan.epoch + 1) return FutureEpoch(key_epoch, state->plan.epoch);
     auto existing = state->store.find(key);
     const size_t replaced =
         existing == state->store.end() ? 0 : existing->first.size() + existing->second->size();

@@ -345,7 +345,10 @@ TEST_F(CoordinatorTest, StoreRejectsWritesToPastEpochs) {
   EXPECT_EQ(old.code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(old.message(), "epoch 2 is older than the current epoch 3");
   EXPECT_TRUE(c_.SetKey(kJob, "epoch-3/rank-0", "x").ok());
-  EXPECT_TRUE(c_.SetKey(kJob, "epoch-4/rank-0", "x").ok());
+  EXPECT_TRUE(c_.SetKey(kJob, "epoch-4/rank-0", "x").ok());  // the next plan's, in a race
+  Status future = c_.SetKey(kJob, "epoch-5/rank-0", "x");
+  EXPECT_EQ(future.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(future.message(), "epoch 5 is from the future (the current epoch is 3)");
   EXPECT_TRUE(c_.SetKey(kJob, "epoch-x/rank-0", "x").ok());  // not an epoch key
   // Waiting for a key that can no longer be written fails at once.
   const auto start = Clock::now();

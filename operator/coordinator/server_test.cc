@@ -517,6 +517,10 @@ TEST_F(ServerTest, ReportsCarryTheJobLengthTheAgentFoundInItsData) {
   json negative = json::parse(ReportBody("w-0", 1));
   negative["totalSteps"] = -1;
   ExpectError(Raw(Request("POST", path, kToken, negative.dump())), 400, "totalSteps");
+  // A digest is a digest: no megabyte of text in the job's status.
+  json long_digest = json::parse(ReportBody("w-0", 1));
+  long_digest["weightsSha256"] = std::string(100000, 'a');
+  ExpectError(Raw(Request("POST", path, kToken, long_digest.dump())), 400, "weightsSha256");
 }
 
 TEST_F(ServerTest, ClientMapsHttpCodesToStatusCodes) {
