@@ -55,6 +55,8 @@ API_DNS_NAMES = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.de
 CONTROLLERS = "*,-node-lifecycle-controller"
 
 START_TIMEOUT = 180
+# Starts tried when a component loses its port to another process (see ControlPlane.start).
+START_ATTEMPTS = 3
 
 
 def bin_dir():
@@ -209,7 +211,22 @@ class ControlPlane:
         _install_signal_handlers()
         _LIVE.add(self)
         try:
-            self._start(timeout)
+            for attempt in range(1, START_ATTEMPTS + 1):
+                try:
+                    self._start(timeout)
+                    break
+                except BaseException:
+                    # Ports are picked free and bound by the components a moment later; another
+                    # process (a test's worker on an ephemeral port) may take one in between.
+                    if attempt == START_ATTEMPTS or not self._lost_a_port():
+                        raise
+                    sys.stderr.write("control plane: a component's port was taken before it "
+                                     "bound it; starting again on new ports\n")
+                    for component in reversed(self.components):
+                        component.stop()
+                        os.replace(component.log_path, "%s.%d" % (component.log_path, attempt))
+                    self.components = []
+                    shutil.rmtree(self._path("etcd-data"), ignore_errors=True)
         except BaseException:
             sys.stderr.write("control plane failed to start; component logs:\n")
             self.dump_logs()
@@ -250,9 +267,18 @@ class ControlPlane:
                   lambda: component.check_alive() or self._healthz(port), left())
         # The namespace comes from the API server, the service account from the controller
         # manager; pods cannot be created in a namespace before its `default` service account.
-        _wait("namespace default", lambda: self.get("/api/v1/namespaces/default"), left())
-        self.wait_for_service_account("default", timeout=left())
+        # A component that died after its /healthz answered (or whose port something else
+        # answers on) fails the start at once instead of at the timeout.
+        _wait("namespace default",
+              lambda: self.check_alive() or self.get("/api/v1/namespaces/default"), left())
+        _wait("service account default/default", lambda: self.check_alive() or self.get(
+            "/api/v1/namespaces/default/serviceaccounts/default"), left())
         self.check_alive()
+
+    def _lost_a_port(self):
+        """True when a component exited because its port was taken."""
+        return any(not c.alive() and "address already in use" in c.tail(30)
+                   for c in self.components)
 
     def stop(self):
         """Stops every component (scheduler and controller manager first, etcd last) and removes
