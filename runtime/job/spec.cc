@@ -4,6 +4,7 @@
 #include <openssl/evp.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include <map>
 #include <set>
 #include <span>
+#include <sstream>
 #include <string_view>
 #include <system_error>
 #include <utility>
@@ -592,9 +594,60 @@ Status ParseRoot(const YAML::Node& root, JobSpec* job) {
   return ParseSpec(top.Get("spec"), job);
 }
 
+// Debian 12's yaml-cpp (0.7) never returns from LoadAll on a flow indicator outside a flow
+// collection (a file holding only ",", or "!tag ,"): every document it starts there consumes
+// nothing, so it makes empty documents without end, and memory grows with them. Found by
+// runtime/job/spec_fuzz.cc. This pass reads the documents' events alone (no nodes are built)
+// and stops at the first document that starts where the one before it did.
+class DocumentProgress : public YAML::EventHandler {
+ public:
+  void OnDocumentStart(const YAML::Mark& mark) override {
+    if (started_ && mark.pos == last_start_.pos) stuck_ = true;
+    started_ = true;
+    last_start_ = mark;
+  }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+
+  bool stuck() const { return stuck_; }
+  const YAML::Mark& last_start() const { return last_start_; }
+
+ private:
+  bool started_ = false;
+  bool stuck_ = false;
+  YAML::Mark last_start_;
+};
+
+// Throws YAML::ParserException at the character yaml-cpp would loop on.
+void CheckDocumentsAdvance(const std::string& text) {
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  DocumentProgress progress;
+  while (parser.HandleNextDocument(progress)) {
+    if (progress.stuck()) {
+      const YAML::Mark& at = progress.last_start();
+      std::string what = "unexpected character";
+      if (at.pos >= 0 && static_cast<size_t>(at.pos) < text.size()) {
+        what = std::string("unexpected '") + text[static_cast<size_t>(at.pos)] + "'";
+      }
+      throw YAML::ParserException(at, what + " outside a flow collection");
+    }
+  }
+}
+
 Status ParseManifest(const std::string& text, JobSpec* job) {
   std::vector<YAML::Node> documents;
   try {
+    CheckDocumentsAdvance(text);
     for (YAML::Node& doc : YAML::LoadAll(text)) {
       if (KindOf(doc) != Kind::kNull) documents.push_back(doc);  // as kubectl skips empty ones
     }

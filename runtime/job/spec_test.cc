@@ -268,6 +268,12 @@ std::vector<ErrorCase> ErrorCases() {
        Manifest({{"model", "{name: mlp, hiddenSizes: [1, 2}"}}),
        kBad,
        {"malformed YAML at line ", ", column "}},
+      // yaml-cpp 0.7's LoadAll never returned on these (found by spec_fuzz).
+      {"LoneFlowEntry", ",", kBad, {"malformed YAML at line 1, column 1: unexpected ','"}},
+      {"TagBeforeFlowEntry",
+       "# a job\n!tag ,\n",
+       kBad,
+       {"malformed YAML at line 2, column 6: unexpected ','"}},
       {"EmptyFile", "", kBad, {"job.yaml: ", "empty"}},
       {"OnlyComments", "# nothing here\n", kBad, {"empty"}},
       {"TopLevelList", "- a\n- b\n", kBad, {"VirtualFlowJob manifest", "got a list"}},
