@@ -83,3 +83,45 @@ function(vf_test name)
                          PROPERTIES LABELS "${labels}" TIMEOUT 300)
   endforeach()
 endfunction()
+
+# vf_fuzz(NAME SOURCES ... VF_DEPS ... [DEPS ...])
+#   A libFuzzer target: SOURCES define LLVMFuzzerTestOneInput; its seed corpus is the folder
+#   fuzz_corpus/NAME beside them. libFuzzer needs clang, so scripts/build.sh configures a second
+#   tree with VF_FUZZ=ON and clang in $VF_FUZZ_DIR (build/fuzz). There, NAME is the fuzzer,
+#   instrumented with ASan and UBSan. In the main tree (gcc), NAME_replay runs the seed corpus
+#   through the same function under ASan (test fuzz.NAME.corpus, label unit), and the test
+#   fuzz.NAME (label fuzz) runs the clang fuzzer for VF_FUZZ_SECONDS from that corpus; an input
+#   that crashes it is kept under fuzz-artifacts/ in the build folder.
+set(VF_FUZZ_DIR "${PROJECT_BINARY_DIR}/fuzz" CACHE PATH "The clang tree with the fuzzers")
+set(VF_FUZZ_SECONDS 20 CACHE STRING "How long the suite runs each fuzzer")
+function(vf_fuzz name)
+  cmake_parse_arguments(A "" "" "SOURCES;VF_DEPS;DEPS" ${ARGN})
+  set(corpus ${CMAKE_CURRENT_SOURCE_DIR}/fuzz_corpus/${name})
+  if(VF_FUZZ)
+    add_executable(${name} ${A_SOURCES})
+    target_link_libraries(${name} PRIVATE ${A_VF_DEPS} ${A_DEPS})
+    target_link_options(${name} PRIVATE -fsanitize=fuzzer)
+    add_dependencies(vf_fuzzers ${name})
+    return()
+  endif()
+  if(NOT VF_BUILD_TESTS OR NOT VF_SANITIZER_TESTS)
+    return()
+  endif()
+  set(deps "")
+  foreach(dep ${A_VF_DEPS})
+    list(APPEND deps ${dep}_asan)
+  endforeach()
+  add_executable(${name}_replay ${A_SOURCES} ${PROJECT_SOURCE_DIR}/runtime/fuzz_replay.cc)
+  target_link_libraries(${name}_replay PRIVATE ${deps} ${A_DEPS})
+  _vf_apply_variant(${name}_replay asan)
+  add_test(NAME fuzz.${name}.corpus COMMAND ${name}_replay ${corpus})
+  set_tests_properties(fuzz.${name}.corpus PROPERTIES LABELS "unit;asan" TIMEOUT 300)
+  set(work ${PROJECT_BINARY_DIR}/fuzz-work/${name})
+  set(artifacts ${PROJECT_BINARY_DIR}/fuzz-artifacts)
+  add_test(NAME fuzz.${name}
+           COMMAND sh -c "mkdir -p '${work}' '${artifacts}' && exec \"$0\" \"$@\""
+                   ${VF_FUZZ_DIR}/bin/${name} -max_total_time=${VF_FUZZ_SECONDS} -timeout=10
+                   -rss_limit_mb=2048 -print_final_stats=1
+                   -artifact_prefix=${artifacts}/${name}- ${work} ${corpus})
+  set_tests_properties(fuzz.${name} PROPERTIES LABELS fuzz TIMEOUT 300)
+endfunction()

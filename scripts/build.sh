@@ -48,3 +48,18 @@ cmake -S "$root" -B "$build" -G Ninja \
 grep -E "^VF_WITH_(CUDA|NCCL):" "$build/CMakeCache.txt" | sed 's/^/build: /'
 jobs="${VF_BUILD_JOBS:-$(nproc)}"
 ninja -C "$build" -j "$jobs" "$@"
+# The fuzzers (libFuzzer needs clang; scripts/setup.sh installs it) in a tree of their own,
+# which the main tree's fuzz.* tests run. Only with the full build: named targets build alone.
+# VF_FUZZ=off skips them.
+if [ "$#" -eq 0 ] && [ "${VF_FUZZ:-on}" != off ]; then
+  clang_cxx="$(command -v clang++-14 || command -v clang++ || true)"
+  if [ -z "$clang_cxx" ]; then
+    echo "build: no clang++ for the fuzzers (scripts/setup.sh installs clang-14)" >&2
+    exit 1
+  fi
+  cmake -S "$root" -B "$build/fuzz" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_COMPILER="$clang_cxx" -DCMAKE_C_COMPILER="${clang_cxx/clang++/clang}" \
+    -DVF_FUZZ=ON -DVF_BUILD_TESTS=OFF -DVF_WITH_CUDA=OFF -DVF_WITH_NCCL=OFF -DVF_PYTHON= \
+    "${launcher[@]}" >/dev/null
+  ninja -C "$build/fuzz" -j "$jobs" vf_fuzzers
+fi

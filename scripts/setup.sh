@@ -12,6 +12,7 @@ PACKAGES=(
   python3-venv   # scripts/setup-python.sh: the environment with PyTorch
   fortunes       # examples/torch/gpt.py's corpus
   clang-format clang-tidy
+  clang-14 libclang-rt-14-dev   # the fuzzers (libFuzzer) in build/fuzz
   ccache   # scripts/build.sh: a rebuild of sources compiled before takes a minute
   openssl util-linux iproute2   # tests/e2e: control-plane certificates, flock, the pods' networks
 )
