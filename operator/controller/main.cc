@@ -63,6 +63,9 @@ struct OperatorFlags {
   double lease_duration = 15;
   double renew_deadline = 10;
   double retry_period = 2;
+  // The main client's request budget (client-go's and kube-controller-manager's defaults).
+  double kube_api_qps = 20;
+  int64_t kube_api_burst = 30;
   // --coordinator-listen and --http-listen split into host and port.
   std::pair<std::string, int> coordinator_address;
   std::pair<std::string, int> http_address;
@@ -153,6 +156,19 @@ std::optional<int> ParseFlags(int argc, char** argv, OperatorFlags& f) {
                  "how long a plan waits for joiners still warming up")
       ->check(vf::FiniteNumber())
       ->capture_default_str();
+  const auto Positive = [](const std::string& value) -> std::string {
+    return std::strtod(value.c_str(), nullptr) > 0 ? "" : "must be greater than 0, got " + value;
+  };
+  app.add_option("--kube-api-qps", f.kube_api_qps,
+                 "requests per second to the API server, sustained (the Lease's client apart)")
+      ->check(vf::FiniteNumber())
+      ->check(Positive)
+      ->capture_default_str();
+  app.add_option("--kube-api-burst", f.kube_api_burst,
+                 "requests to the API server allowed at once above --kube-api-qps")
+      ->transform(vf::Base10Integer())
+      ->check(Positive)
+      ->capture_default_str();
   if (auto exit_code = vf::ParseCommandLine(app, kProgram, argc, argv)) return exit_code;
 
   auto usage = [](const std::string& m) { return vf::UsageError(kProgram, m); };
@@ -210,7 +226,10 @@ vf::Result<ApiClients> ConnectToApiServer(const OperatorFlags& f, vf::OperatorMe
   auto config =
       f.kubeconfig.empty() ? vf::kube::InClusterConfig() : vf::kube::LoadKubeconfig(f.kubeconfig);
   if (!config.ok()) return config.status();
-  auto client = vf::kube::Client::Create(*config);
+  vf::kube::ClientOptions options;
+  options.qps = f.kube_api_qps;
+  options.burst = static_cast<int>(f.kube_api_burst);
+  auto client = vf::kube::Client::Create(*config, options);
   if (!client.ok()) return client.status();
   (*client)->set_request_observer([&metrics](std::string_view verb, int code, double seconds) {
     metrics.OnApiRequest(verb, seconds,

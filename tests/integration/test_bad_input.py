@@ -3,9 +3,10 @@
 import gzip
 import os
 import shutil
+import subprocess
 import unittest
 
-from harness import DATASET_DIR, VfTestCase, vf
+from harness import BIN_DIR, DATASET_DIR, VfTestCase, vf
 
 
 class BadInputTest(VfTestCase):
@@ -22,6 +23,13 @@ class BadInputTest(VfTestCase):
         with open(path, "w") as f:
             f.write("apiVersion: virtualflow.io/v1alpha1\nkind: VirtualFlowJob\nspec: [1, 2\n")
         self.assertOneLineError(vf("run", path), "bad.yaml", "line")
+
+    def test_stray_flow_entry_is_malformed_not_a_hang(self):
+        # yaml-cpp 0.7's LoadAll never returned on this file (found by runtime/job/spec_fuzz.cc).
+        path = os.path.join(self.tmp, "comma.yaml")
+        with open(path, "w") as f:
+            f.write("# a job\n,\n")
+        self.assertOneLineError(vf("run", path), "comma.yaml", "line 2, column 1", "','")
 
     def test_batch_not_divisible_by_virtual_nodes(self):
         self.assertOneLineError(vf("run", self.job(globalBatchSize="250")),
@@ -104,6 +112,28 @@ class BadInputTest(VfTestCase):
         job = self.job(optimizer="{name: sgd, learningRate: 1.0e+30, momentum: 0.0}")
         run = vf("run", job, "--workers", "2", "--steps", "20")
         self.assertOneLineError(run, "step ", "NaN", "learning rate")
+
+
+class OperatorFlagsTest(unittest.TestCase):
+    """The operator's own command line: a bad value is one line naming the flag."""
+
+    def operator(self, *args):
+        return subprocess.run([os.path.join(BIN_DIR, "virtualflow-operator"), *args],
+                              capture_output=True, text=True, timeout=30)
+
+    def test_api_budget_must_be_positive(self):
+        for flag, value in (("--kube-api-qps", "0"), ("--kube-api-qps", "-5"),
+                            ("--kube-api-burst", "0")):
+            run = self.operator(flag, value)
+            self.assertEqual(run.returncode, 2, run.stderr)
+            self.assertEqual(run.stderr.strip(), "virtualflow-operator: error: %s: must be "
+                             "greater than 0, got %s" % (flag, value))
+
+    def test_help_names_the_api_budget(self):
+        run = self.operator("--help")
+        self.assertEqual(run.returncode, 0, run.stderr)
+        self.assertIn("--kube-api-qps FLOAT", run.stdout)
+        self.assertIn("--kube-api-burst INT", run.stdout)
 
 
 if __name__ == "__main__":
