@@ -19,7 +19,8 @@ bool Usable(const WorkerState& w) {
 // input).
 struct Survivors {
   std::vector<const WorkerState*> keep;  // still training, rank order
-  bool lost = false;                     // a member failed, exited or vanished
+  bool lost = false;                     // a member failed, exited, vanished or went silent
+  std::vector<std::string> silent;       // the members that stopped answering
   bool leaving = false;                  // a member is being stopped or asked to leave
 };
 
@@ -38,6 +39,11 @@ Survivors SortOutMembers(const MembershipInput& in) {
       out.lost = true;
     } else if (w.life == WorkerLife::kLeaving || w.leave_requested) {
       out.leaving = true;
+    } else if (!w.responsive) {
+      // Its process or pod looks alive, but it stopped answering: the survivors' collectives
+      // and rendezvous would wait for it forever. It is fenced by the new epoch.
+      out.lost = true;
+      out.silent.push_back(w.name);
     } else {
       // Running members stay even while the coordinator has not heard from them again (an
       // operator restart): only their process or pod says whether they are alive.
@@ -59,6 +65,7 @@ Joiners FindJoiners(const MembershipInput& in) {
   Joiners out;
   for (const WorkerState& w : in.workers) {
     if (members.count(w.name) != 0) continue;
+    if (!w.responsive) continue;
     if (Usable(w) && w.on_schedulable_node) {
       out.ready.push_back(&w);
     } else if ((w.life == WorkerLife::kStarting || w.life == WorkerLife::kRunning) &&
@@ -114,6 +121,11 @@ void Describe(const MembershipInput& in, const Survivors& s, bool shrinks, size_
   if (in.members.empty()) {
     out.kind = "start";
     out.reason = "started with " + to_text + " workers";
+  } else if (!s.silent.empty()) {
+    out.kind = "failure";
+    std::string names;
+    for (const std::string& name : s.silent) names += (names.empty() ? "" : ", ") + name;
+    out.reason = names + " stopped answering; " + from_text + " -> " + to_text + " workers";
   } else if (s.lost || in.failure_reported) {
     out.kind = "failure";
     out.reason = "a worker failed; " + from_text + " -> " + to_text + " workers";

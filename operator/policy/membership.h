@@ -15,6 +15,11 @@ namespace vf::policy {
 // --join-batch-seconds defaults to it and `vf run` uses it as is.
 inline constexpr double kJoinBatchSeconds = 20.0;
 
+// How long a registered worker may go without any request to the coordinator before the
+// membership leaves it out as unresponsive. Agents poll the plan every second while they live,
+// so only a process that cannot run or cannot reach the coordinator stays silent this long.
+inline constexpr double kUnresponsiveSeconds = 10.0;
+
 // Where a worker is in its life, as the membership decision needs to know it.
 enum class WorkerLife {
   kStarting,  // not yet running (a pod pending or being started)
@@ -31,7 +36,11 @@ struct WorkerState {
   bool registered = false;  // known to the coordinator
   bool ready = false;       // warmed up
   bool leave_requested = false;
-  bool on_schedulable_node = true;      // false once its node is cordoned or not ready
+  bool on_schedulable_node = true;  // false once its node is cordoned or not ready
+  // False when the coordinator has not heard from a registered worker for kUnresponsiveSeconds
+  // (every agent asks for the plan at least once a second): a stopped (SIGSTOP), hung or
+  // partitioned process whose process or pod still looks alive.
+  bool responsive = true;
   double age_seconds = 0;               // since it was started
   double seconds_per_virtual_node = 0;  // measured; 0 when unknown
 };
@@ -68,13 +77,14 @@ struct MembershipDecision {
 };
 
 // Rules: a member that is gone (failed, exited without leaving, or no longer among the workers)
-// or that reported a failed collective forces a new plan at once; a member that is leaving (being
-// stopped, or it asked) is left out of the next plan; ready joiners are added up to `desired`,
-// oldest first, waiting up to join_batch_seconds for joiners still warming up; survivors keep
-// their order so that rank 0 always holds the training state; when the job must shrink, members
-// on nodes that are going away leave first, then the highest ranks. The first plan waits until
-// `min_workers` are ready. Virtual nodes are split (runtime/split.h) in proportion to measured
-// speed when every member has a measurement, evenly otherwise.
+// or unresponsive, or that reported a failed collective, forces a new plan at once (an
+// unresponsive worker is not taken as a joiner either, until it is heard from again); a member that
+// is leaving (being stopped, or it asked) is left out of the next plan; ready joiners are added up
+// to `desired`, oldest first, waiting up to join_batch_seconds for joiners still warming up;
+// survivors keep their order so that rank 0 always holds the training state; when the job must
+// shrink, members on nodes that are going away leave first, then the highest ranks. The first plan
+// waits until `min_workers` are ready. Virtual nodes are split (runtime/split.h) in proportion to
+// measured speed when every member has a measurement, evenly otherwise.
 MembershipDecision DecideMembership(const MembershipInput& input);
 
 }  // namespace vf::policy

@@ -92,6 +92,42 @@ TEST(MembershipTest, LostMemberForcesAPlanAtOnce) {
   EXPECT_EQ(d.kind, "failure");
 }
 
+TEST(MembershipTest, UnresponsiveMemberIsLeftOutAtOnce) {
+  MembershipInput in;
+  in.members = {"a", "b", "c"};
+  in.desired = 3;
+  in.virtual_nodes = 12;
+  in.failure_reported = true;  // the survivors' collective timed out waiting for it
+  WorkerState stopped = Ready("b");
+  stopped.responsive = false;
+  in.workers = {Ready("a"), stopped, Ready("c")};
+  MembershipDecision d = DecideMembership(in);
+  ASSERT_TRUE(d.publish);
+  EXPECT_EQ(d.kind, "failure");
+  EXPECT_EQ(d.reason, "b stopped answering; 3 -> 2 workers");
+  EXPECT_EQ(Names(d), (std::vector<std::string>{"a", "c"}));
+  // Even before anyone reports a failed collective.
+  in.failure_reported = false;
+  EXPECT_EQ(Names(DecideMembership(in)), (std::vector<std::string>{"a", "c"}));
+}
+
+TEST(MembershipTest, UnresponsiveWorkerIsNoJoinerUntilHeardAgain) {
+  MembershipInput in;
+  in.members = {"a"};
+  in.desired = 2;
+  in.virtual_nodes = 4;
+  WorkerState silent = Ready("b");
+  silent.responsive = false;
+  in.workers = {Ready("a"), silent};
+  MembershipDecision d = DecideMembership(in);
+  EXPECT_FALSE(d.publish);
+  in.workers[1].responsive = true;  // it woke up (SIGCONT) or the network healed
+  d = DecideMembership(in);
+  ASSERT_TRUE(d.publish);
+  EXPECT_EQ(d.kind, "grow");
+  EXPECT_EQ(Names(d), (std::vector<std::string>{"a", "b"}));
+}
+
 TEST(MembershipTest, ReportedFailureRedoesWithSameMembers) {
   MembershipInput in;
   in.members = {"a", "b"};
