@@ -6,6 +6,7 @@
 
 #include "operator/controller/inventory.h"
 #include "operator/controller/worker_pod.h"
+#include "operator/policy/membership.h"
 
 namespace vf::controller {
 
@@ -76,7 +77,12 @@ void Controller::WatchCoordinator(std::stop_token stop) {
   // Agents' registrations, reports, leave requests and failures change what a job needs;
   // the coordinator's per-job generation says when.
   std::map<std::string, uint64_t> seen;
+  // A member whose pod runs but that stopped answering (hung, stopped, cut off) is noticed by
+  // its silence, which this marks (and which bumps the generation).
+  const auto silent_after = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(policy::kUnresponsiveSeconds));
   while (!stop.stop_requested()) {
+    coordinator_.SweepSilent(silent_after);
     for (const std::string& job : coordinator_.ListJobs()) {
       auto view = coordinator_.GetJob(job);
       if (!view.ok()) continue;

@@ -779,6 +779,7 @@ policy::MembershipInput Reconciler::MembershipInputOf(const Pass& p) const {
       w.registered = true;
       w.ready = it->second.ready;
       w.leave_requested = it->second.leave_requested;
+      w.responsive = !it->second.silent;
       w.seconds_per_virtual_node = it->second.last_report.seconds_per_virtual_node;
     }
     const std::string node = Obj(pod, "spec").value("nodeName", "");

@@ -16,6 +16,12 @@ constexpr size_t kMaxNameBytes = 253;  // a Kubernetes object name
 constexpr size_t kMaxTokenBytes = 4096;
 constexpr size_t kMaxFailureMessageBytes = 4096;
 
+// The worker was heard from just now.
+void Touch(WorkerInfo& info) {
+  info.last_seen = Clock::now();
+  info.silent = false;
+}
+
 bool IsNameChar(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
          c == '.' || c == '_';
@@ -338,7 +344,7 @@ Status Coordinator::RegisterWorker(const std::string& job, const std::string& wo
   info.ready = ready;
   info.fingerprint = fingerprint;
   info.build = build;
-  info.last_seen = Clock::now();
+  Touch(info);
   BumpLocked(*state);
   return Status::Ok();
 }
@@ -354,7 +360,7 @@ Status Coordinator::RecordReport(const std::string& job, const std::string& work
   if (report.epoch > state.plan.epoch) return FutureEpoch(report.epoch, state.plan.epoch);
   if (report.epoch < state.plan.epoch) return OlderEpoch(report.epoch, state.plan.epoch);
   info->last_report = report;
-  info->last_seen = Clock::now();
+  Touch(*info);
   BumpLocked(state);
   return Status::Ok();
 }
@@ -363,7 +369,7 @@ Status Coordinator::RequestLeave(const std::string& job, const std::string& work
   std::lock_guard<std::mutex> lock(mu_);
   VF_ASSIGN_OR_RETURN(WorkerInfo * info, FindWorkerLocked(job, worker));
   info->leave_requested = true;
-  info->last_seen = Clock::now();
+  Touch(*info);
   BumpLocked(jobs_.at(job));
   return Status::Ok();
 }
@@ -380,7 +386,7 @@ Status Coordinator::AckPlan(const std::string& job, const std::string& worker, i
                               "; only a worker that a plan excludes acknowledges it");
   }
   info->acked_epoch = std::max(info->acked_epoch, epoch);
-  info->last_seen = Clock::now();
+  Touch(*info);
   BumpLocked(state);
   return Status::Ok();
 }
@@ -397,9 +403,34 @@ Status Coordinator::RecordFailure(const std::string& job, const std::string& wor
     info->failure_step = step;
     info->failure_message = message.substr(0, kMaxFailureMessageBytes);
   }
-  info->last_seen = Clock::now();
+  Touch(*info);
   BumpLocked(state);
   return Status::Ok();
+}
+
+void Coordinator::Heard(const std::string& job, const std::string& worker) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto state = FindLocked(job);
+  if (!state.ok()) return;
+  auto it = (*state)->workers.find(worker);
+  if (it == (*state)->workers.end()) return;
+  const bool was_silent = it->second.silent;
+  Touch(it->second);
+  if (was_silent) BumpLocked(**state);
+}
+
+void Coordinator::SweepSilent(std::chrono::steady_clock::duration threshold) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Clock::time_point now = Clock::now();
+  for (auto& [name, state] : jobs_) {
+    bool changed = false;
+    for (auto& [worker, info] : state.workers) {
+      const bool silent = now - info.last_seen > threshold;
+      changed = changed || silent != info.silent;
+      info.silent = silent;
+    }
+    if (changed) BumpLocked(state);
+  }
 }
 
 Status Coordinator::ForgetWorker(const std::string& job, const std::string& worker) {

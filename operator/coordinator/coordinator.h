@@ -37,7 +37,10 @@ struct WorkerInfo {
   int64_t failure_step = -1;
   std::string failure_message;
   Report last_report;
+  // Its last request of any kind (a plan poll counts: agents poll every second while they live).
   std::chrono::steady_clock::time_point last_seen;
+  // Not heard from for the threshold of the last SweepSilent: stopped, hung or cut off.
+  bool silent = false;
 };
 
 // A consistent copy of one job's state.
@@ -111,6 +114,13 @@ class Coordinator {
   // A collective failed in `epoch` (not in the future) at `step`.
   Status RecordFailure(const std::string& job, const std::string& worker, int64_t epoch,
                        int64_t step, const std::string& message);
+  // The worker made a request (a plan poll, a store access): it runs and reaches us. Unknown
+  // jobs and workers are ignored (a worker polls before it registers).
+  void Heard(const std::string& job, const std::string& worker);
+  // Marks every registered worker not heard from for `threshold` as silent, and clears the mark
+  // of one heard again; a change bumps the job's generation. The controller and the local
+  // runner call it periodically, so that a hung member is noticed without any request.
+  void SweepSilent(std::chrono::steady_clock::duration threshold);
   // Drops a worker's registration (a controller's verdict that it is dead).
   Status ForgetWorker(const std::string& job, const std::string& worker);
 

@@ -76,6 +76,35 @@ TEST_F(CoordinatorTest, CheckTokenDistinguishesUnknownJobAndWrongToken) {
   EXPECT_EQ(c_.CheckToken("team/other", kToken).code(), StatusCode::kNotFound);
 }
 
+TEST_F(CoordinatorTest, WorkerNotHeardFromIsSilentUntilHeardAgain) {
+  RegisterAll(2);
+  const uint64_t before = c_.GetJob(kJob)->generation;
+  c_.SweepSilent(std::chrono::hours(1));  // everyone was heard from just now
+  EXPECT_EQ(c_.GetJob(kJob)->generation, before);
+  EXPECT_FALSE(c_.GetJob(kJob)->workers.at("w-0").silent);
+
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  c_.Heard(kJob, "w-1");
+  c_.SweepSilent(std::chrono::milliseconds(10));
+  JobView view = *c_.GetJob(kJob);
+  EXPECT_TRUE(view.workers.at("w-0").silent);
+  EXPECT_FALSE(view.workers.at("w-1").silent);
+  EXPECT_GT(view.generation, before);  // controllers are woken by the change
+
+  const uint64_t marked = view.generation;
+  c_.SweepSilent(std::chrono::milliseconds(10));  // still silent: nothing changes
+  EXPECT_EQ(c_.GetJob(kJob)->generation, marked);
+  c_.Heard(kJob, "w-0");  // a plan poll after SIGCONT
+  view = *c_.GetJob(kJob);
+  EXPECT_FALSE(view.workers.at("w-0").silent);
+  EXPECT_GT(view.generation, marked);
+
+  // Requests for unknown jobs or workers are no error and change nothing.
+  c_.Heard("ns/other", "w-0");
+  c_.Heard(kJob, "w-9");
+  EXPECT_EQ(c_.GetJob(kJob)->workers.count("w-9"), 0u);
+}
+
 TEST_F(CoordinatorTest, PlansGetIncreasingEpochsAndPrefixes) {
   EXPECT_EQ(c_.GetPlan(kJob)->epoch, 0);
   Result<Plan> first = c_.PublishPlan(kJob, Members(2));

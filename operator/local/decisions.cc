@@ -58,7 +58,9 @@ std::vector<int> SlotsToFill(const std::vector<int>& taken, int live, int usable
   return out;
 }
 
-bool Usable(const ProcessView& p) { return p.alive && !p.asked_to_leave && !p.leave_requested; }
+bool Usable(const ProcessView& p) {
+  return p.alive && p.responsive && !p.asked_to_leave && !p.leave_requested;
+}
 
 policy::WorkerState WorkerStateOf(const ProcessView& p) {
   policy::WorkerState w;
@@ -72,6 +74,7 @@ policy::WorkerState WorkerStateOf(const ProcessView& p) {
   w.registered = p.registered;
   w.ready = p.ready;
   w.leave_requested = p.leave_requested;
+  w.responsive = p.responsive;
   w.age_seconds = p.age_seconds;
   return w;
 }

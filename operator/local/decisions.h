@@ -49,9 +49,11 @@ struct ProcessView {
   bool registered = false;       // known to the coordinator
   bool ready = false;            // warmed up
   bool leave_requested = false;  // it asked to leave (SIGTERM)
+  bool responsive = true;        // the coordinator heard from it lately (not stopped or hung)
 };
 
-// Whether the process can train from the next plan on: alive, and neither leaving nor asked to.
+// Whether the process can train from the next plan on: alive and answering, and neither leaving
+// nor asked to.
 bool Usable(const ProcessView& p);
 
 // The process as the membership decision sees it. Speeds are left unknown, so that plans split

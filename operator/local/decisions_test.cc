@@ -122,6 +122,14 @@ TEST(ProcessView, WorkerThatAskedToLeaveIsNotUsable) {
   EXPECT_TRUE(WorkerStateOf(p).leave_requested);
 }
 
+TEST(ProcessView, SilentProcessIsAliveButNotUsable) {
+  ProcessView p = Ready("w");
+  p.responsive = false;  // stopped (SIGSTOP): waitpid still sees it alive
+  EXPECT_FALSE(Usable(p));
+  EXPECT_EQ(WorkerStateOf(p).life, policy::WorkerLife::kRunning);
+  EXPECT_FALSE(WorkerStateOf(p).responsive);
+}
+
 TEST(ProcessView, EndedProcessHasExitedOrFailedByItsExitCode) {
   ProcessView p = Ready("w");
   p.alive = false;

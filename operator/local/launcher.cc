@@ -44,6 +44,9 @@ std::atomic<bool> g_stop{false};
 constexpr int kExitJobFailed = 3;  // virtualflow-agent: the job cannot go on
 // Seconds between two rebalances: each one pauses every member.
 constexpr double kRebalanceInterval = 5.0;
+// policy::kUnresponsiveSeconds as a steady-clock duration, for Coordinator::SweepSilent.
+constexpr auto kSilentAfter = std::chrono::duration_cast<Clock::duration>(
+    std::chrono::duration<double>(policy::kUnresponsiveSeconds));
 
 double Since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -558,6 +561,7 @@ local::ProcessView LocalCluster::ViewOf(const Worker& w, const JobView& view) co
     p.registered = true;
     p.ready = it->second.ready;
     p.leave_requested = it->second.leave_requested;
+    p.responsive = !it->second.silent;
   }
   return p;
 }
@@ -757,6 +761,8 @@ Result<LocalRunSummary> LocalCluster::Run() {
       StopAll();
       return job_failure;
     }
+    // A member stopped (SIGSTOP), hung or cut off is alive to waitpid; only its silence tells.
+    coordinator_.SweepSilent(kSilentAfter);
     VF_ASSIGN_OR_RETURN(JobView view, coordinator_.GetJob(job_id_));
     generation = view.generation;
     NoteResizePauses(view);
