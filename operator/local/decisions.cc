@@ -86,9 +86,14 @@ bool FailureReported(const std::vector<int64_t>& failure_epochs, int64_t plan_ep
                      [&](int64_t e) { return e >= plan_epoch; });
 }
 
-std::string PlanReason(const std::string& kind, const std::string& policy_reason, int slots) {
+std::string PlanReason(const std::string& kind, const std::string& policy_reason, int slots,
+                       const std::string& membership_reason) {
   if (kind == "start") return "start";
-  if (kind == "failure") return "a worker failed";
+  if (kind == "failure") {
+    // Its first clause ("worker-2 stopped answering; 3 -> 2 workers"): the sizes are shown apart.
+    const std::string what = membership_reason.substr(0, membership_reason.find(';'));
+    return what.find("stopped answering") != std::string::npos ? what : "a worker failed";
+  }
   if (kind == "leave") return "a worker asked to leave";
   const std::string have = std::to_string(slots) + " slots";
   return policy_reason.empty() ? have : policy_reason + ", " + have;

@@ -67,8 +67,11 @@ bool FailureReported(const std::vector<int64_t>& failure_epochs, int64_t plan_ep
                      int64_t handled_failure_epoch);
 
 // The reason `vf run` gives for a plan (resize lines and --summary-json): "start", "a worker
-// failed", "a worker asked to leave", or the policy's reason with the slots it had.
-std::string PlanReason(const std::string& kind, const std::string& policy_reason, int slots);
+// failed" (or, for a silent member, the membership's "worker-2 stopped answering"), "a worker
+// asked to leave", or the policy's reason with the slots it had. `membership_reason` is the
+// decision's reason.
+std::string PlanReason(const std::string& kind, const std::string& policy_reason, int slots,
+                       const std::string& membership_reason = "");
 
 // A worker's smoothed seconds per virtual node under one plan. Single reports are noisy (a busy
 // machine, a pause); a rebalance costs every member a pause, so it acts on averages only. Value

@@ -168,6 +168,9 @@ TEST(FailureReported, PlanThatAnsweredAFailureIsNotRedoneForIt) {
 TEST(PlanReason, NamesWhatChanged) {
   EXPECT_EQ(PlanReason("start", "started", 2), "start");
   EXPECT_EQ(PlanReason("failure", "", 2), "a worker failed");
+  EXPECT_EQ(PlanReason("failure", "", 2, "a worker failed; 3 -> 2 workers"), "a worker failed");
+  EXPECT_EQ(PlanReason("failure", "", 2, "worker-2 stopped answering; 3 -> 2 workers"),
+            "worker-2 stopped answering");
   EXPECT_EQ(PlanReason("leave", "", 2), "a worker asked to leave");
   EXPECT_EQ(PlanReason("grow", "grew: idle GPUs lent", 4), "grew: idle GPUs lent, 4 slots");
   EXPECT_EQ(PlanReason("shrink", "", 1), "1 slots");

@@ -638,7 +638,7 @@ Status LocalCluster::Reconcile(const JobView& view) {
   const policy::MembershipDecision decision =
       policy::DecideMembership(MembershipInputOf(view, desired.workers));
   if (!decision.publish) return decision.held ? Status::Ok() : MaybeRebalance(view);
-  return Adopt(decision, local::PlanReason(decision.kind, desired.reason, slots));
+  return Adopt(decision, local::PlanReason(decision.kind, desired.reason, slots, decision.reason));
 }
 void LocalCluster::StopAll() {
   for (auto& w : workers_) {

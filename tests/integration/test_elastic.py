@@ -195,6 +195,40 @@ class ElasticTest(VfTestCase):
         self.assertNotIn("worker-2 was killed", out)
         self.assertEqual(summary["weights_sha256"], expected)
 
+    def test_stopped_member_is_left_out_and_rejoins_with_identical_weights(self):
+        # SIGSTOP: the process lives (waitpid sees nothing) but answers nobody, as a hung or
+        # partitioned worker. The survivors' collective times out (--timeout), the coordinator
+        # notices the silence, and the next plan goes on without it; woken, it is heard from
+        # again and rejoins through a state transfer.
+        job = elastic_job(self.tmp, replicas="{min: 1, max: 3}", steps="600")
+        expected = self.reference(elastic_job(self.tmp, "ref.yaml", steps="600"))
+        bg = Background(self.tmp, job, "--workers", "3", "--slowdown", SLOW, "--timeout", "10",
+                        progress="0.2")
+        bg.info()
+        deadline = time.monotonic() + 60
+        while bg.plan_members() != {"worker-0", "worker-1", "worker-2"}:
+            self.assertLess(time.monotonic(), deadline, "3 workers never trained together")
+            time.sleep(0.2)
+        victim = bg.workers()["worker-2"]
+        os.kill(victim, signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 90
+            while "worker-2" in bg.plan_members():
+                self.assertLess(time.monotonic(), deadline, "the stopped worker stayed a member")
+                self.assertIsNone(bg.proc.poll(), "vf run ended while a worker was stopped")
+                time.sleep(0.5)
+            resumed_at = bg.step()
+            self.assertTrue(bg.wait_for_step(resumed_at + 20, timeout=60),
+                            "the survivors did not go on without the stopped worker")
+        finally:
+            os.kill(victim, signal.SIGCONT)
+        code, out, err, summary = bg.wait()
+        self.assertEqual(code, 0, out + err)
+        silent = [r for r in summary["resizes"] if "worker-2 stopped answering" in r["reason"]]
+        self.assertEqual(len(silent), 1, out)
+        self.assertEqual((silent[0]["from"], silent[0]["to"]), (3, 2))
+        self.assertEqual(summary["weights_sha256"], expected)
+
     def test_joiner_never_included_ends_at_once_on_sigterm(self):
         # A pod the operator deletes before any plan included it (it scaled back first) gets
         # SIGTERM while its agent waits for a plan; it must end then, not when its wait times
