@@ -23,6 +23,7 @@ enum class StatusCode {
   kNumerical,           // NaN/Inf or overflow in training math
   kInternal,            // a bug or an unexpected library failure
   kUnauthenticated,     // credentials missing or not accepted (HTTP 401)
+  kPermissionDenied,    // authenticated, but not allowed to do this (HTTP 403)
 };
 
 std::string_view StatusCodeName(StatusCode code);
@@ -57,6 +58,9 @@ inline Status InvalidArgument(std::string m) {
 inline Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
 inline Status Unauthenticated(std::string m) {
   return {StatusCode::kUnauthenticated, std::move(m)};
+}
+inline Status PermissionDenied(std::string m) {
+  return {StatusCode::kPermissionDenied, std::move(m)};
 }
 inline Status DataLoss(std::string m) { return {StatusCode::kDataLoss, std::move(m)}; }
 inline Status DeadlineExceeded(std::string m) {

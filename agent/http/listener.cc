@@ -98,6 +98,10 @@ status_code HttpCode(const Status& status) {
       return status_codes::RequestTimeout;
     case StatusCode::kUnavailable:
       return status_codes::ServiceUnavailable;
+    case StatusCode::kUnauthenticated:
+      return status_codes::Unauthorized;
+    case StatusCode::kPermissionDenied:
+      return status_codes::Forbidden;
     default:
       return status_codes::InternalError;
   }
@@ -263,6 +267,8 @@ class Listener::Impl : public std::enable_shared_from_this<Listener::Impl> {
   std::optional<InFlight> Enter();
   void Leave();
   void Dispatch(const http_request& request);
+  // Answers 413 and drops the body when the request's declared body is over the limit.
+  bool RefuseLargeBody(const http_request& request);
 
   const std::string host_;
   const int port_;
@@ -325,6 +331,7 @@ void Listener::Impl::Dispatch(const http_request& request) {
     DrainBody(request);
     return;
   }
+  if (RefuseLargeBody(request)) return;
   try {
     handler_(request, *in_flight);
   } catch (...) {
@@ -332,6 +339,27 @@ void Listener::Impl::Dispatch(const http_request& request) {
     Send(request, options_.error_response(status_codes::InternalError,
                                           options_.name + " failed: " + CurrentExceptionMessage()));
   }
+}
+
+bool Listener::Impl::RefuseLargeBody(const http_request& request) {
+  const size_t limit = options_.max_body_bytes;
+  uint64_t declared = 0;
+  std::string encoding;
+  std::string problem;
+  if (request.headers().match(web::http::header_names::content_length, declared) &&
+      declared > limit) {
+    problem = "request body is " + std::to_string(declared) + " bytes";
+  } else if (limit == 0 &&
+             request.headers().match(web::http::header_names::transfer_encoding, encoding) &&
+             encoding.find("chunked") != std::string::npos) {
+    problem = "request has a chunked body";
+  }
+  if (problem.empty()) return false;
+  Send(request, options_.error_response(status_codes::RequestEntityTooLarge,
+                                        options_.name + ": " + problem + "; the limit is " +
+                                            std::to_string(limit) + " bytes"));
+  DrainBody(request);
+  return true;
 }
 
 void Listener::Impl::Stop(const std::function<void()>& before_close) {

@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -46,8 +47,9 @@ std::string HostForUri(const std::string& host);
 // log shows them as they are.
 std::string OneLine(std::string text);
 
-// The HTTP status that answers a failed Status: 400 InvalidArgument, 404 NotFound,
-// 409 FailedPrecondition, 408 DeadlineExceeded, 503 Unavailable, 500 anything else.
+// The HTTP status that answers a failed Status: 400 InvalidArgument, 401 Unauthenticated,
+// 403 PermissionDenied, 404 NotFound, 409 FailedPrecondition, 408 DeadlineExceeded,
+// 503 Unavailable, 500 anything else.
 web::http::status_code HttpCode(const Status& status);
 
 // The message of the exception being handled; call inside a catch block only.
@@ -118,6 +120,11 @@ class Listener {
     // shutting down".
     std::string name = "server";
     ErrorResponse error_response;  // default: TextResponse
+    // A request whose Content-Length is larger is answered 413 without reaching the handler,
+    // and its body is read and dropped. 0: no body at all, so a chunked body (whose size only
+    // its end tells) is refused too; a server that takes bodies bounds chunked ones as it reads
+    // them (ReadBody).
+    size_t max_body_bytes = std::numeric_limits<size_t>::max();
   };
 
   // Listens on host:port; port 0 picks a free port (see port()). InvalidArgument for an empty

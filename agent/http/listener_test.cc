@@ -18,6 +18,7 @@
 #include <vector>
 
 #include <cpprest/http_client.h>
+#include <cpprest/producerconsumerstream.h>
 
 // As in operator/coordinator/server_test.cc: cpprest can leave a continuation of its own
 // connection handling queued when a process exits right after a listener closed, and
@@ -135,6 +136,8 @@ TEST(AnswersTest, StatusCodesMapToHttpCodes) {
   EXPECT_EQ(HttpCode(FailedPrecondition("x")), status_codes::Conflict);
   EXPECT_EQ(HttpCode(DeadlineExceeded("x")), status_codes::RequestTimeout);
   EXPECT_EQ(HttpCode(Unavailable("x")), status_codes::ServiceUnavailable);
+  EXPECT_EQ(HttpCode(Unauthenticated("x")), status_codes::Unauthorized);
+  EXPECT_EQ(HttpCode(PermissionDenied("x")), status_codes::Forbidden);
   EXPECT_EQ(HttpCode(Internal("x")), status_codes::InternalError);
   EXPECT_EQ(HttpCode(DataLoss("x")), status_codes::InternalError);
 }
@@ -281,6 +284,56 @@ TEST(ListenerTest, StoppingAnswers503WithoutTheHandlerAndRunsBeforeCloseOnce) {
   listener->Stop([&] { ++before_close_calls; });
   EXPECT_EQ(before_close_calls, 1);
   EXPECT_THROW(Fetch(url, "/"), web::http::http_exception);
+}
+
+TEST(ListenerTest, BodiesOverTheListenersLimitAre413WithoutReachingTheHandler) {
+  std::atomic<int> calls{0};
+  Listener::Options options = Named("small server");
+  options.max_body_bytes = 16;
+  auto listener = StartOrNull(
+      [&](const http_request& request, const InFlight& in_flight) {
+        ++calls;
+        AnswerPath(request, in_flight);
+      },
+      options);
+  ASSERT_NE(listener, nullptr);
+  Reply reply = Fetch(listener->url(), "/", web::http::methods::PUT, std::string(17, 'x'));
+  EXPECT_EQ(reply.status, 413);
+  EXPECT_EQ(reply.body, "small server: request body is 17 bytes; the limit is 16 bytes\n");
+  reply = Fetch(listener->url(), "/", web::http::methods::PUT, std::string(4 << 20, 'x'));
+  EXPECT_EQ(reply.status, 413);
+  EXPECT_EQ(calls.load(), 0);
+  EXPECT_EQ(Fetch(listener->url(), "/a", web::http::methods::PUT, std::string(16, 'x')).status,
+            200);
+  EXPECT_EQ(calls.load(), 1);
+}
+
+TEST(ListenerTest, AListenerThatTakesNoBodyRefusesChunkedOnes) {
+  std::atomic<int> calls{0};
+  Listener::Options options = Named("bodyless server");
+  options.max_body_bytes = 0;
+  auto listener = StartOrNull(
+      [&](const http_request& request, const InFlight& in_flight) {
+        ++calls;
+        AnswerPath(request, in_flight);
+      },
+      options);
+  ASSERT_NE(listener, nullptr);
+  // cpprest's client sends a body from a stream of unknown length chunked.
+  web::http::client::http_client client(listener->url());
+  http_request request(web::http::methods::POST);
+  request.set_request_uri(web::uri("/"));
+  auto buffer = concurrency::streams::producer_consumer_buffer<uint8_t>();
+  request.set_body(buffer.create_istream());
+  const std::string data(100000, 'c');
+  buffer.putn_nocopy(reinterpret_cast<const uint8_t*>(data.data()), data.size()).wait();
+  buffer.close(std::ios_base::out).wait();
+  http_response response = client.request(request).get();
+  EXPECT_EQ(response.status_code(), 413);
+  EXPECT_EQ(Fetch(listener->url(), "/b", web::http::methods::PUT, "x").status, 413);
+  EXPECT_EQ(calls.load(), 0);
+  EXPECT_EQ(Fetch(listener->url(), "/c").status, 200);
+  EXPECT_EQ(calls.load(), 1);
 }
 
 TEST(ListenerTest, ReadBodyKeepsBodiesUpToTheLimitAndDropsLargerOnes) {

@@ -64,6 +64,8 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const prometheus::Re
   std::unique_ptr<MetricsServer> server(new MetricsServer(registry, std::move(readiness)));
   http::Listener::Options options;
   options.name = "metrics server";
+  // It serves GET only: a body is never read, so none is let in.
+  options.max_body_bytes = 0;
   const MetricsServer* self = server.get();
   VF_ASSIGN_OR_RETURN(
       server->listener_,

@@ -35,12 +35,14 @@ struct Reply {
 };
 
 Reply Fetch(const std::string& url, const std::string& path,
-            const web::http::method& method = web::http::methods::GET) {
+            const web::http::method& method = web::http::methods::GET,
+            const std::string& body = "") {
   web::http::client::http_client_config config;
   config.set_timeout(std::chrono::seconds(30));
   web::http::client::http_client client(url, config);
   web::http::http_request request(method);
   request.set_request_uri(web::uri(path));
+  if (!body.empty()) request.set_body(std::vector<unsigned char>(body.begin(), body.end()));
   web::http::http_response response = client.request(request).get();
   const std::vector<unsigned char> bytes = response.extract_vector().get();
   Reply reply;
@@ -142,6 +144,19 @@ TEST_F(MetricsServerTest, UnknownPathsAre404AndOtherMethods405) {
   EXPECT_EQ(Fetch(server->url(), "/healthz", web::http::methods::DEL).status, 405);
   // A query string does not change the path.
   EXPECT_EQ(Fetch(server->url(), "/metrics?x=1").status, 200);
+}
+
+TEST_F(MetricsServerTest, RequestsWithABodyAre413AndScrapesGoOn) {
+  auto server = Start();
+  ASSERT_NE(server, nullptr);
+  const Reply big =
+      Fetch(server->url(), "/metrics", web::http::methods::GET, std::string(8 << 20, 'x'));
+  EXPECT_EQ(big.status, 413);
+  EXPECT_EQ(big.body, "metrics server: request body is 8388608 bytes; the limit is 0 bytes\n");
+  EXPECT_EQ(Fetch(server->url(), "/healthz", web::http::methods::POST, "x").status, 413);
+  const Reply scrape = Fetch(server->url(), "/metrics");
+  EXPECT_EQ(scrape.status, 200);
+  EXPECT_NE(scrape.body.find("demo_steps_total"), std::string::npos);
 }
 
 TEST_F(MetricsServerTest, ConcurrentScrapesAllSucceed) {
