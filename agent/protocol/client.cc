@@ -54,7 +54,9 @@ Status HttpError(int code, const std::string& body) {
     case 413:
       return InvalidArgument(message);
     case 401:
-      return Unauthenticated("coordinator refused the token (401)");
+      return Unauthenticated("coordinator refused the credential (401)");
+    case 403:
+      return PermissionDenied(message);
     case 404:
       return NotFound(message);
     case 408:
@@ -102,7 +104,9 @@ Result<CoordinatorClient::Response> CoordinatorClient::Call(
       web::http::client::http_client client(base_url_, config);
       web::http::http_request request(method);
       request.set_request_uri(web::uri(path));
+      // The worker's own credential, and the worker it is for (server.h).
       request.headers().add(web::http::header_names::authorization, "Bearer " + token_);
+      request.headers().add("X-VirtualFlow-Worker", worker_);
       if (body != nullptr) {
         // Bytes, not cpprest's std::string overload, which reads a char stream as unsigned char.
         request.headers().set_content_type(content_type);

@@ -20,16 +20,17 @@
 namespace vf {
 
 // Talks to the coordinator on behalf of one worker of one job. Errors come back as Status, never
-// as exceptions: 400/413 kInvalidArgument, 401 kFailedPrecondition ("coordinator refused the
-// token (401)"), 404 kNotFound, 408 kDeadlineExceeded, 409 kFailedPrecondition with the server's
-// message, 503 and connection failures kUnavailable; the HTTP code is in the message. Connection
-// failures and 503s are retried with exponential backoff until the call's deadline. Thread-safe
-// (immutable; every call uses its own connection). Calls block the calling thread, so they must
-// not be made from cpprest's own thread pool (an http_listener handler or a task continuation):
-// that pool also completes the calls.
+// as exceptions: 400/413 kInvalidArgument, 401 kUnauthenticated ("coordinator refused the
+// credential (401)"), 403 kPermissionDenied, 404 kNotFound, 408 kDeadlineExceeded, 409
+// kFailedPrecondition with the server's message, 503 and connection failures kUnavailable; the HTTP
+// code is in the message. Connection failures and 503s are retried with exponential backoff until
+// the call's deadline. Thread-safe (immutable; every call uses its own connection). Calls block the
+// calling thread, so they must not be made from cpprest's own thread pool (an http_listener handler
+// or a task continuation): that pool also completes the calls.
 class CoordinatorClient {
  public:
-  // `base_url` is like "http://coordinator:8080"; `job` is "namespace/name". Each call that is
+  // `base_url` is like "http://coordinator:8080"; `job` is "namespace/name"; `token` is the
+  // worker's own credential (the file the operator or `vf run` mounts for it). Each call that is
   // not a long poll must finish within `request_timeout`, retries included.
   CoordinatorClient(std::string base_url, std::string job, std::string token, std::string worker,
                     std::chrono::milliseconds request_timeout = std::chrono::seconds(10));

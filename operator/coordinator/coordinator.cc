@@ -5,6 +5,10 @@
 #include <set>
 #include <utility>
 
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+
 #include "runtime/deadline.h"
 
 namespace vf {
@@ -13,7 +17,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr size_t kMaxNameBytes = 253;  // a Kubernetes object name
-constexpr size_t kMaxTokenBytes = 4096;
+constexpr size_t kMaxSecretBytes = 4096;
 constexpr size_t kMaxFailureMessageBytes = 4096;
 
 // The worker was heard from just now.
@@ -59,14 +63,21 @@ Status ValidateKey(const std::string& key) {
   return Status::Ok();
 }
 
-// Time depends only on the expected token's length, never on where the first difference is.
+// Time depends only on the lengths (a credential's is fixed), never on where the first
+// difference is.
 bool ConstantTimeEquals(std::string_view expected, std::string_view given) {
-  unsigned diff = expected.size() == given.size() ? 0u : 1u;
-  for (size_t i = 0; i < expected.size(); ++i) {
-    const auto g = i < given.size() ? static_cast<unsigned char>(given[i]) : 0u;
-    diff |= static_cast<unsigned char>(expected[i]) ^ g;
-  }
-  return diff == 0;
+  return expected.size() == given.size() &&
+         CRYPTO_memcmp(expected.data(), given.data(), expected.size()) == 0;
+}
+
+// What a registered worker holds of the memory budget.
+size_t WorkerBytes(const WorkerInfo& info) {
+  return Coordinator::kWorkerOverheadBytes + info.worker.size() + info.fingerprint.size() +
+         info.build.size() + info.failure_message.size() + info.last_report.weights_sha256.size();
+}
+
+size_t KeyBytes(const std::string& key, const std::string& value) {
+  return Coordinator::kKeyOverheadBytes + key.size() + value.size();
 }
 
 Status OlderEpoch(int64_t epoch, int64_t current) {
@@ -123,7 +134,30 @@ bool IsMember(const Plan& plan, const std::string& worker) {
                      [&](const Member& m) { return m.worker == worker; });
 }
 
+bool IsRankZero(const Plan& plan, const std::string& worker) {
+  return std::any_of(plan.members.begin(), plan.members.end(),
+                     [&](const Member& m) { return m.rank == 0 && m.worker == worker; });
+}
+
 }  // namespace
+
+Result<std::string> WorkerCredential(std::string_view job_secret, std::string_view worker) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  if (HMAC(EVP_sha256(), job_secret.data(), static_cast<int>(job_secret.size()),
+           reinterpret_cast<const unsigned char*>(worker.data()), worker.size(), digest,
+           &length) == nullptr) {
+    return Internal("HMAC-SHA256 failed for the credential of worker " + std::string(worker));
+  }
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string hex;
+  hex.reserve(2 * length);
+  for (unsigned int i = 0; i < length; ++i) {
+    hex.push_back(kDigits[digest[i] >> 4]);
+    hex.push_back(kDigits[digest[i] & 0xf]);
+  }
+  return hex;
+}
 
 int64_t KeyEpoch(std::string_view key) {
   static constexpr std::string_view kPrefix = "epoch-";
@@ -166,18 +200,28 @@ void Coordinator::BumpLocked(JobState& state) {
   changed_.notify_all();
 }
 
-Status Coordinator::AddJob(const std::string& job, const std::string& token,
+Status Coordinator::ChargeLocked(JobState& state, size_t before, size_t after) {
+  if (after > before && after - before > memory_budget_ - memory_used_) {
+    return FailedPrecondition("the coordinator's memory budget (" + std::to_string(memory_budget_) +
+                              " bytes across all jobs) is spent");
+  }
+  memory_used_ = memory_used_ - before + after;
+  state.charged = state.charged - before + after;
+  return Status::Ok();
+}
+
+Status Coordinator::AddJob(const std::string& job, const std::string& secret,
                            const std::string& fingerprint, const std::string& build) {
   VF_RETURN_IF_ERROR(ValidateJobName(job));
-  if (token.empty() || token.size() > kMaxTokenBytes) {
-    return InvalidArgument("token of job " + job + " must be 1-4096 bytes");
+  if (secret.empty() || secret.size() > kMaxSecretBytes) {
+    return InvalidArgument("secret of job " + job + " must be 1-4096 bytes");
   }
   std::lock_guard<std::mutex> lock(mu_);
   auto it = jobs_.find(job);
   if (it != jobs_.end()) {
     const JobState& existing = it->second;
-    if (!ConstantTimeEquals(existing.token, token)) {
-      return FailedPrecondition("job " + job + " exists with a different token");
+    if (!ConstantTimeEquals(existing.secret, secret)) {
+      return FailedPrecondition("job " + job + " exists with a different secret");
     }
     if (existing.fingerprint != fingerprint) {
       return FailedPrecondition("job " + job + " exists with a different spec fingerprint");
@@ -189,7 +233,7 @@ Status Coordinator::AddJob(const std::string& job, const std::string& token,
     return Status::Ok();
   }
   JobState& state = jobs_[job];
-  state.token = token;
+  state.secret = secret;
   state.fingerprint = fingerprint;
   state.build = build;
   BumpLocked(state);
@@ -211,6 +255,7 @@ Status Coordinator::RemoveJob(const std::string& job) {
       watch_jobs_.erase(id);
       deferred.push_back([done = std::move(watch.done), removed] { done(removed); });
     }
+    memory_used_ -= it->second.charged;
     jobs_.erase(it);
     changed_.notify_all();
   }
@@ -226,13 +271,38 @@ std::vector<std::string> Coordinator::ListJobs() const {
   return names;
 }
 
-Status Coordinator::CheckToken(const std::string& job, std::string_view token) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  VF_ASSIGN_OR_RETURN(const JobState* state, FindLocked(job));
-  if (!ConstantTimeEquals(state->token, token)) {
-    return FailedPrecondition("wrong token for job " + job);
+Status Coordinator::CheckCredential(const std::string& job, const std::string& worker,
+                                    std::string_view credential) const {
+  const Status refused =
+      Unauthenticated("the credential is not valid for worker " + worker + " of job " + job);
+  if (!IsName(worker)) return refused;
+  std::string secret;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = jobs_.find(job);
+    if (it == jobs_.end()) return refused;
+    secret = it->second.secret;
   }
+  Result<std::string> expected = WorkerCredential(secret, worker);
+  if (!expected.ok()) return expected.status();
+  if (!ConstantTimeEquals(*expected, credential)) return refused;
   return Status::Ok();
+}
+
+Status Coordinator::SetWorkerLimit(const std::string& job, size_t max_workers) {
+  if (max_workers < 1 || max_workers > kMaxWorkersPerJob) {
+    return InvalidArgument("worker limit " + std::to_string(max_workers) + " is not in 1.." +
+                           std::to_string(kMaxWorkersPerJob));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  VF_ASSIGN_OR_RETURN(JobState * state, FindLocked(job));
+  state->max_workers = max_workers;
+  return Status::Ok();
+}
+
+size_t Coordinator::MemoryUsed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return memory_used_;
 }
 
 Result<Plan> Coordinator::InstallPlanLocked(const std::string& job, JobState& state, int64_t epoch,
@@ -249,6 +319,7 @@ Result<Plan> Coordinator::InstallPlanLocked(const std::string& job, JobState& st
     const int64_t key_epoch = KeyEpoch(it->first);
     if (key_epoch >= 0 && key_epoch < epoch - 2) {
       state.store_bytes -= it->first.size() + it->second->size();
+      (void)ChargeLocked(state, KeyBytes(it->first, *it->second), 0);
       it = state.store.erase(it);
     } else {
       ++it;
@@ -332,18 +403,29 @@ Status Coordinator::RegisterWorker(const std::string& job, const std::string& wo
                               ", the job runs build " + state->build);
   }
   auto it = state->workers.find(worker);
+  size_t before = 0;
   if (it == state->workers.end()) {
-    if (state->workers.size() >= kMaxWorkersPerJob) {
-      return FailedPrecondition("job " + job + " already has " + std::to_string(kMaxWorkersPerJob) +
-                                " registered workers");
+    if (state->workers.size() >= state->max_workers) {
+      return FailedPrecondition("job " + job + " already has " +
+                                std::to_string(state->max_workers) +
+                                " registered workers, as many as it may have");
     }
-    it = state->workers.emplace(worker, WorkerInfo{}).first;
-    it->second.worker = worker;
+    WorkerInfo fresh;
+    fresh.worker = worker;
+    fresh.fingerprint = fingerprint;
+    fresh.build = build;
+    VF_RETURN_IF_ERROR(ChargeLocked(*state, 0, WorkerBytes(fresh)));
+    it = state->workers.emplace(worker, std::move(fresh)).first;
+    before = WorkerBytes(it->second);
+  } else {
+    before = WorkerBytes(it->second);
   }
   WorkerInfo& info = it->second;
   info.ready = ready;
   info.fingerprint = fingerprint;
   info.build = build;
+  // Equal to the job's, so the same size as before: this cannot pass the budget.
+  (void)ChargeLocked(*state, before, WorkerBytes(info));
   Touch(info);
   BumpLocked(*state);
   return Status::Ok();
@@ -359,6 +441,15 @@ Status Coordinator::RecordReport(const std::string& job, const std::string& work
   JobState& state = jobs_.at(job);
   if (report.epoch > state.plan.epoch) return FutureEpoch(report.epoch, state.plan.epoch);
   if (report.epoch < state.plan.epoch) return OlderEpoch(report.epoch, state.plan.epoch);
+  if ((report.finished || !report.weights_sha256.empty()) && !IsRankZero(state.plan, worker)) {
+    return PermissionDenied("worker " + worker + " is not rank 0 of epoch " +
+                            std::to_string(state.plan.epoch) +
+                            "; only rank 0 reports the job finished and its final weights");
+  }
+  const size_t before = WorkerBytes(*info);
+  WorkerInfo updated = *info;
+  updated.last_report = report;
+  VF_RETURN_IF_ERROR(ChargeLocked(state, before, WorkerBytes(updated)));
   info->last_report = report;
   Touch(*info);
   BumpLocked(state);
@@ -399,9 +490,13 @@ Status Coordinator::RecordFailure(const std::string& job, const std::string& wor
   JobState& state = jobs_.at(job);
   if (epoch > state.plan.epoch) return FutureEpoch(epoch, state.plan.epoch);
   if (epoch >= info->failure_epoch) {
+    std::string kept = message.substr(0, kMaxFailureMessageBytes);
+    const size_t before = WorkerBytes(*info);
+    const size_t after = before - info->failure_message.size() + kept.size();
+    VF_RETURN_IF_ERROR(ChargeLocked(state, before, after));
     info->failure_epoch = epoch;
     info->failure_step = step;
-    info->failure_message = message.substr(0, kMaxFailureMessageBytes);
+    info->failure_message = std::move(kept);
   }
   Touch(*info);
   BumpLocked(state);
@@ -436,9 +531,12 @@ void Coordinator::SweepSilent(std::chrono::steady_clock::duration threshold) {
 Status Coordinator::ForgetWorker(const std::string& job, const std::string& worker) {
   std::lock_guard<std::mutex> lock(mu_);
   VF_ASSIGN_OR_RETURN(JobState * state, FindLocked(job));
-  if (state->workers.erase(worker) == 0) {
+  auto it = state->workers.find(worker);
+  if (it == state->workers.end()) {
     return NotFound("worker " + worker + " not registered with job " + job);
   }
+  (void)ChargeLocked(*state, WorkerBytes(it->second), 0);
+  state->workers.erase(it);
   BumpLocked(*state);
   return Status::Ok();
 }
@@ -480,13 +578,19 @@ Status Coordinator::SetKey(const std::string& job, const std::string& key, std::
     // one): keys for later epochs would only hold memory until those epochs come, if ever.
     if (key_epoch > state->plan.epoch + 1) return FutureEpoch(key_epoch, state->plan.epoch);
     auto existing = state->store.find(key);
-    const size_t replaced =
-        existing == state->store.end() ? 0 : existing->first.size() + existing->second->size();
+    const bool fresh = existing == state->store.end();
+    if (fresh && state->store.size() >= kMaxKeysPerJob) {
+      return FailedPrecondition("the store of job " + job + " is full (" +
+                                std::to_string(kMaxKeysPerJob) + " keys)");
+    }
+    const size_t replaced = fresh ? 0 : existing->first.size() + existing->second->size();
     const size_t bytes = state->store_bytes - replaced + key.size() + value.size();
     if (bytes > kMaxStoreBytesPerJob) {
       return FailedPrecondition("the store of job " + job + " is full (" +
                                 std::to_string(kMaxStoreBytesPerJob >> 20) + " MiB)");
     }
+    VF_RETURN_IF_ERROR(ChargeLocked(*state, fresh ? 0 : KeyBytes(key, *existing->second),
+                                    kKeyOverheadBytes + key.size() + value.size()));
     auto shared = std::make_shared<const std::string>(value);
     state->store[key] = shared;
     state->store_bytes = bytes;

@@ -55,6 +55,13 @@ struct JobView {
   uint64_t generation = 0;
 };
 
+// The credential of `worker` in a job whose secret is `job_secret`: the lowercase hex
+// HMAC-SHA256 of the worker's name keyed with the secret (OpenSSL). Whoever holds the job's secret
+// (the operator, `vf run`) mints one per worker; the coordinator recomputes it to check a
+// request, so it keeps no table of credentials, and one worker's credential says nothing of
+// another's. Internal only if OpenSSL fails.
+Result<std::string> WorkerCredential(std::string_view job_secret, std::string_view worker);
+
 // In-memory state of every job: plans, workers and rendezvous stores, plus callbacks that
 // fire when a plan or key appears (so long polls need no waiting thread). Thread-safe; callbacks
 // run without any internal lock held.
@@ -68,24 +75,44 @@ class Coordinator {
 
   // Bounds on what one job may hold, so that no client can exhaust the process's memory.
   static constexpr size_t kMaxStoreBytesPerJob = 64u << 20;
+  static constexpr size_t kMaxKeysPerJob = 1u << 18;
   static constexpr size_t kMaxWorkersPerJob = 16384;
   static constexpr size_t kMaxKeyBytes = 1024;
+  // What all jobs together may hold (store keys and values, registered workers), by default.
+  static constexpr size_t kDefaultMemoryBudget = size_t{1} << 30;
+  // What a key or a registered worker costs the budget besides its strings: the map entries
+  // around it, rounded up.
+  static constexpr size_t kKeyOverheadBytes = 128;
+  static constexpr size_t kWorkerOverheadBytes = 512;
 
-  Coordinator() = default;
+  // `memory_budget` bounds what all jobs together hold; a write past it fails with
+  // kFailedPrecondition.
+  explicit Coordinator(size_t memory_budget = kDefaultMemoryBudget)
+      : memory_budget_(memory_budget) {}
   Coordinator(const Coordinator&) = delete;
   Coordinator& operator=(const Coordinator&) = delete;
 
-  // `job` is "namespace/name". Adding a job that exists succeeds, and keeps its state, only if
-  // token, fingerprint and build are all equal; otherwise kFailedPrecondition.
-  Status AddJob(const std::string& job, const std::string& token, const std::string& fingerprint,
+  // `job` is "namespace/name"; `secret` is the key its workers' credentials are derived from
+  // (WorkerCredential). Adding a job that exists succeeds, and keeps its state, only if secret,
+  // fingerprint and build are all equal; otherwise kFailedPrecondition.
+  Status AddJob(const std::string& job, const std::string& secret, const std::string& fingerprint,
                 const std::string& build);
   // Drops the job and everything it holds; pending watches fire with kNotFound.
   Status RemoveJob(const std::string& job);
   std::vector<std::string> ListJobs() const;
 
-  // kNotFound for an unknown job, kFailedPrecondition for a wrong token. Compares in constant
-  // time so the answer's timing says nothing about the token.
-  Status CheckToken(const std::string& job, std::string_view token) const;
+  // Whether `credential` is `worker`'s in `job`. kUnauthenticated, with the same words, for an
+  // unknown job, an invalid worker name and a wrong credential, so that the answer says nothing
+  // of which jobs exist; compared in constant time (CRYPTO_memcmp), so that its timing says
+  // nothing of the credential either.
+  Status CheckCredential(const std::string& job, const std::string& worker,
+                         std::string_view credential) const;
+
+  // At most `max_workers` (1..kMaxWorkersPerJob) registered workers in `job`; registrations
+  // past it fail with kFailedPrecondition. Workers already registered stay.
+  Status SetWorkerLimit(const std::string& job, size_t max_workers);
+  // Bytes all jobs hold now, as the memory budget counts them.
+  size_t MemoryUsed() const;
 
   // Publishes the next epoch's plan (previous epoch + 1, prefix "epoch-<epoch>") and wakes
   // its watchers. Members must have ranks 0..n-1 each once, distinct worker names and
@@ -105,7 +132,9 @@ class Coordinator {
   Status RegisterWorker(const std::string& job, const std::string& worker,
                         const std::string& fingerprint, const std::string& build, bool ready);
   // The worker must be registered (kNotFound) and report in the current epoch
-  // (kFailedPrecondition otherwise, so that it goes and fetches the newer plan).
+  // (kFailedPrecondition otherwise, so that it goes and fetches the newer plan). Only rank 0 of
+  // the current plan reports for the whole job (finished, the final weights' digest):
+  // kPermissionDenied for anyone else.
   Status RecordReport(const std::string& job, const std::string& worker, const Report& report);
   Status RequestLeave(const std::string& job, const std::string& worker);
   // The worker saw plan `epoch` exclude it and is exiting. `epoch` may not be in the future,
@@ -133,7 +162,8 @@ class Coordinator {
 
   // Rendezvous store. A key whose first segment is "epoch-K" belongs to epoch K: writing it
   // once the current epoch is past K is kFailedPrecondition, since the ranks it was meant for
-  // have moved on.
+  // have moved on. A job holds at most kMaxKeysPerJob keys and kMaxStoreBytesPerJob bytes, and
+  // all jobs together no more than the memory budget (kFailedPrecondition past either).
   Status SetKey(const std::string& job, const std::string& key, std::string_view value);
   // Waits up to `timeout` for `key`; kDeadlineExceeded naming the key after that. A missing key
   // of an epoch older than the current one fails at once (it can no longer be written).
@@ -163,7 +193,9 @@ class Coordinator {
     KeyCallback done;
   };
   struct JobState {
-    std::string token;
+    std::string secret;
+    size_t max_workers = kMaxWorkersPerJob;
+    size_t charged = 0;  // what this job holds of the memory budget
     std::string fingerprint;
     std::string build;
     Plan plan;
@@ -182,11 +214,16 @@ class Coordinator {
   Result<const JobState*> FindLocked(const std::string& job) const;
   Result<WorkerInfo*> FindWorkerLocked(const std::string& job, const std::string& worker);
   void BumpLocked(JobState& state);
+  // Moves `state`'s share of the budget from `before` to `after` bytes; fails, changing
+  // nothing, when growing would pass the budget.
+  Status ChargeLocked(JobState& state, size_t before, size_t after);
   Result<Plan> InstallPlanLocked(const std::string& job, JobState& state, int64_t epoch,
                                  std::vector<Member> members, Deferred& deferred);
 
+  const size_t memory_budget_;
   mutable std::mutex mu_;
   std::condition_variable changed_;
+  size_t memory_used_ = 0;
   std::map<std::string, JobState> jobs_;
   // Which job each pending watch belongs to, so CancelWatch needs only the id.
   std::map<WatchId, std::string> watch_jobs_;

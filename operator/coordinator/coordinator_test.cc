@@ -10,6 +10,7 @@
 #include <future>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 namespace vf {
@@ -68,12 +69,123 @@ TEST_F(CoordinatorTest, AddJobAgainKeepsStateOnlyWhenEverythingIsEqual) {
   EXPECT_EQ(c_.GetPlan(kJob)->epoch, 1);
 }
 
-TEST_F(CoordinatorTest, CheckTokenDistinguishesUnknownJobAndWrongToken) {
-  EXPECT_TRUE(c_.CheckToken(kJob, kToken).ok());
-  EXPECT_EQ(c_.CheckToken(kJob, "secret-tokem").code(), StatusCode::kFailedPrecondition);
-  EXPECT_EQ(c_.CheckToken(kJob, "secret-token-longer").code(), StatusCode::kFailedPrecondition);
-  EXPECT_EQ(c_.CheckToken(kJob, "").code(), StatusCode::kFailedPrecondition);
-  EXPECT_EQ(c_.CheckToken("team/other", kToken).code(), StatusCode::kNotFound);
+TEST(WorkerCredentialTest, IsHmacSha256OfTheWorkerKeyedWithTheJobSecretInHex) {
+  // RFC 4231, test case 2.
+  EXPECT_EQ(WorkerCredential("Jefe", "what do ya want for nothing?").value(),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+  EXPECT_NE(WorkerCredential(kToken, "w-0").value(), WorkerCredential(kToken, "w-1").value());
+  EXPECT_NE(WorkerCredential(kToken, "w-0").value(), WorkerCredential("other", "w-0").value());
+}
+
+TEST_F(CoordinatorTest, CheckCredentialAcceptsOnlyTheWorkersOwn) {
+  const std::string w0 = WorkerCredential(kToken, "w-0").value();
+  const std::string w1 = WorkerCredential(kToken, "w-1").value();
+  EXPECT_TRUE(c_.CheckCredential(kJob, "w-0", w0).ok());
+  EXPECT_TRUE(c_.CheckCredential(kJob, "w-1", w1).ok());
+  // Another worker's credential, the job's secret itself, a near miss, nothing at all, and an
+  // unknown job: all the same answer.
+  std::string near = w0;
+  near.back() = near.back() == '0' ? '1' : '0';
+  for (const auto& [job, worker, credential] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {kJob, "w-0", w1},
+           {kJob, "w-1", w0},
+           {kJob, "w-0", kToken},
+           {kJob, "w-0", near},
+           {kJob, "w-0", w0 + "0"},
+           {kJob, "w-0", ""},
+           {kJob, "", WorkerCredential(kToken, "").value()},
+           {kJob, "bad name", WorkerCredential(kToken, "bad name").value()},
+           {"team/other", "w-0", w0}}) {
+    const Status s = c_.CheckCredential(job, worker, credential);
+    EXPECT_EQ(s.code(), StatusCode::kUnauthenticated) << job << " " << worker << " " << credential;
+    EXPECT_NE(
+        s.message().find("the credential is not valid for worker " + worker + " of job " + job),
+        std::string::npos)
+        << s.message();
+  }
+}
+
+TEST_F(CoordinatorTest, OnlyRankZeroReportsForTheWholeJob) {
+  RegisterAll(2);
+  ASSERT_TRUE(c_.PublishPlan(kJob, Members(2)).ok());
+  Report report;
+  report.epoch = 1;
+  report.step = 5;
+  report.finished = true;
+  report.weights_sha256 = std::string(64, 'f');
+  EXPECT_EQ(c_.RecordReport(kJob, "w-1", report).code(), StatusCode::kPermissionDenied);
+  report.finished = false;
+  EXPECT_EQ(c_.RecordReport(kJob, "w-1", report).code(), StatusCode::kPermissionDenied);
+  EXPECT_TRUE(c_.GetJob(kJob)->workers.at("w-1").last_report.weights_sha256.empty());
+  report.finished = true;
+  EXPECT_TRUE(c_.RecordReport(kJob, "w-0", report).ok());
+  // A plan that makes w-1 rank 0 lets it.
+  ASSERT_TRUE(c_.PublishPlan(kJob, {{"w-1", 0, {0, 1}}}).ok());
+  report.epoch = 2;
+  EXPECT_TRUE(c_.RecordReport(kJob, "w-1", report).ok());
+  EXPECT_EQ(c_.RecordReport(kJob, "w-0", report).code(), StatusCode::kPermissionDenied);
+}
+
+TEST_F(CoordinatorTest, WorkersPerJobStopAtItsLimit) {
+  EXPECT_EQ(c_.SetWorkerLimit(kJob, 0).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c_.SetWorkerLimit(kJob, Coordinator::kMaxWorkersPerJob + 1).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(c_.SetWorkerLimit("team/other", 3).code(), StatusCode::kNotFound);
+  ASSERT_TRUE(c_.SetWorkerLimit(kJob, 3).ok());
+  RegisterAll(3);
+  const Status fourth = c_.RegisterWorker(kJob, "w-3", kFingerprint, kBuild, true);
+  EXPECT_EQ(fourth.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(fourth.message().find("already has 3 registered workers"), std::string::npos)
+      << fourth.message();
+  EXPECT_TRUE(c_.RegisterWorker(kJob, "w-2", kFingerprint, kBuild, false).ok());
+  // A worker forgotten makes room.
+  ASSERT_TRUE(c_.ForgetWorker(kJob, "w-0").ok());
+  EXPECT_TRUE(c_.RegisterWorker(kJob, "w-3", kFingerprint, kBuild, true).ok());
+  EXPECT_EQ(c_.GetJob(kJob)->workers.size(), 3u);
+}
+
+TEST_F(CoordinatorTest, StoreKeysPerJobAreBounded) {
+  for (size_t i = 0; i < Coordinator::kMaxKeysPerJob; ++i) {
+    ASSERT_TRUE(c_.SetKey(kJob, std::to_string(i), "").ok()) << i;
+  }
+  const Status full = c_.SetKey(kJob, "one-more", "v");
+  EXPECT_EQ(full.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(full.message().find("keys"), std::string::npos) << full.message();
+  EXPECT_TRUE(c_.SetKey(kJob, "0", "replacing is fine").ok());
+  // Another job has its own.
+  ASSERT_TRUE(c_.AddJob("team/other", kToken, kFingerprint, kBuild).ok());
+  EXPECT_TRUE(c_.SetKey("team/other", "k", "v").ok());
+}
+
+TEST(CoordinatorBudgetTest, AllJobsTogetherStayWithinTheMemoryBudget) {
+  constexpr size_t kBudget = 256 << 10;
+  Coordinator c(kBudget);
+  ASSERT_TRUE(c.AddJob("team/a", kToken, kFingerprint, kBuild).ok());
+  ASSERT_TRUE(c.AddJob("team/b", kToken, kFingerprint, kBuild).ok());
+  EXPECT_EQ(c.MemoryUsed(), 0u);
+  ASSERT_TRUE(c.SetKey("team/a", "epoch-1/big", std::string(200 << 10, 'a')).ok());
+  ASSERT_TRUE(c.RegisterWorker("team/b", "w-0", kFingerprint, kBuild, true).ok());
+  const size_t used = c.MemoryUsed();
+  EXPECT_GT(used, size_t{200} << 10);
+  // Job b is refused what would pass the budget, though its own store is nearly empty.
+  const Status refused = c.SetKey("team/b", "k", std::string(100 << 10, 'b'));
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.message().find("memory budget"), std::string::npos) << refused.message();
+  EXPECT_EQ(c.MemoryUsed(), used);
+  EXPECT_FALSE(c.GetKey("team/b", "k", milliseconds(0)).ok());
+  // A failure message is counted too, and refused past the budget.
+  ASSERT_TRUE(c.PublishPlan("team/b", {{"w-0", 0, {0}}}).ok());
+  ASSERT_TRUE(c.RecordFailure("team/b", "w-0", 1, 0, std::string(4000, 'm')).ok());
+  EXPECT_EQ(c.MemoryUsed(), used + 4000);
+  // Keys dropped with old epochs give their bytes back, and so does a removed job.
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(c.PublishPlan("team/a", {}).ok());
+  EXPECT_LT(c.MemoryUsed(), size_t{100} << 10);
+  EXPECT_TRUE(c.SetKey("team/b", "k", std::string(100 << 10, 'b')).ok());
+  ASSERT_TRUE(c.ForgetWorker("team/b", "w-0").ok());
+  ASSERT_TRUE(c.RemoveJob("team/b").ok());
+  ASSERT_TRUE(c.RemoveJob("team/a").ok());
+  EXPECT_EQ(c.MemoryUsed(), 0u);
 }
 
 TEST_F(CoordinatorTest, WorkerNotHeardFromIsSilentUntilHeardAgain) {

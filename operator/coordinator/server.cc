@@ -33,6 +33,7 @@ constexpr int64_t kDefaultPollMs = 30000;
 constexpr int64_t kMaxPlanPollMs = 60000;
 constexpr int64_t kMaxStorePollMs = 120000;
 constexpr std::chrono::seconds kStopFlushTime(2);
+constexpr char kWorkerHeader[] = "X-VirtualFlow-Worker";
 
 // The error answer: {"error": "<one line>"}. Also the listener's own (503, 500).
 http_response JsonError(status_code code, const std::string& message) {
@@ -196,6 +197,13 @@ Result<int64_t> PollTimeout(const std::map<std::string, std::string>& query, int
   return std::min(timeout, cap);
 }
 
+// The worker a request speaks for: the header the agent sends with every request.
+std::string RequestWorker(const http_request& request) {
+  std::string value;
+  if (!request.headers().match(kWorkerHeader, value)) return {};
+  return value;
+}
+
 // The token of "Authorization: Bearer <token>", or empty.
 std::string BearerToken(const http_request& request) {
   std::string value;
@@ -251,7 +259,9 @@ class CoordinatorServer::Impl {
   };
 
   void Handle(const http_request& request, const http::InFlight& in_flight);
-  void Dispatch(const http_request& request, const Route& route, const http::Body& body);
+  // `worker` is the one the request's credential was checked for.
+  void Dispatch(const http_request& request, const Route& route, const std::string& worker,
+                const http::Body& body);
   void HandleReport(const http_request& request, const Route& route, const json& body);
   void StartPoll(const http_request& request, const Route& route, int64_t after,
                  int64_t timeout_ms);
@@ -303,14 +313,16 @@ void CoordinatorServer::Impl::Handle(const http_request& request, const http::In
     return;
   }
   const std::string token = BearerToken(request);
-  // An unknown job and a wrong token get the same answer, so that nobody without a job's
-  // token learns which jobs exist.
-  const Status auth = coordinator_.CheckToken(route->job, token);
-  if (!auth.ok()) {
+  const std::string worker = RequestWorker(request);
+  // An unknown job and a wrong credential get the same answer, so that nobody without a
+  // credential of a job learns which jobs exist.
+  if (token.empty()) return reject(status_codes::Unauthorized, "request has no bearer token");
+  if (worker.empty()) {
     return reject(status_codes::Unauthorized,
-                  token.empty() ? "request has no bearer token"
-                                : "the bearer token is not valid for job " + route->job);
+                  std::string("request names no worker (header ") + kWorkerHeader + ")");
   }
+  const Status auth = coordinator_.CheckCredential(route->job, worker, token);
+  if (!auth.ok()) return reject(http::HttpCode(auth), auth.message());
   uint64_t declared = 0;
   if (request.headers().match(web::http::header_names::content_length, declared) &&
       declared > kMaxBodyBytes) {
@@ -320,10 +332,10 @@ void CoordinatorServer::Impl::Handle(const http_request& request, const http::In
   }
   // The continuation keeps the request in flight: Stop waits for it.
   http::ReadBody(request, kMaxBodyBytes)
-      .then([this, in_flight, request,
+      .then([this, in_flight, request, worker,
              route = std::move(route).value()](pplx::task<http::Body> read) {
         try {
-          Dispatch(request, route, read.get());
+          Dispatch(request, route, worker, read.get());
         } catch (...) {
           SendError(request, status_codes::InternalError,
                     "coordinator failed: " + http::CurrentExceptionMessage());
@@ -332,7 +344,7 @@ void CoordinatorServer::Impl::Handle(const http_request& request, const http::In
 }
 
 void CoordinatorServer::Impl::Dispatch(const http_request& request, const Route& route,
-                                       const http::Body& body) {
+                                       const std::string& caller, const http::Body& body) {
   if (!body.error.empty()) {
     return SendError(request, status_codes::BadRequest,
                      "could not read the request body: " + body.error);
@@ -362,6 +374,10 @@ void CoordinatorServer::Impl::Dispatch(const http_request& request, const Route&
   const json& object = *parsed;
   Result<std::string> worker = wire::StringField(object, "worker");
   if (!worker.ok()) return SendStatus(request, worker.status());
+  if (*worker != caller) {
+    return SendStatus(request, PermissionDenied("the credential is worker " + caller +
+                                                "'s; it cannot act as worker " + *worker));
+  }
 
   switch (route.action) {
     case Action::kRegister: {

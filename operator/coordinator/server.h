@@ -1,5 +1,7 @@
 // The coordinator's HTTP API, which the agent in every pod talks to. All paths are under
-// /v1/jobs/{namespace}/{name}/ and every request carries "Authorization: Bearer <job token>":
+// /v1/jobs/{namespace}/{name}/ and every request names its worker and carries that worker's
+// credential (Coordinator::CheckCredential): "X-VirtualFlow-Worker: <worker>" and
+// "Authorization: Bearer <credential>". A body's "worker" must be that worker.
 //
 //   POST register        {"worker", "fingerprint", "build", "ready"}          -> 200 {"ok": true}
 //   GET  plan?after=N&timeout_ms=T   -> 200 plan once its epoch > N, or 204 after T ms
@@ -14,10 +16,12 @@
 //   POST failure         {"worker", "epoch", "step", "message"}               -> 204
 //
 // A plan is {"epoch", "storePrefix", "members": [{"worker", "rank", "virtualNodes"}]}. Errors
-// are {"error": "<one line>"}: 400 malformed body or query, 401 missing or wrong token, 404
-// unknown job, worker or path, 405 wrong method, 408 store wait timed out, 409 the request does
-// not fit the job's state (spec or build mismatch, an epoch in the past or the future), 413 body
-// over 1 MiB, 503 shutting down, 500 a bug.
+// are {"error": "<one line>"}: 400 malformed body or query, 401 missing or wrong credential or
+// worker header (and an unknown job, with the same words), 403 a body naming another worker or a
+// job-level report (finished, final weights) from anyone but rank 0, 404 unknown worker or path,
+// 405 wrong method, 408 store wait timed out, 409 the request does not fit the job's state (spec
+// or build mismatch, an epoch in the past or the future, a limit on workers, keys or bytes
+// reached), 413 body over 1 MiB, 503 shutting down, 500 a bug.
 #pragma once
 
 #include <memory>

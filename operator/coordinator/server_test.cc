@@ -41,10 +41,12 @@ using nlohmann::json;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
+// The jobs' secrets; workers hold credentials derived from them (WorkerCredential).
 constexpr char kJob[] = "team/mnist";
 constexpr char kToken[] = "token-a";
 constexpr char kOtherJob[] = "team/other";
 constexpr char kOtherToken[] = "token-b";
+constexpr char kWorkerHeader[] = "X-VirtualFlow-Worker";
 constexpr char kFingerprint[] = "fp-1";
 constexpr char kBuild[] = "build-1";
 
@@ -139,11 +141,34 @@ RawReply RawHttp(int port, const std::string& request) {
   return reply;
 }
 
-std::string Request(const std::string& method, const std::string& path, const char* token,
-                    const std::string& body = "", const std::string& extra_headers = "") {
+std::string Credential(const std::string& secret, const std::string& worker) {
+  return WorkerCredential(secret, worker).value();
+}
+
+// The headers that make a request `worker`'s: its name and its credential in the job whose
+// secret is `secret`.
+std::string AuthHeaders(const std::string& secret, const std::string& worker) {
+  return "Authorization: Bearer " + Credential(secret, worker) + "\r\n" + kWorkerHeader + ": " +
+         worker + "\r\n";
+}
+
+// The worker a JSON body names, else w-0: the one a well-behaved client would speak for.
+std::string BodyWorker(const std::string& body) {
+  const json parsed = json::parse(body, nullptr, false);
+  if (parsed.is_object() && parsed.contains("worker") && parsed["worker"].is_string()) {
+    return parsed["worker"].get<std::string>();
+  }
+  return "w-0";
+}
+
+// A request as `as` (default: the worker its body names) with that worker's credential in the
+// job whose secret is `secret`; no credential and no worker header at all for a null secret.
+std::string Request(const std::string& method, const std::string& path, const char* secret,
+                    const std::string& body = "", const std::string& extra_headers = "",
+                    const std::string& as = "") {
   std::string request = method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\n";
   request += "Connection: close\r\n";
-  if (token != nullptr) request += std::string("Authorization: Bearer ") + token + "\r\n";
+  if (secret != nullptr) request += AuthHeaders(secret, as.empty() ? BodyWorker(body) : as);
   request += "Content-Length: " + std::to_string(body.size()) + "\r\n";
   request += extra_headers + "\r\n" + body;
   return request;
@@ -206,7 +231,8 @@ class ServerTest : public testing::Test {
                                             const std::string& job = kJob,
                                             const std::string& token = kToken,
                                             milliseconds timeout = milliseconds(5000)) {
-    return std::make_unique<CoordinatorClient>(server_->url(), job, token, worker, timeout);
+    return std::make_unique<CoordinatorClient>(server_->url(), job, Credential(token, worker),
+                                               worker, timeout);
   }
 
   RawReply Raw(const std::string& request) { return RawHttp(server_->port(), request); }
@@ -329,31 +355,133 @@ TEST_F(ServerTest, KeysMayHoldSlashesAndAnyCharacter) {
   EXPECT_EQ(*coordinator_.GetKey(kJob, "x/y", milliseconds(0)), "xy");
 }
 
-TEST_F(ServerTest, MissingOrWrongTokenIs401) {
+TEST_F(ServerTest, MissingOrWrongCredentialIs401) {
   const std::string path = JobPath(kJob, "register");
+  const std::string w0 = std::string(kWorkerHeader) + ": w-0\r\n";
   ExpectError(Raw(Request("POST", path, nullptr, RegisterBody("w-0"))), 401, "no bearer token");
   ExpectError(Raw(Request("POST", path, "token-a-not", RegisterBody("w-0"))), 401,
-              "not valid for job team/mnist");
-  // Another job's token opens nothing here.
-  ExpectError(Raw(Request("POST", path, kOtherToken, RegisterBody("w-0"))), 401, "token");
-  ExpectError(Raw(Request("GET", JobPath(kJob, "store/k"), "", "", "")), 401, "token");
+              "not valid for worker w-0 of job team/mnist");
+  // Another job's credential for the same worker name opens nothing here.
+  ExpectError(Raw(Request("POST", path, kOtherToken, RegisterBody("w-0"))), 401, "not valid");
+  // Neither does the job's secret itself, which no worker holds.
+  ExpectError(Raw(Request("POST", path, nullptr, RegisterBody("w-0"),
+                          std::string("Authorization: Bearer ") + kToken + "\r\n" + w0)),
+              401, "not valid");
+  // A credential without the worker it belongs to.
+  ExpectError(Raw(Request("POST", path, nullptr, RegisterBody("w-0"),
+                          "Authorization: Bearer " + Credential(kToken, "w-0") + "\r\n")),
+              401, "names no worker");
+  ExpectError(Raw(Request("GET", JobPath(kJob, "store/k"), nullptr, "", "Authorization: \r\n")),
+              401, "no bearer token");
   std::string basic = Request("GET", JobPath(kJob, "plan?timeout_ms=0"), nullptr, "",
-                              "Authorization: Basic dG9rZW4tYQ==\r\n");
+                              "Authorization: Basic dG9rZW4tYQ==\r\n" + w0);
   ExpectError(Raw(basic), 401, "no bearer token");
   EXPECT_TRUE(coordinator_.GetJob(kJob)->workers.empty());
   // The scheme is case-insensitive.
   EXPECT_EQ(Raw(Request("GET", JobPath(kJob, "plan?after=-1"), nullptr, "",
-                        std::string("Authorization: bearer ") + kToken + "\r\n"))
+                        "Authorization: bearer " + Credential(kToken, "w-0") + "\r\n" + w0))
                 .status,
             200);
 }
 
+TEST_F(ServerTest, AWorkersCredentialCannotActAsAnotherWorker) {
+  ASSERT_TRUE(Client("w-0")->Register(kFingerprint, kBuild, true).ok());
+  ASSERT_TRUE(Client("w-1")->Register(kFingerprint, kBuild, true).ok());
+  ASSERT_TRUE(coordinator_.PublishPlan(kJob, Members(2)).ok());
+  // w-1's credential, naming w-1 in the header and w-0 in the body: 403, and nothing changes.
+  for (const char* action : {"register", "leave", "ack", "failure", "report"}) {
+    SCOPED_TRACE(action);
+    const std::string body =
+        std::string(action) == "register" ? RegisterBody("w-0")
+        : std::string(action) == "report"
+            ? ReportBody("w-0", 1)
+            : json{{"worker", "w-0"}, {"epoch", 1}, {"step", 1}, {"message", "m"}}.dump();
+    ExpectError(Raw(Request("POST", JobPath(kJob, action), kToken, body, "", "w-1")), 403,
+                "cannot act as worker w-0");
+  }
+  // w-1's credential sent as w-0's, in the header: not w-0's credential, so 401.
+  ExpectError(Raw(Request("POST", JobPath(kJob, "leave"), nullptr, R"({"worker": "w-0"})",
+                          "Authorization: Bearer " + Credential(kToken, "w-1") + "\r\n" +
+                              kWorkerHeader + ": w-0\r\n")),
+              401, "not valid for worker w-0");
+  // Through the client, as an agent would send it.
+  CoordinatorClient impostor(server_->url(), kJob, Credential(kToken, "w-1"), "w-0",
+                             milliseconds(5000));
+  EXPECT_EQ(impostor.Leave().code(), StatusCode::kUnauthenticated);
+  const JobView view = *coordinator_.GetJob(kJob);
+  EXPECT_FALSE(view.workers.at("w-0").leave_requested);
+  EXPECT_EQ(view.workers.at("w-0").failure_epoch, -1);
+  EXPECT_EQ(view.workers.at("w-0").last_report.step, 0);
+}
+
+TEST_F(ServerTest, OnlyRankZeroReportsTheJobFinished) {
+  for (const char* w : {"w-0", "w-1"}) {
+    ASSERT_TRUE(Client(w)->Register(kFingerprint, kBuild, true).ok());
+  }
+  ASSERT_TRUE(coordinator_.PublishPlan(kJob, Members(2)).ok());
+  Report finished;
+  finished.epoch = 1;
+  finished.step = 9;
+  finished.finished = true;
+  finished.weights_sha256 = std::string(64, 'a');
+  Status refused = Client("w-1")->Report(finished);
+  EXPECT_EQ(refused.code(), StatusCode::kPermissionDenied);
+  EXPECT_NE(refused.message().find("only rank 0"), std::string::npos) << refused.message();
+  EXPECT_NE(refused.message().find("(HTTP 403)"), std::string::npos) << refused.message();
+  finished.finished = false;  // the digest alone is job-level too
+  EXPECT_EQ(Client("w-1")->Report(finished).code(), StatusCode::kPermissionDenied);
+  EXPECT_FALSE(coordinator_.GetJob(kJob)->workers.at("w-1").last_report.finished);
+  // An ordinary report from w-1 and the final one from rank 0 are taken.
+  Report step;
+  step.epoch = 1;
+  step.step = 9;
+  EXPECT_TRUE(Client("w-1")->Report(step).ok());
+  finished.finished = true;
+  ASSERT_TRUE(Client("w-0")->Report(finished).ok());
+  EXPECT_TRUE(coordinator_.GetJob(kJob)->workers.at("w-0").last_report.finished);
+}
+
+TEST(ServerLimitsTest, WorkerStoreAndMemoryLimitsAre409AndTheJobGoesOn) {
+  Coordinator coordinator(/*memory_budget=*/64 << 10);
+  ASSERT_TRUE(coordinator.AddJob(kJob, kToken, kFingerprint, kBuild).ok());
+  ASSERT_TRUE(coordinator.SetWorkerLimit(kJob, 2).ok());
+  auto server = CoordinatorServer::Start(coordinator, "127.0.0.1", 0).value();
+  auto client = [&](const std::string& worker) {
+    return CoordinatorClient(server->url(), kJob, Credential(kToken, worker), worker,
+                             milliseconds(5000));
+  };
+  ASSERT_TRUE(client("w-0").Register(kFingerprint, kBuild, true).ok());
+  ASSERT_TRUE(client("w-1").Register(kFingerprint, kBuild, false).ok());
+  Status third = client("w-2").Register(kFingerprint, kBuild, true);
+  EXPECT_EQ(third.code(), StatusCode::kFailedPrecondition) << third.message();
+  EXPECT_NE(third.message().find("2 registered workers, as many as it may have (HTTP 409)"),
+            std::string::npos)
+      << third.message();
+  EXPECT_TRUE(client("w-1").Register(kFingerprint, kBuild, true).ok());  // already counted
+
+  ASSERT_TRUE(client("w-0").SetKey("a", std::string(40 << 10, 'a')).ok());
+  Status full = client("w-0").SetKey("b", std::string(40 << 10, 'b'));
+  EXPECT_EQ(full.code(), StatusCode::kFailedPrecondition) << full.message();
+  EXPECT_NE(full.message().find("memory budget"), std::string::npos) << full.message();
+  RawReply raw = RawHttp(
+      server->port(), Request("PUT", JobPath(kJob, "store/b"), kToken, std::string(40 << 10, 'b')));
+  ExpectError(raw, 409, "memory budget");
+
+  // What was refused left the job as it was, and it goes on.
+  EXPECT_EQ(client("w-0").GetKey("a", milliseconds(0))->size(), size_t{40} << 10);
+  ASSERT_TRUE(coordinator.PublishPlan(kJob, Members(2)).ok());
+  Result<Plan> plan = client("w-1").WaitForPlan(0, seconds(10));
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->members.size(), 2u);
+  server->Stop();
+}
+
 TEST_F(ServerTest, UnknownJobPathAndMethodAre404And405) {
-  // An unknown job is answered as a wrong token is: nobody learns which jobs exist.
+  // An unknown job is answered as a wrong credential is: nobody learns which jobs exist.
   ExpectError(Raw(Request("POST", JobPath("team/none", "register"), kToken, RegisterBody("w"))),
-              401, "not valid for job team/none");
+              401, "not valid for worker w of job team/none");
   ExpectError(Raw(Request("POST", JobPath(kJob, "register"), "wrong", RegisterBody("w"))), 401,
-              "not valid for job team/mnist");
+              "not valid for worker w of job team/mnist");
   ExpectError(Raw(Request("GET", "/", kToken)), 404, "no such path");
   ExpectError(Raw(Request("GET", "/v2/jobs/team/mnist/plan", kToken)), 404, "no such path");
   ExpectError(Raw(Request("GET", JobPath(kJob, "nope"), kToken)), 404, "no such path");
@@ -411,8 +539,7 @@ TEST_F(ServerTest, BodiesOverOneMebibyteAre413) {
 
   // Chunked, so the size is known only from the bytes themselves.
   std::string chunked = "PUT " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n" +
-                        "Authorization: Bearer " + kToken +
-                        "\r\nTransfer-Encoding: chunked\r\n\r\n";
+                        AuthHeaders(kToken, "w-0") + "Transfer-Encoding: chunked\r\n\r\n";
   const std::string chunk(64 << 10, 'y');
   for (int i = 0; i < 20; ++i) chunked += "10000\r\n" + chunk + "\r\n";
   chunked += "0\r\n\r\n";
@@ -529,7 +656,7 @@ TEST_F(ServerTest, ClientMapsHttpCodesToStatusCodes) {
 
   Status refused = Client("w-0", kJob, "wrong")->Register(kFingerprint, kBuild, true);
   EXPECT_EQ(refused.code(), StatusCode::kUnauthenticated);
-  EXPECT_NE(refused.message().find("coordinator refused the token (401)"), std::string::npos)
+  EXPECT_NE(refused.message().find("coordinator refused the credential (401)"), std::string::npos)
       << refused.message();
 
   auto client = Client("w-0");
@@ -568,8 +695,8 @@ TEST_F(ServerTest, ClientMapsHttpCodesToStatusCodes) {
 TEST_F(ServerTest, ClientRetriesAnUnreachableServerUntilItsDeadline) {
   const int port = FreeLowPort();
   ASSERT_GT(port, 0);
-  CoordinatorClient client("http://127.0.0.1:" + std::to_string(port), kJob, kToken, "w-0",
-                           milliseconds(600));
+  CoordinatorClient client("http://127.0.0.1:" + std::to_string(port), kJob,
+                           Credential(kToken, "w-0"), "w-0", milliseconds(600));
   const auto start = Clock::now();
   Status status = client.Register(kFingerprint, kBuild, true);
   const auto took = Clock::now() - start;
@@ -586,8 +713,8 @@ TEST_F(ServerTest, ClientRetriesUntilTheServerComesUp) {
   server_.reset();
   const int port = FreeLowPort();
   ASSERT_GT(port, 0);
-  CoordinatorClient client("http://127.0.0.1:" + std::to_string(port), kJob, kToken, "w-0",
-                           milliseconds(15000));
+  CoordinatorClient client("http://127.0.0.1:" + std::to_string(port), kJob,
+                           Credential(kToken, "w-0"), "w-0", milliseconds(15000));
   auto registering =
       std::async(std::launch::async, [&] { return client.Register(kFingerprint, kBuild, true); });
   std::this_thread::sleep_for(milliseconds(500));
@@ -671,11 +798,16 @@ TEST_F(ServerTest, BadRequestsAgainstOneJobLeaveAnotherUntouched) {
       Request("POST", JobPath(kJob, "failure"), kOtherToken,
               R"({"worker": "w-0", "epoch": 1, "step": 1, "message": "x"})"),
       // Body shorter than declared, then the connection closes.
-      "PUT " + JobPath(b, "store/k") + " HTTP/1.1\r\nAuthorization: Bearer " + kOtherToken +
-          "\r\nContent-Length: 100\r\n\r\nshort",
+      "PUT " + JobPath(b, "store/k") + " HTTP/1.1\r\n" + AuthHeaders(kOtherToken, "w-0") +
+          "Content-Length: 100\r\n\r\nshort",
       std::string("POST ") + JobPath(b, "register") +
-          " HTTP/1.1\r\nContent-Length: 99999999999\r\n" + "Authorization: Bearer " + kOtherToken +
-          "\r\n\r\n{}",
+          " HTTP/1.1\r\nContent-Length: 99999999999\r\n" + AuthHeaders(kOtherToken, "w-0") +
+          "\r\n{}",
+      // Another worker of job A acting as w-0, or writing keys of an epoch far ahead.
+      Request("POST", JobPath(kJob, "leave"), kToken, R"({"worker": "w-0"})", "", "w-1"),
+      Request("POST", JobPath(kJob, "failure"), kToken,
+              R"({"worker": "w-0", "epoch": 1, "step": 1, "message": "x"})", "", "w-1"),
+      Request("PUT", JobPath(kJob, "store/epoch-9/rank-0"), kToken, "ahead", "", "w-1"),
       "GET /" + std::string(20000, 'a') + " HTTP/1.1\r\n\r\n",
   };
   std::vector<std::thread> threads;
@@ -739,8 +871,8 @@ TEST_F(ServerTest, ServerSurvivesClientsThatDisconnectMidPoll) {
   // A body that stops half-way must not store a truncated value.
   const int fd = Connect(server_->port());
   ASSERT_GE(fd, 0);
-  SendAll(fd, "PUT " + JobPath(kJob, "store/half") + " HTTP/1.1\r\nAuthorization: Bearer " +
-                  kToken + "\r\nContent-Length: 100\r\n\r\nonly-part");
+  SendAll(fd, "PUT " + JobPath(kJob, "store/half") + " HTTP/1.1\r\n" + AuthHeaders(kToken, "w-0") +
+                  "Content-Length: 100\r\n\r\nonly-part");
   std::this_thread::sleep_for(milliseconds(100));
   close(fd);
 
@@ -788,7 +920,8 @@ TEST_F(ServerTest, GlooRanksRendezvousThroughTheCoordinator) {
   for (int i = 0; i < kRanks; ++i) {
     threads.emplace_back([&, i] {
       auto run = [&]() -> Status {
-        CoordinatorClient client(server_->url(), kJob, kToken, "w-" + std::to_string(i),
+        const std::string worker = "w-" + std::to_string(i);
+        CoordinatorClient client(server_->url(), kJob, Credential(kToken, worker), worker,
                                  milliseconds(10000));
         VF_RETURN_IF_ERROR(client.Register(kFingerprint, kBuild, true));
         VF_ASSIGN_OR_RETURN(Plan plan, client.WaitForPlan(0, seconds(60)));
