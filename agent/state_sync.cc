@@ -2,12 +2,14 @@
 
 #include <chrono>
 #include <limits>
+#include <new>
 #include <string>
 
 namespace vf {
 
 Result<SyncOutcome> SyncState(Communicator& comm, agent::TrainingStateHolder& state,
-                              const std::function<void()>& before_transfer) {
+                              const std::function<void()>& before_transfer,
+                              uint64_t max_metadata_bytes) {
   const auto start = std::chrono::steady_clock::now();
   SyncOutcome out;
   const bool mine = state.has_state();
@@ -47,7 +49,18 @@ Result<SyncOutcome> SyncState(Communicator& comm, agent::TrainingStateHolder& st
   if (comm.rank() == source) meta = state.Metadata();
   int64_t size = static_cast<int64_t>(meta.size());
   VF_RETURN_IF_ERROR(comm.Broadcast(&size, sizeof(size), source).WithContext("state size"));
-  meta.resize(static_cast<size_t>(size));
+  // The size comes from a peer: checked before anything is allocated for it.
+  if (size < 0 || static_cast<uint64_t>(size) > max_metadata_bytes) {
+    return DataLoss("state from rank " + std::to_string(source) + " declares " +
+                    std::to_string(size) + " bytes of metadata; at most " +
+                    std::to_string(max_metadata_bytes) + " are taken");
+  }
+  try {
+    meta.resize(static_cast<size_t>(size));
+  } catch (const std::bad_alloc&) {
+    return DataLoss("state from rank " + std::to_string(source) + ": no memory for its " +
+                    std::to_string(size) + " bytes of metadata");
+  }
   VF_RETURN_IF_ERROR(comm.Broadcast(meta.data(), meta.size(), source).WithContext("state"));
   if (comm.rank() != source) {
     // Checked before the buffers arrive, so a foreign state cannot overwrite this one.

@@ -27,8 +27,12 @@ struct SyncOutcome {
 // has state (a job's first plan, or after every member was lost), rank 0 initializes it (fresh
 // start or checkpoint) and broadcasts that.
 // `before_transfer` runs on every member between agreeing on the source and sending the state
-// (fault injection uses it).
+// (fault injection uses it). A receiver refuses (kDataLoss, before allocating) metadata that
+// the source declares larger than `max_metadata_bytes` or negative; the buffers' sizes are the
+// receiver's own, never the source's.
+inline constexpr uint64_t kMaxStateMetadataBytes = uint64_t{16} << 30;
 Result<SyncOutcome> SyncState(Communicator& comm, agent::TrainingStateHolder& state,
-                              const std::function<void()>& before_transfer = {});
+                              const std::function<void()>& before_transfer = {},
+                              uint64_t max_metadata_bytes = kMaxStateMetadataBytes);
 
 }  // namespace vf

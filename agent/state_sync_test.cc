@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -126,6 +127,52 @@ TEST(StateSync, MembersThatAgreeAlreadySendNothing) {
     EXPECT_EQ(r.outcome.bytes, 0);
     EXPECT_EQ(r.step, 6);
   }
+}
+
+// Rank 0 plays a source that claims the newest state and then declares `forged` bytes of
+// metadata; rank 1, which trained `steps` steps, must refuse before allocating, its state intact.
+void ExpectForgedSizeRefused(int64_t forged, int steps) {
+  const JobSpec job = SmallJob();
+  const auto data = LoadJobDataset(job).value();
+  MemoryStore store;
+  std::thread forger([&] {
+    auto comm = CreateGlooCommunicator(store, 0, 2, CommOptions{}).value();
+    int64_t agg[4] = {1, 50, -50, 0};
+    ASSERT_TRUE(comm->AllReduce(agg, 4, ReduceOp::kMax).ok());
+    int64_t claim = 2;
+    ASSERT_TRUE(comm->AllReduce(&claim, 1, ReduceOp::kMax).ok());
+    int64_t size = forged;
+    ASSERT_TRUE(comm->Broadcast(&size, sizeof(size), 0).ok());
+  });
+  auto dev = CreateCpuDevice(1);
+  auto ex = Executor::Create(job, *dev, data.train).value();
+  std::string before;
+  if (steps >= 0) {
+    ASSERT_TRUE(ex->InitializeFresh().ok());
+    auto local = CreateLocalCommunicator();
+    const std::vector<int> all = {0, 1, 2, 3};
+    for (int s = 0; s < steps; ++s) ASSERT_TRUE(ex->Step(*local, all).ok());
+    before = ex->WeightsSha256();
+  }
+  auto comm = CreateGlooCommunicator(store, 1, 2, CommOptions{}).value();
+  ExecutorState state(*ex, "");
+  Result<SyncOutcome> res = SyncState(*comm, state);
+  forger.join();
+  ASSERT_FALSE(res.ok());
+  EXPECT_EQ(res.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(res.status().message().find("declares " + std::to_string(forged) + " bytes"),
+            std::string::npos)
+      << res.status().message();
+  if (steps >= 0) {
+    EXPECT_EQ(ex->step(), steps);
+    EXPECT_EQ(ex->WeightsSha256(), before);
+  }
+}
+
+TEST(StateSync, AForgedMetadataSizeIsRefusedBeforeAllocating) {
+  ExpectForgedSizeRefused(-1, -1);
+  ExpectForgedSizeRefused(int64_t{1} << 50, -1);
+  ExpectForgedSizeRefused(std::numeric_limits<int64_t>::max(), 2);
 }
 
 }  // namespace
