@@ -48,8 +48,9 @@ int main(int argc, char** argv) {
   CLI::App app(
       "Trains the virtual nodes the coordinator's membership plans give this worker, and\n"
       "follows those plans between steps. Started by `vf run` or by the operator, one per pod.\n"
-      "The job's coordinator token comes from --token-file or the VF_JOB_TOKEN environment\n"
-      "variable. Without --job, the manifest itself (YAML or JSON) is read from the VF_JOB_SPEC\n"
+      "This worker's own coordinator credential comes from --token-file or the VF_JOB_TOKEN\n"
+      "environment variable. Without --job, the manifest itself (YAML or JSON) is read from the "
+      "VF_JOB_SPEC\n"
       "environment variable, which is how the operator hands it to pods. VF_VNODE_DELAY_MS\n"
       "sets --vnode-delay-ms from a pod's environment. SIGTERM makes the worker leave\n"
       "gracefully at the next step boundary.",
@@ -64,7 +65,7 @@ int main(int argc, char** argv) {
   app.add_option("--job-id", o.job_id, "NAMESPACE/NAME (default: from the job's metadata)");
   app.add_option("--worker", o.worker, "this worker's unique name within the job (required)")
       ->type_name("NAME");
-  app.add_option("--token-file", token_file, "file holding the job's coordinator token")
+  app.add_option("--token-file", token_file, "file holding this worker's coordinator credential")
       ->type_name("PATH");
   app.add_option("--steps", o.steps_override,
                  "train this many steps instead of the job's length (default: the job's)")
@@ -136,7 +137,7 @@ int main(int argc, char** argv) {
   } else if (const char* t = std::getenv("VF_JOB_TOKEN")) {
     o.token = t;
   }
-  if (o.token.empty()) return usage("no coordinator token (--token-file or VF_JOB_TOKEN)");
+  if (o.token.empty()) return usage("no coordinator credential (--token-file or VF_JOB_TOKEN)");
 
   std::signal(SIGTERM, OnTerm);
   vf::Status s = vf::RunWorker(o);

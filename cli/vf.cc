@@ -81,7 +81,7 @@ int Run(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--quiet", o.quiet, "print only the result");
   app.add_option("--run-info", o.run_info_path,
-                 "write the coordinator's URL, job id and token file to PATH (for tools)")
+                 "write the coordinator's URL, job id and job secret file to PATH (for tools)")
       ->type_name("PATH");
   if (auto exit_code = vf::ParseCommandLine(app, "vf", argc - 1, argv + 1)) return *exit_code;
   if (o.job_path.empty()) return Fail("vf run needs exactly one job file (see --help)", 2);

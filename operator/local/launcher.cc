@@ -101,6 +101,19 @@ std::string DescribeExit(int status) {
   return "exited with code " + std::to_string(WEXITSTATUS(status));
 }
 
+// Writes `content` and a newline to `path`, readable by this user only.
+Status WritePrivateFile(const std::string& path, const std::string& content) {
+  {
+    std::ofstream out(path);
+    out << content << "\n";
+    if (!out) return Internal("cannot write " + path);
+  }
+  std::error_code ec;
+  fs::permissions(path, fs::perms::owner_read | fs::perms::owner_write, ec);
+  if (ec) return Internal("cannot restrict " + path + ": " + ec.message());
+  return Status::Ok();
+}
+
 std::string RandomToken() {
   std::random_device rd;
   std::ostringstream s;
@@ -176,6 +189,10 @@ class LocalCluster {
   };
   // The virtualflow-agent binary with flags (the built-in model), or the user's program of
   // spec.template with the job in VF_* variables.
+  // Where a worker's own credential is: readable by this user only, as its Secret is in a pod.
+  std::string CredentialPath(const std::string& worker) const {
+    return (fs::path(run_.path()) / (worker + ".token")).string();
+  }
   Launch AgentProgram(const Worker& w, int slot) const;
   Launch UserProgram(const Worker& w, int slot) const;
   // Starts workers on free slots until `desired` are usable or the slots are full.
@@ -208,7 +225,7 @@ class LocalCluster {
   // build/python (the virtualflow package built with this binary) when it exists; else empty.
   std::string python_package_;
   std::string job_id_;
-  std::string token_;
+  std::string secret_;  // the job's: each worker's credential is derived from it
   TempDir run_;
   Coordinator coordinator_;
   std::unique_ptr<CoordinatorServer> server_;
@@ -239,23 +256,23 @@ class LocalCluster {
 Status LocalCluster::Start() {
   VF_RETURN_IF_ERROR(run_.Create());
   job_id_ = job_.namespace_name + "/" + job_.name;
-  token_ = RandomToken();
-  VF_RETURN_IF_ERROR(coordinator_.AddJob(job_id_, token_, job_.Fingerprint(),
+  secret_ = RandomToken();
+  VF_RETURN_IF_ERROR(coordinator_.AddJob(job_id_, secret_, job_.Fingerprint(),
                                          std::string("virtualflow ") + VF_VERSION));
+  // Every live worker plus a replacement for each, as the operator allows (reconciler.cc).
+  const size_t most = static_cast<size_t>(std::max(job_.replicas_max, capacity_.Max()));
+  VF_RETURN_IF_ERROR(
+      coordinator_.SetWorkerLimit(job_id_, std::min(2 * most, Coordinator::kMaxWorkersPerJob)));
   VF_ASSIGN_OR_RETURN(server_, CoordinatorServer::Start(coordinator_, "127.0.0.1", 0));
   policy::PolicyOptions popts;
   popts.cooldown_seconds = job_.elasticity.cooldown_seconds;
   VF_ASSIGN_OR_RETURN(policy_, policy::CreatePolicy(job_.elasticity.policy, popts));
-  const std::string token_file = (fs::path(run_.path()) / "token").string();
-  {
-    std::ofstream t(token_file);
-    t << token_ << "\n";
-    if (!t) return Internal("cannot write " + token_file);
-  }
-  fs::permissions(token_file, fs::perms::owner_read | fs::perms::owner_write);
+  // The job's secret, from which a tool (or a test) mints the credential of a worker of its own.
+  const std::string secret_file = (fs::path(run_.path()) / "secret").string();
+  VF_RETURN_IF_ERROR(WritePrivateFile(secret_file, secret_));
   if (!o_.run_info_path.empty()) {
     nlohmann::json info = {
-        {"coordinator", server_->url()}, {"job", job_id_}, {"token_file", token_file}};
+        {"coordinator", server_->url()}, {"job", job_id_}, {"secret_file", secret_file}};
     std::ofstream out(o_.run_info_path);
     out << info.dump() << "\n";
   }
@@ -274,6 +291,9 @@ Status LocalCluster::Spawn(int slot) {
   const fs::path dir = run_.path();
   w->err_path = (dir / (w->name + ".log")).string();
   w->result_path = (dir / (w->name + ".json")).string();
+  // Each worker gets its own credential, so that it can act only as itself.
+  VF_ASSIGN_OR_RETURN(const std::string credential, WorkerCredential(secret_, w->name));
+  VF_RETURN_IF_ERROR(WritePrivateFile(CredentialPath(w->name), credential));
   const Launch launch =
       job_.worker_template.user_program() ? UserProgram(*w, slot) : AgentProgram(*w, slot);
   posix_spawn_file_actions_t actions;
@@ -319,7 +339,7 @@ LocalCluster::Launch LocalCluster::AgentProgram(const Worker& w, int slot) const
             "--worker",
             w.name,
             "--token-file",
-            (dir / "token").string(),
+            CredentialPath(w.name),
             "--result",
             w.result_path,
             "--timeout",
@@ -357,7 +377,7 @@ LocalCluster::Launch LocalCluster::UserProgram(const Worker& w, int slot) const 
                                            {"VF_COORDINATOR", server_->url()},
                                            {"VF_JOB_ID", job_id_},
                                            {"VF_WORKER", w.name},
-                                           {"VF_JOB_TOKEN_FILE", (dir / "token").string()},
+                                           {"VF_JOB_TOKEN_FILE", CredentialPath(w.name)},
                                            {"VF_RESULT", w.result_path},
                                            {"VF_TIMEOUT", FormatNumber(o_.timeout)},
                                            {"VF_REPORT_INTERVAL", "0.5"}};

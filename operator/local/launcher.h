@@ -21,7 +21,7 @@ struct LocalRunOptions {
   std::string agent_path;          // empty: virtualflow-agent next to this executable
   std::vector<double> slowdowns;   // per worker slot (cycled): artificial slowdown factors
   std::vector<double> vnode_delays_ms;  // per worker slot (cycled): fixed ms per virtual node
-  std::string run_info_path;            // write {coordinator, job, token_file} here once serving
+  std::string run_info_path;            // write {coordinator, job, secret_file} here once serving
   bool quiet = false;                   // no progress or resize lines
   // How virtual nodes are split among workers: "proportional" (by each worker's measured time
   // per virtual node, rebalanced when that would cut the step time by more than 15%) or "even".

@@ -281,7 +281,9 @@ class Job:
             with open(env["VF_JOB_TOKEN_FILE"], encoding="utf-8") as f:
                 token = f.read().strip()
         if not token:
-            raise Error("no coordinator token (VF_JOB_TOKEN or VF_JOB_TOKEN_FILE)")
+            raise Error(
+                "no coordinator credential for this worker (VF_JOB_TOKEN_FILE or VF_JOB_TOKEN)"
+            )
         if env.get("VF_STEPS"):
             self.spec["steps"], self.spec["epochs"] = int(env["VF_STEPS"]), 0
         self.worker_name = env["VF_WORKER"]

@@ -2,6 +2,8 @@
 killed with SIGKILL (at random moments, mid-all-reduce and mid-state-transfer) is replaced and
 its step redone, and the final weights are bitwise those of an undisturbed static run."""
 
+import hashlib
+import hmac
 import json
 import os
 import random
@@ -22,6 +24,21 @@ from harness import VF, VfTestCase, vf, job_yaml, write
 SLOW = "4"
 
 
+def credential(info, worker):
+    """WORKER's credential in the job `vf run` serves: HMAC-SHA256 of its name keyed with the
+    job's secret, as the operator and `vf run` mint it."""
+    with open(info["secret_file"], "rb") as f:
+        secret = f.read().strip()
+    return hmac.new(secret, worker.encode(), hashlib.sha256).hexdigest()
+
+
+def credential_file(tmp, info, worker):
+    """a file holding WORKER's credential, for an agent's --token-file."""
+    path = os.path.join(tmp, worker + ".token")
+    write(path, credential(info, worker) + "\n")
+    return path
+
+
 def elastic_job(tmp, name="job.yaml", **overrides):
     spec = dict(virtualNodes="12", globalBatchSize="192", replicas="{min: 1, max: 4}",
                 elasticity="{policy: elastic, cooldownSeconds: 0}", steps="260")
@@ -30,7 +47,8 @@ def elastic_job(tmp, name="job.yaml", **overrides):
 
 
 class Background:
-    """`vf run` in the background, with its run info (coordinator URL, token) once serving."""
+    """`vf run` in the background, with its run info (coordinator URL, job secret) once
+    serving."""
 
     def __init__(self, tmp, *args, env=None, progress="0"):
         self.info_path = os.path.join(tmp, "run-info.json")
@@ -76,11 +94,10 @@ class Background:
     def plan_members(self):
         """names of the workers in the coordinator's newest plan."""
         info = self.info()
-        with open(info["token_file"]) as f:
-            token = f.read().strip()
         req = urllib.request.Request("%s/v1/jobs/%s/plan?after=0&timeout_ms=1000" %
                                      (info["coordinator"], info["job"]))
-        req.add_header("Authorization", "Bearer " + token)
+        req.add_header("Authorization", "Bearer " + credential(info, "observer"))
+        req.add_header("X-VirtualFlow-Worker", "observer")
         with urllib.request.urlopen(req, timeout=30) as resp:
             return {m["worker"] for m in json.load(resp)["members"]}
 
@@ -239,7 +256,7 @@ class ElasticTest(VfTestCase):
         agent = os.path.join(os.path.dirname(VF), "virtualflow-agent")
         extra = subprocess.Popen([agent, "--job", job, "--coordinator", info["coordinator"],
                                   "--job-id", info["job"], "--worker", "extra", "--token-file",
-                                  info["token_file"], "--timeout", "600"],
+                                  credential_file(self.tmp, info, "extra"), "--timeout", "600"],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         lines = []
         reader = threading.Thread(target=lambda: lines.extend(extra.stderr), daemon=True)
@@ -281,7 +298,8 @@ class ElasticTest(VfTestCase):
             other = elastic_job(self.tmp, "other-%s.yaml" % field, **{field: value})
             rogue = subprocess.run([agent, "--job", other, "--coordinator", info["coordinator"],
                                     "--job-id", info["job"], "--worker", "rogue-" + field,
-                                    "--token-file", info["token_file"]],
+                                    "--token-file",
+                                    credential_file(self.tmp, info, "rogue-" + field)],
                                    capture_output=True, text=True, timeout=60)
             self.assertEqual(rogue.returncode, 3, rogue.stderr)
             self.assertIn("refused", rogue.stderr)
@@ -297,45 +315,68 @@ class ElasticTest(VfTestCase):
         expected = self.reference(job)
         bg = Background(self.tmp, job, "--workers", "2", "--slowdown", SLOW)
         info = bg.info()
-        with open(info["token_file"]) as f:
-            token = f.read().strip()
         base = "%s/v1/jobs/%s" % (info["coordinator"], info["job"])
 
-        def call(method, path, body=b"", token_value=token, url=None):
+        def call(method, path, body=b"", worker="worker-0", token=None, url=None):
+            """the status of a request as WORKER, with its own credential unless TOKEN is given
+            ("" for none), and the reply's JSON body (None for none)."""
             req = urllib.request.Request(url or base + path, data=body or None, method=method)
-            if token_value is not None:
-                req.add_header("Authorization", "Bearer " + token_value)
+            token = credential(info, worker) if token is None else token
+            if token:
+                req.add_header("Authorization", "Bearer " + token)
+            if worker:
+                req.add_header("X-VirtualFlow-Worker", worker)
             req.add_header("Content-Type", "application/json")
             try:
                 with urllib.request.urlopen(req, timeout=30) as resp:
-                    return resp.status
+                    data = resp.read()
+                    return resp.status, json.loads(data) if data else None
             except urllib.error.HTTPError as e:
-                body = e.read()
-                self.assertIn(b"error", body)
-                return e.code
+                data = e.read()
+                self.assertIn(b"error", data)
+                return e.code, json.loads(data)
 
         # Wait until training runs under a plan, so that epoch 0 is in the past.
-        self.assertEqual(call("GET", "/plan?after=0&timeout_ms=60000"), 200)
+        status, plan = call("GET", "/plan?after=0&timeout_ms=60000")
+        self.assertEqual(status, 200)
+        rank1 = [m["worker"] for m in plan["members"] if m["rank"] != 0][0]
+        report = {"worker": rank1, "epoch": plan["epoch"], "step": 1, "loss": 0.1,
+                  "samplesPerSecond": 1.0, "secondsPerVirtualNode": 0.1, "hasState": True}
         cases = [
             ("malformed JSON", ("POST", "/report", b"{not json"), 400),
-            ("missing token", ("POST", "/report", b"{}", None), 401),
-            ("wrong token", ("POST", "/report", b"{}", "nope"), 401),
-            # Answered as a wrong token is, so that nobody learns which jobs exist.
-            ("unknown job", ("GET", "", b"", token,
+            ("missing credential", ("POST", "/report", b"{}", "worker-0", ""), 401),
+            ("wrong credential", ("POST", "/report", b"{}", "worker-0", "nope"), 401),
+            ("no worker named", ("POST", "/report", b"{}", ""), 401),
+            # Answered as a wrong credential is, so that nobody learns which jobs exist.
+            ("unknown job", ("GET", "", b"", "worker-0", None,
                              info["coordinator"] + "/v1/jobs/default/nosuchjob/plan"), 401),
+            ("one worker's credential presented as another's",
+             ("POST", "/leave", b'{"worker": "worker-0"}', "worker-0",
+              credential(info, "worker-1")), 401),
+            ("a worker acting as another", ("POST", "/leave", b'{"worker": "worker-0"}',
+                                            "worker-1"), 403),
+            ("a failure reported for another worker",
+             ("POST", "/failure", json.dumps({"worker": "worker-1", "epoch": plan["epoch"],
+                                              "step": 1, "message": "x"}).encode()), 403),
+            ("the job reported finished by a rank other than 0",
+             ("POST", "/report", json.dumps(dict(report, finished=True,
+                                                 weightsSha256="0" * 64)).encode(), rank1), 403),
             ("epoch from the past", ("POST", "/report", json.dumps(
-                {"worker": "worker-0", "epoch": 0, "step": 1, "loss": 0.1,
-                 "samplesPerSecond": 1.0, "secondsPerVirtualNode": 0.1,
-                 "hasState": True}).encode()), 409),
+                dict(report, worker="worker-0", epoch=0)).encode()), 409),
             ("oversized body", ("POST", "/register", b"x" * (2 << 20)), 413),
             ("store write to a past epoch", ("PUT", "/store/epoch-0/rank-0", b"x"), 409),
+            ("store write to an epoch far ahead", ("PUT", "/store/epoch-999/rank-0", b"x"), 409),
+            ("store key over 1 KiB", ("PUT", "/store/" + "k" * 2000, b"x"), 400),
+            ("digest that is not one", ("POST", "/report", json.dumps(
+                dict(report, weightsSha256="zz")).encode(), rank1), 400),
         ]
         for name, args, status in cases:
             with self.subTest(case=name):
-                self.assertEqual(call(*args), status)
+                self.assertEqual(call(*args)[0], status)
         code, out, err, summary = bg.wait()
         self.assertEqual(code, 0, out + err)
         self.assertEqual(summary["recoveries"], 0)
+        self.assertEqual(summary["resizes"], [])
         self.assertEqual(summary["weights_sha256"], expected)
 
 
