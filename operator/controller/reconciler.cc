@@ -76,6 +76,29 @@ const json& Obj(const json& j, const char* key) {
   return it != j.end() && it->is_object() ? *it : kEmpty;
 }
 
+// Gives the worker in `pod` (just created) its own credential, in a Secret the pod owns: the
+// kubelet starts the pod's container once the Secret is there. A pod whose Secret cannot be
+// created is deleted again, so that none waits for a credential that never comes.
+// `pod` is the API server's answer to the pod's creation, or null when the pod existed
+// already (then it is read, for its uid).
+Status CreateWorkerCredential(kube::Client& client, const json& job, const std::string& ns,
+                              const std::string& pod_name, const std::string& job_secret,
+                              json pod) {
+  if (pod.is_null()) {
+    kube::ApiResult<json> got = client.Get(kube::kPods, ns, pod_name);
+    if (!got.ok()) return got.status().WithContext("worker credential of " + pod_name);
+    pod = *got;
+  }
+  VF_ASSIGN_OR_RETURN(const std::string credential, WorkerCredential(job_secret, pod_name));
+  kube::ApiResult<json> created =
+      client.Create(kube::kSecrets, ns, BuildCredentialSecret(job, pod, credential));
+  if (created.ok() || created.reason() == kube::Reason::kAlreadyExists) return Status::Ok();
+  kube::DeleteOptions del;
+  del.precondition_uid = Obj(pod, "metadata").value("uid", "");
+  (void)client.Delete(kube::kPods, ns, pod_name, del);
+  return created.status().WithContext("worker credential of " + pod_name);
+}
+
 // The condition list with `type` set, keeping lastTransitionTime when its status is unchanged.
 void SetCondition(json& conditions, const json& old_conditions, const std::string& type, bool value,
                   const std::string& reason, const std::string& message, int64_t generation) {
@@ -517,6 +540,11 @@ Result<ReconcileResult> Reconciler::Reconcile(const std::string& key) {
 
   VF_ASSIGN_OR_RETURN(const std::string token, EnsureToken(p.job));
   VF_RETURN_IF_ERROR(EnsureCoordinatorJob(key, p.job, token, p.spec.Fingerprint()));
+  // Every live worker plus a replacement for each (a dead member stays registered until a plan
+  // without it is out); only pods the operator created hold credentials to register with.
+  VF_RETURN_IF_ERROR(coordinator_.SetWorkerLimit(
+      key, std::min(2 * static_cast<size_t>(std::max(p.spec.replicas_max, 1)),
+                    Coordinator::kMaxWorkersPerJob)));
   VF_RETURN_IF_ERROR(Observe(p));
   VF_ASSIGN_OR_RETURN(const Next after_success, RecordSuccess(p));
   if (after_success == Next::kDone) return ReconcileResult{};
@@ -947,6 +975,9 @@ Status Reconciler::CreateMissingPods(Pass& p, int live) {
     json pod = BuildWorkerPod(p.job, p.spec, pod_name, options_.pods, product);
     auto r = client_.Create(kube::kPods, p.ns, pod);
     if (!r.ok() && r.reason() != kube::Reason::kAlreadyExists) return r.status();
+    VF_ASSIGN_OR_RETURN(const std::string job_secret, EnsureToken(p.job));
+    VF_RETURN_IF_ERROR(CreateWorkerCredential(client_, p.job, p.ns, pod_name, job_secret,
+                                              r.ok() ? *r : json(nullptr)));
     {
       std::lock_guard<std::mutex> lock(mu_);
       expected_[p.key][pod_name] = Clock::now();

@@ -50,6 +50,10 @@ class FakeApi {
     std::lock_guard<std::mutex> lock(mu_);
     return pods_;
   }
+  std::vector<json> created_secrets() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return secrets_;
+  }
   std::vector<std::string> event_reasons() {
     std::lock_guard<std::mutex> lock(mu_);
     return events_;
@@ -86,6 +90,8 @@ class FakeApi {
       patches_.push_back(body["status"]);
     } else if (r.method == "POST" && path == "/api/v1/namespaces/team/pods") {
       pods_.push_back(body);
+    } else if (r.method == "POST" && path == "/api/v1/namespaces/team/secrets") {
+      secrets_.push_back(body);
     } else if (r.method == "POST" && path.ends_with("/events")) {
       events_.push_back(body.value("reason", ""));
     } else if (r.method == "DELETE") {
@@ -98,6 +104,7 @@ class FakeApi {
   std::mutex mu_;
   std::vector<json> patches_;
   std::vector<json> pods_;
+  std::vector<json> secrets_;
   std::vector<std::string> events_;
   std::vector<std::pair<std::string, json>> deletions_;
   FakeServer server_;  // last: it stops serving before the rest goes away
@@ -214,6 +221,38 @@ TEST_F(ReconcilerTest, CreatesThePodsThePolicyWantsWithTheSpecsGpus) {
   const json status = api_->status_patches().back();
   EXPECT_EQ(status["phase"], "Pending");
   EXPECT_EQ(status["desiredWorkers"], 2);
+}
+
+TEST_F(ReconcilerTest, EachWorkerPodGetsACredentialOfItsOwnThatTheCoordinatorAccepts) {
+  Start({EpochJob()}, {}, {GpuNode("gpu-a", 4)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  const std::vector<json> pods = api_->created_pods();
+  const std::vector<json> secrets = api_->created_secrets();
+  ASSERT_EQ(pods.size(), 2u);
+  ASSERT_EQ(secrets.size(), 2u);
+  for (size_t i = 0; i < pods.size(); ++i) {
+    const std::string pod = pods[i]["metadata"]["name"];
+    EXPECT_EQ(secrets[i]["metadata"]["name"], pod + "-vf-credential");
+    EXPECT_EQ(pods[i]["spec"]["volumes"][0]["secret"]["secretName"], pod + "-vf-credential");
+    const std::string credential = secrets[i]["stringData"]["token"];
+    // Derived from the job's secret (the fake's Secret holds "secret").
+    EXPECT_EQ(credential, WorkerCredential("secret", pod).value());
+    EXPECT_TRUE(coordinator_.CheckCredential(kKey, pod, credential).ok());
+    const std::string other = pods[1 - i]["metadata"]["name"];
+    EXPECT_EQ(coordinator_.CheckCredential(kKey, other, credential).code(),
+              StatusCode::kUnauthenticated);
+  }
+  // replicas.max is 2: the coordinator registers at most twice that (live workers and their
+  // replacements).
+  const JobView view = coordinator_.GetJob(kKey).value();
+  for (int w = 0; w < 4; ++w) {
+    ASSERT_TRUE(
+        coordinator_
+            .RegisterWorker(kKey, "w-" + std::to_string(w), view.fingerprint, view.build, true)
+            .ok());
+  }
+  EXPECT_EQ(coordinator_.RegisterWorker(kKey, "w-4", view.fingerprint, view.build, true).code(),
+            StatusCode::kFailedPrecondition);
 }
 
 TEST_F(ReconcilerTest, EpochJobLengthIsUnknownUntilAnAgentReportsIt) {

@@ -11,6 +11,31 @@ using nlohmann::json;
 
 std::string TokenSecretName(const std::string& job_name) { return job_name + "-vf-token"; }
 
+// "-vf-credential" never ends a job's "-vf-token", so the two never share a name.
+std::string CredentialSecretName(const std::string& pod_name) {
+  return pod_name + "-vf-credential";
+}
+
+json BuildCredentialSecret(const json& job, const json& pod, const std::string& credential) {
+  const json meta = pod.is_object() ? pod.value("metadata", json::object()) : json::object();
+  // Not a controller reference (the job controls the pod, and a Secret has one controller at
+  // most), and not blocking the pod's deletion, which would need rights on the pod's finalizers.
+  const json owner = {{"apiVersion", "v1"},
+                      {"kind", "Pod"},
+                      {"name", meta.value("name", "")},
+                      {"uid", meta.value("uid", "")}};
+  return {{"apiVersion", "v1"},
+          {"kind", "Secret"},
+          {"metadata",
+           {{"name", CredentialSecretName(meta.value("name", ""))},
+            {"namespace", meta.value("namespace", job.at("metadata").value("namespace", ""))},
+            {"labels",
+             {{kJobLabel, job.at("metadata").value("name", "")}, {kManagedByLabel, kManagedBy}}},
+            {"ownerReferences", {owner}}}},
+          {"type", "Opaque"},
+          {"stringData", {{kTokenKey, credential}}}};
+}
+
 json OwnerReference(const json& job) {
   const json& meta = job.at("metadata");
   return {{"apiVersion", job.value("apiVersion", kJobApiVersion)},
@@ -162,8 +187,8 @@ json Container(const json& job, const JobSpec& spec, const std::string& pod_name
   return container;
 }
 
-json PodSpec(const json& job, const JobSpec& spec, json container, const PodSettings& settings,
-             const std::string& gpu_product) {
+json PodSpec(const json& job, const JobSpec& spec, const std::string& pod_name, json container,
+             const PodSettings& settings, const std::string& gpu_product) {
   const json& tmpl = job.value("spec", json::object()).value("template", json::object());
   json pod_spec = {{"restartPolicy", "Never"},
                    {"enableServiceLinks", false},
@@ -186,7 +211,7 @@ json PodSpec(const json& job, const JobSpec& spec, json container, const PodSett
   json volumes = tmpl.value("volumes", json::array());
   volumes.push_back({{"name", kTokenVolume},
                      {"secret",
-                      {{"secretName", TokenSecretName(job.at("metadata").value("name", ""))},
+                      {{"secretName", CredentialSecretName(pod_name)},
                        {"defaultMode", 0444},
                        {"items", {{{"key", kTokenKey}, {"path", "token"}}}}}}});
   volumes.push_back({{"name", kShmVolume}, {"emptyDir", {{"medium", "Memory"}}}});
@@ -250,8 +275,8 @@ json BuildWorkerPod(const json& job, const JobSpec& spec, const std::string& pod
   return {{"apiVersion", "v1"},
           {"kind", "Pod"},
           {"metadata", metadata},
-          {"spec",
-           PodSpec(job, spec, Container(job, spec, pod_name, settings), settings, gpu_product)}};
+          {"spec", PodSpec(job, spec, pod_name, Container(job, spec, pod_name, settings), settings,
+                           gpu_product)}};
 }
 
 int64_t WorkerCpuMillis(const json& job) {

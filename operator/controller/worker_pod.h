@@ -35,8 +35,19 @@ inline constexpr char kShmVolume[] = "vf-shm";
 // The CPU a worker of a CPU-only job requests when its template says nothing.
 inline constexpr char kDefaultWorkerCpu[] = "1";
 
-// The name of the Secret that holds a job's coordinator token.
+// The name of the Secret that holds a job's secret, from which the operator derives each
+// worker's credential (WorkerCredential). No pod mounts it.
 std::string TokenSecretName(const std::string& job_name);
+// The name of the Secret that holds the credential of the worker in pod `pod_name`: one Secret
+// per pod, so that a node's kubelet (which may read only the Secrets of its own pods) never
+// holds another worker's credential, and so that the Secret goes with its pod.
+std::string CredentialSecretName(const std::string& pod_name);
+
+// The Secret holding `credential`, the credential of the worker in `pod` (as the API server
+// returned it, uid included), under key kTokenKey. Owned by the pod, so that the garbage
+// collector deletes it with the pod.
+nlohmann::json BuildCredentialSecret(const nlohmann::json& job, const nlohmann::json& pod,
+                                     const std::string& credential);
 
 // An owner reference to `job` (controller, blocks owner deletion), so that deleting the job
 // deletes what it owns.
@@ -54,7 +65,8 @@ Status ValidateTemplate(const nlohmann::json& job);
 // (a pod template flattened to its one container: see docs/crd-reference.md) plus what the
 // operator owns: name, labels, owner reference, restartPolicy Never (the operator replaces
 // failed workers itself), the command (virtualflow-agent, or the user's program with the job
-// in VF_* variables), the token as a mounted file, the pod's address for the communicator,
+// in VF_* variables), the worker's own credential as a mounted file (from its Secret,
+// BuildCredentialSecret, created once the pod exists), the pod's address for the communicator,
 // nvidia.com/gpu from gpusPerWorker (a CPU request for CPU-only jobs when the template has
 // none), a memory-backed /dev/shm, probes on the agent's /healthz and /readyz, and a security
 // context that passes the restricted Pod Security Standard (the template's fields win).

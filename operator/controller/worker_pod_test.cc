@@ -57,15 +57,38 @@ TEST(WorkerPodTest, BuildsAPodTheAgentCanRun) {
   EXPECT_FALSE(manifest.contains("status"));
   EXPECT_EQ(c["env"][2]["name"], "VF_POD_IP");
   EXPECT_EQ(c["env"][2]["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP");
-  // The token is a file from the job's Secret, never an environment variable.
+  // The worker's own credential is a file from the pod's own Secret, never an environment
+  // variable, and never the job's secret.
   const json& volumes = pod["spec"]["volumes"];
   ASSERT_EQ(volumes.size(), 2u);
-  EXPECT_EQ(volumes[0]["secret"]["secretName"], "mnist-vf-token");
+  EXPECT_EQ(volumes[0]["secret"]["secretName"], "mnist-worker-abc-vf-credential");
+  EXPECT_EQ(volumes[0]["secret"]["items"][0]["key"], kTokenKey);
   EXPECT_EQ(volumes[1]["emptyDir"]["medium"], "Memory");
   EXPECT_EQ(c["volumeMounts"][0]["mountPath"], kTokenDir);
   EXPECT_EQ(c["volumeMounts"][1]["mountPath"], "/dev/shm");
   EXPECT_EQ(c["readinessProbe"]["httpGet"]["path"], "/readyz");
   EXPECT_EQ(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+}
+
+TEST(WorkerPodTest, TheCredentialSecretIsThePodsOwnAndGoesWithIt) {
+  json pod = BuildWorkerPod(Job(), SpecOf(Job()), "mnist-worker-abc", PodSettings{});
+  pod["metadata"]["uid"] = "pod-uid-1";  // as the API server returns it
+  const json secret = BuildCredentialSecret(Job(), pod, "c0ffee");
+  EXPECT_EQ(secret["kind"], "Secret");
+  EXPECT_EQ(secret["metadata"]["name"], CredentialSecretName("mnist-worker-abc"));
+  EXPECT_EQ(secret["metadata"]["name"],
+            pod["spec"]["volumes"][0]["secret"]["secretName"].get<std::string>());
+  EXPECT_EQ(secret["metadata"]["namespace"], "team");
+  EXPECT_EQ(secret["metadata"]["labels"][kJobLabel], "mnist");
+  const json& owner = secret["metadata"]["ownerReferences"][0];
+  EXPECT_EQ(owner["kind"], "Pod");
+  EXPECT_EQ(owner["name"], "mnist-worker-abc");
+  EXPECT_EQ(owner["uid"], "pod-uid-1");
+  EXPECT_FALSE(owner.contains("controller"));
+  EXPECT_FALSE(owner.contains("blockOwnerDeletion"));
+  EXPECT_EQ(secret["stringData"][kTokenKey], "c0ffee");
+  // A pod's Secret never shares a name with a job's, whatever the job is called.
+  EXPECT_NE(CredentialSecretName("a-worker-x"), TokenSecretName("a-worker-x"));
 }
 
 // What the restricted Pod Security Standard asks of every pod and container.

@@ -289,18 +289,25 @@ class OperatorTest(OperatorTestCase):
         for name in ("share-a", "share-b", "share-c"):
             self.delete_job(name)
 
-    def test_5_deleting_a_job_collects_its_pods_and_secret(self):
+    def test_5_deleting_a_job_collects_its_pods_and_secrets(self):
         name = "collected"
         self.reset_nodes(("gpu-g", 2))
         self.apply(job_manifest(name, steps=5000, delay_ms=8))
         self.wait_workers(name, 2)
         secret = "/api/v1/namespaces/%s/secrets/%s-vf-token" % (NS, name)
         self.assertIsNotNone(self.cp.get(secret))
+        # Each worker pod has a credential Secret of its own, owned by the pod.
+        credentials = ["/api/v1/namespaces/%s/secrets/%s-vf-credential" % (NS, pod)
+                       for pod in (p["metadata"]["name"] for p in self.pods(name))]
+        for path in credentials:
+            owners = self.cp.get(path)["metadata"]["ownerReferences"]
+            self.assertEqual([o["kind"] for o in owners], ["Pod"])
         self.delete_job(name)
         # The garbage collector follows the owner references (it may take it a while to learn
         # about a new custom resource type).
-        self.cp.wait_for("pods and Secret to be collected",
-                         lambda: not self.pods(name) and self.cp.get(secret) is None, timeout=120)
+        self.cp.wait_for("pods and Secrets to be collected",
+                         lambda: not self.pods(name) and self.cp.get(secret) is None and
+                         all(self.cp.get(path) is None for path in credentials), timeout=120)
 
     def test_6_an_operator_that_lost_its_lease_stops_acting(self):
         lease_path = "/apis/coordination.k8s.io/v1/namespaces/default/leases/virtualflow-operator"
