@@ -76,7 +76,7 @@ size_t WorkerBytes(const WorkerInfo& info) {
          info.build.size() + info.failure_message.size() + info.last_report.weights_sha256.size();
 }
 
-size_t KeyBytes(const std::string& key, const std::string& value) {
+size_t KeyBytes(std::string_view key, std::string_view value) {
   return Coordinator::kKeyOverheadBytes + key.size() + value.size();
 }
 
@@ -403,7 +403,6 @@ Status Coordinator::RegisterWorker(const std::string& job, const std::string& wo
                               ", the job runs build " + state->build);
   }
   auto it = state->workers.find(worker);
-  size_t before = 0;
   if (it == state->workers.end()) {
     if (state->workers.size() >= state->max_workers) {
       return FailedPrecondition("job " + job + " already has " +
@@ -416,16 +415,10 @@ Status Coordinator::RegisterWorker(const std::string& job, const std::string& wo
     fresh.build = build;
     VF_RETURN_IF_ERROR(ChargeLocked(*state, 0, WorkerBytes(fresh)));
     it = state->workers.emplace(worker, std::move(fresh)).first;
-    before = WorkerBytes(it->second);
-  } else {
-    before = WorkerBytes(it->second);
   }
+  // Fingerprint and build equal the job's: a registration again changes no size.
   WorkerInfo& info = it->second;
   info.ready = ready;
-  info.fingerprint = fingerprint;
-  info.build = build;
-  // Equal to the job's, so the same size as before: this cannot pass the budget.
-  (void)ChargeLocked(*state, before, WorkerBytes(info));
   Touch(info);
   BumpLocked(*state);
   return Status::Ok();
@@ -447,9 +440,9 @@ Status Coordinator::RecordReport(const std::string& job, const std::string& work
                             "; only rank 0 reports the job finished and its final weights");
   }
   const size_t before = WorkerBytes(*info);
-  WorkerInfo updated = *info;
-  updated.last_report = report;
-  VF_RETURN_IF_ERROR(ChargeLocked(state, before, WorkerBytes(updated)));
+  const size_t after =
+      before - info->last_report.weights_sha256.size() + report.weights_sha256.size();
+  VF_RETURN_IF_ERROR(ChargeLocked(state, before, after));
   info->last_report = report;
   Touch(*info);
   BumpLocked(state);
@@ -589,8 +582,8 @@ Status Coordinator::SetKey(const std::string& job, const std::string& key, std::
       return FailedPrecondition("the store of job " + job + " is full (" +
                                 std::to_string(kMaxStoreBytesPerJob >> 20) + " MiB)");
     }
-    VF_RETURN_IF_ERROR(ChargeLocked(*state, fresh ? 0 : KeyBytes(key, *existing->second),
-                                    kKeyOverheadBytes + key.size() + value.size()));
+    VF_RETURN_IF_ERROR(
+        ChargeLocked(*state, fresh ? 0 : KeyBytes(key, *existing->second), KeyBytes(key, value)));
     auto shared = std::make_shared<const std::string>(value);
     state->store[key] = shared;
     state->store_bytes = bytes;
