@@ -101,16 +101,17 @@ std::string DescribeExit(int status) {
   return "exited with code " + std::to_string(WEXITSTATUS(status));
 }
 
-// Writes `content` and a newline to `path`, readable by this user only.
+// Writes `content` and a newline to a new file `path`, readable by this user only from the
+// moment it exists.
 Status WritePrivateFile(const std::string& path, const std::string& content) {
-  {
-    std::ofstream out(path);
-    out << content << "\n";
-    if (!out) return Internal("cannot write " + path);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return Internal("cannot create " + path + ": " + std::strerror(errno));
+  const std::string text = content + "\n";
+  const ssize_t n = ::write(fd, text.data(), text.size());
+  const bool closed = ::close(fd) == 0;
+  if (n != static_cast<ssize_t>(text.size()) || !closed) {
+    return Internal("cannot write " + path + ": " + std::strerror(errno));
   }
-  std::error_code ec;
-  fs::permissions(path, fs::perms::owner_read | fs::perms::owner_write, ec);
-  if (ec) return Internal("cannot restrict " + path + ": " + ec.message());
   return Status::Ok();
 }
 
@@ -187,12 +188,12 @@ class LocalCluster {
     std::vector<std::string> argv;
     std::vector<std::string> env;
   };
-  // The virtualflow-agent binary with flags (the built-in model), or the user's program of
-  // spec.template with the job in VF_* variables.
   // Where a worker's own credential is: readable by this user only, as its Secret is in a pod.
   std::string CredentialPath(const std::string& worker) const {
     return (fs::path(run_.path()) / (worker + ".token")).string();
   }
+  // The virtualflow-agent binary with flags (the built-in model), or the user's program of
+  // spec.template with the job in VF_* variables.
   Launch AgentProgram(const Worker& w, int slot) const;
   Launch UserProgram(const Worker& w, int slot) const;
   // Starts workers on free slots until `desired` are usable or the slots are full.
