@@ -557,7 +557,8 @@ bool Coordinator::WaitForChange(const std::string& job, uint64_t seen_generation
   });
 }
 
-Status Coordinator::SetKey(const std::string& job, const std::string& key, std::string_view value) {
+Status Coordinator::SetKey(const std::string& job, const std::string& key, std::string_view value,
+                           std::string_view writer) {
   VF_RETURN_IF_ERROR(ValidateKey(key));
   Deferred deferred;
   {
@@ -570,6 +571,14 @@ Status Coordinator::SetKey(const std::string& job, const std::string& key, std::
     // Rendezvous happens under the current plan (or, in a race with its publication, the next
     // one): keys for later epochs would only hold memory until those epochs come, if ever.
     if (key_epoch > state->plan.epoch + 1) return FutureEpoch(key_epoch, state->plan.epoch);
+    // A worker has seen only published plans, so it never writes the next epoch's keys.
+    if (!writer.empty() && key_epoch > state->plan.epoch) {
+      return FutureEpoch(key_epoch, state->plan.epoch);
+    }
+    if (!writer.empty() && key_epoch >= 0 && !IsMember(state->plan, std::string(writer))) {
+      return PermissionDenied("worker " + std::string(writer) + " is not a member of epoch " +
+                              std::to_string(key_epoch) + "; only its members write its keys");
+    }
     auto existing = state->store.find(key);
     const bool fresh = existing == state->store.end();
     if (fresh && state->store.size() >= kMaxKeysPerJob) {

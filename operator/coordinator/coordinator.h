@@ -164,7 +164,11 @@ class Coordinator {
   // once the current epoch is past K is kFailedPrecondition, since the ranks it was meant for
   // have moved on. A job holds at most kMaxKeysPerJob keys and kMaxStoreBytesPerJob bytes, and
   // all jobs together no more than the memory budget (kFailedPrecondition past either).
-  Status SetKey(const std::string& job, const std::string& key, std::string_view value);
+  // `writer` names the worker that writes (empty: the control plane itself). A worker writes
+  // the keys of the current epoch only, and only as a member of its plan (kPermissionDenied),
+  // so that no worker outside a plan can plant an address its ranks would connect to.
+  Status SetKey(const std::string& job, const std::string& key, std::string_view value,
+                std::string_view writer = {});
   // Waits up to `timeout` for `key`; kDeadlineExceeded naming the key after that. A missing key
   // of an epoch older than the current one fails at once (it can no longer be written).
   Result<std::string> GetKey(const std::string& job, const std::string& key,

@@ -127,6 +127,18 @@ TEST_F(CoordinatorTest, OnlyRankZeroReportsForTheWholeJob) {
   EXPECT_EQ(c_.RecordReport(kJob, "w-0", report).code(), StatusCode::kPermissionDenied);
 }
 
+TEST_F(CoordinatorTest, AWorkerWritesOnlyTheCurrentEpochsKeysAndOnlyAsAMember) {
+  ASSERT_TRUE(c_.PublishPlan(kJob, Members(2)).ok());
+  EXPECT_TRUE(c_.SetKey(kJob, "epoch-1/rank-0", "a", "w-0").ok());
+  EXPECT_TRUE(c_.SetKey(kJob, "epoch-1/rank-1", "b", "w-1").ok());
+  EXPECT_EQ(c_.SetKey(kJob, "epoch-1/rank-0", "x", "w-7").code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(c_.SetKey(kJob, "epoch-2/rank-0", "x", "w-0").code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(*c_.GetKey(kJob, "epoch-1/rank-0", milliseconds(0)), "a");
+  // Keys outside any epoch rendezvous nobody; the control plane writes what it needs.
+  EXPECT_TRUE(c_.SetKey(kJob, "scratch", "x", "w-7").ok());
+  EXPECT_TRUE(c_.SetKey(kJob, "epoch-2/rank-0", "x").ok());
+}
+
 TEST_F(CoordinatorTest, WorkersPerJobStopAtItsLimit) {
   EXPECT_EQ(c_.SetWorkerLimit(kJob, 0).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(c_.SetWorkerLimit(kJob, Coordinator::kMaxWorkersPerJob + 1).code(),

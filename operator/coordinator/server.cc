@@ -366,7 +366,7 @@ void CoordinatorServer::Impl::Dispatch(const http_request& request, const Route&
     return StartPoll(request, route, *after, *timeout);
   }
   if (route.action == Action::kStore) {
-    return SendNoContentOr(request, coordinator_.SetKey(route.job, route.key, body.data));
+    return SendNoContentOr(request, coordinator_.SetKey(route.job, route.key, body.data, caller));
   }
 
   Result<json> parsed = wire::ParseObject(body.data);

@@ -17,8 +17,9 @@
 //
 // A plan is {"epoch", "storePrefix", "members": [{"worker", "rank", "virtualNodes"}]}. Errors
 // are {"error": "<one line>"}: 400 malformed body or query, 401 missing or wrong credential or
-// worker header (and an unknown job, with the same words), 403 a body naming another worker or a
-// job-level report (finished, final weights) from anyone but rank 0, 404 unknown worker or path,
+// worker header (and an unknown job, with the same words), 403 a body naming another worker, a
+// job-level report (finished, final weights) from anyone but rank 0, or a rendezvous key of the
+// current epoch from a worker outside its plan, 404 unknown worker or path,
 // 405 wrong method, 408 store wait timed out, 409 the request does not fit the job's state (spec
 // or build mismatch, an epoch in the past or the future, a limit on workers, keys or bytes
 // reached), 413 body over 1 MiB, 503 shutting down, 500 a bug.

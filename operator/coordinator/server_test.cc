@@ -301,19 +301,20 @@ TEST_F(ServerTest, PlanPollAnswers204AfterItsTimeout) {
 }
 
 TEST_F(ServerTest, StoreSetAndGetAcrossClients) {
+  ASSERT_TRUE(coordinator_.PublishPlan(kJob, Members(2)).ok());
   auto writer = Client("w-0");
   auto reader = Client("w-1");
   const std::string value("bin\0ary\xff\x01", 9);
   auto waiting =
-      std::async(std::launch::async, [&] { return reader->GetKey("epoch-0/rank-0", seconds(30)); });
+      std::async(std::launch::async, [&] { return reader->GetKey("epoch-1/rank-0", seconds(30)); });
   std::this_thread::sleep_for(milliseconds(200));
-  ASSERT_TRUE(writer->SetKey("epoch-0/rank-0", value).ok());
+  ASSERT_TRUE(writer->SetKey("epoch-1/rank-0", value).ok());
   Result<std::string> got = waiting.get();
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   EXPECT_EQ(*got, value);
-  EXPECT_EQ(*reader->GetKey("epoch-0/rank-0", milliseconds(0)), value);
+  EXPECT_EQ(*reader->GetKey("epoch-1/rank-0", milliseconds(0)), value);
 
-  RawReply raw = Raw(Request("GET", JobPath(kJob, "store/epoch-0/rank-0"), kToken));
+  RawReply raw = Raw(Request("GET", JobPath(kJob, "store/epoch-1/rank-0"), kToken));
   EXPECT_EQ(raw.status, 200);
   EXPECT_EQ(raw.body, value);
   EXPECT_NE(raw.headers.find("application/octet-stream"), std::string::npos) << raw.headers;
@@ -340,7 +341,7 @@ TEST_F(ServerTest, StoreWaitTimesOutWith408) {
 
 TEST_F(ServerTest, KeysMayHoldSlashesAndAnyCharacter) {
   auto client = Client("w-0");
-  const std::string key = "epoch-1/rank 0/%2F?#&=+ü";
+  const std::string key = "any/rank 0/%2F?#&=+ü";
   ASSERT_TRUE(client->SetKey(key, "odd").ok());
   Result<std::string> stored = coordinator_.GetKey(kJob, key, milliseconds(0));
   ASSERT_TRUE(stored.ok()) << stored.status().ToString();
@@ -412,6 +413,24 @@ TEST_F(ServerTest, AWorkersCredentialCannotActAsAnotherWorker) {
   EXPECT_FALSE(view.workers.at("w-0").leave_requested);
   EXPECT_EQ(view.workers.at("w-0").failure_epoch, -1);
   EXPECT_EQ(view.workers.at("w-0").last_report.step, 0);
+}
+
+TEST_F(ServerTest, OnlyMembersOfThePlanWriteItsRendezvousKeys) {
+  ASSERT_TRUE(coordinator_.PublishPlan(kJob, Members(2)).ok());
+  EXPECT_TRUE(Client("w-1")->SetKey("epoch-1/rank-1", "addr-1").ok());
+  // w-2 is in no plan: it can plant no address for the ranks of epoch 1.
+  Status planted = Client("w-2")->SetKey("epoch-1/rank-0", "attacker");
+  EXPECT_EQ(planted.code(), StatusCode::kPermissionDenied) << planted.message();
+  EXPECT_NE(planted.message().find("not a member of epoch 1 (HTTP 403)"), std::string::npos)
+      << planted.message();
+  ExpectError(
+      Raw(Request("PUT", JobPath(kJob, "store/epoch-1/rank-0"), kToken, "attacker", "", "w-2")),
+      403, "not a member");
+  EXPECT_FALSE(coordinator_.GetKey(kJob, "epoch-1/rank-0", milliseconds(0)).ok());
+  // Nor for the next epoch's ranks, before its plan is out.
+  EXPECT_EQ(Client("w-2")->SetKey("epoch-2/rank-0", "attacker").code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(coordinator_.GetKey(kJob, "epoch-2/rank-0", milliseconds(0)).ok());
 }
 
 TEST_F(ServerTest, OnlyRankZeroReportsTheJobFinished) {
@@ -578,6 +597,9 @@ TEST_F(ServerTest, EpochsFromThePastOrFutureAre409) {
   ExpectError(Raw(Request("PUT", JobPath(kJob, "store/epoch-1/rank-0"), kToken, "x")), 409,
               "epoch 1 is older than the current epoch 2");
   EXPECT_EQ(Raw(Request("PUT", JobPath(kJob, "store/epoch-2/rank-0"), kToken, "x")).status, 204);
+  // A worker has seen only published plans: the next epoch's keys are not its to write.
+  ExpectError(Raw(Request("PUT", JobPath(kJob, "store/epoch-3/rank-0"), kToken, "x")), 409,
+              "from the future");
   ExpectError(Raw(Request("POST", JobPath(kJob, "ack"), kToken,
                           json{{"worker", "w-0"}, {"epoch", 5}}.dump())),
               409, "from the future");

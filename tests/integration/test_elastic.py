@@ -366,6 +366,10 @@ class ElasticTest(VfTestCase):
             ("oversized body", ("POST", "/register", b"x" * (2 << 20)), 413),
             ("store write to a past epoch", ("PUT", "/store/epoch-0/rank-0", b"x"), 409),
             ("store write to an epoch far ahead", ("PUT", "/store/epoch-999/rank-0", b"x"), 409),
+            ("store write to the next epoch", ("PUT", "/store/epoch-%d/rank-0" % (plan["epoch"] + 1),
+                                               b"x"), 409),
+            ("a rendezvous key planted by a worker outside the plan",
+             ("PUT", "/store/epoch-%d/rank-0" % plan["epoch"], b"x", "observer"), 403),
             ("store key over 1 KiB", ("PUT", "/store/" + "k" * 2000, b"x"), 400),
             ("digest that is not one", ("POST", "/report", json.dumps(
                 dict(report, weightsSha256="zz")).encode(), rank1), 400),
