@@ -421,7 +421,9 @@ TEST_F(ServerTest, OnlyMembersOfThePlanWriteItsRendezvousKeys) {
   // w-2 is in no plan: it can plant no address for the ranks of epoch 1.
   Status planted = Client("w-2")->SetKey("epoch-1/rank-0", "attacker");
   EXPECT_EQ(planted.code(), StatusCode::kPermissionDenied) << planted.message();
-  EXPECT_NE(planted.message().find("not a member of epoch 1 (HTTP 403)"), std::string::npos)
+  EXPECT_NE(planted.message().find(
+                "is not a member of epoch 1; only its members write its keys (HTTP 403)"),
+            std::string::npos)
       << planted.message();
   ExpectError(
       Raw(Request("PUT", JobPath(kJob, "store/epoch-1/rank-0"), kToken, "attacker", "", "w-2")),
