@@ -116,6 +116,10 @@ class Agent::Impl {
   // until `deadline` when it is later.
   Status Send(const Report& r, Clock::time_point deadline = Clock::time_point::min());
   void Progress(int64_t step, double loss, bool force);
+  // A leaving worker (asked to, or excluded by a plan) whose leave request or acknowledgement
+  // failed: when the coordinator does not know the job (forgotten_), it leaves anyway, as
+  // nobody is there to tell; any other failure is returned.
+  Result<std::optional<Membership>> LeaveUntold(const Status& why);
 
   AgentOptions o_;
   AgentMetrics metrics_;
@@ -133,7 +137,8 @@ class Agent::Impl {
   bool member_ = false;  // has been a member of some plan
   bool need_switch_ = true;
   bool leave_sent_ = false;
-  bool ready_ = false;  // told the coordinator it is ready: a registration again says so too
+  bool ready_ = false;      // told the coordinator it is ready: a registration again says so too
+  bool forgotten_ = false;  // the last Persist failed because the coordinator did not know it
   Clock::time_point switch_started_ = Clock::now();
   double last_pause_ = 0.0;
   int64_t total_steps_ = 0;
@@ -247,8 +252,8 @@ Result<std::optional<Membership>> Agent::Impl::Next(TrainingStateHolder& state) 
     if (g_leave.load() && !leave_sent_) {
       // The controller publishes a plan without this worker; it keeps training until then so
       // the job loses no step.
-      VF_RETURN_IF_ERROR(Persist("asking to leave", Clock::now() + o_.timeout,
-                                 [this] { return client_.Leave(); }));
+      Status asked = Persist("asking to leave", Clock::now(), [this] { return client_.Leave(); });
+      if (!asked.ok()) return LeaveUntold(asked);
       leave_sent_ = true;
     }
     if (!need_switch_) return std::optional<Membership>(membership_);
@@ -264,9 +269,9 @@ Result<std::optional<Membership>> Agent::Impl::Next(TrainingStateHolder& state) 
       if (member_ || leave_sent_) {
         // Left the job: acknowledge so the controller may delete this worker's pod.
         comm_.reset();
-        VF_RETURN_IF_ERROR(Persist("acknowledging plan " + std::to_string(epoch_),
-                                   Clock::now() + o_.timeout,
-                                   [this] { return client_.Ack(epoch_); }));
+        Status acked = Persist("acknowledging plan " + std::to_string(epoch_), Clock::now(),
+                               [this] { return client_.Ack(epoch_); });
+        if (!acked.ok()) return LeaveUntold(acked);
         return kLeft;
       }
       continue;  // not included yet
@@ -279,8 +284,20 @@ Result<std::optional<Membership>> Agent::Impl::Next(TrainingStateHolder& state) 
   }
 }
 
+Result<std::optional<Membership>> Agent::Impl::LeaveUntold(const Status& why) {
+  if (!forgotten_) return why;
+  // Deleted with its job, or asked to go while the operator restarts: the pod goes either way,
+  // and waiting for a coordinator that may never know the job again would only keep it
+  // Terminating. The members lose it as they lose a killed worker, and redo at most one step.
+  comm_.reset();
+  std::fprintf(stderr, "virtualflow-agent: %s: leaving without telling the coordinator: %s\n",
+               o_.worker.c_str(), why.message().c_str());
+  return std::optional<Membership>();
+}
+
 Status Agent::Impl::Persist(const std::string& what, Clock::time_point deadline,
                             const std::function<Status()>& call) {
+  forgotten_ = false;
   Status s = call();
   const auto since = Clock::now();
   while (Forgotten(s)) {
@@ -295,6 +312,7 @@ Status Agent::Impl::Persist(const std::string& what, Clock::time_point deadline,
       return registered.WithContext(what + ": registering again");
     }
     if (Clock::now() >= deadline) {
+      forgotten_ = true;
       return Unavailable(
           what + ": the coordinator has not known this worker for " +
           Seconds(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - since)) +

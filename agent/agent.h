@@ -119,10 +119,12 @@ class Agent {
   // A coordinator that restarted has forgotten the job until the operator adds it again (it
   // answers 401, as it does for a wrong token, so that nobody learns which jobs exist) and
   // then the worker (404). A worker cannot tell that from a token that is no longer valid by
-  // the answer alone, so it tells them apart by time: whenever a call is refused with 401 or
-  // 404 it registers again and repeats the call, for up to the timeout; only past that does
-  // the call fail, with kUnavailable (the worker exits 1 and is replaced, never failing the
-  // job) and a message naming both causes.
+  // the answer alone, so it tells them apart by time: a call refused with 401 or 404 makes it
+  // register again and repeat the call. Registering, readiness and the final report keep at it
+  // for up to the timeout, then fail with kUnavailable (the worker exits 1 and is replaced,
+  // never failing the job) and a message naming both causes; a periodic report or a failure
+  // report tries once (training goes on, and the next report tries again); a worker that is
+  // leaving anyway (asked to, or excluded by a plan) tries once, then leaves without telling.
   static Result<std::unique_ptr<Agent>> Join(const AgentOptions& options);
   ~Agent();
   Agent(const Agent&) = delete;

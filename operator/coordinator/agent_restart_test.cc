@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <future>
 #include <memory>
 #include <optional>
@@ -112,7 +113,10 @@ TEST(AgentAcrossCoordinatorRestart, AWrongTokenFailsAtTheTimeoutWithoutFailingTh
       << joined.status().message();
 }
 
-TEST(AgentAcrossCoordinatorRestart, AForgottenWorkerRegistersAgainToLeaveAndToAcknowledge) {
+// A worker that trains while the operator restarts: its reports meet 401 (job unknown), then
+// 404 (worker unknown) once the job is back, and it registers again; its leave request and
+// acknowledgement go through after the coordinator forgot it once more.
+TEST(AgentAcrossCoordinatorRestart, AForgottenWorkerRegistersAgainAndLeavesCleanly) {
   const int port = FreeLowPort();
   ASSERT_GT(port, 0);
   auto first = std::make_unique<Coordinator>();
@@ -138,37 +142,71 @@ TEST(AgentAcrossCoordinatorRestart, AForgottenWorkerRegistersAgainToLeaveAndToAc
   Coordinator second;
   auto restarted = CoordinatorServer::Start(second, "127.0.0.1", port);
   ASSERT_TRUE(restarted.ok()) << restarted.status().message();
+  agent::StepOutcome outcome;
+  EXPECT_TRUE(worker->Completed(1, outcome).ok());  // 401: training goes on regardless
 
-  // Asked to leave (SIGTERM) now: the leave request meets 401 until the job is back.
-  agent::RequestLeave();
-  auto leaving = std::async(std::launch::async, [&] { return worker->Next(state); });
-  std::this_thread::sleep_for(milliseconds(1200));  // some refused attempts first
-  // The operator restores the job and its plan from the job's status (EnsureCoordinatorJob).
+  // The operator restores the job and its plan from the job's status (EnsureCoordinatorJob);
+  // the next report finds the worker unknown (404) and registers it again, ready.
   ASSERT_TRUE(second.AddJob(kJob, kToken, kFingerprint, kBuild).ok());
   ASSERT_TRUE(second.PublishPlanWithEpoch(kJob, 1, plan).ok());
-  auto still = leaving.get();
-  ASSERT_TRUE(still.ok()) << still.status().message();
-  ASSERT_TRUE(still->has_value());  // it trains on until a plan without it
+  EXPECT_TRUE(worker->Completed(2, outcome).ok());
   auto view = second.GetJob(kJob);
   ASSERT_TRUE(view.ok());
   ASSERT_EQ(view->workers.count("w0"), 1u);
-  EXPECT_TRUE(view->workers.at("w0").leave_requested);
   EXPECT_TRUE(view->workers.at("w0").ready);
+  EXPECT_EQ(view->workers.at("w0").last_report.step, 2);
 
-  // The coordinator forgets the worker again (404) just as the plan without it comes out: the
-  // acknowledgement registers it again too, and the worker leaves cleanly.
-  agent::StepOutcome outcome;
+  // Forgotten again (404) when asked to leave (SIGTERM): it registers again to say so.
+  ASSERT_TRUE(second.ForgetWorker(kJob, "w0").ok());
+  agent::RequestLeave();
+  auto still = worker->Next(state);
+  ASSERT_TRUE(still.ok()) << still.status().message();
+  ASSERT_TRUE(still->has_value());  // it trains on until a plan without it
+  view = second.GetJob(kJob);
+  ASSERT_TRUE(view.ok());
+  ASSERT_EQ(view->workers.count("w0"), 1u);
+  EXPECT_TRUE(view->workers.at("w0").leave_requested);
+
+  // And once more (404) just as the plan without it comes out: the acknowledgement registers
+  // it again too (leave request included), and the worker leaves cleanly.
   outcome.agreed_epoch = 2;  // what the members' collective would agree on
-  ASSERT_TRUE(worker->Completed(1, outcome).ok());
+  ASSERT_TRUE(worker->Completed(3, outcome).ok());
   ASSERT_TRUE(second.ForgetWorker(kJob, "w0").ok());
   ASSERT_TRUE(second.PublishPlan(kJob, {}).ok());
   auto left = worker->Next(state);
   ASSERT_TRUE(left.ok()) << left.status().message();
   EXPECT_FALSE(left->has_value());
-  ASSERT_TRUE(Eventually([&] {
-    auto v = second.GetJob(kJob);
-    return v.ok() && v->workers.count("w0") == 1 && v->workers.at("w0").acked_epoch == 2;
-  }));
+  view = second.GetJob(kJob);
+  ASSERT_TRUE(view.ok());
+  ASSERT_EQ(view->workers.count("w0"), 1u);
+  EXPECT_EQ(view->workers.at("w0").acked_epoch, 2);
+}
+
+// A worker asked to leave (its pod deleted) whose job the coordinator no longer knows (the job
+// was deleted, or the operator restarts) goes at once, cleanly, rather than keeping its pod
+// Terminating while it waits for a coordinator that may never know the job again. In a child
+// process of its own: RequestLeave is process-wide.
+void LeaveWithTheJobGone() {
+  const int port = FreeLowPort();
+  Coordinator coordinator;
+  if (!coordinator.AddJob(kJob, kToken, kFingerprint, kBuild).ok()) std::exit(10);
+  auto server = CoordinatorServer::Start(coordinator, "127.0.0.1", port);
+  if (!server.ok()) std::exit(11);
+  auto joined = agent::Agent::Join(Options(port, kToken, seconds(30)));
+  if (!joined.ok() || !(*joined)->Ready().ok()) std::exit(12);
+  if (!coordinator.PublishPlan(kJob, {{"w0", 0, {0, 1}}}).ok()) std::exit(13);
+  TinyState state;
+  auto m = (*joined)->Next(state);
+  if (!m.ok() || !m->has_value()) std::exit(14);
+  if (!coordinator.RemoveJob(kJob).ok()) std::exit(15);
+  agent::RequestLeave();
+  auto left = (*joined)->Next(state);
+  std::exit(left.ok() && !left->has_value() ? 0 : 16);
+}
+
+TEST(AgentAcrossCoordinatorRestart, AWorkerAskedToLeaveAJobTheCoordinatorForgotGoesAtOnce) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(LeaveWithTheJobGone(), testing::ExitedWithCode(0), "leaving without telling");
 }
 
 }  // namespace
