@@ -74,8 +74,10 @@ class Agent::Impl {
   Status Ready() {
     if (watcher_ == nullptr) return Status::Ok();  // left before it ever registered
     ready_ = true;
-    return Persist("telling the coordinator this worker is ready", Clock::now() + o_.timeout,
-                   [this] { return client_.Register(o_.fingerprint, o_.build, true); });
+    Status s = Persist("telling the coordinator this worker is ready", Clock::now() + o_.timeout,
+                       [this] { return client_.Register(o_.fingerprint, o_.build, true); });
+    // Deleted while warming up: Next says it left.
+    return !s.ok() && forgotten_ && g_leave.load() ? Status::Ok() : s;
   }
   Result<std::optional<Membership>> Next(TrainingStateHolder& state);
   Status Completed(int64_t step, const StepOutcome& outcome);
@@ -311,7 +313,8 @@ Status Agent::Impl::Persist(const std::string& what, Clock::time_point deadline,
     } else {
       return registered.WithContext(what + ": registering again");
     }
-    if (Clock::now() >= deadline) {
+    // A worker asked to leave before it ever trained has nothing to wait for.
+    if (Clock::now() >= deadline || (g_leave.load() && !member_)) {
       forgotten_ = true;
       return Unavailable(
           what + ": the coordinator has not known this worker for " +
