@@ -4,6 +4,8 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -12,6 +14,7 @@
 #include "agent/metrics/http_exporter.h"
 #include "agent/plan_watcher.h"
 #include "agent/protocol/client.h"
+#include "agent/protocol/json.h"
 #include "agent/state_sync.h"
 #include "runtime/comm/store.h"
 
@@ -26,9 +29,24 @@ std::atomic<bool> g_leave{false};
 constexpr std::chrono::milliseconds kJoinerPoll(200);
 // How long to wait between attempts to reach a coordinator that is not serving yet.
 constexpr std::chrono::milliseconds kRetryPause(500);
+// A checkpoint error travels in every report: one message, cut to the protocol's limit.
+constexpr size_t kMaxCheckpointErrorBytes = protocol::kMaxCheckpointError;
 
 double Since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Whether the coordinator's answer means that it does not know this job (401, as for a wrong
+// token) or this worker (404): after an operator restart, until the job and the worker are
+// added again.
+bool Forgotten(const Status& s) {
+  return s.code() == StatusCode::kNotFound || s.code() == StatusCode::kUnauthenticated;
+}
+
+std::string Seconds(std::chrono::milliseconds d) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.0f", static_cast<double>(d.count()) / 1000.0);
+  return buf;
 }
 
 const Member* FindMember(const Plan& plan, const std::string& worker) {
@@ -55,11 +73,16 @@ class Agent::Impl {
   Status Start();
   Status Ready() {
     if (watcher_ == nullptr) return Status::Ok();  // left before it ever registered
-    return client_.Register(o_.fingerprint, o_.build, true);
+    ready_ = true;
+    Status s = Persist("telling the coordinator this worker is ready", Clock::now() + o_.timeout,
+                       [this] { return client_.Register(o_.fingerprint, o_.build, true); });
+    // Deleted while warming up: Next says it left.
+    return !s.ok() && forgotten_ && g_leave.load() ? Status::Ok() : s;
   }
   Result<std::optional<Membership>> Next(TrainingStateHolder& state);
   Status Completed(int64_t step, const StepOutcome& outcome);
   void Failed(int64_t step, const Status& error);
+  void CheckpointWritten(int64_t step, const Status& written);
   Status Finish(Report final);
   int64_t latest_epoch() const { return watcher_ ? watcher_->latest_epoch() : 0; }
   void set_total_steps(int64_t total) { total_steps_ = total; }
@@ -84,10 +107,21 @@ class Agent::Impl {
   // Builds the communicator of `plan` and brings every member to the same state. Transient
   // failures are reported and give nullopt (the caller waits for the next plan).
   Result<bool> Switch(const Plan& plan, const Member& me, TrainingStateHolder& state);
-  // A report that finds the worker forgotten (the operator restarted) registers it again,
-  // leave request included, so that training never stops for it.
-  Status Send(const Report& r);
+  // Runs `call`; while the coordinator answers that it does not know this job or worker (an
+  // operator restart), registers the worker again (readiness and leave request included) and
+  // repeats the call, until `deadline`. Past it, kUnavailable naming the possible causes: a
+  // worker cannot tell a forgotten job from a token that is no longer valid but by time.
+  Status Persist(const std::string& what, Clock::time_point deadline,
+                 const std::function<Status()>& call);
+  // A report, with the checkpoint outcome every report carries. A forgotten worker registers
+  // again once (a periodic report must not hold up training; the next one tries again), or
+  // until `deadline` when it is later.
+  Status Send(const Report& r, Clock::time_point deadline = Clock::time_point::min());
   void Progress(int64_t step, double loss, bool force);
+  // A leaving worker (asked to, or excluded by a plan) whose leave request or acknowledgement
+  // failed: when the coordinator does not know the job (forgotten_), it leaves anyway, as
+  // nobody is there to tell; any other failure is returned.
+  Result<std::optional<Membership>> LeaveUntold(const Status& why);
 
   AgentOptions o_;
   AgentMetrics metrics_;
@@ -105,9 +139,14 @@ class Agent::Impl {
   bool member_ = false;  // has been a member of some plan
   bool need_switch_ = true;
   bool leave_sent_ = false;
+  bool ready_ = false;      // told the coordinator it is ready: a registration again says so too
+  bool forgotten_ = false;  // the last Persist failed because the coordinator did not know it
   Clock::time_point switch_started_ = Clock::now();
   double last_pause_ = 0.0;
   int64_t total_steps_ = 0;
+  int64_t checkpoint_step_ = 0;   // the latest checkpoint write attempted (0: none)
+  std::string checkpoint_error_;  // why it failed; empty when it succeeded
+  bool report_now_ = false;       // the next progress report goes out whatever the interval
 
   Report last_progress_;  // the last periodic report; the final one repeats its rates
   Clock::time_point last_report_ = Clock::now();
@@ -137,7 +176,15 @@ Status Agent::Impl::Start() {
       return s;
     }
     if (g_leave.load()) return Status::Ok();  // deleted before it ever counted: Next says so
-    if (Clock::now() > deadline) return s.WithContext("registering");
+    if (Clock::now() > deadline) {
+      if (s.code() == StatusCode::kUnavailable) return s.WithContext("registering");
+      // Never kNotFound, which would fail the whole job: a replacement may be luckier.
+      return Unavailable("registering: the coordinator did not accept this worker within " +
+                         Seconds(o_.timeout) +
+                         " s: a wrong token, or a job it does not know (not added yet, ended, "
+                         "or deleted): " +
+                         s.message());
+    }
     std::this_thread::sleep_for(kRetryPause);
   }
   watcher_ = std::make_unique<PlanWatcher>(client_);
@@ -163,7 +210,9 @@ Result<bool> Agent::Impl::Switch(const Plan& plan, const Member& me, TrainingSta
   auto c = o_.gpu ? CreateNcclCommunicator(*prefixed_, me.rank, world, copts)
                   : CreateGlooCommunicator(*prefixed_, me.rank, world, copts);
   if (!c.ok()) {
-    (void)client_.ReportFailure(epoch_, state.step(), c.status().message());
+    (void)Persist("reporting a failed rendezvous", Clock::now(), [&] {
+      return client_.ReportFailure(epoch_, state.step(), c.status().message());
+    });
     return false;
   }
   auto sync = SyncState(**c, state, [&] { faults_.At("state-transfer"); });
@@ -172,7 +221,9 @@ Result<bool> Agent::Impl::Switch(const Plan& plan, const Member& me, TrainingSta
         sync.status().code() == StatusCode::kFailedPrecondition) {
       return sync.status();  // a bad checkpoint or foreign state: the job cannot go on
     }
-    (void)client_.ReportFailure(epoch_, state.step(), sync.status().message());
+    (void)Persist("reporting a failed state transfer", Clock::now(), [&] {
+      return client_.ReportFailure(epoch_, state.step(), sync.status().message());
+    });
     return false;
   }
   if (sync->transferred) metrics_.OnStateTransfer(sync->bytes, sync->seconds);
@@ -203,7 +254,8 @@ Result<std::optional<Membership>> Agent::Impl::Next(TrainingStateHolder& state) 
     if (g_leave.load() && !leave_sent_) {
       // The controller publishes a plan without this worker; it keeps training until then so
       // the job loses no step.
-      VF_RETURN_IF_ERROR(client_.Leave());
+      Status asked = Persist("asking to leave", Clock::now(), [this] { return client_.Leave(); });
+      if (!asked.ok()) return LeaveUntold(asked);
       leave_sent_ = true;
     }
     if (!need_switch_) return std::optional<Membership>(membership_);
@@ -219,7 +271,9 @@ Result<std::optional<Membership>> Agent::Impl::Next(TrainingStateHolder& state) 
       if (member_ || leave_sent_) {
         // Left the job: acknowledge so the controller may delete this worker's pod.
         comm_.reset();
-        VF_RETURN_IF_ERROR(client_.Ack(epoch_));
+        Status acked = Persist("acknowledging plan " + std::to_string(epoch_), Clock::now(),
+                               [this] { return client_.Ack(epoch_); });
+        if (!acked.ok()) return LeaveUntold(acked);
         return kLeft;
       }
       continue;  // not included yet
@@ -232,14 +286,72 @@ Result<std::optional<Membership>> Agent::Impl::Next(TrainingStateHolder& state) 
   }
 }
 
-Status Agent::Impl::Send(const Report& report) {
+Result<std::optional<Membership>> Agent::Impl::LeaveUntold(const Status& why) {
+  if (!forgotten_) return why;
+  // Deleted with its job, or asked to go while the operator restarts: the pod goes either way,
+  // and waiting for a coordinator that may never know the job again would only keep it
+  // Terminating. The members lose it as they lose a killed worker, and redo at most one step.
+  comm_.reset();
+  std::fprintf(stderr, "virtualflow-agent: %s: leaving without telling the coordinator: %s\n",
+               o_.worker.c_str(), why.message().c_str());
+  return std::optional<Membership>();
+}
+
+Status Agent::Impl::Persist(const std::string& what, Clock::time_point deadline,
+                            const std::function<Status()>& call) {
+  forgotten_ = false;
+  Status s = call();
+  const auto since = Clock::now();
+  while (Forgotten(s)) {
+    Status registered = client_.Register(o_.fingerprint, o_.build, ready_);
+    if (registered.ok()) {
+      if (leave_sent_) (void)client_.Leave();
+      s = call();
+      if (!Forgotten(s)) return s;
+    } else if (Forgotten(registered) || registered.code() == StatusCode::kUnavailable) {
+      s = registered;
+    } else {
+      return registered.WithContext(what + ": registering again");
+    }
+    // A worker asked to leave before it ever trained has nothing to wait for.
+    if (Clock::now() >= deadline || (g_leave.load() && !member_)) {
+      forgotten_ = true;
+      return Unavailable(
+          what + ": the coordinator has not known this worker for " +
+          Seconds(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - since)) +
+          " s (an operator restart that has not restored the job yet, a job that "
+          "ended or was deleted, or a token that is no longer valid): " +
+          s.message());
+    }
+    std::this_thread::sleep_for(kRetryPause);
+  }
+  return s;
+}
+
+Status Agent::Impl::Send(const Report& report, Clock::time_point deadline) {
   Report r = report;
   r.total_steps = total_steps_;
-  Status s = client_.Report(r);
-  if (s.code() != StatusCode::kNotFound) return s;
-  VF_RETURN_IF_ERROR(client_.Register(o_.fingerprint, o_.build, true));
-  if (leave_sent_) (void)client_.Leave();
-  return client_.Report(r);
+  r.checkpoint_step = checkpoint_step_;
+  r.checkpoint_error = checkpoint_error_;
+  return Persist("reporting step " + std::to_string(r.step), deadline,
+                 [&] { return client_.Report(r); });
+}
+
+void Agent::Impl::CheckpointWritten(int64_t step, const Status& written) {
+  const bool was_failing = !checkpoint_error_.empty();
+  checkpoint_step_ = step;
+  checkpoint_error_ = written.ok() ? "" : written.message().substr(0, kMaxCheckpointErrorBytes);
+  if (!written.ok()) {
+    std::fprintf(stderr,
+                 "virtualflow-agent: %s: warning: checkpoint at step %lld not written; training "
+                 "goes on and the next checkpoint tries again: %s\n",
+                 o_.worker.c_str(), static_cast<long long>(step), written.message().c_str());
+  } else if (was_failing) {
+    std::fprintf(stderr, "virtualflow-agent: %s: checkpoint written again at step %lld\n",
+                 o_.worker.c_str(), static_cast<long long>(step));
+  }
+  // The operator (and `vf run`) learn it from the next report, which goes out at once.
+  report_now_ = report_now_ || !written.ok() || was_failing;
 }
 
 Status Agent::Impl::Completed(int64_t step, const StepOutcome& outcome) {
@@ -263,7 +375,8 @@ Status Agent::Impl::Completed(int64_t step, const StepOutcome& outcome) {
 
 void Agent::Impl::Progress(int64_t step, double loss, bool force) {
   const double since = Since(last_report_);
-  if (!force && since < o_.report_interval) return;
+  if (!force && !report_now_ && since < o_.report_interval) return;
+  report_now_ = false;
   Report r;
   r.epoch = epoch_;
   r.step = step;
@@ -287,7 +400,8 @@ void Agent::Impl::Failed(int64_t step, const Status& error) {
   metrics_.OnRecovery();
   // A member died or stalled: nothing of the step was applied. Report, drop the communicator
   // and redo the step under the next plan.
-  (void)client_.ReportFailure(epoch_, step, error.message());
+  (void)Persist("reporting a failed step", Clock::now(),
+                [&] { return client_.ReportFailure(epoch_, step, error.message()); });
   comm_.reset();
   membership_.comm = nullptr;
   need_switch_ = true;
@@ -306,10 +420,10 @@ Status Agent::Impl::Finish(Report final) {
   final.finished = true;
   // The outcome must not be lost to a coordinator that is briefly away (an operator restart).
   const auto deadline = Clock::now() + o_.timeout;
-  Status sent = Send(final);
+  Status sent = Send(final, deadline);
   while (sent.code() == StatusCode::kUnavailable && Clock::now() < deadline) {
     std::this_thread::sleep_for(kRetryPause);
-    sent = Send(final);
+    sent = Send(final, deadline);
   }
   return sent;
 }
@@ -333,6 +447,9 @@ Status Agent::Completed(int64_t step, const StepOutcome& outcome) {
   return impl_->Completed(step, outcome);
 }
 void Agent::Failed(int64_t step, const Status& error) { impl_->Failed(step, error); }
+void Agent::CheckpointWritten(int64_t step, const Status& written) {
+  impl_->CheckpointWritten(step, written);
+}
 Status Agent::Finish(Report final) { return impl_->Finish(std::move(final)); }
 const Report& Agent::last_report() const { return impl_->last_report(); }
 AgentMetrics& Agent::metrics() { return impl_->metrics(); }

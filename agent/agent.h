@@ -115,6 +115,16 @@ class Agent {
   // Registers the worker (not ready yet), waiting up to the timeout for a coordinator that is
   // not serving yet (an operator starting or restarting), and starts following plans. A
   // worker asked to leave before it ever registered joins nothing: its Next says it left.
+  //
+  // A coordinator that restarted has forgotten the job until the operator adds it again (it
+  // answers 401, as it does for a wrong token, so that nobody learns which jobs exist) and
+  // then the worker (404). A worker cannot tell that from a token that is no longer valid by
+  // the answer alone, so it tells them apart by time: a call refused with 401 or 404 makes it
+  // register again and repeat the call. Registering, readiness and the final report keep at it
+  // for up to the timeout, then fail with kUnavailable (the worker exits 1 and is replaced,
+  // never failing the job) and a message naming both causes; a periodic report or a failure
+  // report tries once (training goes on, and the next report tries again); a worker that is
+  // leaving anyway (asked to, or excluded by a plan) tries once, then leaves without telling.
   static Result<std::unique_ptr<Agent>> Join(const AgentOptions& options);
   ~Agent();
   Agent(const Agent&) = delete;
@@ -145,8 +155,14 @@ class Agent {
   // the failure and drops the communicator, so that the next Next waits for the plan without
   // the lost member and the step is redone.
   void Failed(int64_t step, const Status& error);
+  // After a checkpoint write at `step`: a failure (a full disk, a read-only volume) is printed
+  // on stderr and carried in every report from now on, until a later write succeeds, so that
+  // the operator shows it as the job's CheckpointFailing condition and `vf run` prints it.
+  // Training goes on either way: the caller retries at the next interval.
+  void CheckpointWritten(int64_t step, const Status& written);
   // The job is done; rank 0 of the final plan sends `final` (finished = true), retrying while
-  // the coordinator is briefly away. Returns kUnavailable if it could not be delivered.
+  // the coordinator is briefly away or has forgotten the job (an operator restart). Returns
+  // kUnavailable if it could not be delivered.
   Status Finish(Report final);
 
   // The latest periodic progress report (its rates are repeated in the final one).

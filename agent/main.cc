@@ -25,6 +25,10 @@ void ExitWithParent() {
 
 void OnTerm(int /*sig*/) { vf::RequestLeave(); }
 
+// What the whole job cannot survive, as opposed to what a replacement worker may: the
+// coordinator's own refusals never come here as kNotFound (the agent turns a coordinator that
+// forgot the job or the worker, after an operator restart, into a registration again and, past
+// its timeout, kUnavailable), so kNotFound is a missing dataset or job file.
 bool IsJobFailure(vf::StatusCode code) {
   switch (code) {
     case vf::StatusCode::kNumerical:

@@ -76,6 +76,13 @@ Result<JobSpec> LoadJob(const WorkerOptions& o) {
   return job;
 }
 
+// The error that ends a job whose final checkpoint could not be written: the trained weights
+// exist nowhere else once the workers exit. kFailedPrecondition: a job that cannot go on.
+Status FinalCheckpointFailed(const Status& written) {
+  return FailedPrecondition("the final weights could not be saved, so the job fails: " +
+                            written.message());
+}
+
 // What the built-in trainer keeps for the result file, besides the executor's own state.
 struct RunRecord {
   StepResult last;
@@ -195,7 +202,11 @@ Status BuiltinWorker::RunStep(const agent::Membership& m) {
   VF_RETURN_IF_ERROR(agent_->Completed(executor_->step(), outcome));
   if (!job_.checkpoint.path.empty() && m.rank == 0 && job_.checkpoint.every_steps > 0 &&
       executor_->step() % job_.checkpoint.every_steps == 0 && executor_->step() < total_) {
-    VF_RETURN_IF_ERROR(WriteCheckpoint(job_.checkpoint.path, executor_->Snapshot()));
+    // A periodic checkpoint that cannot be written (a full disk, a read-only volume) costs
+    // only the steps since the last good one if the job is lost: training goes on, the agent
+    // tells the operator, and the next interval tries again. Only the final one must succeed.
+    agent_->CheckpointWritten(executor_->step(),
+                              WriteCheckpoint(job_.checkpoint.path, executor_->Snapshot()));
   }
   return Status::Ok();
 }
@@ -205,7 +216,11 @@ Status BuiltinWorker::Finish() {
   double checkpoint_seconds = 0.0;
   if (!job_.checkpoint.path.empty() && r.rank == 0) {
     const auto t0 = Clock::now();
-    VF_RETURN_IF_ERROR(WriteCheckpoint(job_.checkpoint.path, executor_->Snapshot()));
+    const Status written = WriteCheckpoint(job_.checkpoint.path, executor_->Snapshot());
+    agent_->CheckpointWritten(executor_->step(), written);
+    // The trained weights exist nowhere else once the workers exit: the job fails, saying so
+    // (kFailedPrecondition: the exit code of a job that cannot go on).
+    if (!written.ok()) return FinalCheckpointFailed(written);
     checkpoint_seconds = Since(t0);
   }
   nlohmann::json result;

@@ -141,7 +141,9 @@ json ReportToJson(const Report& report) {
           {"finished", report.finished},
           {"weightsSha256", report.weights_sha256},
           {"testAccuracy", Number(report.test_accuracy)},
-          {"totalSteps", report.total_steps}};
+          {"totalSteps", report.total_steps},
+          {"checkpointStep", report.checkpoint_step},
+          {"checkpointError", report.checkpoint_error}};
 }
 
 Result<Report> ReportFromJson(const json& object) {
@@ -165,6 +167,13 @@ Result<Report> ReportFromJson(const json& object) {
   VF_RETURN_IF_ERROR(Read(object, "testAccuracy", true, NumberField, r.test_accuracy));
   VF_RETURN_IF_ERROR(Read(object, "totalSteps", true, IntField, r.total_steps));
   if (r.total_steps < 0) return WrongType("totalSteps", "at least 0");
+  VF_RETURN_IF_ERROR(Read(object, "checkpointStep", true, IntField, r.checkpoint_step));
+  if (r.checkpoint_step < 0) return WrongType("checkpointStep", "at least 0");
+  VF_RETURN_IF_ERROR(Read(object, "checkpointError", true, StringField, r.checkpoint_error));
+  static_assert(kMaxCheckpointError == 1024, "the message below names the limit");
+  if (r.checkpoint_error.size() > kMaxCheckpointError) {
+    return WrongType("checkpointError", "at most 1024 characters");
+  }
   return r;
 }
 

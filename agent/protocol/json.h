@@ -3,6 +3,7 @@
 // field. Both sides use these functions, so the wire format is written down once.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -16,6 +17,8 @@ namespace vf::protocol {
 
 // Deeper nesting than any request needs is refused before it can cost stack or memory.
 inline constexpr int kMaxJsonDepth = 16;
+// A report's checkpointError is one error message, not a log.
+inline constexpr size_t kMaxCheckpointError = 1024;
 
 // Parses a request or response body that must be a JSON object.
 Result<nlohmann::json> ParseObject(std::string_view body);

@@ -49,6 +49,8 @@ TEST(ProtocolJson, ReportRoundTripsWithNonFiniteNumbersAsNull) {
   r.weights_sha256 = std::string(64, 'e');
   r.test_accuracy = 0.875;
   r.total_steps = 1872;
+  r.checkpoint_step = 1800;
+  r.checkpoint_error = "checkpoint /ckpt/job.state: No space left on device";
   const json wire = ReportToJson(r);
   EXPECT_TRUE(wire.at("loss").is_null());
   Result<Report> back = ReportFromJson(ParseObject(Dump(wire)).value());
@@ -64,6 +66,21 @@ TEST(ProtocolJson, ReportRoundTripsWithNonFiniteNumbersAsNull) {
   EXPECT_EQ(back->weights_sha256, std::string(64, 'e'));
   EXPECT_EQ(back->test_accuracy, 0.875);
   EXPECT_EQ(back->total_steps, 1872);
+  EXPECT_EQ(back->checkpoint_step, 1800);
+  EXPECT_EQ(back->checkpoint_error, "checkpoint /ckpt/job.state: No space left on device");
+}
+
+TEST(ProtocolJson, ReportWithANegativeCheckpointStepOrAnOverlongErrorIsRefused) {
+  Report r;
+  r.checkpoint_step = -1;
+  Result<Report> back = ReportFromJson(ParseObject(Dump(ReportToJson(r))).value());
+  ASSERT_FALSE(back.ok());
+  EXPECT_NE(back.status().message().find("checkpointStep"), std::string::npos);
+  r.checkpoint_step = 5;
+  r.checkpoint_error = std::string(kMaxCheckpointError + 1, 'x');
+  back = ReportFromJson(ParseObject(Dump(ReportToJson(r))).value());
+  ASSERT_FALSE(back.ok());
+  EXPECT_NE(back.status().message().find("checkpointError"), std::string::npos);
 }
 
 TEST(ProtocolJson, ReportWithSomethingElseThanADigestIsRefused) {
@@ -92,6 +109,8 @@ TEST(ProtocolJson, ReportFromAnOlderAgentLacksTheOptionalFields) {
   EXPECT_TRUE(std::isnan(r->test_accuracy));
   EXPECT_EQ(r->pause_seconds, 0.0);
   EXPECT_EQ(r->total_steps, 0);
+  EXPECT_EQ(r->checkpoint_step, 0);
+  EXPECT_TRUE(r->checkpoint_error.empty());
 }
 
 TEST(ProtocolJson, ReportMissingARequiredFieldNamesIt) {

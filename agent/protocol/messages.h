@@ -42,6 +42,11 @@ struct Report {
   // The job's length, from the data the worker loaded (only a worker knows its dataset's size,
   // a user's own above all); 0: not known yet.
   int64_t total_steps = 0;
+  // The latest periodic checkpoint this worker tried to write: its step (0: none yet) and, when
+  // the write failed (a full disk, a read-only volume), why. Training goes on after a failed
+  // write; the operator shows it as the job's CheckpointFailing condition until one succeeds.
+  int64_t checkpoint_step = 0;
+  std::string checkpoint_error;
 };
 
 }  // namespace vf

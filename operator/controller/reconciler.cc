@@ -117,6 +117,14 @@ void SetCondition(json& conditions, const json& old_conditions, const std::strin
                         {"observedGeneration", generation}});
 }
 
+const json* FindCondition(const json& conditions, const std::string& type) {
+  if (!conditions.is_array()) return nullptr;
+  for (const json& c : conditions) {
+    if (c.is_object() && c.value("type", "") == type) return &c;
+  }
+  return nullptr;
+}
+
 json PlanJson(const std::vector<Member>& members) {
   json out = json::array();
   for (const Member& m : members) {
@@ -322,6 +330,10 @@ struct Reconciler::Pass {
   bool finishing = false;  // the members trained the last step: the job is ending
   policy::MembershipDecision decision;
   int created = 0;  // pods this pass created
+  // What the step that failed was doing, as a condition and Event reason ("FailedCreatePod"),
+  // and the pod it was about, if any.
+  std::string failed_action;
+  std::string failed_pod;
 };
 
 namespace {
@@ -504,13 +516,46 @@ Status Reconciler::PatchStatus(const json& job, const json& status) {
 
 void Reconciler::Event(const json& job, bool warning, const std::string& reason,
                        const std::string& message) {
+  constexpr size_t kMaxSeries = 4096;  // client-go's event cache holds as many
+  const std::string key = Obj(job, "metadata").value("uid", "") + '\n' + (warning ? "W" : "N") +
+                          '\n' + reason + '\n' + message;
+  auto log = [&](const kube::ApiError& e) {
+    std::fprintf(stderr, "virtualflow-operator: event %s for %s not recorded: %s\n", reason.c_str(),
+                 ObjectKey(job).c_str(), e.ToString().c_str());
+  };
+  std::optional<EventSeries> series;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = event_series_.find(key);
+    if (it != event_series_.end()) series = it->second;
+  }
+  if (series) {
+    const json patch = {{"count", series->count + 1}, {"lastTimestamp", Now()}};
+    auto patched = client_.MergePatch(kube::kEvents, series->ns, series->name, patch);
+    if (patched.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = event_series_.find(key);
+      if (it != event_series_.end()) it->second.count = series->count + 1;
+      return;
+    }
+    // Gone (the API server keeps Events for an hour by default): a new series begins.
+    if (patched.reason() != kube::Reason::kNotFound) return log(patched.error());
+  }
   auto r = client_.CreateEvent(kube::kVirtualFlowJobs, job,
                                warning ? kube::EventType::kWarning : kube::EventType::kNormal,
                                reason, message);
-  if (!r.ok()) {
-    std::fprintf(stderr, "virtualflow-operator: event %s for %s not recorded: %s\n", reason.c_str(),
-                 ObjectKey(job).c_str(), r.error().ToString().c_str());
+  if (!r.ok()) return log(r.error());
+  const json& meta = Obj(*r, "metadata");
+  if (meta.value("name", "").empty()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (event_series_.count(key) == 0) {
+    event_order_.push_back(key);
+    if (event_order_.size() > kMaxSeries) {
+      event_series_.erase(event_order_.front());
+      event_order_.pop_front();
+    }
   }
+  event_series_[key] = EventSeries{meta.value("namespace", ""), meta.value("name", ""), 1};
 }
 
 Result<ReconcileResult> Reconciler::Reconcile(const std::string& key) {
@@ -534,25 +579,39 @@ Result<ReconcileResult> Reconciler::Reconcile(const std::string& key) {
     if (hooks_.on_job_status) hooks_.on_job_status(key, p.old_status, p.spec);
     return EnforceTtl(p);
   }
+  Result<ReconcileResult> result = Advance(p);
+  if (!result.ok()) RecordBlocked(p, result.status());
+  return result;
+}
+
+Result<ReconcileResult> Reconciler::Advance(Pass& p) {
+  // Marks what a failing step was doing; the steps that call the API for a reason of their
+  // own (creating and deleting pods) set it themselves.
+  auto doing = [&p](const char* action, Status s) {
+    if (!s.ok() && p.failed_action.empty()) p.failed_action = action;
+    return s;
+  };
   ReconcileResult deadline;
   VF_ASSIGN_OR_RETURN(const Next after_deadline, EnforceDeadline(p, deadline));
   if (after_deadline == Next::kDone) return ReconcileResult{};
 
-  VF_ASSIGN_OR_RETURN(const std::string token, EnsureToken(p.job));
-  VF_RETURN_IF_ERROR(EnsureCoordinatorJob(key, p.job, token, p.spec.Fingerprint()));
+  Result<std::string> token = EnsureToken(p.job);
+  VF_RETURN_IF_ERROR(doing("FailedTokenSecret", token.status()));
+  VF_RETURN_IF_ERROR(doing("CoordinatorRefusedJob",
+                           EnsureCoordinatorJob(p.key, p.job, *token, p.spec.Fingerprint())));
   // Every live worker plus a replacement for each (a dead member stays registered until a plan
   // without it is out); only pods the operator created hold credentials to register with.
   VF_RETURN_IF_ERROR(coordinator_.SetWorkerLimit(
-      key, std::min(2 * static_cast<size_t>(std::max(p.spec.replicas_max, 1)),
-                    Coordinator::kMaxWorkersPerJob)));
+      p.key, std::min(2 * static_cast<size_t>(std::max(p.spec.replicas_max, 1)),
+                      Coordinator::kMaxWorkersPerJob)));
   VF_RETURN_IF_ERROR(Observe(p));
   VF_ASSIGN_OR_RETURN(const Next after_success, RecordSuccess(p));
   if (after_success == Next::kDone) return ReconcileResult{};
   VF_ASSIGN_OR_RETURN(const Next after_failures, RecordFailures(p));
   if (after_failures == Next::kDone) return ReconcileResult{};
-  VF_RETURN_IF_ERROR(UpdateMembership(p));
+  VF_RETURN_IF_ERROR(doing("FailedPublishPlan", UpdateMembership(p)));
   VF_RETURN_IF_ERROR(ReconcilePods(p));
-  VF_RETURN_IF_ERROR(WriteProgress(p));
+  VF_RETURN_IF_ERROR(doing("FailedUpdateStatus", WriteProgress(p)));
 
   // Membership moves with the workers' reports; look again soon while anything is in motion.
   ReconcileResult result;
@@ -564,6 +623,36 @@ Result<ReconcileResult> Reconciler::Reconcile(const std::string& key) {
   return result;
 }
 
+void Reconciler::RecordBlocked(Pass& p, const Status& error) {
+  // A job deleted under the pass: nothing to tell anyone.
+  if (error.code() == StatusCode::kNotFound) return;
+  const std::string reason = p.failed_action.empty() ? "ReconcileFailed" : p.failed_action;
+  std::string message = error.message();
+  // New pods get random names: without them, every retry reads the same, and its Event is
+  // one Event with a count.
+  if (!p.failed_pod.empty()) {
+    for (size_t at = message.find(p.failed_pod); at != std::string::npos;
+         at = message.find(p.failed_pod, at)) {
+      const std::string pattern = p.name + "-worker-*";
+      message.replace(at, p.failed_pod.size(), pattern);
+      at += pattern.size();
+    }
+  }
+  json status = p.old_status;
+  status["observedGeneration"] = p.generation;
+  json conditions = json::array();
+  for (const json& c : p.old_conditions) {
+    if (c.value("type", "") != "ReconcileError") conditions.push_back(c);
+  }
+  SetCondition(conditions, p.old_conditions, "ReconcileError", true, reason, message, p.generation);
+  status["conditions"] = conditions;
+  if (Status patched = PatchStatus(p.job, status); !patched.ok()) {
+    std::fprintf(stderr, "virtualflow-operator: %s: condition ReconcileError not recorded: %s\n",
+                 p.key.c_str(), patched.message().c_str());
+  }
+  Event(p.job, true, reason, message);
+}
+
 Result<ReconcileResult> Reconciler::Forget(const std::string& key) {
   // Gone: its pods and Secret follow through their owner references.
   (void)coordinator_.RemoveJob(key);
@@ -571,6 +660,7 @@ Result<ReconcileResult> Reconciler::Forget(const std::string& key) {
   registered_.erase(key);
   expected_.erase(key);
   failures_seen_.erase(key);
+  checkpoint_failures_seen_.erase(key);
   times_.erase(key);
   if (hooks_.on_job_gone) hooks_.on_job_gone(key);
   return ReconcileResult{};
@@ -888,7 +978,10 @@ Status Reconciler::DeleteEndedPods(Pass& p, int& live, std::vector<const json*>&
         kube::DeleteOptions del;
         del.precondition_uid = Obj(pod, "metadata").value("uid", "");
         auto r = client_.Delete(kube::kPods, p.ns, pod_name, del);
-        if (!r.ok() && r.reason() != kube::Reason::kNotFound) return r.status();
+        if (!r.ok() && r.reason() != kube::Reason::kNotFound) {
+          p.failed_action = "FailedDeletePod";
+          return r.status();
+        }
         (void)coordinator_.ForgetWorker(p.key, pod_name);
       }
       continue;
@@ -926,7 +1019,10 @@ Status Reconciler::DeleteSurplusPods(Pass& p, int& live, std::vector<const json*
   for (const json* pod : spare) {
     if (live <= p.desired) break;
     auto r = client_.Delete(kube::kPods, p.ns, PodName(*pod));
-    if (!r.ok() && r.reason() != kube::Reason::kNotFound) return r.status();
+    if (!r.ok() && r.reason() != kube::Reason::kNotFound) {
+      p.failed_action = "FailedDeletePod";
+      return r.status();
+    }
     --live;
   }
   return Status::Ok();
@@ -974,7 +1070,13 @@ Status Reconciler::CreateMissingPods(Pass& p, int live) {
     const std::string product = next_pin < pins.size() ? pins[next_pin++] : "";
     json pod = BuildWorkerPod(p.job, p.spec, pod_name, options_.pods, product);
     auto r = client_.Create(kube::kPods, p.ns, pod);
-    if (!r.ok() && r.reason() != kube::Reason::kAlreadyExists) return r.status();
+    if (!r.ok() && r.reason() != kube::Reason::kAlreadyExists) {
+      // RBAC, a ResourceQuota, a LimitRange or an admission webhook refused it: the job
+      // cannot grow until someone acts, so it says why (RecordBlocked).
+      p.failed_action = "FailedCreatePod";
+      p.failed_pod = pod_name;
+      return r.status();
+    }
     VF_ASSIGN_OR_RETURN(const std::string job_secret, EnsureToken(p.job));
     VF_RETURN_IF_ERROR(CreateWorkerCredential(client_, p.job, p.ns, pod_name, job_secret,
                                               r.ok() ? *r : json(nullptr)));
@@ -1060,7 +1162,56 @@ void Reconciler::SetPhase(Pass& p, bool all_switched) {
       conditions, old, "Degraded", degraded, degraded ? "BelowMinimum" : "AtLeastMinimum",
       std::to_string(workers) + " of at least " + std::to_string(p.spec.replicas_min) + " workers",
       p.generation);
+  // Shown once a pass has failed; this one did not.
+  if (FindCondition(old, "ReconcileError") != nullptr) {
+    SetCondition(conditions, old, "ReconcileError", false, "Reconciled",
+                 "the last reconcile succeeded", p.generation);
+  }
+  SetCheckpointCondition(p, conditions);
   p.status["conditions"] = conditions;
+}
+
+void Reconciler::SetCheckpointCondition(Pass& p, json& conditions) {
+  // Rank 0 writes the checkpoints, and rank 0 changes with the membership: the newest outcome
+  // any worker reported is the job's.
+  const Report* newest = nullptr;
+  for (const auto& [worker, info] : p.view.workers) {
+    if (info.last_report.checkpoint_step > 0 &&
+        (newest == nullptr || info.last_report.checkpoint_step > newest->checkpoint_step)) {
+      newest = &info.last_report;
+    }
+  }
+  const json* old = FindCondition(p.old_conditions, "CheckpointFailing");
+  if (newest == nullptr) {
+    // Nothing reported since the coordinator (re)started: keep what was shown.
+    if (old != nullptr) conditions.push_back(*old);
+    return;
+  }
+  const std::string step = std::to_string(newest->checkpoint_step);
+  if (!newest->checkpoint_error.empty()) {
+    const std::string what =
+        "training goes on and the next checkpoint tries again: " + newest->checkpoint_error;
+    const std::string message = "checkpoint at step " + step + " not written; " + what;
+    // One Event per failed checkpoint seen (the cache may not show this operator's own status
+    // write yet, so it remembers), all in one series (count) while the error stays the same.
+    bool fresh = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      int64_t& seen = checkpoint_failures_seen_[p.key];
+      fresh = seen != newest->checkpoint_step;
+      seen = newest->checkpoint_step;
+    }
+    if (fresh) Event(p.job, true, "CheckpointFailed", "checkpoint not written; " + what);
+    SetCondition(conditions, p.old_conditions, "CheckpointFailing", true, "CheckpointWriteFailed",
+                 message, p.generation);
+    return;
+  }
+  if (old == nullptr) return;  // never failed: no condition to show
+  if (old->value("status", "") == "True") {
+    Event(p.job, false, "CheckpointWritten", "checkpoint written again at step " + step);
+  }
+  SetCondition(conditions, p.old_conditions, "CheckpointFailing", false, "CheckpointWritten",
+               "checkpoint at step " + step + " written", p.generation);
 }
 
 }  // namespace vf::controller

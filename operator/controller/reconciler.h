@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -80,6 +81,13 @@ class Reconciler {
   // The steps of Reconcile, in order. The job is gone: forget what was kept for it.
   Result<ReconcileResult> Forget(const std::string& key);
   void Begin(Pass& p);
+  // The steps that act on a job that is still running. A step that fails names what it was
+  // doing in Pass::failed_action, for the condition and Event below.
+  Result<ReconcileResult> Advance(Pass& p);
+  // A reconcile error that blocks the job (an API call refused: 403 from RBAC, a quota, an
+  // admission webhook; a coordinator that refuses the job) becomes the ReconcileError
+  // condition and a Warning Event on the job, not only a line in the operator's log.
+  void RecordBlocked(Pass& p, const Status& error);
   // A spec the parser rejects fails the job, with the parser's one-line error as the message.
   Status FailInvalidSpec(Pass& p, const Status& why);
   Result<std::string> EnsureToken(const nlohmann::json& job);
@@ -116,6 +124,10 @@ class Reconciler {
   // Progress from the members' reports, the phase and the conditions, written to the status.
   Status WriteProgress(Pass& p);
   void SetPhase(Pass& p, bool all_switched);
+  // CheckpointFailing from the newest checkpoint outcome the workers reported: True while the
+  // latest periodic write failed (training goes on), False once one succeeds again; absent if
+  // none ever failed. A Warning Event for each failure seen, a Normal one on recovery.
+  void SetCheckpointCondition(Pass& p, nlohmann::json& conditions);
 
   // Workers the policy gives the job now (no more than fit on the nodes its template allows),
   // why when it waits, and by type.
@@ -130,6 +142,9 @@ class Reconciler {
   std::optional<policy::PolicyJob> PolicyJobOf(const nlohmann::json& job,
                                                const ClusterGpus& gpus) const;
   Status PatchStatus(const nlohmann::json& job, const nlohmann::json& status);
+  // Records an Event on the job. A repeat of one already recorded (same job, type, reason and
+  // message) increments that Event's count and moves its lastTimestamp, as client-go's event
+  // recorder does, rather than creating another.
   void Event(const nlohmann::json& job, bool warning, const std::string& reason,
              const std::string& message);
 
@@ -151,6 +166,8 @@ class Reconciler {
   std::map<std::string, std::string> registered_;
   // Job key -> failed pods already counted and reported.
   std::map<std::string, std::set<std::string>> failures_seen_;
+  // Job key -> the step of the last failed checkpoint an Event was recorded for.
+  std::map<std::string, int64_t> checkpoint_failures_seen_;
   // Job key -> the UID of the incarnation and the startTime and completionTime written for it.
   struct Times {
     std::string uid;
@@ -158,6 +175,15 @@ class Reconciler {
     std::string completion;
   };
   std::map<std::string, Times> times_;
+  // Events recorded, for aggregating repeats: job UID, type, reason and message -> the Event's
+  // namespace, name and count. Bounded (the oldest series is forgotten first), as client-go's.
+  struct EventSeries {
+    std::string ns;
+    std::string name;
+    int64_t count = 0;
+  };
+  std::map<std::string, EventSeries> event_series_;
+  std::deque<std::string> event_order_;  // keys of event_series_, oldest first
 };
 
 }  // namespace vf::controller

@@ -63,6 +63,17 @@ class FakeApi {
     std::lock_guard<std::mutex> lock(mu_);
     return deletions_;
   }
+  // Path and body of every PATCH of an Event (a repeat aggregated into it).
+  std::vector<std::pair<std::string, json>> event_patches() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return event_patches_;
+  }
+  // While set, pod creation is refused as a ResourceQuota refuses it: 403 Forbidden naming the
+  // pod.
+  void RefusePods(bool refuse) {
+    std::lock_guard<std::mutex> lock(mu_);
+    refuse_pods_ = refuse;
+  }
 
  private:
   void Serve(const Request& r, Connection& c, std::stop_token stop) {
@@ -88,12 +99,28 @@ class FakeApi {
     const json body = r.body.empty() ? json() : json::parse(r.body);
     if (r.method == "PATCH" && path.ends_with("/status")) {
       patches_.push_back(body["status"]);
+    } else if (r.method == "POST" && path == "/api/v1/namespaces/team/pods" && refuse_pods_) {
+      const std::string name = body["metadata"].value("name", "");
+      const json refusal = {{"kind", "Status"},
+                            {"apiVersion", "v1"},
+                            {"status", "Failure"},
+                            {"message", "pods \"" + name +
+                                            "\" is forbidden: exceeded quota: gpus, requested: "
+                                            "requests.nvidia.com/gpu=1, used: "
+                                            "requests.nvidia.com/gpu=0, limited: "
+                                            "requests.nvidia.com/gpu=0"},
+                            {"reason", "Forbidden"},
+                            {"code", 403}};
+      c.Respond(403, refusal.dump());
+      return;
     } else if (r.method == "POST" && path == "/api/v1/namespaces/team/pods") {
       pods_.push_back(body);
     } else if (r.method == "POST" && path == "/api/v1/namespaces/team/secrets") {
       secrets_.push_back(body);
     } else if (r.method == "POST" && path.ends_with("/events")) {
       events_.push_back(body.value("reason", ""));
+    } else if (r.method == "PATCH" && path.starts_with("/api/v1/namespaces/team/events/")) {
+      event_patches_.emplace_back(path, body);
     } else if (r.method == "DELETE") {
       deletions_.emplace_back(path, body);
     }
@@ -107,6 +134,8 @@ class FakeApi {
   std::vector<json> secrets_;
   std::vector<std::string> events_;
   std::vector<std::pair<std::string, json>> deletions_;
+  std::vector<std::pair<std::string, json>> event_patches_;
+  bool refuse_pods_ = false;
   FakeServer server_;  // last: it stops serving before the rest goes away
 };
 
@@ -523,6 +552,128 @@ TEST_F(ReconcilerTest, CompletionTimeIsSetOnceWhenTheJobSucceeds) {
       EXPECT_FALSE(patch.contains("completionTime")) << patch;
     }
   }
+}
+
+// ---------------------------------------------------------------- errors and Events
+
+TEST_F(ReconcilerTest, APodTheQuotaRefusesIsAConditionAndOneWarningEventCounted) {
+  Start({EpochJob()}, {}, {GpuNode("gpu-a", 4)});
+  api_->RefusePods(true);
+  Result<ReconcileResult> first = reconciler_->Reconcile(kKey);
+  ASSERT_FALSE(first.ok());  // the work queue retries it, with backoff
+  EXPECT_NE(first.status().message().find("exceeded quota"), std::string::npos);
+  const json status = api_->status_patches().back();
+  const json* blocked = Condition(status, "ReconcileError");
+  ASSERT_NE(blocked, nullptr) << status;
+  EXPECT_EQ((*blocked)["status"], "True");
+  EXPECT_EQ((*blocked)["reason"], "FailedCreatePod");
+  const std::string message = (*blocked)["message"];
+  EXPECT_NE(message.find("Forbidden"), std::string::npos) << message;
+  EXPECT_NE(message.find("exceeded quota: gpus"), std::string::npos) << message;
+  // The random pod name is left out, so that every retry reads the same.
+  EXPECT_NE(message.find("pods \"mnist-worker-*\" is forbidden"), std::string::npos) << message;
+  EXPECT_EQ(api_->event_reasons(), (std::vector<std::string>{"FailedCreatePod"}));
+  EXPECT_TRUE(api_->event_patches().empty());
+
+  // The retries: the same Event, its count going up, not a new one each time.
+  ASSERT_FALSE(reconciler_->Reconcile(kKey).ok());
+  ASSERT_FALSE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_EQ(api_->event_reasons(), (std::vector<std::string>{"FailedCreatePod"}));
+  const auto patches = api_->event_patches();
+  ASSERT_EQ(patches.size(), 2u);
+  EXPECT_EQ(patches[0].first, patches[1].first);
+  EXPECT_EQ(patches[0].second["count"], 2);
+  EXPECT_EQ(patches[1].second["count"], 3);
+  EXPECT_TRUE(patches[1].second.contains("lastTimestamp"));
+
+  api_->RefusePods(false);
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_EQ(api_->created_pods().size(), 2u);
+}
+
+TEST_F(ReconcilerTest, APassThatSucceedsClearsReconcileError) {
+  json status = {{"phase", "Pending"},
+                 {"conditions",
+                  {{{"type", "ReconcileError"},
+                    {"status", "True"},
+                    {"reason", "FailedCreatePod"},
+                    {"message", "exceeded quota"}}}}};
+  Start({StepJob(nullptr, status)}, {}, {GpuNode("gpu-a", 1)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  const json after = api_->status_patches().back();
+  const json* cleared = Condition(after, "ReconcileError");
+  ASSERT_NE(cleared, nullptr);
+  EXPECT_EQ((*cleared)["status"], "False");
+  EXPECT_EQ((*cleared)["reason"], "Reconciled");
+}
+
+TEST_F(ReconcilerTest, AFailedCheckpointIsAConditionAndAWarningEventPerFailure) {
+  Start({StepJob(nullptr, {{"phase", "Running"}, {"startTime", SecondsAgo(60)}})},
+        {RunningPod("mnist-worker-a")}, {GpuNode("gpu-a", 1)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  Ready({"mnist-worker-a"});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_EQ(Condition(api_->status_patches().back(), "CheckpointFailing"), nullptr);
+  const size_t events_before = api_->event_reasons().size();
+
+  Report report;
+  report.epoch = 1;
+  report.step = 10;
+  report.checkpoint_step = 10;
+  report.checkpoint_error = "checkpoint /ckpt/job.state: No space left on device";
+  ASSERT_TRUE(coordinator_.RecordReport(kKey, "mnist-worker-a", report).ok());
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  const json failing = api_->status_patches().back();
+  EXPECT_EQ(failing["phase"], "Running");  // training goes on
+  const json* c = Condition(failing, "CheckpointFailing");
+  ASSERT_NE(c, nullptr) << failing;
+  EXPECT_EQ((*c)["status"], "True");
+  EXPECT_EQ((*c)["reason"], "CheckpointWriteFailed");
+  EXPECT_NE((*c)["message"].get<std::string>().find("step 10"), std::string::npos);
+  EXPECT_NE((*c)["message"].get<std::string>().find("No space left on device"), std::string::npos);
+  ASSERT_EQ(api_->event_reasons().size(), events_before + 1);
+  EXPECT_EQ(api_->event_reasons().back(), "CheckpointFailed");
+
+  // The same failure seen again is not another Event; the next checkpoint's failure counts.
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_TRUE(api_->event_patches().empty());
+  report.step = report.checkpoint_step = 20;
+  ASSERT_TRUE(coordinator_.RecordReport(kKey, "mnist-worker-a", report).ok());
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_EQ(api_->event_reasons().size(), events_before + 1);
+  ASSERT_EQ(api_->event_patches().size(), 1u);
+  EXPECT_EQ(api_->event_patches()[0].second["count"], 2);
+}
+
+TEST_F(ReconcilerTest, ACheckpointWrittenAgainClearsCheckpointFailing) {
+  json status = {{"phase", "Running"},
+                 {"startTime", SecondsAgo(60)},
+                 {"conditions",
+                  {{{"type", "CheckpointFailing"},
+                    {"status", "True"},
+                    {"reason", "CheckpointWriteFailed"},
+                    {"message", "checkpoint at step 10 not written"}}}}};
+  Start({StepJob(nullptr, status)}, {RunningPod("mnist-worker-a")}, {GpuNode("gpu-a", 1)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  Ready({"mnist-worker-a"});
+  // Before any worker reported a checkpoint (a restarted operator), the condition stays.
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  const json before = api_->status_patches().back();
+  const json* kept = Condition(before, "CheckpointFailing");
+  ASSERT_NE(kept, nullptr);
+  EXPECT_EQ((*kept)["status"], "True");
+
+  Report report;
+  report.epoch = 1;
+  report.step = report.checkpoint_step = 20;
+  ASSERT_TRUE(coordinator_.RecordReport(kKey, "mnist-worker-a", report).ok());
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  const json after = api_->status_patches().back();
+  const json* cleared = Condition(after, "CheckpointFailing");
+  ASSERT_NE(cleared, nullptr);
+  EXPECT_EQ((*cleared)["status"], "False");
+  EXPECT_EQ((*cleared)["reason"], "CheckpointWritten");
+  EXPECT_EQ(api_->event_reasons().back(), "CheckpointWritten");
 }
 
 }  // namespace

@@ -215,6 +215,9 @@ class LocalCluster {
   void NoteResizePauses(const JobView& view, bool final = false);
   // The job's length as the workers computed it from the data they loaded, once they report it.
   void NoteTotalSteps(const JobView& view);
+  // Says on stderr when a periodic checkpoint could not be written (training goes on), and
+  // when one is written again, from the newest checkpoint outcome the workers reported.
+  void NoteCheckpoints(const JobView& view);
   void StopAll();
   int64_t CurrentStep(const JobView& view) const;
   Result<LocalRunSummary> Collect();
@@ -243,6 +246,8 @@ class LocalCluster {
   int64_t last_step_ = -1;
   int64_t last_printed_step_ = -1;
   int64_t total_steps_ = 0;
+  int64_t checkpoint_step_seen_ = 0;  // the newest checkpoint outcome already said
+  bool checkpoint_failing_ = false;
   std::vector<ResizeEvent> resizes_;
   std::map<int64_t, size_t> pending_pause_;  // plan epoch -> index in resizes_
   std::map<int64_t, Clock::time_point> published_at_;
@@ -494,6 +499,28 @@ void LocalCluster::NoteResizePauses(const JobView& view, bool final) {
       std::fflush(stdout);
     }
     it = pending_pause_.erase(it);
+  }
+}
+
+void LocalCluster::NoteCheckpoints(const JobView& view) {
+  const Report* newest = nullptr;
+  for (const auto& [name, info] : view.workers) {
+    if (newest == nullptr || info.last_report.checkpoint_step > newest->checkpoint_step) {
+      newest = &info.last_report;
+    }
+  }
+  if (newest == nullptr || newest->checkpoint_step <= checkpoint_step_seen_) return;
+  checkpoint_step_seen_ = newest->checkpoint_step;
+  const long long step = static_cast<long long>(newest->checkpoint_step);
+  if (!newest->checkpoint_error.empty()) {
+    std::fprintf(stderr,
+                 "vf: warning: checkpoint at step %lld not written; training goes on and the "
+                 "next checkpoint tries again: %s\n",
+                 step, newest->checkpoint_error.c_str());
+    checkpoint_failing_ = true;
+  } else if (checkpoint_failing_) {
+    std::fprintf(stderr, "vf: checkpoint written again at step %lld\n", step);
+    checkpoint_failing_ = false;
   }
 }
 
@@ -788,6 +815,7 @@ Result<LocalRunSummary> LocalCluster::Run() {
     generation = view.generation;
     NoteResizePauses(view);
     NoteTotalSteps(view);
+    NoteCheckpoints(view);
 
     // The job is complete once a member has finished it: the other members are finishing the
     // same last step. A joiner admitted by a plan published during that step has nobody left

@@ -259,6 +259,13 @@ class Worker {
     agent_->Failed(step, Unavailable(message));
   }
 
+  // How a checkpoint write went ("" for success): the agent reports a failure until a later
+  // write succeeds.
+  void CheckpointWritten(int64_t step, const std::string& error) {
+    nb::gil_scoped_release release;
+    agent_->CheckpointWritten(step, error.empty() ? Status::Ok() : Internal(error));
+  }
+
   // Rank 0's final report; false if it could not be delivered.
   bool FinishJob(int64_t step, double loss, const std::string& weights_sha256,
                  double test_accuracy) {
@@ -461,6 +468,7 @@ NB_MODULE(_core, m) {
            nb::arg("compute_seconds"), nb::arg("samples"), nb::arg("agreed_epoch"),
            nb::arg("last_step"))
       .def("failed", &Worker::Failed, nb::arg("step"), nb::arg("message"))
+      .def("checkpoint_written", &Worker::CheckpointWritten, nb::arg("step"), nb::arg("error"))
       .def("finish_job", &Worker::FinishJob, nb::arg("step"), nb::arg("loss"),
            nb::arg("weights_sha256"), nb::arg("test_accuracy"))
       .def("all_gather", &Worker::AllGather, nb::arg("value"))

@@ -88,6 +88,14 @@ def test_checkpoint_files_round_trip(tmp_path: Path) -> None:
         _core.read_checkpoint(str(tmp_path / "missing"))
 
 
+def test_a_checkpoint_that_cannot_be_written_is_the_library_error(tmp_path: Path) -> None:
+    # virtualflow.torch catches exactly this type to go on training after a failed write.
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.raises(_core.Error, match=str(blocker)):
+        _core.write_checkpoint(str(blocker / "job.ckpt"), b"payload")
+
+
 def test_weights_sha256_follows_the_documented_layout() -> None:
     sd = {"w": torch.tensor([[1.0, -2.0]]), "n": torch.tensor(3, dtype=torch.int64)}
     h = hashlib.sha256()

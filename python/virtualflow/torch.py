@@ -381,11 +381,16 @@ class Job:
             )
             every = int(self.spec["checkpoint_every_steps"])
             if self.rank == 0 and every > 0 and self._holder.step_done % every == 0 and not last:
+                # A periodic checkpoint that cannot be written (a full disk, a read-only volume)
+                # does not stop training: the agent reports it and the next interval tries again.
                 self._write_checkpoint()
         self._done = True
         if self.rank == 0 and self.spec["checkpoint_path"]:
             t0 = time.monotonic()
-            self._write_checkpoint()
+            error = self._write_checkpoint()
+            if error:
+                # The trained weights exist nowhere else once the workers exit.
+                raise Error(f"the final weights could not be saved, so the job fails: {error}")
             self._checkpoint_seconds = time.monotonic() - t0
 
     def finish(self, *, test_accuracy: float | None = None, test_loss: float | None = None) -> None:
@@ -603,9 +608,17 @@ class Job:
                     "is not deterministic (see docs/user-guide.md, 'What must stay deterministic')"
                 )
 
-    def _write_checkpoint(self) -> None:
+    def _write_checkpoint(self) -> str:
+        """Writes the checkpoint and tells the agent how it went; the error, or ""."""
         assert self._holder is not None
-        _core.write_checkpoint(self.spec["checkpoint_path"], _core.unseal(self._holder._serialize(), "state"))
+        payload = _core.unseal(self._holder._serialize(), "state")
+        try:
+            _core.write_checkpoint(self.spec["checkpoint_path"], payload)
+            error = ""
+        except Error as e:
+            error = " ".join(str(e).split()) or type(e).__name__
+        self._worker.checkpoint_written(self._holder.step_done, error)
+        return error
 
 
 def _read_spec() -> tuple[str, str]:

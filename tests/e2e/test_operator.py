@@ -2,8 +2,9 @@
 VirtualFlowJob runs it on fake GPU nodes through the real scheduler and the pod runner; the job
 grows when a node is added, shrinks on cordon and drain, survives pod deletion and an operator
 restart, and ends with the weights of a local static run; deleting the job collects its pods and
-Secret; an operator that loses its Lease stops acting; jobs competing for too few GPUs share them
-within their bounds and the one that cannot start says why."""
+Secret; a quota that refuses its pods is a condition and one counted Event on it; an operator
+that loses its Lease stops acting; jobs competing for too few GPUs share them within their
+bounds and the one that cannot start says why."""
 
 import json
 import os
@@ -177,7 +178,9 @@ class OperatorTestCase(ControlPlaneTestCase):
     def events(self, name):
         out = self.cp.kubectl("get", "events", "-n", self.ns, "--field-selector",
                               "involvedObject.name=" + name, "-o", "json", check=True).stdout
-        return [(e["reason"], e["message"]) for e in json.loads(out)["items"]]
+        # One entry per occurrence: a repeated Event is one object with a count.
+        return [(e["reason"], e["message"]) for e in json.loads(out)["items"]
+                for _ in range(e.get("count") or 1)]
 
 
 
@@ -308,6 +311,53 @@ class OperatorTest(OperatorTestCase):
         self.cp.wait_for("pods and Secrets to be collected",
                          lambda: not self.pods(name) and self.cp.get(secret) is None and
                          all(self.cp.get(path) is None for path in credentials), timeout=120)
+
+    def test_5a_pods_a_quota_refuses_are_a_condition_and_one_counted_event(self):
+        """A real ResourceQuota rejection at pod creation blocks the job: the job says so in a
+        condition and in one Warning Event whose count grows with the retries (aggregated, not
+        one Event per retry); once the quota is gone, the next pass clears the condition."""
+        name = "quota"
+        quota = "/api/v1/namespaces/%s/resourcequotas/no-pods" % NS
+        self.reset_nodes(("gpu-q", 1))
+        self.cp.request("POST", "/api/v1/namespaces/%s/resourcequotas" % NS, {
+            "apiVersion": "v1", "kind": "ResourceQuota",
+            "metadata": {"name": "no-pods", "namespace": NS}, "spec": {"hard": {"pods": "0"}}})
+        try:
+            # Until the quota controller has counted it, the refusal reads differently ("status
+            # unknown for quota"), which would start a second Event series.
+            self.cp.wait_for("the quota to be counted",
+                             lambda: (self.cp.get(quota) or {}).get("status", {}).get("used"))
+            self.apply(job_manifest(name, steps=5000, delay_ms=8, replicas=(1, 1)))
+            status = self.wait_status(name, "ReconcileError", lambda s: any(
+                c["type"] == "ReconcileError" and c["status"] == "True"
+                for c in s.get("conditions", [])))
+            blocked = {c["type"]: c for c in status["conditions"]}["ReconcileError"]
+            self.assertEqual(blocked["reason"], "FailedCreatePod")
+            self.assertIn("forbidden", blocked["message"])
+            self.assertIn("no-pods", blocked["message"])
+
+            def refusals():
+                out = self.cp.kubectl("get", "events", "-n", NS, "--field-selector",
+                                      "involvedObject.name=" + name, "-o", "json",
+                                      check=True).stdout
+                return [e for e in json.loads(out)["items"] if e["reason"] == "FailedCreatePod"]
+            self.cp.wait_for("the refusal's Event to be counted",
+                             lambda: any(e.get("count", 1) >= 2 for e in refusals()))
+            # One Event per distinct message (the quota's usage may change while older pods
+            # go), never two with the same one.
+            events = refusals()
+            self.assertEqual(len(events), len({e["message"] for e in events}), events)
+            self.assertTrue(all(e["type"] == "Warning" for e in events), events)
+            self.assertEqual(self.pods(name), [])
+        finally:
+            self.cp.request("DELETE", quota)
+        # Any change to the job queues it at once (a retry after many failures waits long).
+        self.cp.kubectl("annotate", "vfj", "-n", NS, name, "test/quota=removed", check=True)
+        self.wait_status(name, "ReconcileError cleared", lambda s: any(
+            c["type"] == "ReconcileError" and c["status"] == "False"
+            for c in s.get("conditions", [])))
+        self.cp.wait_for("the worker pod", lambda: self.pods(name))
+        self.delete_job(name)
 
     def test_6_an_operator_that_lost_its_lease_stops_acting(self):
         lease_path = "/apis/coordination.k8s.io/v1/namespaces/default/leases/virtualflow-operator"

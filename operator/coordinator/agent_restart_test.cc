@@ -1,0 +1,213 @@
+// The agent library across a real coordinator restart: the coordinator's HTTP server is stopped
+// and a new one, with an empty memory, serves on the same port (what an operator restart does);
+// the worker meets 401 (job unknown) and 404 (worker unknown) on the calls that used to end it,
+// registers again and goes on. A wrong token still fails, at the timeout, without failing the
+// job (kUnavailable, not kNotFound).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <future>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "agent/agent.h"
+#include "operator/coordinator/coordinator.h"
+#include "operator/coordinator/server.h"
+
+// As in server_test.cc: cpprest's own continuations can outlive a closed listener.
+// NOLINTNEXTLINE(bugprone-reserved-identifier): the name LeakSanitizer looks up.
+extern "C" const char* __lsan_default_suppressions() { return "leak:libcpprest.so\n"; }
+
+namespace vf {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+constexpr char kJob[] = "team/mnist";
+constexpr char kToken[] = "token-a";
+constexpr char kFingerprint[] = "fp-1";
+constexpr char kBuild[] = "build-1";
+
+// A free port below the ephemeral range (see server_test.cc for why).
+int FreeLowPort() {
+  for (int port = 21000 + static_cast<int>(getpid() % 1000) * 10; port < 32000; port += 7) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<uint16_t>(port));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const bool bound = bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) == 0;
+    close(fd);
+    if (bound) return port;
+  }
+  return -1;
+}
+
+// State a single worker holds: nothing but a flag (a world of one never transfers any).
+class TinyState : public agent::TrainingStateHolder {
+ public:
+  bool has_state() const override { return initialized_; }
+  int64_t step() const override { return 0; }
+  Status Initialize() override {
+    initialized_ = true;
+    return Status::Ok();
+  }
+  std::string Metadata() const override { return "tiny"; }
+  Status CheckMetadata(std::string_view) const override { return Status::Ok(); }
+  std::vector<std::span<std::byte>> Buffers() override { return {}; }
+  void Invalidate() override { initialized_ = false; }
+  Status Adopt(std::string_view) override {
+    initialized_ = true;
+    return Status::Ok();
+  }
+
+ private:
+  bool initialized_ = false;
+};
+
+agent::AgentOptions Options(int port, const std::string& token, milliseconds timeout) {
+  agent::AgentOptions o;
+  o.coordinator_url = "http://127.0.0.1:" + std::to_string(port);
+  o.job_id = kJob;
+  o.worker = "w0";
+  o.token = token;
+  o.fingerprint = kFingerprint;
+  o.build = kBuild;
+  o.timeout = timeout;
+  o.report_interval = 0;
+  return o;
+}
+
+// Waits (boundedly) until `done` holds.
+template <typename F>
+bool Eventually(F done) {
+  const auto deadline = std::chrono::steady_clock::now() + seconds(60);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (done()) return true;
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  return false;
+}
+
+TEST(AgentAcrossCoordinatorRestart, AWrongTokenFailsAtTheTimeoutWithoutFailingTheJob) {
+  const int port = FreeLowPort();
+  ASSERT_GT(port, 0);
+  Coordinator coordinator;
+  ASSERT_TRUE(coordinator.AddJob(kJob, kToken, kFingerprint, kBuild).ok());
+  auto server = CoordinatorServer::Start(coordinator, "127.0.0.1", port);
+  ASSERT_TRUE(server.ok()) << server.status().message();
+  auto joined = agent::Agent::Join(Options(port, "not-the-token", milliseconds(1500)));
+  ASSERT_FALSE(joined.ok());
+  // kUnavailable: the worker exits 1 and is replaced; kNotFound would fail the whole job.
+  EXPECT_EQ(joined.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(joined.status().message().find("a wrong token"), std::string::npos)
+      << joined.status().message();
+}
+
+// A worker that trains while the operator restarts: its reports meet 401 (job unknown), then
+// 404 (worker unknown) once the job is back, and it registers again; its leave request and
+// acknowledgement go through after the coordinator forgot it once more.
+TEST(AgentAcrossCoordinatorRestart, AForgottenWorkerRegistersAgainAndLeavesCleanly) {
+  const int port = FreeLowPort();
+  ASSERT_GT(port, 0);
+  auto first = std::make_unique<Coordinator>();
+  ASSERT_TRUE(first->AddJob(kJob, kToken, kFingerprint, kBuild).ok());
+  auto server = CoordinatorServer::Start(*first, "127.0.0.1", port);
+  ASSERT_TRUE(server.ok()) << server.status().message();
+
+  auto joined = agent::Agent::Join(Options(port, kToken, seconds(30)));
+  ASSERT_TRUE(joined.ok()) << joined.status().message();
+  std::unique_ptr<agent::Agent> worker = std::move(joined).value();
+  ASSERT_TRUE(worker->Ready().ok());
+  const std::vector<Member> plan = {{"w0", 0, {0, 1}}};
+  ASSERT_TRUE(first->PublishPlan(kJob, plan).ok());
+  TinyState state;
+  auto m = worker->Next(state);
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  ASSERT_TRUE(m->has_value());
+  EXPECT_EQ((*m)->epoch, 1);
+
+  // The operator dies, and its coordinator with it; the new one knows nothing yet.
+  server->reset();
+  first.reset();
+  Coordinator second;
+  auto restarted = CoordinatorServer::Start(second, "127.0.0.1", port);
+  ASSERT_TRUE(restarted.ok()) << restarted.status().message();
+  agent::StepOutcome outcome;
+  EXPECT_TRUE(worker->Completed(1, outcome).ok());  // 401: training goes on regardless
+
+  // The operator restores the job and its plan from the job's status (EnsureCoordinatorJob);
+  // the next report finds the worker unknown (404) and registers it again, ready.
+  ASSERT_TRUE(second.AddJob(kJob, kToken, kFingerprint, kBuild).ok());
+  ASSERT_TRUE(second.PublishPlanWithEpoch(kJob, 1, plan).ok());
+  EXPECT_TRUE(worker->Completed(2, outcome).ok());
+  auto view = second.GetJob(kJob);
+  ASSERT_TRUE(view.ok());
+  ASSERT_EQ(view->workers.count("w0"), 1u);
+  EXPECT_TRUE(view->workers.at("w0").ready);
+  EXPECT_EQ(view->workers.at("w0").last_report.step, 2);
+
+  // Forgotten again (404) when asked to leave (SIGTERM): it registers again to say so.
+  ASSERT_TRUE(second.ForgetWorker(kJob, "w0").ok());
+  agent::RequestLeave();
+  auto still = worker->Next(state);
+  ASSERT_TRUE(still.ok()) << still.status().message();
+  ASSERT_TRUE(still->has_value());  // it trains on until a plan without it
+  view = second.GetJob(kJob);
+  ASSERT_TRUE(view.ok());
+  ASSERT_EQ(view->workers.count("w0"), 1u);
+  EXPECT_TRUE(view->workers.at("w0").leave_requested);
+
+  // And once more (404) just as the plan without it comes out: the acknowledgement registers
+  // it again too (leave request included), and the worker leaves cleanly.
+  outcome.agreed_epoch = 2;  // what the members' collective would agree on
+  ASSERT_TRUE(worker->Completed(3, outcome).ok());
+  ASSERT_TRUE(second.ForgetWorker(kJob, "w0").ok());
+  ASSERT_TRUE(second.PublishPlan(kJob, {}).ok());
+  auto left = worker->Next(state);
+  ASSERT_TRUE(left.ok()) << left.status().message();
+  EXPECT_FALSE(left->has_value());
+  view = second.GetJob(kJob);
+  ASSERT_TRUE(view.ok());
+  ASSERT_EQ(view->workers.count("w0"), 1u);
+  EXPECT_EQ(view->workers.at("w0").acked_epoch, 2);
+}
+
+// A worker asked to leave (its pod deleted) whose job the coordinator no longer knows (the job
+// was deleted, or the operator restarts) goes at once, cleanly, rather than keeping its pod
+// Terminating while it waits for a coordinator that may never know the job again. In a child
+// process of its own: RequestLeave is process-wide.
+void LeaveWithTheJobGone() {
+  const int port = FreeLowPort();
+  Coordinator coordinator;
+  if (!coordinator.AddJob(kJob, kToken, kFingerprint, kBuild).ok()) std::exit(10);
+  auto server = CoordinatorServer::Start(coordinator, "127.0.0.1", port);
+  if (!server.ok()) std::exit(11);
+  auto joined = agent::Agent::Join(Options(port, kToken, seconds(30)));
+  if (!joined.ok() || !(*joined)->Ready().ok()) std::exit(12);
+  if (!coordinator.PublishPlan(kJob, {{"w0", 0, {0, 1}}}).ok()) std::exit(13);
+  TinyState state;
+  auto m = (*joined)->Next(state);
+  if (!m.ok() || !m->has_value()) std::exit(14);
+  if (!coordinator.RemoveJob(kJob).ok()) std::exit(15);
+  agent::RequestLeave();
+  auto left = (*joined)->Next(state);
+  std::exit(left.ok() && !left->has_value() ? 0 : 16);
+}
+
+TEST(AgentAcrossCoordinatorRestart, AWorkerAskedToLeaveAJobTheCoordinatorForgotGoesAtOnce) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(LeaveWithTheJobGone(), testing::ExitedWithCode(0), "leaving without telling");
+}
+
+}  // namespace
+}  // namespace vf
