@@ -321,8 +321,8 @@ class PrometheusTest(ControlPlaneTestCase):
         # A step rate needs two scrapes of a worker: the first membership lasts until both
         # workers have been scraped twice, however fast the machine runs the steps.
         cp.wait_for("Prometheus to scrape 2 workers twice", lambda: prometheus.query(
-            'count(count_over_time(vf_agent_steps_total{job_namespace="%s",job_name="%s"}[5s]) >= 2)'
-            ' == 2' % (NS, JOB)), timeout=60)
+            'count(count_over_time(vf_agent_steps_total{job_namespace="%s",job_name="%s"}[5s])'
+            ' >= 2) == 2' % (NS, JOB)), timeout=60)
         cls.wait_steps(100)
         cp.add_gpu_node("gpu-2", gpus=2)
         cls.wait_workers(4)
