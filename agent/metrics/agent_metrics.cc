@@ -3,6 +3,8 @@
 #include <utility>
 #include <vector>
 
+#include "agent/metrics/build_info.h"
+
 namespace vf {
 namespace {
 
@@ -19,9 +21,11 @@ const std::vector<double> kRebuildBuckets = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 
 }  // namespace
 
 AgentMetrics::AgentMetrics(std::string ns, std::string job) {
-  const std::vector<std::string> names = {"namespace", "job"};
-  const prometheus::Labels labels = {{"namespace", std::move(ns)}, {"job", std::move(job)}};
+  const std::vector<std::string> names = {"job_namespace", "job_name"};
+  const prometheus::Labels labels = {{"job_namespace", std::move(ns)},
+                                     {"job_name", std::move(job)}};
   metrics::DescribedRegistry& r = families_;
+  metrics::AddBuildInfo(r);
   steps_ = &r.AddCounter("vf_agent_steps_total", "Training steps this worker completed.", names)
                 .Add(labels);
   step_duration_ =
@@ -38,8 +42,12 @@ AgentMetrics::AgentMetrics(std::string ns, std::string job) {
   virtual_nodes_ = &r.AddGauge("vf_agent_virtual_nodes",
                                "Virtual nodes this worker holds in the current plan.", names)
                         .Add(labels);
-  epoch_ =
-      &r.AddGauge("vf_agent_epoch", "Membership epoch of the current plan.", names).Add(labels);
+  membership_epoch_ =
+      &r.AddGauge("vf_agent_membership_epoch",
+                  "Membership epoch of the current plan (it grows with each resize; not the data "
+                  "epoch).",
+                  names)
+           .Add(labels);
   allreduce_seconds_ =
       &r.AddCounter("vf_agent_allreduce_seconds_total",
                     "Step time outside the local virtual nodes' forward and backward passes: "
@@ -76,7 +84,7 @@ void AgentMetrics::OnAllReduce(double seconds) { allreduce_seconds_->Increment(s
 
 void AgentMetrics::OnRebuild(double seconds, int64_t epoch) {
   rebuild_seconds_->Observe(seconds);
-  epoch_->Set(static_cast<double>(epoch));
+  membership_epoch_->Set(static_cast<double>(epoch));
 }
 
 void AgentMetrics::OnStateTransfer(int64_t bytes, double seconds) {
@@ -88,6 +96,8 @@ void AgentMetrics::OnRecovery() { recoveries_->Increment(); }
 
 void AgentMetrics::SetVirtualNodes(int virtual_nodes) { virtual_nodes_->Set(virtual_nodes); }
 
-void AgentMetrics::SetEpoch(int64_t epoch) { epoch_->Set(static_cast<double>(epoch)); }
+void AgentMetrics::SetMembershipEpoch(int64_t epoch) {
+  membership_epoch_->Set(static_cast<double>(epoch));
+}
 
 }  // namespace vf

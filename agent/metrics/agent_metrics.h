@@ -17,11 +17,13 @@
 namespace vf {
 
 // Owns one agent's metric families in their own Registry, which the agent serves on
-// GET /metrics. Every series is labelled {namespace, job} only: never a pod name or UID, which
-// Prometheus adds from the scrape target, so that a job's series survive its pods being
-// replaced. Thread-safe and lock-free on the update path but for the histograms (prometheus-cpp
-// guards each with a mutex): the agent serves one job, so every child is made once, at
-// construction, and none is ever removed.
+// GET /metrics. Every series (vf_build_info's aside) is labelled {job_namespace, job_name} only:
+// never a pod name or UID, which Prometheus adds from the scrape target, so that a job's series
+// survive its pods being replaced; and not `namespace` or `job`, which Prometheus sets from the
+// scrape target (the pod's namespace, the scrape job) and would rename ours to exported_*.
+// Thread-safe and lock-free on the update path but for the histograms (prometheus-cpp guards each
+// with a mutex): the agent serves one job, so every child is made once, at construction, and none
+// is ever removed.
 class AgentMetrics {
  public:
   AgentMetrics(std::string ns, std::string job);
@@ -47,8 +49,9 @@ class AgentMetrics {
   void OnRecovery();
   // The virtual nodes the current plan gives this worker (also set by OnStep).
   void SetVirtualNodes(int virtual_nodes);
-  // The membership epoch of the current plan (also set by OnRebuild).
-  void SetEpoch(int64_t epoch);
+  // The membership epoch of the current plan (also set by OnRebuild). Not the data epoch: it
+  // counts plans (resizes), not passes over the training set.
+  void SetMembershipEpoch(int64_t epoch);
 
   // The children, for what the methods above do not cover.
   prometheus::Counter& steps_total() { return *steps_; }
@@ -56,7 +59,7 @@ class AgentMetrics {
   prometheus::Gauge& samples_per_second() { return *samples_per_second_; }
   prometheus::Gauge& loss() { return *loss_; }
   prometheus::Gauge& virtual_nodes() { return *virtual_nodes_; }
-  prometheus::Gauge& epoch() { return *epoch_; }
+  prometheus::Gauge& membership_epoch() { return *membership_epoch_; }
   prometheus::Counter& allreduce_seconds_total() { return *allreduce_seconds_; }
   prometheus::Histogram& communicator_rebuild_seconds() { return *rebuild_seconds_; }
   prometheus::Counter& state_transfer_bytes_total() { return *state_transfer_bytes_; }
@@ -70,7 +73,7 @@ class AgentMetrics {
   prometheus::Gauge* samples_per_second_ = nullptr;
   prometheus::Gauge* loss_ = nullptr;
   prometheus::Gauge* virtual_nodes_ = nullptr;
-  prometheus::Gauge* epoch_ = nullptr;
+  prometheus::Gauge* membership_epoch_ = nullptr;
   prometheus::Counter* allreduce_seconds_ = nullptr;
   prometheus::Histogram* rebuild_seconds_ = nullptr;
   prometheus::Counter* state_transfer_bytes_ = nullptr;

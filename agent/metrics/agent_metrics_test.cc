@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "agent/metrics/build_info.h"
 #include "agent/metrics/promtool.h"
 #include "agent/metrics/test_util.h"
 
@@ -24,26 +25,29 @@ bool Contains(const std::string& text, const std::string& line) {
 }
 
 // prometheus-cpp writes label names in sorted order.
-constexpr char kJobLabels[] = "{job=\"mnist\",namespace=\"team\"}";
+constexpr char kJobLabels[] = "{job_name=\"mnist\",job_namespace=\"team\"}";
 
 std::string Line(const std::string& name, const std::string& value) {
   return name + kJobLabels + " " + value;
 }
 
-TEST(AgentMetrics, RegistersTheFixedFamiliesLabelledByNamespaceAndJobOnly) {
+TEST(AgentMetrics, RegistersTheFixedFamiliesLabelledByJobNamespaceAndJobNameOnly) {
   AgentMetrics m("team", "mnist");
   std::map<std::string, MetricType> got;
   for (const metrics::FamilyInfo& f : m.Describe()) {
     got[f.name] = f.type;
-    EXPECT_EQ(f.label_names, (std::vector<std::string>{"namespace", "job"})) << f.name;
+    if (f.name == "vf_build_info") continue;
+    // Not `namespace` or `job`: Prometheus sets those from the scrape target.
+    EXPECT_EQ(f.label_names, (std::vector<std::string>{"job_namespace", "job_name"})) << f.name;
   }
   const std::map<std::string, MetricType> want = {
+      {"vf_build_info", MetricType::Gauge},
       {"vf_agent_steps_total", MetricType::Counter},
       {"vf_agent_step_duration_seconds", MetricType::Histogram},
       {"vf_agent_samples_per_second", MetricType::Gauge},
       {"vf_agent_loss", MetricType::Gauge},
       {"vf_agent_virtual_nodes", MetricType::Gauge},
-      {"vf_agent_epoch", MetricType::Gauge},
+      {"vf_agent_membership_epoch", MetricType::Gauge},
       {"vf_agent_allreduce_seconds_total", MetricType::Counter},
       {"vf_agent_communicator_rebuild_seconds", MetricType::Histogram},
       {"vf_agent_state_transfer_bytes_total", MetricType::Counter},
@@ -82,9 +86,18 @@ TEST(AgentMetrics, EverySeriesIsExportedFromTheStartAtZero) {
   const std::string text = Exposition(m.registry());
   EXPECT_TRUE(Contains(text, Line("vf_agent_steps_total", "0")));
   EXPECT_TRUE(Contains(text, Line("vf_agent_recoveries_total", "0")));
-  EXPECT_TRUE(Contains(text, Line("vf_agent_epoch", "0")));
+  EXPECT_TRUE(Contains(text, Line("vf_agent_membership_epoch", "0")));
   EXPECT_TRUE(Contains(text, Line("vf_agent_step_duration_seconds_count", "0")));
   EXPECT_EQ(text.find("pod"), std::string::npos);
+}
+
+TEST(AgentMetrics, BuildInfoIsOneWithTheBuildsVersion) {
+  AgentMetrics m("team", "mnist");
+  const std::string text = Exposition(m.registry());
+  EXPECT_FALSE(metrics::BuildVersion().empty());
+  EXPECT_TRUE(
+      Contains(text, "vf_build_info{version=\"" + std::string(metrics::BuildVersion()) + "\"} 1"))
+      << text;
 }
 
 TEST(AgentMetrics, OnStepCountsTimesAndSetsTheGauges) {
@@ -99,8 +112,8 @@ TEST(AgentMetrics, OnStepCountsTimesAndSetsTheGauges) {
   EXPECT_TRUE(Contains(text, Line("vf_agent_step_duration_seconds_count", "2")));
   EXPECT_TRUE(Contains(text, Line("vf_agent_step_duration_seconds_sum", "0.05")));
   EXPECT_TRUE(Contains(text,
-                       "vf_agent_step_duration_seconds_bucket{job=\"mnist\","
-                       "namespace=\"team\",le=\"0.025\"} 1"));
+                       "vf_agent_step_duration_seconds_bucket{job_name=\"mnist\","
+                       "job_namespace=\"team\",le=\"0.025\"} 1"));
 }
 
 TEST(AgentMetrics, CollectivesMembershipAndRecoveries) {
@@ -114,14 +127,14 @@ TEST(AgentMetrics, CollectivesMembershipAndRecoveries) {
   m.SetVirtualNodes(8);
   const std::string text = Exposition(m.registry());
   EXPECT_TRUE(Contains(text, Line("vf_agent_allreduce_seconds_total", "0.75")));
-  EXPECT_TRUE(Contains(text, Line("vf_agent_epoch", "3")));
+  EXPECT_TRUE(Contains(text, Line("vf_agent_membership_epoch", "3")));
   EXPECT_TRUE(Contains(text, Line("vf_agent_communicator_rebuild_seconds_count", "1")));
   EXPECT_TRUE(Contains(text, Line("vf_agent_state_transfer_bytes_total", "2097152")));
   EXPECT_TRUE(Contains(text, Line("vf_agent_state_transfer_seconds_total", "0.25")));
   EXPECT_TRUE(Contains(text, Line("vf_agent_recoveries_total", "1")));
   EXPECT_TRUE(Contains(text, Line("vf_agent_virtual_nodes", "8")));
-  m.SetEpoch(4);
-  EXPECT_EQ(m.epoch().Value(), 4);
+  m.SetMembershipEpoch(4);
+  EXPECT_EQ(m.membership_epoch().Value(), 4);
 }
 
 TEST(AgentMetrics, StepBucketsSpanMillisecondsToMinutes) {

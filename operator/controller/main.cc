@@ -13,9 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <stop_token>
 #include <string>
@@ -28,6 +26,7 @@
 #include "operator/kube/client.h"
 #include "operator/kube/config.h"
 #include "operator/kube/leader_election.h"
+#include "operator/metrics/controller_metrics.h"
 #include "operator/metrics/operator_metrics.h"
 #include "operator/policy/membership.h"
 #include "runtime/command_line.h"
@@ -277,75 +276,6 @@ auto StartMetricsServer(vf::OperatorMetrics& metrics, const OperatorFlags& f,
   return http;
 }
 
-vf::ResizeReason ReasonOf(const std::string& kind) {
-  if (kind == "grow") return vf::ResizeReason::kGrow;
-  if (kind == "shrink") return vf::ResizeReason::kShrink;
-  if (kind == "leave") return vf::ResizeReason::kLeave;
-  if (kind == "rebalance") return vf::ResizeReason::kRebalance;
-  return vf::ResizeReason::kFailure;
-}
-
-// "namespace/name" -> {namespace, name}.
-std::pair<std::string, std::string> SplitJobKey(const std::string& key) {
-  const size_t slash = key.find('/');
-  return std::make_pair(key.substr(0, slash), key.substr(slash + 1));
-}
-
-// Feeds the controller's reports on jobs, resizes and GPUs into `metrics`, which must outlive
-// the controller.
-void ReportToMetrics(vf::controller::ControllerOptions& options, vf::OperatorMetrics& metrics) {
-  options.on_reconcile = [&metrics](double s, bool failed) { metrics.OnReconcile(s, failed); };
-  options.on_queue_depth = [&metrics](size_t d) {
-    metrics.SetWorkqueueDepth(static_cast<int64_t>(d));
-  };
-  // Phases of every job, kept for the jobs-by-phase gauge.
-  auto phases = std::make_shared<std::pair<std::mutex, std::map<std::string, std::string>>>();
-  auto publish_phases = [&metrics, phases]() {
-    std::map<std::string, int64_t> counts;
-    for (const auto& [job, phase] : phases->second) counts[phase] += 1;
-    metrics.SetJobsByPhase(counts);
-  };
-  options.hooks.on_resize = [&metrics](const std::string& job, const std::string& kind, int, int) {
-    auto [job_ns, name] = SplitJobKey(job);
-    metrics.OnResize(job_ns, name, ReasonOf(kind));
-  };
-  options.hooks.on_resize_pause = [&metrics](const std::string& job, double seconds) {
-    auto [job_ns, name] = SplitJobKey(job);
-    metrics.ObserveResizePause(job_ns, name, seconds);
-  };
-  options.hooks.on_job_status = [&metrics, phases, publish_phases](const std::string& job,
-                                                                   const nlohmann::json& status,
-                                                                   const vf::JobSpec& spec) {
-    auto [job_ns, name] = SplitJobKey(job);
-    vf::OperatorMetrics::WorkerCounts counts;
-    counts.current = status.value("workers", 0);
-    counts.desired = status.value("desiredWorkers", 0);
-    counts.ready = status.value("readyWorkers", 0);
-    counts.min = spec.replicas_min;
-    counts.max = spec.replicas_max;
-    metrics.SetJobWorkers(job_ns, name, counts);
-    metrics.SetJobProgress(job_ns, name, status.value("step", int64_t{0}),
-                           status.value("samplesPerSecond", 0.0));
-    std::lock_guard<std::mutex> lock(phases->first);
-    phases->second[job] = status.value("phase", "Pending");
-    publish_phases();
-  };
-  options.hooks.on_job_gone = [&metrics, phases, publish_phases](const std::string& job) {
-    auto [job_ns, name] = SplitJobKey(job);
-    metrics.RemoveJob(job_ns, name);
-    std::lock_guard<std::mutex> lock(phases->first);
-    phases->second.erase(job);
-    publish_phases();
-  };
-  options.hooks.on_inventory = [&metrics](const vf::controller::ClusterGpus& gpus) {
-    std::map<std::string, vf::OperatorMetrics::GpuCounts> by_product;
-    for (const auto& [product, c] : gpus.products) {
-      by_product[product] = {c.free(), c.allocated, c.total};
-    }
-    metrics.SetGpuInventory(by_product);
-  };
-}
-
 // What the controller does, from the flags; worker pods reach the coordinator at
 // `coordinator_url`.
 vf::controller::ControllerOptions MakeControllerOptions(const OperatorFlags& f,
@@ -359,7 +289,7 @@ vf::controller::ControllerOptions MakeControllerOptions(const OperatorFlags& f,
   options.reconciler.pods.coordinator_url = coordinator_url;
   options.reconciler.pods.default_image = f.agent_image;
   options.reconciler.pods.metrics_port = static_cast<int>(f.agent_metrics_port);
-  ReportToMetrics(options, metrics);
+  vf::ReportControllerMetrics(options, metrics);
   return options;
 }
 

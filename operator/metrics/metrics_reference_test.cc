@@ -130,6 +130,15 @@ std::map<std::string, Entry> ParseReference(const std::string& markdown,
   return entries;
 }
 
+std::string Join(const std::set<std::string>& labels) {
+  if (labels.empty()) return "{}";
+  std::string out = "{";
+  for (const std::string& label : labels) out += (out.size() > 1 ? ", " : "") + label;
+  return out + "}";
+}
+
+// A family both register (vf_build_info) is one row, exported by "operator, agent"; should the
+// two disagree on its type or labels, the type says so and the comparison reports it.
 void AddFamilies(const std::vector<metrics::FamilyInfo>& families, const std::string& exporter,
                  std::map<std::string, Entry>& entries) {
   for (const metrics::FamilyInfo& family : families) {
@@ -137,7 +146,14 @@ void AddFamilies(const std::vector<metrics::FamilyInfo>& families, const std::st
     entry.type = std::string(metrics::TypeName(family.type));
     entry.labels.insert(family.label_names.begin(), family.label_names.end());
     entry.exporter = exporter;
-    entries[family.name] = entry;
+    auto [it, added] = entries.emplace(family.name, entry);
+    if (added) continue;
+    if (it->second.type != entry.type || it->second.labels != entry.labels) {
+      it->second.type = it->second.exporter + " and " + exporter + " disagree (" + it->second.type +
+                        " " + Join(it->second.labels) + ", " + entry.type + " " +
+                        Join(entry.labels) + ")";
+    }
+    it->second.exporter += ", " + exporter;
   }
 }
 
@@ -145,16 +161,9 @@ std::map<std::string, Entry> CodeFamilies() {
   std::map<std::string, Entry> entries;
   OperatorMetrics operator_metrics;
   AddFamilies(operator_metrics.Describe(), "operator", entries);
-  AgentMetrics agent_metrics("namespace", "job");
+  AgentMetrics agent_metrics("team", "mnist");
   AddFamilies(agent_metrics.Describe(), "agent", entries);
   return entries;
-}
-
-std::string Join(const std::set<std::string>& labels) {
-  if (labels.empty()) return "{}";
-  std::string out = "{";
-  for (const std::string& label : labels) out += (out.size() > 1 ? ", " : "") + label;
-  return out + "}";
 }
 
 // Every difference, both ways, one a line.
@@ -219,7 +228,7 @@ TEST(MetricsReference, ComparisonNamesEachDifferenceBothWays) {
       "Intro.\n\n"
       "| Metric | Type | Labels | Exported by | Meaning |\n"
       "|---|---|---|---|---|\n"
-      "| `a_total` | counter | `job`, `namespace` | operator | Same as the code. |\n"
+      "| `a_total` | counter | `job_name`, `job_namespace` | operator | Same as the code. |\n"
       "| `b` | gauge | — | operator | Type differs. |\n"
       "| `c` | gauge | `x` | agent | Labels and exporter differ; a \\| pipe. |\n"
       "| `only_doc` | gauge | — | agent | Not in the code. |\n"
@@ -229,15 +238,15 @@ TEST(MetricsReference, ComparisonNamesEachDifferenceBothWays) {
   const std::map<std::string, Entry> parsed = ParseReference(doc, errors);
   ASSERT_TRUE(errors.empty()) << Lines(errors);
   ASSERT_EQ(parsed.size(), 4u);
-  EXPECT_EQ(parsed.at("a_total").labels, (std::set<std::string>{"job", "namespace"}));
+  EXPECT_EQ(parsed.at("a_total").labels, (std::set<std::string>{"job_name", "job_namespace"}));
   EXPECT_TRUE(parsed.at("b").labels.empty());
   EXPECT_EQ(parsed.at("b").line, 6);
 
   const std::map<std::string, Entry> code = {
-      {"a_total", {"counter", {"namespace", "job"}, "operator", 0}},
+      {"a_total", {"counter", {"job_namespace", "job_name"}, "operator", 0}},
       {"b", {"counter", {}, "operator", 0}},
       {"c", {"gauge", {"x", "y"}, "operator", 0}},
-      {"only_code", {"histogram", {"job"}, "agent", 0}},
+      {"only_code", {"histogram", {"job_name"}, "agent", 0}},
   };
   const std::vector<std::string> differences = Compare(parsed, code);
   const std::vector<std::string> expected = {

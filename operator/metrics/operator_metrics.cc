@@ -3,6 +3,8 @@
 #include <iterator>
 #include <utility>
 
+#include "agent/metrics/build_info.h"
+
 namespace vf {
 namespace {
 
@@ -30,8 +32,10 @@ constexpr ResizeReason kResizeReasons[] = {ResizeReason::kGrow, ResizeReason::kS
 // The `state`s of vf_operator_gpus: the fields of GpuCounts.
 constexpr const char* kGpuStates[] = {"free", "allocated", "total"};
 
+// Not `namespace` and `job`: Prometheus sets those on every series from the scrape target (the
+// operator's namespace, the scrape job's name) and would rename ours to exported_*.
 Labels JobLabels(std::string_view ns, std::string_view job) {
-  return {{"namespace", std::string(ns)}, {"job", std::string(job)}};
+  return {{"job_namespace", std::string(ns)}, {"job_name", std::string(job)}};
 }
 
 Labels JobLabels(std::string_view ns, std::string_view job, const char* name,
@@ -68,24 +72,28 @@ std::string_view ResizeReasonName(ResizeReason reason) {
 
 OperatorMetrics::OperatorMetrics() {
   metrics::DescribedRegistry& r = families_;
+  metrics::AddBuildInfo(r);
   jobs_ = &r.AddGauge("vf_operator_jobs", "VirtualFlowJobs by status phase.", {"phase"});
   job_workers_ = &r.AddGauge(
       "vf_operator_job_workers",
       "Workers of a job: current (pods), desired (policy), ready (in the plan), min and max "
       "(spec).",
-      {"namespace", "job", "kind"});
+      {"job_namespace", "job_name", "kind"});
   resizes_ = &r.AddCounter("vf_operator_resizes_total",
                            "Membership changes of a job, by reason: grow, shrink, failure, "
                            "leave, rebalance.",
-                           {"namespace", "job", "reason"});
+                           {"job_namespace", "job_name", "reason"});
   resize_pause_ = &r.AddHistogram("vf_operator_resize_pause_seconds",
-                                  "Time training stood still for one resize.", {"namespace", "job"},
-                                  kPauseBuckets);
+                                  "Time training stood still for one resize.",
+                                  {"job_namespace", "job_name"}, kPauseBuckets);
   job_step_ = &r.AddGauge("vf_operator_job_step", "Last training step a job reported.",
-                          {"namespace", "job"});
-  job_samples_per_second_ =
-      &r.AddGauge("vf_operator_job_samples_per_second",
-                  "Training throughput of a job, all workers together.", {"namespace", "job"});
+                          {"job_namespace", "job_name"});
+  job_total_steps_ =
+      &r.AddGauge("vf_operator_job_total_steps", "Training steps a job runs in all, once known.",
+                  {"job_namespace", "job_name"});
+  job_samples_per_second_ = &r.AddGauge("vf_operator_job_samples_per_second",
+                                        "Training throughput of a job, all workers together.",
+                                        {"job_namespace", "job_name"});
   reconcile_duration_ =
       &r.AddHistogram("vf_operator_reconcile_duration_seconds",
                       "Time one reconcile of one job took.", {}, kReconcileBuckets)
@@ -147,10 +155,16 @@ void OperatorMetrics::SetJobWorkers(std::string_view ns, std::string_view job,
 }
 
 void OperatorMetrics::SetJobProgress(std::string_view ns, std::string_view job, int64_t step,
-                                     double samples_per_second) {
+                                     double samples_per_second, int64_t total_steps) {
+  const Labels labels = JobLabels(ns, job);
   std::lock_guard<std::mutex> lock(mu_);
-  job_step_->Add(JobLabels(ns, job)).Set(static_cast<double>(step));
-  job_samples_per_second_->Add(JobLabels(ns, job)).Set(samples_per_second);
+  job_step_->Add(labels).Set(static_cast<double>(step));
+  job_samples_per_second_->Add(labels).Set(samples_per_second);
+  if (total_steps > 0) {
+    job_total_steps_->Add(labels).Set(static_cast<double>(total_steps));
+  } else {
+    RemoveChild(*job_total_steps_, labels);
+  }
 }
 
 void OperatorMetrics::OnResize(std::string_view ns, std::string_view job, ResizeReason reason) {
@@ -175,6 +189,7 @@ void OperatorMetrics::RemoveJob(std::string_view ns, std::string_view job) {
   }
   RemoveChild(*resize_pause_, labels, kPauseBuckets);
   RemoveChild(*job_step_, labels);
+  RemoveChild(*job_total_steps_, labels);
   RemoveChild(*job_samples_per_second_, labels);
 }
 

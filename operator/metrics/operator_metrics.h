@@ -1,4 +1,6 @@
-// The operator's metrics: jobs, workers, resizes, reconciles, API calls, GPUs and leadership.
+// The operator's metrics: jobs, workers, progress, resizes, reconciles, API calls, GPUs,
+// leadership and the build. A job's series are labelled job_namespace and job_name, never
+// `namespace` or `job`, which Prometheus sets from the scrape target.
 // The names are an interface (dashboards and alerts use them); docs/metrics.md lists them, and a
 // test keeps that list and these families the same.
 #pragma once
@@ -78,14 +80,17 @@ class OperatorMetrics {
   // Also creates the job's resize counters (every reason) and pause histogram at zero, so that
   // Prometheus' increase() counts the first resize.
   void SetJobWorkers(std::string_view ns, std::string_view job, const WorkerCounts& counts);
+  // The job's last step, its throughput and its length in steps. `total_steps` 0 means not
+  // known yet (a job of epochs whose agents have not loaded the training set): then the job has
+  // no vf_operator_job_total_steps series, rather than one that makes step / total infinite.
   void SetJobProgress(std::string_view ns, std::string_view job, int64_t step,
-                      double samples_per_second);
+                      double samples_per_second, int64_t total_steps);
   void OnResize(std::string_view ns, std::string_view job, ResizeReason reason);
   // The time training stood still for one resize, from the agents' reports.
   void ObserveResizePause(std::string_view ns, std::string_view job, double seconds);
-  // Removes every series of the job (workers, resizes, pauses, step, samples per second), so
-  // that a deleted job leaves nothing behind. A later call about the job brings its series back:
-  // call this after the last one.
+  // Removes every series of the job (workers, resizes, pauses, step, total steps, samples per
+  // second), so that a deleted job leaves nothing behind. A later call about the job brings its
+  // series back: call this after the last one.
   void RemoveJob(std::string_view ns, std::string_view job);
 
   // ---- Control loop ----
@@ -123,6 +128,7 @@ class OperatorMetrics {
   prometheus::Family<prometheus::Counter>* resizes_ = nullptr;
   prometheus::Family<prometheus::Histogram>* resize_pause_ = nullptr;
   prometheus::Family<prometheus::Gauge>* job_step_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* job_total_steps_ = nullptr;
   prometheus::Family<prometheus::Gauge>* job_samples_per_second_ = nullptr;
   prometheus::Family<prometheus::Gauge>* gpus_ = nullptr;
   // Never removed from: their children are used without mu_.

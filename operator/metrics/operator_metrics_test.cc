@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "agent/metrics/build_info.h"
 #include "agent/metrics/promtool.h"
 #include "agent/metrics/test_util.h"
 
@@ -30,9 +31,8 @@ int SeriesOf(const std::string& text, const std::string& ns, const std::string& 
   std::istringstream lines(text);
   std::string line;
   while (std::getline(lines, line)) {
-    const bool labelled = line.find("namespace=\"" + ns + "\"") != std::string::npos &&
-                          (line.find("{job=\"" + job + "\"") != std::string::npos ||
-                           line.find(",job=\"" + job + "\"") != std::string::npos);
+    const bool labelled = line.find("job_namespace=\"" + ns + "\"") != std::string::npos &&
+                          line.find("job_name=\"" + job + "\"") != std::string::npos;
     if (!line.empty() && line[0] != '#' && labelled) ++n;
   }
   return n;
@@ -47,11 +47,13 @@ TEST(OperatorMetrics, RegistersTheFixedFamilies) {
   using V = std::vector<std::string>;
   const std::map<std::string, std::pair<MetricType, V>> want = {
       {"vf_operator_jobs", {MetricType::Gauge, V{"phase"}}},
-      {"vf_operator_job_workers", {MetricType::Gauge, V{"namespace", "job", "kind"}}},
-      {"vf_operator_resizes_total", {MetricType::Counter, V{"namespace", "job", "reason"}}},
-      {"vf_operator_resize_pause_seconds", {MetricType::Histogram, V{"namespace", "job"}}},
-      {"vf_operator_job_step", {MetricType::Gauge, V{"namespace", "job"}}},
-      {"vf_operator_job_samples_per_second", {MetricType::Gauge, V{"namespace", "job"}}},
+      {"vf_operator_job_workers", {MetricType::Gauge, V{"job_namespace", "job_name", "kind"}}},
+      {"vf_operator_resizes_total",
+       {MetricType::Counter, V{"job_namespace", "job_name", "reason"}}},
+      {"vf_operator_resize_pause_seconds", {MetricType::Histogram, V{"job_namespace", "job_name"}}},
+      {"vf_operator_job_step", {MetricType::Gauge, V{"job_namespace", "job_name"}}},
+      {"vf_operator_job_total_steps", {MetricType::Gauge, V{"job_namespace", "job_name"}}},
+      {"vf_operator_job_samples_per_second", {MetricType::Gauge, V{"job_namespace", "job_name"}}},
       {"vf_operator_reconcile_duration_seconds", {MetricType::Histogram, V{}}},
       {"vf_operator_reconcile_errors_total", {MetricType::Counter, V{}}},
       {"vf_operator_workqueue_depth", {MetricType::Gauge, V{}}},
@@ -59,6 +61,7 @@ TEST(OperatorMetrics, RegistersTheFixedFamilies) {
       {"vf_operator_api_request_errors_total", {MetricType::Counter, V{"verb", "code"}}},
       {"vf_operator_gpus", {MetricType::Gauge, V{"product", "state"}}},
       {"vf_operator_is_leader", {MetricType::Gauge, V{}}},
+      {"vf_build_info", {MetricType::Gauge, V{"version"}}},
   };
   EXPECT_EQ(got, want);
 }
@@ -99,27 +102,66 @@ TEST(OperatorMetrics, JobSeriesCarryNamespaceJobAndTheirKindOrReason) {
   m.OnResize("team", "mnist", ResizeReason::kGrow);
   m.OnResize("team", "mnist", ResizeReason::kRebalance);
   m.ObserveResizePause("team", "mnist", 0.3);
-  m.SetJobProgress("team", "mnist", 1200, 5120.5);
+  m.SetJobProgress("team", "mnist", 1200, 5120.5, 1872);
   const std::string text = Exposition(m.registry());
   EXPECT_TRUE(Contains(
-      text, "vf_operator_job_workers{job=\"mnist\",kind=\"current\",namespace=\"team\"} 2"));
+      text,
+      "vf_operator_job_workers{job_name=\"mnist\",job_namespace=\"team\",kind=\"current\"} 2"));
   EXPECT_TRUE(Contains(
-      text, "vf_operator_job_workers{job=\"mnist\",kind=\"desired\",namespace=\"team\"} 3"));
+      text,
+      "vf_operator_job_workers{job_name=\"mnist\",job_namespace=\"team\",kind=\"desired\"} 3"));
+  EXPECT_TRUE(Contains(
+      text, "vf_operator_job_workers{job_name=\"mnist\",job_namespace=\"team\",kind=\"max\"} 4"));
+  EXPECT_TRUE(Contains(
+      text,
+      "vf_operator_resizes_total{job_name=\"mnist\",job_namespace=\"team\",reason=\"grow\"} 2"));
+  EXPECT_TRUE(Contains(text,
+                       "vf_operator_resizes_total{job_name=\"mnist\",job_namespace=\"team\",reason="
+                       "\"rebalance\"} 1"));
+  EXPECT_TRUE(Contains(text,
+                       "vf_operator_resize_pause_seconds_bucket{job_name=\"mnist\",job_namespace="
+                       "\"team\",le=\"0.5\"} 1"));
+  EXPECT_TRUE(Contains(text,
+                       "vf_operator_resize_pause_seconds_bucket{job_name=\"mnist\",job_namespace="
+                       "\"team\",le=\"0.25\"} 0"));
   EXPECT_TRUE(
-      Contains(text, "vf_operator_job_workers{job=\"mnist\",kind=\"max\",namespace=\"team\"} 4"));
+      Contains(text, "vf_operator_job_step{job_name=\"mnist\",job_namespace=\"team\"} 1200"));
   EXPECT_TRUE(Contains(
-      text, "vf_operator_resizes_total{job=\"mnist\",namespace=\"team\",reason=\"grow\"} 2"));
-  EXPECT_TRUE(Contains(
-      text, "vf_operator_resizes_total{job=\"mnist\",namespace=\"team\",reason=\"rebalance\"} 1"));
+      text, "vf_operator_job_total_steps{job_name=\"mnist\",job_namespace=\"team\"} 1872"));
   EXPECT_TRUE(Contains(
       text,
-      "vf_operator_resize_pause_seconds_bucket{job=\"mnist\",namespace=\"team\",le=\"0.5\"} 1"));
-  EXPECT_TRUE(Contains(
-      text,
-      "vf_operator_resize_pause_seconds_bucket{job=\"mnist\",namespace=\"team\",le=\"0.25\"} 0"));
-  EXPECT_TRUE(Contains(text, "vf_operator_job_step{job=\"mnist\",namespace=\"team\"} 1200"));
-  EXPECT_TRUE(Contains(
-      text, "vf_operator_job_samples_per_second{job=\"mnist\",namespace=\"team\"} 5120.5"));
+      "vf_operator_job_samples_per_second{job_name=\"mnist\",job_namespace=\"team\"} 5120.5"));
+}
+
+TEST(OperatorMetrics, JobSeriesAvoidTheLabelsPrometheusSetsFromTheTarget) {
+  for (const metrics::FamilyInfo& f : OperatorMetrics().Describe()) {
+    for (const std::string& label : f.label_names) {
+      EXPECT_NE(label, "job") << f.name;
+      EXPECT_NE(label, "namespace") << f.name;
+      EXPECT_NE(label, "instance") << f.name;
+      EXPECT_NE(label, "pod") << f.name;
+    }
+  }
+}
+
+TEST(OperatorMetrics, TotalStepsHasNoSeriesUntilKnown) {
+  OperatorMetrics m;
+  m.SetJobProgress("team", "mnist", 0, 0, 0);
+  EXPECT_EQ(ExportedChildren(m.registry(), "vf_operator_job_total_steps"), 0u);
+  m.SetJobProgress("team", "mnist", 3, 10, 30);
+  EXPECT_TRUE(
+      Contains(Exposition(m.registry()),
+               "vf_operator_job_total_steps{job_name=\"mnist\",job_namespace=\"team\"} 30"));
+  // A length that becomes unknown again (never in practice) leaves no stale series.
+  m.SetJobProgress("team", "mnist", 3, 10, 0);
+  EXPECT_EQ(ExportedChildren(m.registry(), "vf_operator_job_total_steps"), 0u);
+}
+
+TEST(OperatorMetrics, BuildInfoIsOneWithTheBuildsVersion) {
+  OperatorMetrics m;
+  EXPECT_TRUE(
+      Contains(Exposition(m.registry()),
+               "vf_build_info{version=\"" + std::string(metrics::BuildVersion()) + "\"} 1"));
 }
 
 TEST(OperatorMetrics, AJobsResizeSeriesStartAtZero) {
@@ -127,19 +169,19 @@ TEST(OperatorMetrics, AJobsResizeSeriesStartAtZero) {
   m.SetJobWorkers("team", "mnist", {.current = 1, .desired = 1, .ready = 0, .min = 1, .max = 4});
   const std::string text = Exposition(m.registry());
   for (const char* reason : {"grow", "shrink", "failure", "leave", "rebalance"}) {
-    EXPECT_TRUE(
-        Contains(text, std::string("vf_operator_resizes_total{job=\"mnist\",namespace=\"team\","
-                                   "reason=\"") +
-                           reason + "\"} 0"))
+    EXPECT_TRUE(Contains(
+        text, std::string("vf_operator_resizes_total{job_name=\"mnist\",job_namespace=\"team\","
+                          "reason=\"") +
+                  reason + "\"} 0"))
         << reason << "\n"
         << text;
   }
-  EXPECT_TRUE(
-      Contains(text, "vf_operator_resize_pause_seconds_count{job=\"mnist\",namespace=\"team\"} 0"));
+  EXPECT_TRUE(Contains(
+      text, "vf_operator_resize_pause_seconds_count{job_name=\"mnist\",job_namespace=\"team\"} 0"));
   m.OnResize("team", "mnist", ResizeReason::kGrow);
-  EXPECT_TRUE(
-      Contains(Exposition(m.registry()),
-               "vf_operator_resizes_total{job=\"mnist\",namespace=\"team\",reason=\"grow\"} 1"));
+  EXPECT_TRUE(Contains(
+      Exposition(m.registry()),
+      "vf_operator_resizes_total{job_name=\"mnist\",job_namespace=\"team\",reason=\"grow\"} 1"));
 }
 
 TEST(OperatorMetrics, ResizeReasonsHaveTheirLabelNames) {
@@ -156,19 +198,22 @@ TEST(OperatorMetrics, RemoveJobDropsEveryJobSeriesAndOnlyThatJobs) {
     m.SetJobWorkers("team", job, {.current = 1, .desired = 1, .ready = 1, .min = 1, .max = 1});
     m.OnResize("team", job, ResizeReason::kShrink);
     m.ObserveResizePause("team", job, 1);
-    m.SetJobProgress("team", job, 10, 1);
+    m.SetJobProgress("team", job, 10, 1, 100);
   }
-  m.SetJobProgress("other", "a", 10, 1);
+  m.SetJobProgress("other", "a", 10, 1, 100);
   m.RemoveJob("team", "a");
   const std::string text = Exposition(m.registry());
   EXPECT_EQ(SeriesOf(text, "team", "a"), 0) << text;
-  EXPECT_EQ(SeriesOf(text, "team", "b"), 5 + 5 + (15 + 1 + 2) + 1 + 1) << text;
-  EXPECT_EQ(SeriesOf(text, "other", "a"), 2) << text;
-  EXPECT_NE(text.find("vf_operator_job_workers{job=\"b\",kind="), std::string::npos);
-  EXPECT_NE(text.find("vf_operator_resizes_total{job=\"b\",namespace=\"team\""), std::string::npos);
-  EXPECT_NE(text.find("vf_operator_resize_pause_seconds_count{job=\"b\",namespace=\"team\"}"),
+  EXPECT_EQ(SeriesOf(text, "team", "b"), 5 + 5 + (15 + 1 + 2) + 1 + 1 + 1) << text;
+  EXPECT_EQ(SeriesOf(text, "other", "a"), 3) << text;
+  EXPECT_NE(text.find("vf_operator_job_workers{job_name=\"b\",job_namespace=\"team\",kind="),
             std::string::npos);
-  EXPECT_TRUE(Contains(text, "vf_operator_job_step{job=\"a\",namespace=\"other\"} 10"));
+  EXPECT_NE(text.find("vf_operator_resizes_total{job_name=\"b\",job_namespace=\"team\""),
+            std::string::npos);
+  EXPECT_NE(
+      text.find("vf_operator_resize_pause_seconds_count{job_name=\"b\",job_namespace=\"team\"}"),
+      std::string::npos);
+  EXPECT_TRUE(Contains(text, "vf_operator_job_step{job_name=\"a\",job_namespace=\"other\"} 10"));
 }
 
 TEST(OperatorMetrics, ReconcilesAndApiRequestsCountErrorsApart) {
@@ -223,7 +268,7 @@ void Populate(OperatorMetrics& m) {
   m.OnResize("team-a", "mnist \"big\"", ResizeReason::kFailure);
   m.ObserveResizePause("team-a", "mnist \"big\"", 12.5);
   m.ObserveResizePause("team-a", "mnist \"big\"", 0.004);
-  m.SetJobProgress("team-a", "mnist \"big\"", 123456, 20480.25);
+  m.SetJobProgress("team-a", "mnist \"big\"", 123456, 20480.25, 200000);
   m.OnReconcile(0.0123, true);
   m.SetWorkqueueDepth(3);
   m.OnApiRequest("create", 0.05, "422");
@@ -288,7 +333,7 @@ TEST(OperatorMetrics, ConcurrentUpdatesAndScrapes) {
         m.OnApiRequest("patch", 0.002, i % 5 == 0 ? "409" : "");
         m.SetGpuInventory(
             {{"gpu-" + std::to_string(i % 2), {.free = 1, .allocated = 1, .total = 2}}});
-        m.SetJobProgress("ns", "shared", i, 100);
+        m.SetJobProgress("ns", "shared", i, 100, 1000);
         m.OnResize("ns", "shared", ResizeReason::kLeave);
         m.ObserveResizePause("ns", "shared", 0.2);
         m.SetJobWorkers("ns", "shared",

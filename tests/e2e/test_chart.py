@@ -174,12 +174,13 @@ EVERYONE = {"selfsubjectaccessreviews.authorization.k8s.io",
 # histogram's _bucket/_sum/_count series, and DCGM exporter's DCGM_* metrics.
 OPERATOR_METRICS = {
     "vf_operator_jobs", "vf_operator_job_workers", "vf_operator_resizes_total",
-    "vf_operator_job_step", "vf_operator_job_samples_per_second",
+    "vf_operator_job_step", "vf_operator_job_total_steps", "vf_operator_job_samples_per_second",
     "vf_operator_reconcile_errors_total", "vf_operator_workqueue_depth",
-    "vf_operator_api_request_errors_total", "vf_operator_gpus", "vf_operator_is_leader"}
+    "vf_operator_api_request_errors_total", "vf_operator_gpus", "vf_operator_is_leader",
+    "vf_build_info"}
 AGENT_METRICS = {
     "vf_agent_steps_total", "vf_agent_samples_per_second", "vf_agent_loss",
-    "vf_agent_virtual_nodes", "vf_agent_epoch", "vf_agent_allreduce_seconds_total",
+    "vf_agent_virtual_nodes", "vf_agent_membership_epoch", "vf_agent_allreduce_seconds_total",
     "vf_agent_state_transfer_bytes_total", "vf_agent_state_transfer_seconds_total",
     "vf_agent_recoveries_total"}
 HISTOGRAMS = {
@@ -481,7 +482,8 @@ class ChartFilesTest(unittest.TestCase):
         [endpoint] = monitor["spec"]["endpoints"]
         self.assertEqual((endpoint["port"], endpoint["path"], endpoint["interval"]),
                          ("metrics", "/metrics", "30s"))
-        self.assertIs(endpoint["honorLabels"], True)  # keep the metrics' namespace/job labels
+        # Prometheus' defaults: the metrics' job_namespace/job_name collide with no target label.
+        self.assertNotIn("honorLabels", endpoint)
         pods = self.find(objs, "PodMonitor")
         self.assertEqual(pods["apiVersion"], "monitoring.coreos.com/v1")
         self.assertEqual(pods["spec"]["selector"],
@@ -489,7 +491,7 @@ class ChartFilesTest(unittest.TestCase):
         self.assertEqual(pods["spec"]["namespaceSelector"], {"any": True})
         [endpoint] = pods["spec"]["podMetricsEndpoints"]
         self.assertEqual(endpoint["port"], "metrics")
-        self.assertIs(endpoint["honorLabels"], True)
+        self.assertNotIn("honorLabels", endpoint)
 
         config_map = self.find(objs, "ConfigMap")
         self.assertEqual(config_map["metadata"]["labels"]["grafana_dashboard"], "1")
@@ -582,11 +584,11 @@ class ChartFilesTest(unittest.TestCase):
     def test_metric_name_extraction(self):
         self.assertEqual(metric_names(
             'histogram_quantile(0.95, sum by (le, job) (rate(vf_agent_step_duration_seconds_bucket'
-            '{namespace=~"$namespace", job=~"$job"}[$__rate_interval])))'),
+            '{job_namespace=~"$namespace", job_name=~"$job"}[$__rate_interval])))'),
             {"vf_agent_step_duration_seconds_bucket"})
         self.assertEqual(metric_names(
-            'avg by (pod) (DCGM_FI_DEV_GPU_UTIL * on (namespace, pod) group_left (job) '
-            'count by (namespace, pod, job) (vf_agent_steps_total{job="a b"}))'),
+            'avg by (pod) (DCGM_FI_DEV_GPU_UTIL * on (namespace, pod) group_left (job_name) '
+            'count by (namespace, pod, job_name) (vf_agent_steps_total{job_name="a b"}))'),
             {"DCGM_FI_DEV_GPU_UTIL", "vf_agent_steps_total"})
         self.assertEqual(metric_names("up + node_load1 offset 5m"), {"up", "node_load1"})
 

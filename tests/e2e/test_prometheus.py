@@ -12,8 +12,14 @@ shrinks back to 2; the test then asks Prometheus, through its HTTP API, what hap
   series counts) or DCGM exporter's, and every one on VirtualFlow's metrics returns data.
 - The metrics reference (docs/metrics.md) lists exactly the families Prometheus scraped, with
   their types.
+- Both endpoints report vf_build_info with the version `vf --version` prints, and the operator
+  the job's total steps.
+- Once the finished job's spec.runPolicy.ttlSecondsAfterFinished has passed, the operator
+  deletes it and its series leave the operator's /metrics.
 
-Scraping is configured as docs/metrics.md says (honor_labels). Workers are found through a
+Scraping uses Prometheus' default settings (no honor_labels): the metrics' job_namespace and
+job_name labels must reach Prometheus as they are, beside its own `job` and `instance`
+target labels, with nothing renamed to exported_*. Workers are found through a
 file_sd target file the test writes from the pods' logs ("metrics on port N"), since the pod
 runner gives every pod the host's loopback address and the agents ephemeral ports; the operator
 is a static target.
@@ -247,10 +253,10 @@ class PrometheusTest(ControlPlaneTestCase):
         cls.targets_file = os.path.join(cp.dir, "workers.json")
         cls.targets = WorkerTargets(cp, cls.targets_file)
         cls.prometheus = Prometheus(cp.dir, os.path.join(cp.logs, "prometheus.log"), [
-            {"job_name": "virtualflow-operator", "honor_labels": True,
+            {"job_name": "virtualflow-operator",
              "static_configs": [{"targets": ["127.0.0.1:%d" % cls.operator_port],
                                  "labels": {"pod": "operator-1"}}]},
-            {"job_name": "virtualflow-workers", "honor_labels": True,
+            {"job_name": "virtualflow-workers",
              "file_sd_configs": [{"files": [cls.targets_file], "refresh_interval": "1s"}]},
         ])
         cls.targets.start()
@@ -315,8 +321,8 @@ class PrometheusTest(ControlPlaneTestCase):
         # A step rate needs two scrapes of a worker: the first membership lasts until both
         # workers have been scraped twice, however fast the machine runs the steps.
         cp.wait_for("Prometheus to scrape 2 workers twice", lambda: prometheus.query(
-            'count(count_over_time(vf_agent_steps_total{namespace="%s",job="%s"}[5s]) >= 2)'
-            ' == 2' % (NS, JOB)), timeout=60)
+            'count(count_over_time(vf_agent_steps_total{job_namespace="%s",job_name="%s"}[5s])'
+            ' >= 2) == 2' % (NS, JOB)), timeout=60)
         cls.wait_steps(100)
         cp.add_gpu_node("gpu-2", gpus=2)
         cls.wait_workers(4)
@@ -338,6 +344,29 @@ class PrometheusTest(ControlPlaneTestCase):
         cls.operator_at_end = cls.operator_exposition()
         cls.metadata.update(prometheus.api("metadata"))
         cls.targets.stop()
+        cls.expire_job()
+
+    @classmethod
+    def expire_job(cls):
+        """Gives the finished job a TTL that has run out; records the operator's exposition once
+        the operator has deleted the job (or the last one seen when it did not)."""
+        path = "/apis/virtualflow.io/v1alpha1/namespaces/%s/virtualflowjobs/%s" % (NS, JOB)
+        cls.cp.patch(path, {"spec": {"runPolicy": {"ttlSecondsAfterFinished": 0}}})
+        cls.job_deleted = False
+        cls.operator_after_ttl = ""
+
+        def gone():
+            cls.operator.check_alive()
+            cls.job_deleted = cls.cp.get(path) is None
+            cls.operator_after_ttl = cls.operator_exposition()
+            return cls.job_deleted and 'job_name="%s"' % JOB not in cls.operator_after_ttl
+        try:
+            cls.cp.wait_for("the operator to delete job %s and drop its series" % JOB, gone,
+                            timeout=60)
+        except TimeoutError as e:  # the test on it says what was left
+            cls.ttl_error = str(e)
+        else:
+            cls.ttl_error = None
 
     def range(self, expr):
         """{frozenset of labels: [(time, float value)]} of EXPR over the whole run."""
@@ -368,8 +397,8 @@ class PrometheusTest(ControlPlaneTestCase):
             with self.subTest(pod):
                 # In whichever order the exporter writes the two labels.
                 self.assertRegex(text, r'(?m)^vf_agent_virtual_nodes\{(%s|%s)\} ' % (
-                    re.escape('namespace="%s",job="%s"' % (NS, JOB)),
-                    re.escape('job="%s",namespace="%s"' % (JOB, NS))))
+                    re.escape('job_namespace="%s",job_name="%s"' % (NS, JOB)),
+                    re.escape('job_name="%s",job_namespace="%s"' % (JOB, NS))))
                 self.assertEqual(rc, 0, out)
 
     def test_prometheus_scraped_every_worker_and_the_operator(self):
@@ -379,13 +408,25 @@ class PrometheusTest(ControlPlaneTestCase):
         self.assertEqual(pods, set(self.targets.checked), "pods scraped vs pods seen training")
         operator = self.single_range('up{job="virtualflow-operator"}')
         self.assertTrue(all(v == 1 for _, v in operator), "the operator was down for a scrape")
-        # honor_labels: the job's own namespace and name, not the scrape job's.
-        labels = self.prometheus.query('count by (namespace, job) (vf_agent_steps_total)',
-                                       at=self.ended - 5)
-        self.assertIn({"namespace": NS, "job": JOB}, [s["metric"] for s in labels])
+        # Default scraping: the job's namespace and name as the metrics say, and Prometheus'
+        # own `job` (the scrape job) beside them.
+        labels = self.prometheus.query(
+            'count by (job, job_namespace, job_name) (vf_agent_steps_total)', at=self.ended - 5)
+        self.assertIn({"job": "virtualflow-workers", "job_namespace": NS, "job_name": JOB},
+                      [s["metric"] for s in labels])
+        labels = self.prometheus.query(
+            'count by (job, job_namespace, job_name) (vf_operator_job_step)', at=self.ended - 5)
+        self.assertIn({"job": "virtualflow-operator", "job_namespace": NS, "job_name": JOB},
+                      [s["metric"] for s in labels])
+        # No label of ours collided with a target label: nothing was renamed exported_*.
+        renamed = self.prometheus.query(
+            'count by (__name__) ({__name__=~"vf_.+", exported_job!=""} or '
+            '{__name__=~"vf_.+", exported_namespace!=""} or {__name__=~"vf_.+", '
+            'exported_instance!=""} or {__name__=~"vf_.+", exported_pod!=""})', at=self.ended - 5)
+        self.assertEqual(renamed, [])
 
     def test_resizes_are_visible(self):
-        sel = 'namespace="%s",job="%s"' % (NS, JOB)
+        sel = 'job_namespace="%s",job_name="%s"' % (NS, JOB)
         by_reason = {s["metric"]["reason"]: float(s["value"][1]) for s in self.prometheus.query(
             "sum by (reason) (vf_operator_resizes_total{%s})" % sel, at=self.ended)}
         self.assertGreaterEqual(by_reason.get("grow", 0), 1, by_reason)
@@ -406,11 +447,15 @@ class PrometheusTest(ControlPlaneTestCase):
         last = self.single_range("vf_operator_job_step{%s}" % sel)[-1][1]
         self.assertEqual(last, STEPS)
         self.assertEqual(self.final_status["step"], STEPS)
+        # Its length, for a progress percentage: spec.steps.
+        total = self.single_range("vf_operator_job_total_steps{%s}" % sel)
+        self.assertEqual({v for _, v in total}, {STEPS})
+        self.assertEqual(self.final_status["totalSteps"], STEPS)
 
     def test_step_rate_in_every_membership(self):
-        sel = 'namespace="%s",job="%s"' % (NS, JOB)
+        sel = 'job_namespace="%s",job_name="%s"' % (NS, JOB)
         rate = self.single_range(
-            "max by (namespace, job) (rate(vf_agent_steps_total{%s}[5s]))" % sel)
+            "max by (job_namespace, job_name) (rate(vf_agent_steps_total{%s}[5s]))" % sel)
         bounds = [t for _, t in self.phases] + [self.ended]
         for (workers, start), end in zip(self.phases, bounds[1:]):
             with self.subTest(workers=workers, seconds=round(end - start, 1)):
@@ -424,14 +469,14 @@ class PrometheusTest(ControlPlaneTestCase):
         self.assertGreater(most, STEPS - 5 * 100)
 
     def test_virtual_nodes_stay_constant_across_resizes(self):
-        sel = 'namespace="%s",job="%s"' % (NS, JOB)
+        sel = 'job_namespace="%s",job_name="%s"' % (NS, JOB)
         total = dict(self.single_range("sum(vf_agent_virtual_nodes{%s})" % sel))
         count = dict(self.single_range("count(vf_agent_virtual_nodes{%s})" % sel))
         # An agent sets its plan's epoch and its virtual nodes together. Around a switch the
         # workers are scraped at different moments, some before and some after it; those
         # instants mix two plans and say nothing about either, so they are left out.
-        low = dict(self.single_range("min(vf_agent_epoch{%s})" % sel))
-        high = dict(self.single_range("max(vf_agent_epoch{%s})" % sel))
+        low = dict(self.single_range("min(vf_agent_membership_epoch{%s})" % sel))
+        high = dict(self.single_range("max(vf_agent_membership_epoch{%s})" % sel))
         seen = {}
         mixed = 0
         for t, v in total.items():
@@ -487,6 +532,29 @@ class PrometheusTest(ControlPlaneTestCase):
         for name, entries in metadata.items():
             if name.startswith("vf_"):
                 self.assertTrue(entries[0]["help"], "%s has no HELP" % name)
+
+
+    def test_both_endpoints_report_the_builds_version(self):
+        run = subprocess.run([os.path.join(BIN_DIR, "vf"), "--version"], capture_output=True,
+                             text=True, timeout=30, check=True)
+        version = run.stdout.split()[-1]  # "vf 0.1.0"
+        series = self.prometheus.query("vf_build_info", at=self.ended - 5)
+        self.assertTrue(series)
+        by_job = {}
+        for s in series:
+            by_job.setdefault(s["metric"]["job"], set()).add(
+                (s["metric"].get("version"), float(s["value"][1])))
+        self.assertEqual(by_job, {"virtualflow-operator": {(version, 1.0)},
+                                  "virtualflow-workers": {(version, 1.0)}})
+
+    def test_a_finished_jobs_series_leave_the_operator_after_its_ttl(self):
+        self.assertIn('vf_operator_job_step{job_name="%s"' % JOB, self.operator_at_end)
+        self.assertIsNone(self.ttl_error, self.operator_after_ttl)
+        self.assertTrue(self.job_deleted)
+        self.assertNotIn('job_name="%s"' % JOB, self.operator_after_ttl)
+        # The rest of the exposition stays: the job is counted in no phase any more.
+        self.assertIn('vf_operator_jobs{phase="Succeeded"} 0', self.operator_after_ttl)
+        self.assertIn("vf_build_info{", self.operator_after_ttl)
 
 
 if __name__ == "__main__":
