@@ -323,6 +323,9 @@ void CoordinatorServer::Impl::Handle(const http_request& request, const http::In
   }
   const Status auth = coordinator_.CheckCredential(route->job, worker, token);
   if (!auth.ok()) return reject(http::HttpCode(auth), auth.message());
+  // Any authenticated request, a plan poll above all (every agent polls each second), says the
+  // worker runs and reaches us: what tells a hung or cut-off member from a live one.
+  coordinator_.Heard(route->job, worker);
   uint64_t declared = 0;
   if (request.headers().match(web::http::header_names::content_length, declared) &&
       declared > kMaxBodyBytes) {
