@@ -99,6 +99,8 @@ class Background:
         req.add_header("Authorization", "Bearer " + credential(info, "observer"))
         req.add_header("X-VirtualFlow-Worker", "observer")
         with urllib.request.urlopen(req, timeout=30) as resp:
+            if resp.status == 204:  # no plan yet
+                return set()
             return {m["worker"] for m in json.load(resp)["members"]}
 
     def workers(self):
