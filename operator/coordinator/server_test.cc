@@ -32,6 +32,12 @@
 // a per-request leak.
 // NOLINTNEXTLINE(bugprone-reserved-identifier): the name LeakSanitizer looks up.
 extern "C" const char* __lsan_default_suppressions() { return "leak:libcpprest.so\n"; }
+// The credential check (HMAC) runs on cpprest's threads, where OpenSSL keeps per-thread state
+// that the never-joined pool never frees. libcrypto has no frame pointers, so the default fast
+// unwinder stops inside it and the suppression above cannot see the cpprest frames: full
+// unwinding lets it match those allocations, and only those.
+// NOLINTNEXTLINE(bugprone-reserved-identifier): the name AddressSanitizer looks up.
+extern "C" const char* __asan_default_options() { return "fast_unwind_on_malloc=0"; }
 
 namespace vf {
 namespace {
