@@ -74,6 +74,12 @@ class TinyState : public agent::TrainingStateHolder {
   bool initialized_ = false;
 };
 
+// Worker w0's own credential for the job whose secret is kToken.
+std::string W0Credential() {
+  Result<std::string> credential = WorkerCredential(kToken, "w0");
+  return credential.ok() ? *credential : std::string();
+}
+
 agent::AgentOptions Options(int port, const std::string& token, milliseconds timeout) {
   agent::AgentOptions o;
   o.coordinator_url = "http://127.0.0.1:" + std::to_string(port);
@@ -124,7 +130,7 @@ TEST(AgentAcrossCoordinatorRestart, AForgottenWorkerRegistersAgainAndLeavesClean
   auto server = CoordinatorServer::Start(*first, "127.0.0.1", port);
   ASSERT_TRUE(server.ok()) << server.status().message();
 
-  auto joined = agent::Agent::Join(Options(port, kToken, seconds(30)));
+  auto joined = agent::Agent::Join(Options(port, W0Credential(), seconds(30)));
   ASSERT_TRUE(joined.ok()) << joined.status().message();
   std::unique_ptr<agent::Agent> worker = std::move(joined).value();
   ASSERT_TRUE(worker->Ready().ok());
@@ -192,7 +198,7 @@ void LeaveWithTheJobGone() {
   if (!coordinator.AddJob(kJob, kToken, kFingerprint, kBuild).ok()) std::exit(10);
   auto server = CoordinatorServer::Start(coordinator, "127.0.0.1", port);
   if (!server.ok()) std::exit(11);
-  auto joined = agent::Agent::Join(Options(port, kToken, seconds(30)));
+  auto joined = agent::Agent::Join(Options(port, W0Credential(), seconds(30)));
   if (!joined.ok() || !(*joined)->Ready().ok()) std::exit(12);
   if (!coordinator.PublishPlan(kJob, {{"w0", 0, {0, 1}}}).ok()) std::exit(13);
   TinyState state;
