@@ -221,7 +221,10 @@ class ElasticTest(VfTestCase):
         # again and may rejoin through a state transfer if the job is still running.
         job = elastic_job(self.tmp, replicas="{min: 1, max: 3}", steps="600")
         expected = self.reference(elastic_job(self.tmp, "ref.yaml", steps="600"))
-        bg = Background(self.tmp, job, "--workers", "3", "--slowdown", SLOW, "--timeout", "10",
+        # A collective timeout (20 s) past the coordinator's 10 s of silence: the survivors'
+        # failed step finds the stopped worker already silent, so one new plan suffices, well
+        # within the runner's stall limit (3 x --timeout) even on a loaded machine.
+        bg = Background(self.tmp, job, "--workers", "3", "--slowdown", SLOW, "--timeout", "20",
                         progress="0.2")
         bg.info()
         deadline = time.monotonic() + 60
