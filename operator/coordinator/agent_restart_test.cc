@@ -21,6 +21,7 @@
 #include "agent/agent.h"
 #include "operator/coordinator/coordinator.h"
 #include "operator/coordinator/server.h"
+#include "operator/coordinator/test_util.h"
 
 // As in server_test.cc: cpprest's own continuations can outlive a closed listener.
 // NOLINTNEXTLINE(bugprone-reserved-identifier): the name LeakSanitizer looks up.
@@ -37,20 +38,7 @@ constexpr char kToken[] = "token-a";
 constexpr char kFingerprint[] = "fp-1";
 constexpr char kBuild[] = "build-1";
 
-// A free port below the ephemeral range (see server_test.cc for why).
-int FreeLowPort() {
-  for (int port = 21000 + static_cast<int>(getpid() % 1000) * 10; port < 32000; port += 7) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_port = htons(static_cast<uint16_t>(port));
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    const bool bound = bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) == 0;
-    close(fd);
-    if (bound) return port;
-  }
-  return -1;
-}
+int FreeLowPort() { return coordinator_test::FreeLowPort(21000); }
 
 // State a single worker holds: nothing but a flag (a world of one never transfers any).
 class TinyState : public agent::TrainingStateHolder {

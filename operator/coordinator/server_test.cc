@@ -23,6 +23,7 @@
 
 #include "agent/protocol/client.h"
 #include "operator/coordinator/coordinator.h"
+#include "operator/coordinator/test_util.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/store.h"
 
@@ -91,22 +92,7 @@ bool SendAll(int fd, const std::string& data) {
   return true;
 }
 
-// A port that is free now and below Linux's ephemeral range (32768 and up). A client that keeps
-// connecting to a closed ephemeral port on loopback can end up connected to itself, holding the
-// very port a server is about to bind.
-int FreeLowPort() {
-  for (int port = 20000 + static_cast<int>(getpid() % 1000) * 10; port < 32000; port += 7) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_port = htons(static_cast<uint16_t>(port));
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    const bool bound = bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) == 0;
-    close(fd);
-    if (bound) return port;
-  }
-  return -1;
-}
+int FreeLowPort() { return coordinator_test::FreeLowPort(20000); }
 
 std::string DecodeChunked(const std::string& body) {
   std::string out;
