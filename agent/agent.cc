@@ -59,6 +59,7 @@ const Member* FindMember(const Plan& plan, const std::string& worker) {
 }  // namespace
 
 void RequestLeave() { g_leave.store(true); }
+bool LeaveRequested() { return g_leave.load(); }
 
 // Everything one worker's membership holds. Not thread-safe (the PlanWatcher it owns is).
 class Agent::Impl {

@@ -179,5 +179,7 @@ class Agent {
 // Asks every Agent of this process to leave gracefully at the next step boundary. Safe to
 // call from a signal handler (SIGTERM).
 void RequestLeave();
+// Whether RequestLeave was called (the pod is being deleted: suspended, drained, scaled in).
+bool LeaveRequested();
 
 }  // namespace vf::agent

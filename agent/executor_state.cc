@@ -1,5 +1,6 @@
 #include "agent/executor_state.h"
 
+#include <cstdio>
 #include <filesystem>
 
 #include "runtime/state/training_state.h"
@@ -9,7 +10,10 @@ namespace vf {
 Status ExecutorState::Initialize() {
   if (!checkpoint_path_.empty() && std::filesystem::exists(checkpoint_path_)) {
     VF_ASSIGN_OR_RETURN(TrainingState state, ReadCheckpoint(checkpoint_path_));
-    return executor_.Restore(state).WithContext("checkpoint " + checkpoint_path_);
+    VF_RETURN_IF_ERROR(executor_.Restore(state).WithContext("checkpoint " + checkpoint_path_));
+    std::fprintf(stderr, "virtualflow-agent: resuming from checkpoint %s at step %lld\n",
+                 checkpoint_path_.c_str(), static_cast<long long>(executor_.step()));
+    return Status::Ok();
   }
   return executor_.InitializeFresh();
 }

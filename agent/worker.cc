@@ -111,6 +111,10 @@ class BuiltinWorker {
  private:
   // One step under `m`: Completed or Failed told to the agent. Errors are the job's end.
   Status RunStep(const agent::Membership& m);
+  // Rank 0 of the last plan, leaving because its pod is deleted (SIGTERM: the job suspended,
+  // its node drained), writes the state of the last step it trained, so that a resumed job
+  // redoes none. Every member holds the same state after a step; rank 0 alone writes it.
+  void CheckpointOnLeave();
 
   const WorkerOptions& o_;
   JobSpec job_;
@@ -167,7 +171,10 @@ Status BuiltinWorker::Start() {
 Result<bool> BuiltinWorker::Train() {
   while (true) {
     VF_ASSIGN_OR_RETURN(std::optional<agent::Membership> m, agent_->Next(*state_));
-    if (!m) return false;
+    if (!m) {
+      CheckpointOnLeave();
+      return false;
+    }
     if (m->switched) executor_->set_membership_epoch(m->epoch);
     record_.epoch = m->epoch;
     record_.rank = m->rank;
@@ -209,6 +216,17 @@ Status BuiltinWorker::RunStep(const agent::Membership& m) {
                               WriteCheckpoint(job_.checkpoint.path, executor_->Snapshot()));
   }
   return Status::Ok();
+}
+
+void BuiltinWorker::CheckpointOnLeave() {
+  if (job_.checkpoint.path.empty() || !agent::LeaveRequested() || record_.rank != 0 ||
+      !record_.trained || executor_->step() >= total_) {
+    return;
+  }
+  const Status written = WriteCheckpoint(job_.checkpoint.path, executor_->Snapshot());
+  std::fprintf(stderr, "virtualflow-agent: %s: leaving; checkpoint at step %lld %s%s\n",
+               o_.worker.c_str(), static_cast<long long>(executor_->step()),
+               written.ok() ? "written" : "not written: ", written.message().c_str());
 }
 
 Status BuiltinWorker::Finish() {

@@ -426,6 +426,7 @@ std::optional<policy::PolicyJob> Reconciler::PolicyJobOf(const json& job,
     // empty list would mean every type).
     if (p.allowed_types.empty()) p.allowed_types = {"(no eligible node)"};
   }
+  if (spec->suspend) return std::nullopt;  // holds nothing and wants nothing
   if (spec->elasticity.policy == "static") p.min_workers = p.max_workers;
   p.cooldown_seconds = spec->elasticity.cooldown_seconds;
   p.arrival_time = UnixSeconds(Obj(job, "metadata").value("creationTimestamp", ""));
@@ -591,6 +592,9 @@ Result<ReconcileResult> Reconciler::Advance(Pass& p) {
     if (!s.ok() && p.failed_action.empty()) p.failed_action = action;
     return s;
   };
+  ReconcileResult suspended;
+  VF_ASSIGN_OR_RETURN(const Next after_suspend, Suspend(p, suspended));
+  if (after_suspend == Next::kDone) return suspended;
   ReconcileResult deadline;
   VF_ASSIGN_OR_RETURN(const Next after_deadline, EnforceDeadline(p, deadline));
   if (after_deadline == Next::kDone) return ReconcileResult{};
@@ -806,6 +810,82 @@ Result<Reconciler::Next> Reconciler::RecordFailures(Pass& p) {
     return Next::kDone;
   }
   return Next::kGoOn;
+}
+
+Result<Reconciler::Next> Reconciler::Suspend(Pass& p, ReconcileResult& result) {
+  const json* was = FindCondition(p.old_conditions, "Suspended");
+  const bool was_suspended = was != nullptr && was->value("status", "") == "True";
+  if (!p.spec.suspend) {
+    if (was_suspended) Event(p.job, false, "Resumed", "job resumed (spec.suspend is false)");
+    return Next::kGoOn;
+  }
+  // The workers go; a resumed job starts again from its checkpoint, under a fresh
+  // registration with the coordinator (restored from the status's epoch, with no members).
+  (void)coordinator_.RemoveJob(p.key);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    registered_.erase(p.key);
+    expected_.erase(p.key);
+    times_[p.key].start.clear();
+  }
+  int stopping = 0;
+  for (const json& pod : pods_.List()) {
+    if (!OwnedBy(pod, p.ns, p.name, p.uid)) continue;
+    const PodLife life = PodLifeOf(pod);
+    if (life == PodLife::kTerminating) {
+      ++stopping;
+      continue;
+    }
+    // One that ended already has nothing to stop, and nothing to keep.
+    if (life != PodLife::kSucceeded && life != PodLife::kFailed) ++stopping;
+    // The pod's own grace period: the kubelet sends SIGTERM, the agent leaves between steps.
+    kube::DeleteOptions del;
+    del.precondition_uid = Obj(pod, "metadata").value("uid", "");
+    auto r = client_.Delete(kube::kPods, p.ns, PodName(pod), del);
+    if (!r.ok() && r.reason() != kube::Reason::kNotFound && r.reason() != kube::Reason::kConflict) {
+      p.failed_action = "FailedDeletePod";
+      return r.status();
+    }
+  }
+  const std::string message =
+      stopping == 0
+          ? "suspended (spec.suspend): no worker pods"
+          : "suspended (spec.suspend): " + std::to_string(stopping) + " worker pod(s) stopping";
+  json& status = p.status;
+  status["phase"] = "Suspended";
+  status["message"] = message;
+  status["workers"] = 0;
+  status["readyWorkers"] = 0;
+  status["desiredWorkers"] = 0;
+  status["workerCounts"] = {
+      {"pending", 0}, {"joining", 0}, {"training", 0}, {"leaving", stopping}, {"failed", 0}};
+  status["assignment"] = json::array();
+  status.erase("startTime");  // as batch/v1: the deadline counts again from the resume
+  json conditions = json::array();
+  for (const json& c : p.old_conditions) {
+    const std::string type = c.value("type", "");
+    if (type != "Suspended" && type != "Running" && type != "Resizing" && type != "Degraded" &&
+        type != "ReconcileError") {
+      conditions.push_back(c);
+    }
+  }
+  SetCondition(conditions, p.old_conditions, "Running", false, "Suspended", message, p.generation);
+  SetCondition(conditions, p.old_conditions, "Suspended", true, "JobSuspended",
+               "job suspended (spec.suspend is true)", p.generation);
+  status["conditions"] = conditions;
+  VF_RETURN_IF_ERROR(PatchStatus(p.job, status));
+  if (!was_suspended) Event(p.job, false, "Suspended", "job suspended; worker pods deleted");
+  if (hooks_.on_job_status) hooks_.on_job_status(p.key, status, p.spec);
+  // Look again while pods are stopping, so that the status counts them down.
+  if (stopping > 0) result.requeue_after = std::chrono::milliseconds(1000);
+  return Next::kDone;
+}
+
+void Reconciler::SetResumedCondition(Pass& p, json& conditions) {
+  const json* was = FindCondition(p.old_conditions, "Suspended");
+  if (was == nullptr) return;  // never suspended
+  SetCondition(conditions, p.old_conditions, "Suspended", false, "JobResumed",
+               "job resumed (spec.suspend is false)", p.generation);
 }
 
 Result<Reconciler::Next> Reconciler::EnforceDeadline(Pass& p, ReconcileResult& result) {
@@ -1095,6 +1175,49 @@ Status Reconciler::CreateMissingPods(Pass& p, int live) {
   return Status::Ok();
 }
 
+json Reconciler::WorkerCounts(const Pass& p) const {
+  int pending = 0;
+  int joining = 0;
+  int training = 0;
+  int leaving = 0;
+  int failed = 0;
+  for (const json& pod : p.pods) {
+    const std::string name = PodName(pod);
+    switch (PodLifeOf(pod)) {
+      case PodLife::kStarting:
+        ++pending;
+        break;
+      case PodLife::kRunning: {
+        auto it = p.view.workers.find(name);
+        const bool asked_to_leave = it != p.view.workers.end() && it->second.leave_requested;
+        if (p.in_plan.count(name) == 0) {
+          ++joining;
+        } else if (asked_to_leave) {
+          ++leaving;
+        } else {
+          ++training;
+        }
+        break;
+      }
+      case PodLife::kTerminating:
+        ++leaving;
+        break;
+      case PodLife::kFailed:
+        ++failed;
+        break;
+      case PodLife::kSucceeded:
+        break;  // finished, or left after acknowledging a plan
+    }
+  }
+  // Created this pass, not in the cache yet.
+  pending += p.created;
+  return {{"pending", pending},
+          {"joining", joining},
+          {"training", training},
+          {"leaving", leaving},
+          {"failed", failed}};
+}
+
 Status Reconciler::WriteProgress(Pass& p) {
   const Progress progress = ProgressOf(p.members, p.epoch, p.view);
   int ready = 0;
@@ -1108,6 +1231,7 @@ Status Reconciler::WriteProgress(Pass& p) {
   status["workers"] = static_cast<int>(p.members.size());
   status["readyWorkers"] = ready;
   status["desiredWorkers"] = p.desired;
+  status["workerCounts"] = WorkerCounts(p);
   if (p.total_steps > 0) status["totalSteps"] = p.total_steps;  // once an agent has said
   status["epoch"] = p.epoch;
   status["assignment"] = PlanJson(p.members);
@@ -1168,6 +1292,7 @@ void Reconciler::SetPhase(Pass& p, bool all_switched) {
                  "the last reconcile succeeded", p.generation);
   }
   SetCheckpointCondition(p, conditions);
+  SetResumedCondition(p, conditions);
   p.status["conditions"] = conditions;
 }
 

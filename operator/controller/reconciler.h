@@ -104,6 +104,13 @@ class Reconciler {
   // the coordinator forgets it, so its workers stop.
   Status FailJob(Pass& p, const std::string& reason, const std::string& event_reason,
                  const std::string& message);
+  // spec.suspend, as batch/v1 Job has it: a suspended job leaves the coordinator, its pods are
+  // deleted gracefully (each agent leaves at a step boundary, rank 0 writing a checkpoint), its
+  // startTime is cleared (the deadline counts again from the resume) and its status says so.
+  // Done for a suspended job; for a resumed one, records the resume and goes on.
+  Result<Next> Suspend(Pass& p, ReconcileResult& result);
+  // The Suspended condition once a job has ever been suspended: False (JobResumed) after it.
+  void SetResumedCondition(Pass& p, nlohmann::json& conditions);
   // spec.runPolicy.activeDeadlineSeconds: fails a job past it, or says when to look again.
   Result<Next> EnforceDeadline(Pass& p, ReconcileResult& result);
   // spec.runPolicy.ttlSecondsAfterFinished: deletes a finished job past it, or says when to
@@ -121,6 +128,9 @@ class Reconciler {
   int PendingCreations(const Pass& p);
   Status DeleteSurplusPods(Pass& p, int& live, std::vector<const nlohmann::json*>& spare);
   Status CreateMissingPods(Pass& p, int live);
+  // status.workerCounts: the job's pods by state (pending, joining, training, leaving, failed),
+  // from the pods and the plan.
+  nlohmann::json WorkerCounts(const Pass& p) const;
   // Progress from the members' reports, the phase and the conditions, written to the status.
   Status WriteProgress(Pass& p);
   void SetPhase(Pass& p, bool all_switched);

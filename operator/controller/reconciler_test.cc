@@ -676,5 +676,141 @@ TEST_F(ReconcilerTest, ACheckpointWrittenAgainClearsCheckpointFailing) {
   EXPECT_EQ(api_->event_reasons().back(), "CheckpointWritten");
 }
 
+// ---------------------------------------------------------------- spec.suspend
+
+json Suspended(json job, bool suspend) {
+  job["spec"]["suspend"] = suspend;
+  return job;
+}
+
+TEST_F(ReconcilerTest, SuspendingARunningJobDeletesItsPodsAndSaysSo) {
+  Start({Suspended(StepJob({{"activeDeadlineSeconds", 60}},
+                           {{"phase", "Running"},
+                            {"startTime", SecondsAgo(600)},  // past the deadline: not failed
+                            {"epoch", 3},
+                            {"assignment", {{{"worker", "mnist-worker-a"}, {"rank", 0}}}}}),
+                   true)},
+        {RunningPod("mnist-worker-a"), RunningPod("mnist-worker-b")}, {GpuNode("gpu-a", 2)});
+  ASSERT_TRUE(coordinator_.AddJob(kKey, "secret", "fp", "build").ok());
+  const Result<ReconcileResult> result = reconciler_->Reconcile(kKey);
+  ASSERT_TRUE(result.ok());
+  EXPECT_GT(result->requeue_after.count(), 0);  // counts the stopping pods down
+  const auto deletions = api_->deletions();
+  ASSERT_EQ(deletions.size(), 2u);
+  EXPECT_EQ(deletions[0].first, "/api/v1/namespaces/team/pods/mnist-worker-a");
+  EXPECT_FALSE(deletions[0].second.contains("gracePeriodSeconds"));  // the pod's own
+  EXPECT_EQ(deletions[1].first, "/api/v1/namespaces/team/pods/mnist-worker-b");
+  EXPECT_TRUE(api_->created_pods().empty());
+  const json status = api_->status_patches().back();
+  EXPECT_EQ(status["phase"], "Suspended");
+  EXPECT_EQ(status["workers"], 0);
+  EXPECT_EQ(status["assignment"], json::array());
+  EXPECT_EQ(status["epoch"], 3);
+  EXPECT_TRUE(status["startTime"].is_null());  // the deadline counts again from the resume
+  const json* suspended = Condition(status, "Suspended");
+  ASSERT_NE(suspended, nullptr);
+  EXPECT_EQ((*suspended)["status"], "True");
+  EXPECT_EQ((*suspended)["reason"], "JobSuspended");
+  EXPECT_EQ((*Condition(status, "Running"))["status"], "False");
+  EXPECT_EQ(Condition(status, "Failed"), nullptr);
+  EXPECT_EQ(api_->event_reasons(), (std::vector<std::string>{"Suspended"}));
+  EXPECT_FALSE(coordinator_.GetJob(kKey).ok());  // its workers have no plan to follow
+}
+
+TEST_F(ReconcilerTest, AJobCreatedSuspendedGetsNoPodsAndNoStartTime) {
+  Start({Suspended(StepJob(nullptr, nullptr), true)}, {}, {GpuNode("gpu-a", 1)});
+  const Result<ReconcileResult> result = reconciler_->Reconcile(kKey);
+  ASSERT_TRUE(result.ok());
+  EXPECT_EQ(result->requeue_after.count(), 0);
+  EXPECT_TRUE(api_->created_pods().empty());
+  EXPECT_TRUE(api_->deletions().empty());
+  const json status = api_->status_patches().back();
+  EXPECT_EQ(status["phase"], "Suspended");
+  EXPECT_FALSE(status.contains("startTime") && !status["startTime"].is_null());
+}
+
+TEST_F(ReconcilerTest, ResumingAJobCreatesPodsAndRestartsItsStartTime) {
+  const std::string old_start = SecondsAgo(600);
+  json job = StepJob({{"activeDeadlineSeconds", 60}}, {{"phase", "Suspended"},
+                                                       {"epoch", 3},
+                                                       {"assignment", json::array()},
+                                                       {"conditions",
+                                                        {{{"type", "Suspended"},
+                                                          {"status", "True"},
+                                                          {"reason", "JobSuspended"},
+                                                          {"message", "job suspended"},
+                                                          {"lastTransitionTime", old_start}}}}});
+  Start({Suspended(job, false)}, {}, {GpuNode("gpu-a", 1)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_EQ(api_->created_pods().size(), 1u);
+  const json status = api_->status_patches().back();
+  EXPECT_EQ(status["phase"], "Pending");
+  ASSERT_TRUE(status.contains("startTime"));
+  EXPECT_GT(status["startTime"].get<std::string>(), old_start);
+  const json* suspended = Condition(status, "Suspended");
+  ASSERT_NE(suspended, nullptr);
+  EXPECT_EQ((*suspended)["status"], "False");
+  EXPECT_EQ((*suspended)["reason"], "JobResumed");
+  const std::vector<std::string> events = api_->event_reasons();
+  EXPECT_EQ(events.front(), "Resumed");
+  // The coordinator continues the epochs the status counted.
+  EXPECT_EQ(coordinator_.GetPlan(kKey)->epoch, 3);
+}
+
+TEST_F(ReconcilerTest, ASuspendedJobTakesNoGpusFromAnother) {
+  json other = StepJob(nullptr, nullptr);
+  other["metadata"]["name"] = "other";
+  other["metadata"]["uid"] = "u-2";
+  other["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z";  // first in line, but suspended
+  other["spec"]["replicas"] = {{"min", 1}, {"max", 1}};
+  json mine = StepJob(nullptr, nullptr);
+  mine["spec"]["replicas"] = {{"min", 1}, {"max", 1}};
+  Start({Suspended(other, true), mine}, {}, {GpuNode("gpu-a", 1)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_EQ(api_->created_pods().size(), 1u);
+}
+
+// ---------------------------------------------------------------- status.workerCounts
+
+json PendingPod(const std::string& name) {
+  json pod = RunningPod(name);
+  pod["spec"].erase("nodeName");
+  pod["status"] = {{"phase", "Pending"}};
+  return pod;
+}
+
+json TerminatingPod(const std::string& name) {
+  json pod = RunningPod(name);
+  pod["metadata"]["deletionTimestamp"] = "2026-01-02T03:05:00Z";
+  return pod;
+}
+
+TEST_F(ReconcilerTest, WorkerCountsSayWhereEachPodIs) {
+  json job = EpochJob();
+  job["spec"]["replicas"]["max"] = 4;
+  Start({job},
+        {RunningPod("mnist-worker-a"), RunningPod("mnist-worker-b"), RunningPod("mnist-worker-c"),
+         PendingPod("mnist-worker-e"), TerminatingPod("mnist-worker-f"),
+         FailedPod("mnist-worker-g", 1)},
+        {GpuNode("gpu-a", 6)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());  // registers the job with the coordinator
+  ASSERT_TRUE(coordinator_.GetJob(kKey).ok()) << api_->status_patches().back().dump();
+  // a and b train; c is warming up outside the plan.
+  Ready({"mnist-worker-a", "mnist-worker-b"});
+  const Result<Plan> plan = coordinator_.PublishPlanWithEpoch(
+      kKey, 1, {{"mnist-worker-a", 0, {0, 1}}, {"mnist-worker-b", 1, {2, 3}}});
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  const size_t created_before = api_->created_pods().size();
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  const json counts = api_->status_patches().back()["workerCounts"];
+  EXPECT_EQ(counts["training"], 2) << counts;
+  EXPECT_EQ(counts["joining"], 1) << counts;
+  EXPECT_EQ(counts["leaving"], 1) << counts;  // f, being deleted
+  EXPECT_EQ(counts["failed"], 1) << counts;
+  // e, and whatever the policy had created on top this pass.
+  EXPECT_EQ(counts["pending"], 1 + static_cast<int>(api_->created_pods().size() - created_before))
+      << counts;
+}
+
 }  // namespace
 }  // namespace vf::controller

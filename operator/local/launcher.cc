@@ -855,6 +855,13 @@ Result<JobSpec> LoadLocalJob(const LocalRunOptions& o) {
     job.epochs = 0;
   }
   VF_RETURN_IF_ERROR(ValidateJob(job).WithContext(o.job_path));
+  if (job.suspend) {
+    // As a suspended batch/v1 Job: no workers run. Refused rather than ignored, so that a
+    // manifest kept suspended for a queue is never trained by accident.
+    return FailedPrecondition(o.job_path +
+                              ": spec.suspend is true: a suspended job runs no workers; set it "
+                              "to false (or remove it) to train");
+  }
   if (o.workers < 0) return InvalidArgument("--workers must be at least 1");
   if (o.workers > job.virtual_nodes) {
     return InvalidArgument("--workers " + std::to_string(o.workers) +

@@ -24,8 +24,8 @@
 namespace vf {
 
 // The job phases a VirtualFlowJob's status can hold; vf_operator_jobs has a series for each.
-inline constexpr std::string_view kJobPhases[] = {"Pending", "Running", "Resizing", "Succeeded",
-                                                  "Failed"};
+inline constexpr std::string_view kJobPhases[] = {"Pending",   "Running",   "Resizing",
+                                                  "Suspended", "Succeeded", "Failed"};
 
 // Why a job's membership changed: the `reason` label of vf_operator_resizes_total.
 enum class ResizeReason {

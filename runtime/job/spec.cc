@@ -40,10 +40,10 @@ constexpr std::array<std::string_view, 3> kPolicies = {"static", "elastic", "aut
 // `status` is accepted (and ignored) so that `kubectl get -o yaml` output can be run as is.
 constexpr std::array<std::string_view, 5> kTopFields = {"apiVersion", "kind", "metadata", "spec",
                                                         "status"};
-constexpr std::array<std::string_view, 15> kSpecFields = {
-    "virtualNodes", "globalBatchSize", "replicas",   "gpusPerWorker", "model",
-    "dataset",      "optimizer",       "steps",      "epochs",        "reduction",
-    "seed",         "elasticity",      "checkpoint", "template",      "runPolicy"};
+constexpr std::array<std::string_view, 16> kSpecFields = {
+    "virtualNodes", "globalBatchSize", "replicas",  "gpusPerWorker", "model", "dataset",
+    "optimizer",    "steps",           "epochs",    "reduction",     "seed",  "elasticity",
+    "checkpoint",   "template",        "runPolicy", "suspend"};
 constexpr std::array<std::string_view, 2> kReplicasFields = {"min", "max"};
 constexpr std::array<std::string_view, 2> kModelFields = {"name", "hiddenSizes"};
 constexpr std::array<std::string_view, 4> kDatasetFields = {"name", "path", "trainSamples",
@@ -551,6 +551,7 @@ Status ParseSpec(const YAML::Node& node, JobSpec* job) {
   VF_RETURN_IF_ERROR(checkpoint.ReadInt("everySteps", &job->checkpoint.every_steps));
 
   VF_RETURN_IF_ERROR(ParseRunPolicy(spec, &job->run_policy));
+  VF_RETURN_IF_ERROR(spec.ReadBool("suspend", &job->suspend));
   return ParseTemplate(spec, &job->worker_template);
 }
 

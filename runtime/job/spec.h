@@ -107,6 +107,10 @@ struct JobSpec {
   CheckpointSpec checkpoint;
   TemplateSpec worker_template;
   RunPolicySpec run_policy;  // not part of the fingerprint: it does not change the training
+  // spec.suspend, as batch/v1 Job has it: while true the operator keeps no worker pods; set back
+  // to false, the job resumes from its checkpoint. Not part of the fingerprint; `vf run` refuses
+  // a suspended job (there is nothing to run).
+  bool suspend = false;
 
   int64_t micro_batch() const { return global_batch_size / virtual_nodes; }
   // Hex digest of every field that defines the training math (virtual nodes, batch, model,

@@ -108,6 +108,7 @@ TEST(JobSpecTest, OmittedFieldsTakeTheHeaderDefaults) {
   EXPECT_FALSE(job.run_policy.backoff_limit.has_value());
   EXPECT_FALSE(job.run_policy.active_deadline_seconds.has_value());
   EXPECT_FALSE(job.run_policy.ttl_seconds_after_finished.has_value());
+  EXPECT_FALSE(job.suspend);
 }
 
 TEST(JobSpecTest, ReplicasDefaultFromWhicheverBoundIsGiven) {
@@ -139,7 +140,8 @@ TEST(JobSpecTest, ReadsEveryField) {
        {"seed", "9223372036854775807"},
        {"elasticity", "{policy: autoscale, cooldownSeconds: 0}"},
        {"checkpoint", "{path: /tmp/ckpt, everySteps: 50}"},
-       {"runPolicy", "{backoffLimit: 0, activeDeadlineSeconds: 3600, ttlSecondsAfterFinished: 0}"}},
+       {"runPolicy", "{backoffLimit: 0, activeDeadlineSeconds: 3600, ttlSecondsAfterFinished: 0}"},
+       {"suspend", "true"}},
       "{name: a-1, namespace: team-x, labels: {app: x}, annotations: {note: 'hi'}}"));
   EXPECT_EQ(job.name, "a-1");
   EXPECT_EQ(job.namespace_name, "team-x");
@@ -171,6 +173,7 @@ TEST(JobSpecTest, ReadsEveryField) {
   EXPECT_EQ(job.run_policy.backoff_limit, 0);
   EXPECT_EQ(job.run_policy.active_deadline_seconds, 3600);
   EXPECT_EQ(job.run_policy.ttl_seconds_after_finished, 0);
+  EXPECT_TRUE(job.suspend);
 }
 
 TEST(JobSpecTest, TemplateAcceptsAnyMap) {
@@ -632,6 +635,10 @@ std::vector<ErrorCase> ErrorCases() {
        Manifest({{"runPolicy", "{backoffLimits: 3}"}}),
        kBad,
        {"spec.runPolicy.backoffLimits: unknown field", "backoffLimit"}},
+      {"SuspendNotABool",
+       Manifest({{"suspend", "yes please"}}),
+       kBad,
+       {"spec.suspend: expected a boolean"}},
       {"RunPolicyNotAMap",
        Manifest({{"runPolicy", "3"}}),
        kBad,
@@ -912,6 +919,7 @@ std::vector<Mutation> NonMathMutations() {
          j->run_policy.active_deadline_seconds = 60;
          j->run_policy.ttl_seconds_after_finished = 0;
        }},
+      {"suspend", [](JobSpec* j) { j->suspend = true; }},
       // Sample counts only define a synthetic dataset; Fashion-MNIST is what it is.
       {"fashionMnistSampleCounts",
        [](JobSpec* j) {

@@ -39,6 +39,10 @@ class BadInputTest(VfTestCase):
         self.assertOneLineError(vf("run", self.job(), "--workers", "9"), "--workers 9",
                                 "virtualNodes")
 
+    def test_suspended_job_is_refused(self):
+        self.assertOneLineError(vf("run", self.job(suspend="true")), "spec.suspend is true",
+                                "suspended job runs no workers")
+
     def test_unknown_model(self):
         self.assertOneLineError(vf("run", self.job(model="{name: resnet50}")), "spec.model.name",
                                 "resnet50")
