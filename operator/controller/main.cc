@@ -143,7 +143,10 @@ std::optional<int> ParseFlags(int argc, char** argv, OperatorFlags& f) {
   app.add_option("--agent-image", f.agent_image,
                  "image of worker pods whose job sets no spec.template.image")
       ->capture_default_str();
-  app.add_option("--policy", f.policy, "static, elastic or autoscale")->capture_default_str();
+  app.add_option("--policy", f.policy,
+                 "static, elastic or autoscale: for jobs whose manifest names no\n"
+                 "spec.elasticity.policy (a job that names one is sized by its own)")
+      ->capture_default_str();
   app.add_option("--agent-metrics-port", f.agent_metrics_port,
                  "port of each agent's /metrics (0 picks a free one; -1 none)")
       ->transform(vf::Base10Integer())

@@ -427,7 +427,9 @@ std::optional<policy::PolicyJob> Reconciler::PolicyJobOf(const json& job,
     if (p.allowed_types.empty()) p.allowed_types = {"(no eligible node)"};
   }
   if (spec->suspend) return std::nullopt;  // holds nothing and wants nothing
-  if (spec->elasticity.policy == "static") p.min_workers = p.max_workers;
+  // The job's own policy when its manifest names one (the API server defaults it only inside a
+  // given spec.elasticity); otherwise the operator's --policy decides it.
+  if (Obj(Obj(job, "spec"), "elasticity").contains("policy")) p.policy = spec->elasticity.policy;
   p.cooldown_seconds = spec->elasticity.cooldown_seconds;
   p.arrival_time = UnixSeconds(Obj(job, "metadata").value("creationTimestamp", ""));
   if (std::isnan(p.arrival_time)) p.arrival_time = 0;

@@ -76,9 +76,9 @@ Result<std::unique_ptr<Policy>> CreatePolicy(const std::string& name,
         options.scaling_efficiency_threshold <= 1.0)) {
     return InvalidArgument("scaling efficiency threshold must be within 0..1");
   }
-  if (name == "static") return internal::NewStaticPolicy(options);
-  if (name == "elastic") return internal::NewElasticPolicy(options);
-  if (name == "autoscale") return internal::NewAutoscalePolicy(options);
+  for (const std::string& known : KnownPolicyNames()) {
+    if (name == known) return internal::NewPerJobPolicy(name, options);
+  }
   std::string known;
   for (const auto& n : KnownPolicyNames()) known += (known.empty() ? "" : ", ") + n;
   return InvalidArgument("unknown policy '" + name + "' (known: " + known + ")");
@@ -119,6 +119,12 @@ std::string InvalidReason(const PolicyJob& j) {
     if (n < 0) return "negative current workers on " + type;
   }
   if (j.unbound_workers < 0) return "unbound_workers " + s(j.unbound_workers) + " < 0";
+  if (!j.policy.empty()) {
+    const std::vector<std::string> known = KnownPolicyNames();
+    if (std::find(known.begin(), known.end(), j.policy) == known.end()) {
+      return "unknown policy '" + j.policy + "'";
+    }
+  }
   if (!(j.resize_pause_seconds >= 0.0)) return "negative resize pause";
   return "";
 }

@@ -59,6 +59,9 @@ struct PolicyJob {
   double cooldown_seconds = -1.0;           // < 0: PolicyOptions::cooldown_seconds
   double remaining_samples = -1.0;          // work left (< 0: unknown, treated as long-running)
   std::vector<ThroughputPoint> throughput;  // measurements so far; may be empty
+  // The job's own policy (spec.elasticity.policy: static, elastic, autoscale); empty: the one
+  // that decides. Every Policy from CreatePolicy sizes each job by its own.
+  std::string policy;
 };
 
 // The GPUs the policy may hand out to the jobs it is given, per type. Includes what those jobs
@@ -128,6 +131,9 @@ class Policy {
 //              resizes limited by the cooldown and by the measured pause counted as lost work.
 //   autoscale  per job, grows while the newest worker's marginal throughput is worth it and
 //              gives back workers that do not pay for themselves.
+// A job that names its own policy (PolicyJob::policy) is sized by that one, over the same
+// inventory (operator/policy/per_job_policy.cc says how); `name` decides the jobs that name
+// none, and all of them when all name the same.
 // Unknown names are kInvalidArgument listing the known ones.
 Result<std::unique_ptr<Policy>> CreatePolicy(const std::string& name, const PolicyOptions& options);
 std::vector<std::string> KnownPolicyNames();

@@ -102,5 +102,7 @@ double CooldownLeft(const PolicyJob& job, const PolicyOptions& options, double n
 std::unique_ptr<Policy> NewStaticPolicy(const PolicyOptions& options);
 std::unique_ptr<Policy> NewElasticPolicy(const PolicyOptions& options);
 std::unique_ptr<Policy> NewAutoscalePolicy(const PolicyOptions& options);
+// Each job by its own policy; `fallback` for jobs that name none.
+std::unique_ptr<Policy> NewPerJobPolicy(const std::string& fallback, const PolicyOptions& options);
 
 }  // namespace vf::policy::internal

@@ -590,5 +590,76 @@ TEST(EstimateThroughput, UnknownTypeIsNegative) {
   EXPECT_DOUBLE_EQ(EstimateThroughput(j, {}), 0.0);
 }
 
+// ---- each job by its own policy ------------------------------------------------------------
+
+PolicyJob Named(PolicyJob j, const std::string& policy) {
+  j.policy = policy;
+  return j;
+}
+
+// A static job at its request, an autoscale job whose third worker added too little, an elastic
+// job that can use idle GPUs: one inventory, each sized by its own policy, whichever policy the
+// operator was started with.
+TEST(PerJobPolicy, AMixedSetIsSizedEachByItsOwnPolicy) {
+  PolicyJob fixed = Named(Job("fixed", 1, 1, 4), "static");
+  fixed.current = {{"V100", 4}};
+  PolicyJob scaled = Scaling({{2, 190.0}, {3, 195.0}}, 3);
+  scaled.id = "scaled";
+  scaled = Named(scaled, "autoscale");
+  PolicyJob shared = Named(Job("shared", 1, 1, 8), "elastic");
+  shared.current = {{"V100", 2}};
+  for (const std::string& fallback : KnownPolicyNames()) {
+    auto p = Make(fallback);
+    const Decision d = Decide(*p, {fixed, scaled, shared}, Gpus({{"V100", 12}}));
+    EXPECT_EQ(Workers(d, "fixed"), 4) << fallback;  // never grows into idle GPUs
+    EXPECT_EQ(Workers(d, "scaled"), 2) << fallback;
+    EXPECT_NE(Reason(d, "scaled").find("shrank: 3 -> 2"), std::string::npos) << Reason(d, "scaled");
+    EXPECT_EQ(Workers(d, "shared"), 6) << fallback;  // the idle rest, lent
+    EXPECT_NE(Reason(d, "shared").find("grew: 2 -> 6"), std::string::npos) << Reason(d, "shared");
+  }
+}
+
+TEST(PerJobPolicy, UnderOnePolicyTheSameSetIsSizedDifferently) {
+  // The control: the same jobs naming none are all sized by the elastic policy.
+  PolicyJob fixed = Job("fixed", 1, 1, 4);
+  fixed.current = {{"V100", 4}};
+  PolicyJob scaled = Scaling({{2, 190.0}, {3, 195.0}}, 3);
+  scaled.id = "scaled";
+  PolicyJob shared = Job("shared", 1, 1, 8);
+  shared.current = {{"V100", 2}};
+  const Decision d = Decide(*Make("elastic"), {fixed, scaled, shared}, Gpus({{"V100", 12}}));
+  EXPECT_NE(Workers(d, "scaled"), 2);
+}
+
+TEST(PerJobPolicy, AStaticJobTakesItsRequestBackFromLentGpus) {
+  PolicyJob shared = Named(Job("shared", 1, 1, 8), "elastic");
+  shared.current = {{"V100", 8}};
+  shared.last_resize_time = 999.0;  // in cooldown: lent GPUs go back all the same
+  const PolicyJob fixed = Named(Job("fixed", 1, 1, 4, 10.0), "static");
+  const Decision d = Decide(*Make("autoscale"), {shared, fixed}, Gpus({{"V100", 8}}));
+  EXPECT_EQ(Workers(d, "fixed"), 4);
+  EXPECT_EQ(Workers(d, "shared"), 4);
+}
+
+TEST(PerJobPolicy, AnAutoscaleJobStartsAtItsRequestBesideAnElasticOne) {
+  PolicyJob shared = Named(Job("shared", 1, 1, 8), "elastic");
+  shared.current = {{"V100", 8}};
+  PolicyJob scaled = Named(Job("scaled", 1, 1, 8, 10.0), "autoscale");
+  scaled.requested_workers = 3;
+  const Decision d = Decide(*Make("static"), {shared, scaled}, Gpus({{"V100", 8}}));
+  EXPECT_EQ(Workers(d, "scaled"), 3);
+  EXPECT_EQ(Workers(d, "shared"), 5);
+}
+
+TEST(PerJobPolicy, AnUnknownPolicyNameMakesThatJobWait) {
+  const PolicyJob odd = Named(Job("odd", 1, 1, 2), "fastest");
+  const PolicyJob fine = Named(Job("fine", 1, 1, 2), "elastic");
+  const Decision d = Decide(*Make("elastic"), {odd, fine}, Gpus({{"V100", 4}}));
+  EXPECT_EQ(Workers(d, "odd"), 0);
+  EXPECT_NE(Reason(d, "odd").find("unknown policy 'fastest'"), std::string::npos)
+      << Reason(d, "odd");
+  EXPECT_EQ(Workers(d, "fine"), 2);
+}
+
 }  // namespace
 }  // namespace vf::policy

@@ -335,6 +335,24 @@ TEST(Trace, ErrorsNameTheJob) {
   EXPECT_FALSE(ParseTrace("{", "t.json").ok());
 }
 
+TEST(Trace, AJobMayNameItsOwnPolicy) {
+  auto t = ParseTrace(R"([{"arrival_time": 0, "workload": "bert", "gpu_demand": 2,
+                           "batch_size": 16, "num_steps": 10, "policy": "autoscale"}])",
+                      "t.json");
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  EXPECT_EQ((*t)[0].policy, "autoscale");
+  auto again = ParseTrace(TraceToJson(*t), "again");
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  EXPECT_EQ((*again)[0].policy, "autoscale");
+  auto bad = ParseTrace(R"([{"arrival_time": 0, "workload": "bert", "gpu_demand": 2,
+                             "batch_size": 16, "num_steps": 10, "policy": "fastest"}])",
+                        "t.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("job 0: \"policy\" must be static, elastic or autoscale"),
+            std::string::npos)
+      << bad.status().message();
+}
+
 TEST(Trace, JsonRoundTrips) {
   TraceGeneratorOptions o;
   o.jobs = 30;
@@ -515,6 +533,28 @@ TEST(Simulator, RecordsEveryAllocationChangeWithThePolicysReason) {
   bool shrank = false;
   for (const auto& e : r->events) shrank = shrank || e.find("a: shrank") != std::string::npos;
   EXPECT_TRUE(shrank);
+}
+
+// The operator's allocation path: each job by its own policy, whichever one is simulated.
+TEST(Simulator, EachJobIsSizedByItsOwnPolicy) {
+  const WorkloadProfile w = SimpleWorkload();
+  SimJob fixed = Job(w, "fixed", 0.0, 2, 4000, 1, 8);
+  fixed.policy = "static";
+  SimJob shared = Job(w, "shared", 0.0, 2, 1000, 1, 8);
+  shared.policy = "elastic";
+  for (const auto& name : policy::KnownPolicyNames()) {
+    auto r = Simulate({fixed, shared}, SimpleCluster(8, 0), *MakePolicy(name), {});
+    ASSERT_TRUE(r.ok()) << name << ": " << r.status().message();
+    EXPECT_EQ(r->jobs[0].max_workers_seen, 2) << name;  // its request, never more
+    EXPECT_EQ(r->jobs[0].resizes, 0) << name;
+    EXPECT_EQ(r->jobs[1].max_workers_seen, 6) << name;  // the idle rest, lent
+  }
+  // The control: naming none, both are sized by the simulated policy.
+  fixed.policy.clear();
+  shared.policy.clear();
+  auto r = Simulate({fixed, shared}, SimpleCluster(8, 0), *MakePolicy("elastic"), {});
+  ASSERT_TRUE(r.ok());
+  EXPECT_GT(r->jobs[0].max_workers_seen, 2);
 }
 
 TEST(Simulator, JobThatNeverFitsIsReportedUnfinished) {

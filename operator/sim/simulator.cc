@@ -55,6 +55,7 @@ Result<std::vector<SimJob>> MakeJobs(const std::vector<TraceJob>& trace, const P
     j.workload = w;
     j.label = t.workload + (t.dataset.empty() ? "" : "/" + t.dataset);
     j.priority = t.priority;
+    j.policy = t.policy;
     j.arrival_time = t.arrival_time;
     j.virtual_nodes = t.VirtualNodes();
     j.global_batch = t.batch_size;
@@ -202,6 +203,7 @@ std::vector<policy::PolicyJob> PolicyView(std::vector<JobState>& states,
     p.resize_pause_seconds = s.pause_seconds;
     p.remaining_samples = s.remaining_steps * static_cast<double>(j.global_batch);
     p.throughput = s.measured;
+    p.policy = j.policy;  // as the operator passes spec.elasticity.policy
     view.push_back(std::move(p));
     viewed.push_back(&s);
   }

@@ -26,6 +26,7 @@ struct SimJob {
   int virtual_nodes = 1;
   int64_t global_batch = 1;
   int64_t steps = 1;
+  std::string policy;  // its own elasticity policy; empty: the one simulated
 };
 
 // How a trace job's elasticity bounds are set.

@@ -1,9 +1,14 @@
 #include "operator/sim/trace.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string>
+#include <vector>
+
+#include "operator/policy/policy.h"
 
 namespace vf::sim {
 namespace {
@@ -96,6 +101,14 @@ Result<std::vector<TraceJob>> ParseTrace(const std::string& text, const std::str
       j.dataset = o["glue_task"].get<std::string>();
       j.glue_task = true;
     }
+    if (o.contains("policy")) {
+      static const std::vector<std::string> kKnown = policy::KnownPolicyNames();
+      if (!o["policy"].is_string() ||
+          std::find(kKnown.begin(), kKnown.end(), o["policy"].get<std::string>()) == kKnown.end()) {
+        return InvalidArgument(where + ": \"policy\" must be static, elastic or autoscale");
+      }
+      j.policy = o["policy"].get<std::string>();
+    }
     if (j.batch_size % j.VirtualNodes() != 0) {
       return InvalidArgument(where + ": \"batch_size\" " + std::to_string(j.batch_size) +
                              " is not divisible by its " + std::to_string(j.VirtualNodes()) +
@@ -132,6 +145,7 @@ std::string TraceToJson(const std::vector<TraceJob>& jobs) {
       line += ", " + field("num_virtual_nodes_per_device", j.virtual_nodes_per_device);
     }
     if (!j.dataset.empty()) line += ", " + field(j.glue_task ? "glue_task" : "dataset", j.dataset);
+    if (!j.policy.empty()) line += ", " + field("policy", j.policy);
     line += "}";
     out += "  " + line + (i + 1 < jobs.size() ? ",\n" : "\n");
   }
