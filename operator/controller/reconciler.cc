@@ -749,6 +749,7 @@ Result<Reconciler::Next> Reconciler::RecordSuccess(Pass& p) {
         conditions, p.old_conditions, "Succeeded", true, "TrainingFinished",
         "trained " + std::to_string(r.step) + " steps; weights " + r.weights_sha256.substr(0, 12),
         p.generation);
+    SetResumedCondition(p, conditions);
     status["conditions"] = conditions;
     status["message"] = "training finished";
     VF_RETURN_IF_ERROR(PatchStatus(p.job, status));
@@ -768,6 +769,7 @@ Status Reconciler::FailJob(Pass& p, const std::string& reason, const std::string
   p.status["message"] = message;
   json conditions = json::array();
   SetCondition(conditions, p.old_conditions, "Failed", true, reason, message, p.generation);
+  SetResumedCondition(p, conditions);
   p.status["conditions"] = conditions;
   StampTimes(p);
   VF_RETURN_IF_ERROR(PatchStatus(p.job, p.status));

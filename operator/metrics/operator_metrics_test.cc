@@ -69,7 +69,7 @@ TEST(OperatorMetrics, RegistersTheFixedFamilies) {
 TEST(OperatorMetrics, FreshExportShowsPhasesLoopAndLeadershipAtZero) {
   OperatorMetrics m;
   const std::string text = Exposition(m.registry());
-  for (const char* phase : {"Pending", "Running", "Resizing", "Succeeded", "Failed"}) {
+  for (const char* phase : {"Pending", "Running", "Resizing", "Suspended", "Succeeded", "Failed"}) {
     EXPECT_TRUE(Contains(text, "vf_operator_jobs{phase=\"" + std::string(phase) + "\"} 0")) << text;
   }
   EXPECT_TRUE(Contains(text, "vf_operator_is_leader 0"));

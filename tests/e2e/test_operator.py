@@ -4,10 +4,13 @@ grows when a node is added, shrinks on cordon and drain, survives pod deletion a
 restart, and ends with the weights of a local static run; deleting the job collects its pods and
 Secret; a quota that refuses its pods is a condition and one counted Event on it; an operator
 that loses its Lease stops acting; jobs competing for too few GPUs share them within their
-bounds and the one that cannot start says why."""
+bounds and the one that cannot start says why; a suspended job has no pods and, resumed, ends with
+the weights of an uninterrupted run; a crash-looping worker fails its job past spec.runPolicy's
+backoffLimit; a finished job is deleted after its ttlSecondsAfterFinished."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -381,6 +384,108 @@ class OperatorTest(OperatorTestCase):
         self.assertEqual(self.status("orphan"), {})
         self.delete_job("orphan")
         self.cp.request("DELETE", lease_path)
+
+    # ------------------------------------------------------------------ suspend and run policy
+
+    def condition(self, status, kind):
+        return {c["type"]: c for c in status.get("conditions", [])}.get(kind, {})
+
+    def pod_logs(self, name):
+        """Every captured log of the job's worker pods, deleted ones included."""
+        logs = []
+        for f in sorted(os.listdir(self.runner_logs)):
+            if f.startswith("%s_%s-worker-" % (self.ns, name)):
+                with open(os.path.join(self.runner_logs, f), errors="replace") as log:
+                    logs.append(log.read())
+        return "\n".join(logs)
+
+    def test_8a_suspend_deletes_the_pods_and_resume_keeps_the_weights(self):
+        """spec.suspend as in batch/v1: the pods go (rank 0 checkpoints as it leaves), the job
+        says Suspended; resumed, it continues from the checkpoint on its volume and ends with the
+        weights of an uninterrupted run."""
+        name = "suspend"
+        steps = 160
+        store = tempfile.mkdtemp(prefix="vf-e2e-suspend-")
+        mount = "/tmp/vf-e2e-suspend-mnt-%d" % os.getpid()  # where the pods see the volume
+        manifest = job_manifest(name, steps=steps, delay_ms=8, replicas=(1, 2))
+        # No periodic checkpoint: the file on the volume is the one written on leaving.
+        manifest["spec"]["checkpoint"] = {"path": mount + "/job.ckpt"}
+        manifest["spec"]["runPolicy"] = {"activeDeadlineSeconds": 3600}
+        manifest["spec"]["template"]["volumes"] = [{"name": "store",
+                                                    "hostPath": {"path": store}}]
+        manifest["spec"]["template"]["volumeMounts"] = [{"name": "store", "mountPath": mount}]
+        self.reset_nodes(("gpu-s", 2))
+        try:
+            self.apply(manifest)
+            self.wait_workers(name, 2)
+            # status.workerCounts: both pods train (none pending, joining or leaving).
+            self.wait_status(name, "2 workers counted training", lambda s: s.get(
+                "workerCounts") == {"pending": 0, "joining": 0, "training": 2, "leaving": 0,
+                                    "failed": 0})
+            self.wait_step(name, 20)
+            self.cp.kubectl("patch", "vfj", "-n", NS, name, "--type=merge", "-p",
+                            '{"spec":{"suspend":true}}', check=True)
+            status = self.wait_status(name, "Suspended", lambda s: s.get("phase") == "Suspended")
+            suspended = self.condition(status, "Suspended")
+            self.assertEqual((suspended["status"], suspended["reason"]), ("True", "JobSuspended"))
+            self.assertEqual(self.condition(status, "Running")["status"], "False")
+            self.assertNotIn("startTime", status)  # the deadline counts again from the resume
+            self.cp.wait_for("the worker pods to be gone", lambda: not self.pods(name),
+                             timeout=120)
+            self.wait_status(name, "no worker counted", lambda s: s.get("workers") == 0 and
+                             not any(s.get("workerCounts", {"leaving": 1}).values()))
+            self.assertTrue(os.path.exists(os.path.join(store, "job.ckpt")),
+                            "no checkpoint written on leaving:\n" + self.pod_logs(name))
+            self.assertIn("leaving; checkpoint at step", self.pod_logs(name))
+            self.assertIn("Suspended", [r for r, _ in self.events(name)])
+
+            self.cp.kubectl("patch", "vfj", "-n", NS, name, "--type=merge", "-p",
+                            '{"spec":{"suspend":false}}', check=True)
+            self.wait_status(name, "Suspended False", lambda s: self.condition(
+                s, "Suspended").get("status") == "False")
+            status = self.wait_succeeded(name)
+            resumed = self.condition(status, "Suspended")
+            self.assertEqual((resumed["status"], resumed["reason"]), ("False", "JobResumed"))
+            self.assertIn("startTime", status)
+            self.assertIn("Resumed", [r for r, _ in self.events(name)])
+            self.assertIn("resuming from checkpoint %s/job.ckpt" % mount, self.pod_logs(name))
+            self.assertEqual(status["step"], steps)
+            uninterrupted = job_manifest(name, steps=steps, replicas=(1, 2))
+            self.assertEqual(status["weightsSha256"], local_sha(uninterrupted, 2))
+        finally:
+            self.delete_job(name)
+            shutil.rmtree(store, ignore_errors=True)
+
+    def test_8b_a_crash_looping_worker_fails_the_job_past_its_backoff_limit(self):
+        name = "crashloop"
+        manifest = job_manifest(name, steps=50, replicas=(1, 1))
+        manifest["spec"]["template"]["command"] = ["false"]  # every worker exits 1 at once
+        manifest["spec"]["runPolicy"] = {"backoffLimit": 1}
+        self.reset_nodes(("gpu-b", 1))
+        self.apply(manifest)
+        status = self.cp.wait_for("job %s to fail" % name, lambda: (
+            self.status(name) if self.status(name).get("phase") == "Failed" else None),
+            timeout=120)
+        failed = self.condition(status, "Failed")
+        self.assertEqual((failed["status"], failed["reason"]), ("True", "BackoffLimitExceeded"))
+        self.assertIn("more than spec.runPolicy.backoffLimit (1)", failed["message"])
+        self.assertEqual(status["restarts"]["failure"], 2)
+        self.assertIn("completionTime", status)
+        self.assertIn("BackoffLimitExceeded", [r for r, _ in self.events(name)])
+        self.delete_job(name)
+
+    def test_8c_a_finished_job_is_deleted_after_its_ttl(self):
+        name = "ttl"
+        manifest = job_manifest(name, steps=3, replicas=(1, 1))
+        manifest["spec"]["runPolicy"] = {"ttlSecondsAfterFinished": 2}
+        self.reset_nodes(("gpu-t", 1))
+        self.apply(manifest)
+        self.wait_succeeded(name, timeout=120)
+        self.cp.wait_for("job %s to be deleted" % name,
+                         lambda: self.cp.get("/apis/virtualflow.io/v1alpha1/namespaces/%s/"
+                                             "virtualflowjobs/%s" % (NS, name)) is None,
+                         timeout=60)
+        self.cp.wait_for("its pods to be collected", lambda: not self.pods(name), timeout=120)
 
 
 if __name__ == "__main__":
