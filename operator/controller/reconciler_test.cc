@@ -812,5 +812,25 @@ TEST_F(ReconcilerTest, WorkerCountsSayWhereEachPodIs) {
       << counts;
 }
 
+// ---------------------------------------------------------------- spec.elasticity.policy
+
+TEST_F(ReconcilerTest, AJobThatNamesItsPolicyIsSizedByIt) {
+  // The operator runs the elastic policy (its --policy); autoscale starts at the minimum.
+  json job = EpochJob();
+  job["spec"]["replicas"]["max"] = 4;
+  job["spec"]["elasticity"] = {{"policy", "autoscale"}};
+  Start({job}, {}, {GpuNode("gpu-a", 4)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_EQ(api_->created_pods().size(), 1u);
+}
+
+TEST_F(ReconcilerTest, AJobThatNamesNoPolicyGetsTheOperators) {
+  json job = EpochJob();
+  job["spec"]["replicas"]["max"] = 4;
+  Start({job}, {}, {GpuNode("gpu-a", 4)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_EQ(api_->created_pods().size(), 4u);  // elastic: the idle GPUs, lent
+}
+
 }  // namespace
 }  // namespace vf::controller
