@@ -91,6 +91,7 @@ class Agent::Impl {
   const Report& last_report() const { return last_progress_; }
   AgentMetrics& metrics() { return metrics_; }
   const std::string& worker() const { return o_.worker; }
+  bool left_untold() const { return forgotten_; }
 
  private:
   static std::string Namespace(const std::string& id) { return id.substr(0, id.find('/')); }
@@ -455,5 +456,6 @@ Status Agent::Finish(Report final) { return impl_->Finish(std::move(final)); }
 const Report& Agent::last_report() const { return impl_->last_report(); }
 AgentMetrics& Agent::metrics() { return impl_->metrics(); }
 const std::string& Agent::worker() const { return impl_->worker(); }
+bool Agent::left_untold() const { return impl_->left_untold(); }
 
 }  // namespace vf::agent

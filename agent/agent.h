@@ -169,6 +169,10 @@ class Agent {
   const Report& last_report() const;
   AgentMetrics& metrics();
   const std::string& worker() const;
+  // After Next returned nullopt: this worker left without the coordinator's answer, because
+  // the coordinator no longer knows the job (suspended, deleted, or an operator restarting),
+  // so the job may not go on without it.
+  bool left_untold() const;
 
  private:
   class Impl;

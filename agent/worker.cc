@@ -111,9 +111,11 @@ class BuiltinWorker {
  private:
   // One step under `m`: Completed or Failed told to the agent. Errors are the job's end.
   Status RunStep(const agent::Membership& m);
-  // Rank 0 of the last plan, leaving because its pod is deleted (SIGTERM: the job suspended,
-  // its node drained), writes the state of the last step it trained, so that a resumed job
-  // redoes none. Every member holds the same state after a step; rank 0 alone writes it.
+  // Rank 0 of the last plan, leaving on SIGTERM from a job its coordinator no longer knows
+  // (suspended, deleted), writes the state of the last step it trained, so that a resumed job
+  // redoes none. Every member holds the same state after a step; rank 0 alone writes it. A
+  // worker that leaves a job that goes on (a drain, a scale-in) writes nothing: the members
+  // that stay checkpoint as usual, and an older state must not replace their newer one.
   void CheckpointOnLeave();
 
   const WorkerOptions& o_;
@@ -219,8 +221,8 @@ Status BuiltinWorker::RunStep(const agent::Membership& m) {
 }
 
 void BuiltinWorker::CheckpointOnLeave() {
-  if (job_.checkpoint.path.empty() || !agent::LeaveRequested() || record_.rank != 0 ||
-      !record_.trained || executor_->step() >= total_) {
+  if (job_.checkpoint.path.empty() || !agent::LeaveRequested() || !agent_->left_untold() ||
+      record_.rank != 0 || !record_.trained || executor_->step() >= total_) {
     return;
   }
   const Status written = WriteCheckpoint(job_.checkpoint.path, executor_->Snapshot());
