@@ -99,8 +99,9 @@ class PerJobPolicy final : public Policy {
       const PolicyJob& j = jobs[i];
       if (names[i] == "autoscale") {
         const Allocation& got = scaled.jobs[i].workers;
-        if (got.empty()) continue;  // waits: pass 1 said why
-        view.push_back(Fixed(j, got, TotalWorkers(got)));
+        // One that waits still stands in the service order, so that nobody behind it starts.
+        view.push_back(got.empty() ? Fixed(j, {}, j.min_workers)
+                                   : Fixed(j, got, TotalWorkers(got)));
       } else {
         view.push_back(names[i] == "static" ? AsStatic(j) : j);
       }

@@ -661,5 +661,70 @@ TEST(PerJobPolicy, AnUnknownPolicyNameMakesThatJobWait) {
   EXPECT_EQ(Workers(d, "fine"), 2);
 }
 
+TEST(PerJobPolicy, InvariantsHoldOverRandomMixedSequences) {
+  const std::vector<std::string> names = KnownPolicyNames();
+  for (const std::string& fallback : names) {
+    auto p = Make(fallback);
+    std::mt19937 rng(4321);
+    for (int trial = 0; trial < 100; ++trial) {
+      GpuInventory inv =
+          Gpus({{"V100", static_cast<int>(rng() % 9)}, {"P100", static_cast<int>(rng() % 9)}});
+      std::vector<PolicyJob> jobs;
+      double now = 0.0;
+      int next_id = 0;
+      for (int step = 0; step < 25; ++step) {
+        now += static_cast<double>(rng() % 60);
+        if (rng() % 3 == 0 || jobs.empty()) {
+          const int priorities[] = {1, 5, 10};
+          const int min = 1 + static_cast<int>(rng() % 3);
+          const int max = min + static_cast<int>(rng() % 5);
+          PolicyJob j =
+              Job("job" + std::to_string(next_id++), priorities[rng() % 3], min, max, now);
+          j.gpus_per_worker = 1 + static_cast<int>(rng() % 2);
+          j.requested_workers = min + static_cast<int>(rng() % (max - min + 1));
+          j.resize_pause_seconds = static_cast<double>(rng() % 5);
+          const size_t pick = rng() % (names.size() + 1);  // one in four names none
+          j.policy = pick < names.size() ? names[pick] : "";
+          jobs.push_back(j);
+        }
+        if (rng() % 4 == 0) jobs.erase(jobs.begin() + static_cast<long>(rng() % jobs.size()));
+        auto result = p->Decide(jobs, inv, now);
+        ASSERT_TRUE(result.ok()) << result.status().message();
+        const Decision& d = *result;
+        ASSERT_EQ(d.jobs.size(), jobs.size());
+        std::map<std::string, int> used;
+        for (size_t i = 0; i < jobs.size(); ++i) {
+          const PolicyJob& j = jobs[i];
+          const JobDecision& out = d.jobs[i];
+          ASSERT_EQ(out.id, j.id);
+          const int w = TotalWorkers(out.workers);
+          for (const auto& [type, n] : out.workers) used[type] += n * j.gpus_per_worker;
+          if (w > 0) {
+            EXPECT_GE(w, j.min_workers) << fallback << " " << j.id;
+            EXPECT_LE(w, j.max_workers) << fallback << " " << j.id;
+          } else {
+            EXPECT_FALSE(out.reason.empty()) << j.id << " waits without a reason";
+          }
+          if (TotalWorkers(j.current) > 0) {
+            EXPECT_GT(w, 0) << fallback << " " << j.id;
+          }
+          EXPECT_EQ(out.changed, out.workers != j.current);
+          const std::string& own = j.policy.empty() ? fallback : j.policy;
+          if (own == "static" && TotalWorkers(j.current) > 0) {
+            EXPECT_EQ(out.workers, j.current) << fallback << ": static resized " << j.id;
+          }
+        }
+        for (const auto& [type, n] : used) {
+          EXPECT_LE(n, inv.gpus[type]) << fallback << " oversubscribed " << type;
+        }
+        for (size_t i = 0; i < jobs.size(); ++i) {
+          if (d.jobs[i].changed) jobs[i].last_resize_time = now;
+          jobs[i].current = d.jobs[i].workers;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace vf::policy
