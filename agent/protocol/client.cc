@@ -149,10 +149,11 @@ Status CoordinatorClient::Post(const std::string& action, const std::string& jso
 
 Status CoordinatorClient::Register(const std::string& fingerprint, const std::string& build,
                                    bool ready) {
-  return Post(
-      "register",
-      wire::Dump(json{
-          {"worker", worker_}, {"fingerprint", fingerprint}, {"build", build}, {"ready", ready}}));
+  return Post("register", wire::Dump(json{{"worker", worker_},
+                                          {"fingerprint", fingerprint},
+                                          {"build", build},
+                                          {"ready", ready},
+                                          {"protocol", kProtocolVersion}}));
 }
 
 Result<Plan> CoordinatorClient::WaitForPlan(int64_t after, milliseconds timeout) {

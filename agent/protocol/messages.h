@@ -11,6 +11,13 @@
 
 namespace vf {
 
+// The version of this contract: the paths, the JSON shapes and what each call means. It is not
+// the build: a new build that keeps the protocol talks to agents and coordinators of older
+// builds, so an operator upgraded under running jobs keeps their workers. It grows only with a
+// change an agent or coordinator of the previous version would misread; a coordinator refuses a
+// worker of another version at registration, saying which. An agent that sends none speaks 1.
+inline constexpr int64_t kProtocolVersion = 1;
+
 // One worker's place in a plan.
 struct Member {
   std::string worker;

@@ -232,6 +232,7 @@ Status Coordinator::AddJob(const std::string& job, const std::string& secret,
     }
     return Status::Ok();
   }
+  ended_.erase(job);
   JobState& state = jobs_[job];
   state.secret = secret;
   state.fingerprint = fingerprint;
@@ -256,6 +257,13 @@ Status Coordinator::RemoveJob(const std::string& job) {
       deferred.push_back([done = std::move(watch.done), removed] { done(removed); });
     }
     memory_used_ -= it->second.charged;
+    ended_[job] = it->second.secret;
+    ended_order_.push_back(job);
+    while (ended_order_.size() > kMaxEndedJobs) {
+      auto oldest = ended_.find(ended_order_.front());
+      if (oldest != ended_.end() && !jobs_.count(oldest->first)) ended_.erase(oldest);
+      ended_order_.pop_front();
+    }
     jobs_.erase(it);
     changed_.notify_all();
   }
@@ -277,15 +285,24 @@ Status Coordinator::CheckCredential(const std::string& job, const std::string& w
       Unauthenticated("the credential is not valid for worker " + worker + " of job " + job);
   if (!IsName(worker)) return refused;
   std::string secret;
+  bool is_ended = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = jobs_.find(job);
-    if (it == jobs_.end()) return refused;
-    secret = it->second.secret;
+    if (it != jobs_.end()) {
+      secret = it->second.secret;
+    } else {
+      auto ended = ended_.find(job);
+      if (ended == ended_.end()) return refused;
+      secret = ended->second;
+      is_ended = true;
+    }
   }
   Result<std::string> expected = WorkerCredential(secret, worker);
   if (!expected.ok()) return expected.status();
   if (!ConstantTimeEquals(*expected, credential)) return refused;
+  // Only a worker of the job learns that it ended (and was recorded) rather than never existed.
+  if (is_ended) return NotFound("job " + job + " has ended");
   return Status::Ok();
 }
 
@@ -387,9 +404,42 @@ Result<Plan> Coordinator::GetPlan(const std::string& job) const {
   return state->plan;
 }
 
+// The workers of a job run one build: builds may differ in arithmetic, and the weights must not
+// depend on which worker computed a virtual node. That build is the one given to AddJob, unless
+// the job already had workers when it was added: after an operator upgrade, the new coordinator
+// expects its own build, while the workers of the plan it restored run the old one. So a member
+// of the current plan that registers as the first of the plan's members sets the job's build;
+// registered workers outside the plan of another build are dropped (they are refused when they
+// register again).
+Status Coordinator::AdoptBuildLocked(JobState& state, const std::string& worker,
+                                     const std::string& build) {
+  if (build == state.build) return Status::Ok();
+  auto is_member = [&state](const std::string& name) {
+    return std::any_of(state.plan.members.begin(), state.plan.members.end(),
+                       [&name](const Member& m) { return m.worker == name; });
+  };
+  const bool member_registered = std::any_of(
+      state.workers.begin(), state.workers.end(),
+      [&](const auto& entry) { return entry.first != worker && is_member(entry.first); });
+  if (!is_member(worker) || member_registered) {
+    return FailedPrecondition("worker " + worker + " was refused: it runs build " + build +
+                              ", the job runs build " + state.build);
+  }
+  state.build = build;
+  for (auto it = state.workers.begin(); it != state.workers.end();) {
+    if (it->first != worker && it->second.build != build) {
+      (void)ChargeLocked(state, WorkerBytes(it->second), 0);
+      it = state.workers.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return Status::Ok();
+}
+
 Status Coordinator::RegisterWorker(const std::string& job, const std::string& worker,
                                    const std::string& fingerprint, const std::string& build,
-                                   bool ready) {
+                                   bool ready, int64_t protocol) {
   VF_RETURN_IF_ERROR(ValidateWorkerName(worker));
   std::lock_guard<std::mutex> lock(mu_);
   VF_ASSIGN_OR_RETURN(JobState * state, FindLocked(job));
@@ -398,10 +448,13 @@ Status Coordinator::RegisterWorker(const std::string& job, const std::string& wo
                               " was refused: its job spec differs from the job's (virtual nodes, "
                               "batch, model, dataset, optimizer, reduction or seed)");
   }
-  if (build != state->build) {
-    return FailedPrecondition("worker " + worker + " was refused: it runs build " + build +
-                              ", the job runs build " + state->build);
+  if (protocol != kProtocolVersion) {
+    return FailedPrecondition("worker " + worker + " was refused: it speaks coordinator protocol " +
+                              std::to_string(protocol) + ", this coordinator speaks protocol " +
+                              std::to_string(kProtocolVersion) +
+                              "; run workers of an agent build with this protocol");
   }
+  VF_RETURN_IF_ERROR(AdoptBuildLocked(*state, worker, build));
   auto it = state->workers.find(worker);
   if (it == state->workers.end()) {
     if (state->workers.size() >= state->max_workers) {
@@ -433,8 +486,15 @@ Status Coordinator::RecordReport(const std::string& job, const std::string& work
   VF_ASSIGN_OR_RETURN(WorkerInfo * info, FindWorkerLocked(job, worker));
   JobState& state = jobs_.at(job);
   if (report.epoch > state.plan.epoch) return FutureEpoch(report.epoch, state.plan.epoch);
-  if (report.epoch < state.plan.epoch) return OlderEpoch(report.epoch, state.plan.epoch);
-  if ((report.finished || !report.weights_sha256.empty()) && !IsRankZero(state.plan, worker)) {
+  // A final report may be of an older epoch: the other members exit once they have trained the
+  // last step, and an operator that restarted before it recorded the report (and so lost it)
+  // may have planned without them since. Rank 0 sends it again; the job is over either way.
+  const bool late_final = report.finished && report.epoch < state.plan.epoch;
+  if (report.epoch < state.plan.epoch && !late_final) {
+    return OlderEpoch(report.epoch, state.plan.epoch);
+  }
+  if ((report.finished || !report.weights_sha256.empty()) && !late_final &&
+      !IsRankZero(state.plan, worker)) {
     return PermissionDenied("worker " + worker + " is not rank 0 of epoch " +
                             std::to_string(state.plan.epoch) +
                             "; only rank 0 reports the job finished and its final weights");

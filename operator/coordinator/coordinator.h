@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <limits>
 #include <map>
@@ -84,6 +85,8 @@ class Coordinator {
   // around it, rounded up.
   static constexpr size_t kKeyOverheadBytes = 128;
   static constexpr size_t kWorkerOverheadBytes = 512;
+  // Removed jobs remembered, so that their workers learn the job ended (CheckCredential).
+  static constexpr size_t kMaxEndedJobs = 4096;
 
   // `memory_budget` bounds what all jobs together hold; a write past it fails with
   // kFailedPrecondition.
@@ -105,6 +108,9 @@ class Coordinator {
   // unknown job, an invalid worker name and a wrong credential, so that the answer says nothing
   // of which jobs exist; compared in constant time (CRYPTO_memcmp), so that its timing says
   // nothing of the credential either.
+  // A job removed (RemoveJob: the controller recorded its end, or it was deleted) is kNotFound
+  // "job ... has ended" for a valid credential of it, so that its rank 0 knows its final report
+  // was recorded; the last kMaxEndedJobs removed jobs are remembered, until added again.
   Status CheckCredential(const std::string& job, const std::string& worker,
                          std::string_view credential) const;
 
@@ -127,14 +133,19 @@ class Coordinator {
                                     std::vector<Member> members);
   Result<Plan> GetPlan(const std::string& job) const;
 
-  // Registers `worker` or, if it is registered, updates its readiness. The fingerprint and
-  // build must equal the job's (kFailedPrecondition with a message naming the difference).
+  // Registers `worker` or, if it is registered, updates its readiness. Refused
+  // (kFailedPrecondition with a message naming the difference) unless the worker speaks this
+  // coordinator's `protocol` (kProtocolVersion) and its fingerprint equals the job's, and its
+  // build is the job's: the one given to AddJob, or, once the first member of the current plan
+  // to register brought another (the workers of an operator upgraded under them), that one.
   Status RegisterWorker(const std::string& job, const std::string& worker,
-                        const std::string& fingerprint, const std::string& build, bool ready);
+                        const std::string& fingerprint, const std::string& build, bool ready,
+                        int64_t protocol = kProtocolVersion);
   // The worker must be registered (kNotFound) and report in the current epoch
   // (kFailedPrecondition otherwise, so that it goes and fetches the newer plan). Only rank 0 of
   // the current plan reports for the whole job (finished, the final weights' digest):
-  // kPermissionDenied for anyone else.
+  // kPermissionDenied for anyone else. A final report (finished) of an older epoch is taken: the
+  // rank 0 that sends it again to a restarted operator may have been planned without since.
   Status RecordReport(const std::string& job, const std::string& worker, const Report& report);
   Status RequestLeave(const std::string& job, const std::string& worker);
   // The worker saw plan `epoch` exclude it and is exiting. `epoch` may not be in the future,
@@ -221,6 +232,7 @@ class Coordinator {
   // Moves `state`'s share of the budget from `before` to `after` bytes; fails, changing
   // nothing, when growing would pass the budget.
   Status ChargeLocked(JobState& state, size_t before, size_t after);
+  Status AdoptBuildLocked(JobState& state, const std::string& worker, const std::string& build);
   Result<Plan> InstallPlanLocked(const std::string& job, JobState& state, int64_t epoch,
                                  std::vector<Member> members, Deferred& deferred);
 
@@ -229,6 +241,10 @@ class Coordinator {
   std::condition_variable changed_;
   size_t memory_used_ = 0;
   std::map<std::string, JobState> jobs_;
+  // The secrets of the last kMaxEndedJobs removed jobs, oldest first in ended_order_: their
+  // workers are told the job ended (kNotFound) rather than that their credential is unknown.
+  std::map<std::string, std::string> ended_;
+  std::deque<std::string> ended_order_;
   // Which job each pending watch belongs to, so CancelWatch needs only the id.
   std::map<WatchId, std::string> watch_jobs_;
   uint64_t last_generation_ = 0;

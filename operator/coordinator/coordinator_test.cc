@@ -106,6 +106,22 @@ TEST_F(CoordinatorTest, CheckCredentialAcceptsOnlyTheWorkersOwn) {
   }
 }
 
+// An operator that restarted before recording the final report planned without the members
+// that had exited; rank 0 sends its report, of the older epoch, again.
+TEST_F(CoordinatorTest, AFinalReportOfAnOlderEpochIsTakenAProgressReportIsNot) {
+  RegisterAll(2);
+  ASSERT_TRUE(c_.PublishPlanWithEpoch(kJob, 4, Members(2)).ok());
+  ASSERT_TRUE(c_.PublishPlan(kJob, Members(1)).ok());
+  Report report;
+  report.epoch = 4;
+  report.step = 90;
+  EXPECT_EQ(c_.RecordReport(kJob, "w-0", report).code(), StatusCode::kFailedPrecondition);
+  report.finished = true;
+  report.weights_sha256 = std::string(64, 'a');
+  EXPECT_TRUE(c_.RecordReport(kJob, "w-0", report).ok());
+  EXPECT_TRUE(c_.GetJob(kJob)->workers.at("w-0").last_report.finished);
+}
+
 TEST_F(CoordinatorTest, OnlyRankZeroReportsForTheWholeJob) {
   RegisterAll(2);
   ASSERT_TRUE(c_.PublishPlan(kJob, Members(2)).ok());
@@ -281,6 +297,47 @@ TEST_F(CoordinatorTest, EmptyPlanIsValid) {
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(plan->epoch, 1);
   EXPECT_TRUE(plan->members.empty());
+}
+
+TEST_F(CoordinatorTest, AWorkerOfAnotherProtocolIsRefusedSayingWhich) {
+  Status refused = c_.RegisterWorker(kJob, "w-0", kFingerprint, kBuild, true, kProtocolVersion + 1);
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(refused.message(), "worker w-0 was refused: it speaks coordinator protocol " +
+                                   std::to_string(kProtocolVersion + 1) +
+                                   ", this coordinator speaks protocol " +
+                                   std::to_string(kProtocolVersion) +
+                                   "; run workers of an agent build with this protocol");
+  EXPECT_TRUE(c_.GetJob(kJob)->workers.empty());
+}
+
+// An operator upgraded under a running job: its coordinator, of build-2, restores the plan of
+// workers that run build-1. They keep their places; a joiner must then run their build.
+TEST_F(CoordinatorTest, ThePlansMembersKeepTheirBuildUnderANewerCoordinator) {
+  Coordinator upgraded;
+  ASSERT_TRUE(upgraded.AddJob(kJob, kToken, kFingerprint, "build-2").ok());
+  ASSERT_TRUE(upgraded.PublishPlanWithEpoch(kJob, 5, Members(2)).ok());
+  // A pod the new operator created, of its build, registered before the members came back.
+  ASSERT_TRUE(upgraded.RegisterWorker(kJob, "w-9", kFingerprint, "build-2", false).ok());
+  EXPECT_TRUE(upgraded.RegisterWorker(kJob, "w-0", kFingerprint, kBuild, true).ok());
+  EXPECT_TRUE(upgraded.RegisterWorker(kJob, "w-1", kFingerprint, kBuild, true).ok());
+  Result<JobView> view = upgraded.GetJob(kJob);
+  ASSERT_TRUE(view.ok());
+  EXPECT_EQ(view->build, kBuild);
+  EXPECT_EQ(view->workers.size(), 2u);
+  EXPECT_EQ(view->workers.count("w-9"), 0u);
+  Status joiner = upgraded.RegisterWorker(kJob, "w-9", kFingerprint, "build-2", false);
+  EXPECT_EQ(joiner.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(joiner.message(),
+            "worker w-9 was refused: it runs build build-2, the job runs build build-1");
+  EXPECT_TRUE(upgraded.RegisterWorker(kJob, "w-9", kFingerprint, kBuild, false).ok());
+}
+
+TEST_F(CoordinatorTest, OnlyTheFirstMemberToRegisterMaySetAnotherBuild) {
+  ASSERT_TRUE(c_.PublishPlan(kJob, Members(2)).ok());
+  ASSERT_TRUE(c_.RegisterWorker(kJob, "w-0", kFingerprint, kBuild, true).ok());
+  EXPECT_EQ(c_.RegisterWorker(kJob, "w-1", kFingerprint, "build-2", true).code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c_.GetJob(kJob)->build, kBuild);
 }
 
 TEST_F(CoordinatorTest, PublishPlanWithEpochRestoresButNeverGoesBack) {
@@ -620,6 +677,21 @@ TEST_F(CoordinatorTest, RemovingAJobFailsItsWatches) {
   ASSERT_TRUE(c_.RemoveJob(kJob).ok());
   EXPECT_EQ(not_found, 2);
   EXPECT_EQ(c_.RemoveJob(kJob).code(), StatusCode::kNotFound);
+}
+
+// Rank 0 of a job with no result file waits for this answer: its final report was recorded.
+TEST_F(CoordinatorTest, AWorkerOfARemovedJobLearnsItEndedAndNobodyElseDoes) {
+  const std::string credential = WorkerCredential(kToken, "w-0").value();
+  ASSERT_TRUE(c_.RemoveJob(kJob).ok());
+  const Status ended = c_.CheckCredential(kJob, "w-0", credential);
+  EXPECT_EQ(ended.code(), StatusCode::kNotFound);
+  EXPECT_EQ(ended.message(), std::string("job ") + kJob + " has ended");
+  EXPECT_EQ(c_.CheckCredential(kJob, "w-0", "wrong").code(), StatusCode::kUnauthenticated);
+  EXPECT_EQ(c_.CheckCredential("team/never", "w-0", credential).code(),
+            StatusCode::kUnauthenticated);
+  // Added again (a new job of the same name), it is a live job again.
+  ASSERT_TRUE(c_.AddJob(kJob, kToken, kFingerprint, kBuild).ok());
+  EXPECT_TRUE(c_.CheckCredential(kJob, "w-0", credential).ok());
 }
 
 TEST_F(CoordinatorTest, CallbacksMayCallBackIntoTheCoordinator) {

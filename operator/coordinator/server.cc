@@ -1,8 +1,6 @@
 #include "operator/coordinator/server.h"
 
 #include <algorithm>
-#include <cctype>
-#include <charconv>
 #include <chrono>
 #include <condition_variable>
 #include <future>
@@ -17,11 +15,14 @@
 
 #include "agent/http/listener.h"
 #include "agent/protocol/json.h"
+#include "operator/coordinator/request.h"
 
 namespace vf {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using coordinator::Action;
+using coordinator::Route;
 using nlohmann::json;
 using web::http::http_request;
 using web::http::http_response;
@@ -29,7 +30,6 @@ using web::http::status_code;
 using web::http::status_codes;
 namespace wire = protocol;
 
-constexpr int64_t kDefaultPollMs = 30000;
 constexpr int64_t kMaxPlanPollMs = 60000;
 constexpr int64_t kMaxStorePollMs = 120000;
 constexpr std::chrono::seconds kStopFlushTime(2);
@@ -73,130 +73,6 @@ void SendNoContentOr(const http_request& request, const Status& status) {
   }
 }
 
-// ---- Paths and queries ----
-
-enum class Action { kRegister, kPlan, kStore, kReport, kLeave, kAck, kFailure };
-
-struct Route {
-  std::string job;  // "namespace/name"
-  Action action = Action::kRegister;
-  std::string key;  // kStore only
-};
-
-std::vector<std::string> Split(const std::string& text, char separator) {
-  std::vector<std::string> parts;
-  size_t start = 0;
-  while (true) {
-    const size_t end = text.find(separator, start);
-    parts.push_back(text.substr(start, end - start));
-    if (end == std::string::npos) break;
-    start = end + 1;
-  }
-  return parts;
-}
-
-Result<std::string> Decode(const std::string& encoded) {
-  try {
-    return web::uri::decode(encoded);
-  } catch (...) {
-    return InvalidArgument("malformed percent-encoding in '" + encoded + "'");
-  }
-}
-
-// NotFound for a path the API does not have. `raw_path` is still percent-encoded, so that a
-// key may hold '/' written either plainly or as %2F.
-Result<Route> ParseRoute(const std::string& raw_path) {
-  static const std::string kPrefix = "/v1/jobs/";
-  const Status unknown = NotFound("no such path: " + raw_path);
-  if (raw_path.compare(0, kPrefix.size(), kPrefix) != 0) return unknown;
-  const std::string rest = raw_path.substr(kPrefix.size());
-  // namespace / name / action [/ key...]
-  const size_t a = rest.find('/');
-  if (a == std::string::npos) return unknown;
-  const size_t b = rest.find('/', a + 1);
-  if (b == std::string::npos) return unknown;
-  const size_t c = rest.find('/', b + 1);
-  const std::string action = rest.substr(b + 1, c == std::string::npos ? c : c - b - 1);
-  Route route;
-  VF_ASSIGN_OR_RETURN(const std::string ns, Decode(rest.substr(0, a)));
-  VF_ASSIGN_OR_RETURN(const std::string name, Decode(rest.substr(a + 1, b - a - 1)));
-  if (ns.empty() || name.empty()) return unknown;
-  route.job = ns + "/" + name;
-  if (action == "store") {
-    if (c == std::string::npos || c + 1 == rest.size()) return unknown;
-    route.action = Action::kStore;
-    VF_ASSIGN_OR_RETURN(route.key, Decode(rest.substr(c + 1)));
-    return route;
-  }
-  if (c != std::string::npos) return unknown;
-  static const std::map<std::string, Action> kActions = {
-      {"register", Action::kRegister}, {"plan", Action::kPlan}, {"report", Action::kReport},
-      {"leave", Action::kLeave},       {"ack", Action::kAck},   {"failure", Action::kFailure}};
-  auto it = kActions.find(action);
-  if (it == kActions.end()) return unknown;
-  route.action = it->second;
-  return route;
-}
-
-// The methods a path answers, as an Allow header lists them.
-std::string AllowedMethods(Action action) {
-  switch (action) {
-    case Action::kPlan:
-      return "GET";
-    case Action::kStore:
-      return "GET, PUT";
-    default:
-      return "POST";
-  }
-}
-
-bool MethodAllowed(Action action, const web::http::method& method) {
-  using web::http::methods;
-  switch (action) {
-    case Action::kPlan:
-      return method == methods::GET;
-    case Action::kStore:
-      return method == methods::GET || method == methods::PUT;
-    default:
-      return method == methods::POST;
-  }
-}
-
-Result<std::map<std::string, std::string>> ParseQuery(const std::string& raw) {
-  std::map<std::string, std::string> query;
-  if (raw.empty()) return query;
-  for (const std::string& pair : Split(raw, '&')) {
-    if (pair.empty()) continue;
-    const size_t eq = pair.find('=');
-    VF_ASSIGN_OR_RETURN(std::string name, Decode(pair.substr(0, eq)));
-    std::string value;
-    if (eq != std::string::npos) {
-      VF_ASSIGN_OR_RETURN(value, Decode(pair.substr(eq + 1)));
-    }
-    query[std::move(name)] = std::move(value);
-  }
-  return query;
-}
-
-Result<int64_t> QueryInt(const std::map<std::string, std::string>& query, const std::string& name,
-                         int64_t fallback) {
-  auto it = query.find(name);
-  if (it == query.end()) return fallback;
-  const std::string& text = it->second;
-  int64_t value = 0;
-  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (error != std::errc() || end != text.data() + text.size()) {
-    return InvalidArgument("query parameter '" + name + "' must be an integer, got '" + text + "'");
-  }
-  return value;
-}
-
-Result<int64_t> PollTimeout(const std::map<std::string, std::string>& query, int64_t cap) {
-  VF_ASSIGN_OR_RETURN(const int64_t timeout, QueryInt(query, "timeout_ms", kDefaultPollMs));
-  if (timeout < 0) return InvalidArgument("query parameter 'timeout_ms' must be non-negative");
-  return std::min(timeout, cap);
-}
-
 // The worker a request speaks for: the header the agent sends with every request.
 std::string RequestWorker(const http_request& request) {
   std::string value;
@@ -208,14 +84,7 @@ std::string RequestWorker(const http_request& request) {
 std::string BearerToken(const http_request& request) {
   std::string value;
   if (!request.headers().match(web::http::header_names::authorization, value)) return {};
-  static constexpr std::string_view kScheme = "bearer ";
-  if (value.size() <= kScheme.size()) return {};
-  for (size_t i = 0; i < kScheme.size(); ++i) {
-    if (std::tolower(static_cast<unsigned char>(value[i])) != kScheme[i]) return {};
-  }
-  const size_t start = value.find_first_not_of(' ', kScheme.size());
-  if (start == std::string::npos) return {};
-  return value.substr(start);
+  return coordinator::BearerToken(value);
 }
 
 // A long poll waiting for a plan or a key. The coordinator's callback owns it; the timer holds
@@ -262,7 +131,6 @@ class CoordinatorServer::Impl {
   // `worker` is the one the request's credential was checked for.
   void Dispatch(const http_request& request, const Route& route, const std::string& worker,
                 const http::Body& body);
-  void HandleReport(const http_request& request, const Route& route, const json& body);
   void StartPoll(const http_request& request, const Route& route, int64_t after,
                  int64_t timeout_ms);
   void TimerLoop();
@@ -301,13 +169,13 @@ void CoordinatorServer::Impl::Handle(const http_request& request, const http::In
     SendError(request, code, message);
     http::DrainBody(request);
   };
-  Result<Route> route = ParseRoute(request.request_uri().path());
+  Result<Route> route = coordinator::ParseRoute(request.request_uri().path());
   if (!route.ok()) return reject(http::HttpCode(route.status()), route.status().message());
-  if (!MethodAllowed(route->action, request.method())) {
+  if (!coordinator::MethodAllowed(route->action, request.method())) {
     http_response response = JsonError(status_codes::MethodNotAllowed,
                                        "method " + request.method() + " is not allowed here; use " +
-                                           AllowedMethods(route->action));
-    response.headers().add(U("Allow"), AllowedMethods(route->action));
+                                           coordinator::AllowedMethods(route->action));
+    response.headers().add(U("Allow"), coordinator::AllowedMethods(route->action));
     http::Send(request, response);
     http::DrainBody(request);
     return;
@@ -359,12 +227,14 @@ void CoordinatorServer::Impl::Dispatch(const http_request& request, const Route&
   }
   const auto is_get = request.method() == web::http::methods::GET;
   if (route.action == Action::kPlan || (route.action == Action::kStore && is_get)) {
-    Result<std::map<std::string, std::string>> query = ParseQuery(request.request_uri().query());
+    Result<std::map<std::string, std::string>> query =
+        coordinator::ParseQuery(request.request_uri().query());
     if (!query.ok()) return SendStatus(request, query.status());
     const bool plan = route.action == Action::kPlan;
-    Result<int64_t> after = QueryInt(*query, "after", 0);
+    Result<int64_t> after = coordinator::QueryInt(*query, "after", 0);
     if (!after.ok()) return SendStatus(request, after.status());
-    Result<int64_t> timeout = PollTimeout(*query, plan ? kMaxPlanPollMs : kMaxStorePollMs);
+    Result<int64_t> timeout =
+        coordinator::PollTimeout(*query, plan ? kMaxPlanPollMs : kMaxStorePollMs);
     if (!timeout.ok()) return SendStatus(request, timeout.status());
     return StartPoll(request, route, *after, *timeout);
   }
@@ -372,59 +242,31 @@ void CoordinatorServer::Impl::Dispatch(const http_request& request, const Route&
     return SendNoContentOr(request, coordinator_.SetKey(route.job, route.key, body.data, caller));
   }
 
-  Result<json> parsed = wire::ParseObject(body.data);
+  Result<coordinator::Body> parsed = coordinator::ParseBody(route.action, body.data, caller);
   if (!parsed.ok()) return SendStatus(request, parsed.status());
-  const json& object = *parsed;
-  Result<std::string> worker = wire::StringField(object, "worker");
-  if (!worker.ok()) return SendStatus(request, worker.status());
-  if (*worker != caller) {
-    return SendStatus(request, PermissionDenied("the credential is worker " + caller +
-                                                "'s; it cannot act as worker " + *worker));
-  }
-
+  const coordinator::Body& fields = *parsed;
   switch (route.action) {
     case Action::kRegister: {
-      Result<std::string> fingerprint = wire::StringField(object, "fingerprint");
-      if (!fingerprint.ok()) return SendStatus(request, fingerprint.status());
-      Result<std::string> build = wire::StringField(object, "build");
-      if (!build.ok()) return SendStatus(request, build.status());
-      Result<bool> ready = wire::BoolField(object, "ready");
-      if (!ready.ok()) return SendStatus(request, ready.status());
       const Status registered =
-          coordinator_.RegisterWorker(route.job, *worker, *fingerprint, *build, *ready);
+          coordinator_.RegisterWorker(route.job, fields.worker, fields.fingerprint, fields.build,
+                                      fields.ready, fields.protocol);
       if (!registered.ok()) return SendStatus(request, registered);
       return SendJson(request, status_codes::OK, json{{"ok", true}});
     }
     case Action::kReport:
-      return HandleReport(request, route, object);
+      return SendNoContentOr(request,
+                             coordinator_.RecordReport(route.job, fields.worker, fields.report));
     case Action::kLeave:
-      return SendNoContentOr(request, coordinator_.RequestLeave(route.job, *worker));
-    case Action::kAck: {
-      Result<int64_t> epoch = wire::IntField(object, "epoch");
-      if (!epoch.ok()) return SendStatus(request, epoch.status());
-      return SendNoContentOr(request, coordinator_.AckPlan(route.job, *worker, *epoch));
-    }
-    case Action::kFailure: {
-      Result<int64_t> epoch = wire::IntField(object, "epoch");
-      if (!epoch.ok()) return SendStatus(request, epoch.status());
-      Result<int64_t> step = wire::IntField(object, "step");
-      if (!step.ok()) return SendStatus(request, step.status());
-      Result<std::string> message = wire::StringField(object, "message");
-      if (!message.ok()) return SendStatus(request, message.status());
+      return SendNoContentOr(request, coordinator_.RequestLeave(route.job, fields.worker));
+    case Action::kAck:
+      return SendNoContentOr(request, coordinator_.AckPlan(route.job, fields.worker, fields.epoch));
+    case Action::kFailure:
       return SendNoContentOr(
-          request, coordinator_.RecordFailure(route.job, *worker, *epoch, *step, *message));
-    }
+          request, coordinator_.RecordFailure(route.job, fields.worker, fields.epoch, fields.step,
+                                              fields.message));
     default:
       return SendError(request, status_codes::InternalError, "unrouted request");
   }
-}
-
-void CoordinatorServer::Impl::HandleReport(const http_request& request, const Route& route,
-                                           const json& object) {
-  Result<Report> report = wire::ReportFromJson(object);
-  if (!report.ok()) return SendStatus(request, report.status());
-  SendNoContentOr(request, coordinator_.RecordReport(
-                               route.job, object.at("worker").get<std::string>(), *report));
 }
 
 void CoordinatorServer::Impl::StartPoll(const http_request& request, const Route& route,
