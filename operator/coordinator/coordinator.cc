@@ -232,7 +232,6 @@ Status Coordinator::AddJob(const std::string& job, const std::string& secret,
     }
     return Status::Ok();
   }
-  ended_.erase(job);
   JobState& state = jobs_[job];
   state.secret = secret;
   state.fingerprint = fingerprint;
@@ -257,13 +256,6 @@ Status Coordinator::RemoveJob(const std::string& job) {
       deferred.push_back([done = std::move(watch.done), removed] { done(removed); });
     }
     memory_used_ -= it->second.charged;
-    ended_[job] = it->second.secret;
-    ended_order_.push_back(job);
-    while (ended_order_.size() > kMaxEndedJobs) {
-      auto oldest = ended_.find(ended_order_.front());
-      if (oldest != ended_.end() && !jobs_.count(oldest->first)) ended_.erase(oldest);
-      ended_order_.pop_front();
-    }
     jobs_.erase(it);
     changed_.notify_all();
   }
@@ -285,24 +277,15 @@ Status Coordinator::CheckCredential(const std::string& job, const std::string& w
       Unauthenticated("the credential is not valid for worker " + worker + " of job " + job);
   if (!IsName(worker)) return refused;
   std::string secret;
-  bool is_ended = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = jobs_.find(job);
-    if (it != jobs_.end()) {
-      secret = it->second.secret;
-    } else {
-      auto ended = ended_.find(job);
-      if (ended == ended_.end()) return refused;
-      secret = ended->second;
-      is_ended = true;
-    }
+    if (it == jobs_.end()) return refused;
+    secret = it->second.secret;
   }
   Result<std::string> expected = WorkerCredential(secret, worker);
   if (!expected.ok()) return expected.status();
   if (!ConstantTimeEquals(*expected, credential)) return refused;
-  // Only a worker of the job learns that it ended (and was recorded) rather than never existed.
-  if (is_ended) return NotFound("job " + job + " has ended");
   return Status::Ok();
 }
 
@@ -486,15 +469,8 @@ Status Coordinator::RecordReport(const std::string& job, const std::string& work
   VF_ASSIGN_OR_RETURN(WorkerInfo * info, FindWorkerLocked(job, worker));
   JobState& state = jobs_.at(job);
   if (report.epoch > state.plan.epoch) return FutureEpoch(report.epoch, state.plan.epoch);
-  // A final report may be of an older epoch: the other members exit once they have trained the
-  // last step, and an operator that restarted before it recorded the report (and so lost it)
-  // may have planned without them since. Rank 0 sends it again; the job is over either way.
-  const bool late_final = report.finished && report.epoch < state.plan.epoch;
-  if (report.epoch < state.plan.epoch && !late_final) {
-    return OlderEpoch(report.epoch, state.plan.epoch);
-  }
-  if ((report.finished || !report.weights_sha256.empty()) && !late_final &&
-      !IsRankZero(state.plan, worker)) {
+  if (report.epoch < state.plan.epoch) return OlderEpoch(report.epoch, state.plan.epoch);
+  if ((report.finished || !report.weights_sha256.empty()) && !IsRankZero(state.plan, worker)) {
     return PermissionDenied("worker " + worker + " is not rank 0 of epoch " +
                             std::to_string(state.plan.epoch) +
                             "; only rank 0 reports the job finished and its final weights");
@@ -617,12 +593,19 @@ bool Coordinator::WaitForChange(const std::string& job, uint64_t seen_generation
   });
 }
 
+void Coordinator::ObserveKeySets(KeySetObserver observer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  key_set_observer_ = std::move(observer);
+}
+
 Status Coordinator::SetKey(const std::string& job, const std::string& key, std::string_view value,
                            std::string_view writer) {
   VF_RETURN_IF_ERROR(ValidateKey(key));
+  KeySetObserver observer;
   Deferred deferred;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    observer = key_set_observer_;
     VF_ASSIGN_OR_RETURN(JobState * state, FindLocked(job));
     const int64_t key_epoch = KeyEpoch(key);
     if (key_epoch >= 0 && key_epoch < state->plan.epoch) {
@@ -668,6 +651,7 @@ Status Coordinator::SetKey(const std::string& job, const std::string& key, std::
     }
   }
   for (auto& fn : deferred) fn();
+  if (observer) observer(job, key);
   return Status::Ok();
 }
 

@@ -9,7 +9,6 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <limits>
 #include <map>
@@ -85,8 +84,6 @@ class Coordinator {
   // around it, rounded up.
   static constexpr size_t kKeyOverheadBytes = 128;
   static constexpr size_t kWorkerOverheadBytes = 512;
-  // Removed jobs remembered, so that their workers learn the job ended (CheckCredential).
-  static constexpr size_t kMaxEndedJobs = 4096;
 
   // `memory_budget` bounds what all jobs together hold; a write past it fails with
   // kFailedPrecondition.
@@ -108,9 +105,6 @@ class Coordinator {
   // unknown job, an invalid worker name and a wrong credential, so that the answer says nothing
   // of which jobs exist; compared in constant time (CRYPTO_memcmp), so that its timing says
   // nothing of the credential either.
-  // A job removed (RemoveJob: the controller recorded its end, or it was deleted) is kNotFound
-  // "job ... has ended" for a valid credential of it, so that its rank 0 knows its final report
-  // was recorded; the last kMaxEndedJobs removed jobs are remembered, until added again.
   Status CheckCredential(const std::string& job, const std::string& worker,
                          std::string_view credential) const;
 
@@ -144,8 +138,7 @@ class Coordinator {
   // The worker must be registered (kNotFound) and report in the current epoch
   // (kFailedPrecondition otherwise, so that it goes and fetches the newer plan). Only rank 0 of
   // the current plan reports for the whole job (finished, the final weights' digest):
-  // kPermissionDenied for anyone else. A final report (finished) of an older epoch is taken: the
-  // rank 0 that sends it again to a restarted operator may have been planned without since.
+  // kPermissionDenied for anyone else.
   Status RecordReport(const std::string& job, const std::string& worker, const Report& report);
   Status RequestLeave(const std::string& job, const std::string& worker);
   // The worker saw plan `epoch` exclude it and is exiting. `epoch` may not be in the future,
@@ -180,6 +173,11 @@ class Coordinator {
   // so that no worker outside a plan can plant an address its ranks would connect to.
   Status SetKey(const std::string& job, const std::string& key, std::string_view value,
                 std::string_view writer = {});
+  // Calls `observer` after every successful SetKey, without the lock held; nullptr removes it.
+  // For the operator's test-only fault injection, which acts at the moment a new epoch's
+  // members meet to transfer the state.
+  using KeySetObserver = std::function<void(const std::string& job, const std::string& key)>;
+  void ObserveKeySets(KeySetObserver observer);
   // Waits up to `timeout` for `key`; kDeadlineExceeded naming the key after that. A missing key
   // of an epoch older than the current one fails at once (it can no longer be written).
   Result<std::string> GetKey(const std::string& job, const std::string& key,
@@ -240,11 +238,8 @@ class Coordinator {
   mutable std::mutex mu_;
   std::condition_variable changed_;
   size_t memory_used_ = 0;
+  KeySetObserver key_set_observer_;
   std::map<std::string, JobState> jobs_;
-  // The secrets of the last kMaxEndedJobs removed jobs, oldest first in ended_order_: their
-  // workers are told the job ended (kNotFound) rather than that their credential is unknown.
-  std::map<std::string, std::string> ended_;
-  std::deque<std::string> ended_order_;
   // Which job each pending watch belongs to, so CancelWatch needs only the id.
   std::map<WatchId, std::string> watch_jobs_;
   uint64_t last_generation_ = 0;

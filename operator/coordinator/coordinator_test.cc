@@ -106,22 +106,6 @@ TEST_F(CoordinatorTest, CheckCredentialAcceptsOnlyTheWorkersOwn) {
   }
 }
 
-// An operator that restarted before recording the final report planned without the members
-// that had exited; rank 0 sends its report, of the older epoch, again.
-TEST_F(CoordinatorTest, AFinalReportOfAnOlderEpochIsTakenAProgressReportIsNot) {
-  RegisterAll(2);
-  ASSERT_TRUE(c_.PublishPlanWithEpoch(kJob, 4, Members(2)).ok());
-  ASSERT_TRUE(c_.PublishPlan(kJob, Members(1)).ok());
-  Report report;
-  report.epoch = 4;
-  report.step = 90;
-  EXPECT_EQ(c_.RecordReport(kJob, "w-0", report).code(), StatusCode::kFailedPrecondition);
-  report.finished = true;
-  report.weights_sha256 = std::string(64, 'a');
-  EXPECT_TRUE(c_.RecordReport(kJob, "w-0", report).ok());
-  EXPECT_TRUE(c_.GetJob(kJob)->workers.at("w-0").last_report.finished);
-}
-
 TEST_F(CoordinatorTest, OnlyRankZeroReportsForTheWholeJob) {
   RegisterAll(2);
   ASSERT_TRUE(c_.PublishPlan(kJob, Members(2)).ok());
@@ -677,21 +661,6 @@ TEST_F(CoordinatorTest, RemovingAJobFailsItsWatches) {
   ASSERT_TRUE(c_.RemoveJob(kJob).ok());
   EXPECT_EQ(not_found, 2);
   EXPECT_EQ(c_.RemoveJob(kJob).code(), StatusCode::kNotFound);
-}
-
-// Rank 0 of a job with no result file waits for this answer: its final report was recorded.
-TEST_F(CoordinatorTest, AWorkerOfARemovedJobLearnsItEndedAndNobodyElseDoes) {
-  const std::string credential = WorkerCredential(kToken, "w-0").value();
-  ASSERT_TRUE(c_.RemoveJob(kJob).ok());
-  const Status ended = c_.CheckCredential(kJob, "w-0", credential);
-  EXPECT_EQ(ended.code(), StatusCode::kNotFound);
-  EXPECT_EQ(ended.message(), std::string("job ") + kJob + " has ended");
-  EXPECT_EQ(c_.CheckCredential(kJob, "w-0", "wrong").code(), StatusCode::kUnauthenticated);
-  EXPECT_EQ(c_.CheckCredential("team/never", "w-0", credential).code(),
-            StatusCode::kUnauthenticated);
-  // Added again (a new job of the same name), it is a live job again.
-  ASSERT_TRUE(c_.AddJob(kJob, kToken, kFingerprint, kBuild).ok());
-  EXPECT_TRUE(c_.CheckCredential(kJob, "w-0", credential).ok());
 }
 
 TEST_F(CoordinatorTest, CallbacksMayCallBackIntoTheCoordinator) {
