@@ -355,6 +355,11 @@ int RunWhileLeading(std::stop_token stop, const OperatorFlags& f, vf::kube::Clie
 int main(int argc, char** argv) {
   OperatorFlags flags;
   if (auto exit_code = ParseFlags(argc, argv, flags)) return *exit_code;
+  // Test-only settings, read once: a phase to kill the operator at (fault.h), and a build to
+  // pose as (an operator upgraded under running jobs).
+  auto fault = vf::controller::OperatorFault::Parse(EnvOr("VF_FAULT_OPERATOR_EXIT_AT", ""));
+  if (!fault.ok()) return vf::UsageError(kProgram, fault.status().message());
+  const std::string test_build = EnvOr("VF_TEST_OPERATOR_BUILD", "");
   std::stop_source process_stop = StopOnSignals();
 
   vf::OperatorMetrics metrics;
@@ -382,8 +387,13 @@ int main(int argc, char** argv) {
                (*http)->url().c_str(), flags.identity.c_str());
 
   // The controller, alone or while leading, until a signal or lost leadership.
-  const vf::controller::ControllerOptions options =
+  vf::controller::ControllerOptions options =
       MakeControllerOptions(flags, coordinator_url, metrics);
+  options.reconciler.fault = *fault;
+  options.reconciler.build = test_build;
+  if (!test_build.empty()) {
+    std::fprintf(stderr, "virtualflow-operator: testing: posing as build %s\n", test_build.c_str());
+  }
   const std::function<void(std::stop_token)> run_controller = [&](std::stop_token stop) {
     RunController(stop, *clients->main, coordinator, options, leadership);
   };

@@ -26,7 +26,7 @@ namespace {
 
 constexpr auto kExpectationTimeout = std::chrono::seconds(60);
 
-std::string Build() { return std::string("virtualflow ") + VF_VERSION; }
+std::string OwnBuild() { return std::string("virtualflow ") + VF_VERSION; }
 
 Result<std::string> RandomToken() {
   unsigned char bytes[32];
@@ -199,7 +199,19 @@ Reconciler::Reconciler(kube::Client& client, const Informer& jobs, const Informe
       coordinator_(coordinator),
       options_(std::move(options)),
       hooks_(std::move(hooks)),
-      policy_(std::move(policy)) {}
+      policy_(std::move(policy)) {
+  if (options_.fault.armed("state-transfer")) {
+    coordinator_.ObserveKeySets([this](const std::string& job, const std::string& key) {
+      InjectStateTransferFault(job, key);
+    });
+  }
+}
+
+Reconciler::~Reconciler() {
+  // Test-only, and a term ends at most once in a test: a key set at that very moment may still
+  // call the observer, which only reads this object's fault settings under its mutex.
+  if (options_.fault.armed("state-transfer")) coordinator_.ObserveKeySets(nullptr);
+}
 
 Result<std::string> Reconciler::EnsureToken(const json& job) {
   const json& meta = job.at("metadata");
@@ -266,11 +278,12 @@ Status Reconciler::EnsureCoordinatorJob(const std::string& key, const json& job,
     auto it = registered_.find(key);
     if (it != registered_.end() && it->second == uid) return Status::Ok();
   }
-  Status added = coordinator_.AddJob(key, token, fingerprint, Build());
+  const std::string build = options_.build.empty() ? OwnBuild() : options_.build;
+  Status added = coordinator_.AddJob(key, token, fingerprint, build);
   if (added.code() == StatusCode::kFailedPrecondition) {
     // An earlier job of the same name: its state is of no use to this one.
     (void)coordinator_.RemoveJob(key);
-    added = coordinator_.AddJob(key, token, fingerprint, Build());
+    added = coordinator_.AddJob(key, token, fingerprint, build);
   }
   VF_RETURN_IF_ERROR(added.WithContext("coordinator"));
   // After an operator restart the plan the workers train under is in the status: restore it,
@@ -996,6 +1009,27 @@ policy::MembershipInput Reconciler::MembershipInputOf(const Pass& p) const {
   return in;
 }
 
+void Reconciler::InjectFault(const Pass& p) {
+  const OperatorFault& fault = options_.fault;
+  const Plan& plan = p.view.plan;
+  for (const auto& [worker, info] : p.view.workers) {
+    const bool member = p.in_plan.count(worker) != 0;
+    if (!member && !info.ready && plan.epoch > 0) fault.At("joiners-warming", p.key);
+    if (!member && info.leave_requested && info.acked_epoch < plan.epoch) {
+      fault.At("acks-pending", p.key);
+    }
+  }
+}
+
+void Reconciler::InjectStateTransferFault(const std::string& job, const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto published = published_joiners_.find(job);
+  if (published != published_joiners_.end() && !published->second.second.empty() &&
+      KeyEpoch(key) == published->second.first) {
+    options_.fault.At("state-transfer", job);
+  }
+}
+
 Status Reconciler::UpdateMembership(Pass& p) {
   // Once the members have trained the last step they exit one by one while rank 0 evaluates;
   // that is the end of the job, not a failure, so membership and pods are left alone.
@@ -1003,6 +1037,7 @@ Status Reconciler::UpdateMembership(Pass& p) {
     p.finishing = p.finishing || (p.total_steps > 0 && p.in_plan.count(worker) != 0 &&
                                   info.last_report.step >= p.total_steps);
   }
+  InjectFault(p);
   if (p.finishing) return Status::Ok();
   p.decision = policy::DecideMembership(MembershipInputOf(p));
   if (!p.decision.publish) return Status::Ok();
@@ -1034,6 +1069,18 @@ Status Reconciler::UpdateMembership(Pass& p) {
         kind == "start" ? "Started" : (kind == "failure" ? "Recovered" : "Resized"),
         p.decision.reason);
   if (hooks_.on_resize && kind != "start") hooks_.on_resize(p.key, kind, from, to);
+  if (kind != "start") options_.fault.At("plan-published", p.key);
+  // The members this plan drops are to acknowledge it before they exit (a pod deleted, a
+  // node drained: the operator plans without them as soon as it sees that, before they ask).
+  if (kind == "leave") options_.fault.At("acks-pending", p.key);
+  if (options_.fault.armed("state-transfer")) {
+    std::set<std::string> joiners;
+    for (const Member& m : next) {
+      if (p.in_plan.count(m.worker) == 0) joiners.insert(m.worker);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    published_joiners_[p.key] = {p.epoch, std::move(joiners)};
+  }
   p.members = next;
   p.in_plan.clear();
   for (const Member& m : p.members) p.in_plan.insert(m.worker);

@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "operator/controller/fault.h"
 #include "operator/controller/informer.h"
 #include "operator/controller/inventory.h"
 #include "operator/controller/worker_pod.h"
@@ -52,6 +53,10 @@ struct ReconcilerOptions {
   PodSettings pods;
   std::string policy = "elastic";
   double join_batch_seconds = policy::kJoinBatchSeconds;
+  // The build the coordinator expects of a new job's workers; empty: this operator's own.
+  std::string build;
+  // Test-only: the phase at which the operator kills itself (fault.h).
+  OperatorFault fault;
 };
 
 // Reconciles one job at a time per key. Reconcile may run on several threads for different
@@ -65,6 +70,10 @@ class Reconciler {
                                                     Coordinator& coordinator,
                                                     ReconcilerOptions options,
                                                     ReconcilerHooks hooks = {});
+
+  ~Reconciler();
+  Reconciler(const Reconciler&) = delete;
+  Reconciler& operator=(const Reconciler&) = delete;
 
   // `key` is "namespace/name".
   Result<ReconcileResult> Reconcile(const std::string& key);
@@ -121,6 +130,11 @@ class Reconciler {
   void StampTimes(Pass& p);
   // Publishes the next membership plan when one is due: the status first, then the coordinator.
   Status UpdateMembership(Pass& p);
+  // Test-only: kills the operator at the phase options_.fault names, if the pass is in it.
+  void InjectFault(const Pass& p);
+  // Test-only: a store key of an epoch this operator published with joiners was written: its
+  // members are meeting to transfer the state to them.
+  void InjectStateTransferFault(const std::string& job, const std::string& key);
   policy::MembershipInput MembershipInputOf(const Pass& p) const;
   // Deletes pods that served their purpose and surplus joiners; creates the missing ones.
   Status ReconcilePods(Pass& p);
@@ -176,6 +190,9 @@ class Reconciler {
   std::map<std::string, std::string> registered_;
   // Job key -> failed pods already counted and reported.
   std::map<std::string, std::set<std::string>> failures_seen_;
+  // Test-only (options_.fault armed for state-transfer): per job, the epoch of the last plan this
+  // operator published and the joiners it added.
+  std::map<std::string, std::pair<int64_t, std::set<std::string>>> published_joiners_;
   // Job key -> the step of the last failed checkpoint an Event was recorded for.
   std::map<std::string, int64_t> checkpoint_failures_seen_;
   // Job key -> the UID of the incarnation and the startTime and completionTime written for it.

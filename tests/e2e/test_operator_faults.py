@@ -1,0 +1,206 @@
+"""Faults around a running VirtualFlowJob on a real control plane, each ending with the weights
+of a local static run: the operator killed (SIGKILL) at every phase of a resize and started again; an operator upgraded (a newer build) under a running
+job; a worker pod that hangs (SIGSTOP) in a 3-worker job. One control plane for the class."""
+
+import concurrent.futures
+import copy
+import os
+import signal
+import unittest
+from typing import Any
+
+from test_operator import NS, OperatorTestCase, job_manifest, local_sha
+
+FAULT_ENV = "VF_FAULT_OPERATOR_EXIT_AT"
+BUILD_ENV = "VF_TEST_OPERATOR_BUILD"
+
+
+def with_timeout(manifest: dict[str, Any], seconds: int) -> dict[str, Any]:
+    """A copy of MANIFEST whose workers run the built-in agent with --timeout SECONDS (as a user
+    program, with the facts the operator hands it in VF_* variables), so that a hung member's
+    peers give up on it in seconds rather than the default minute. Same training, same weights."""
+    manifest = copy.deepcopy(manifest)
+    manifest["spec"]["template"]["command"] = ["sh", "-c", (
+        "exec virtualflow-agent --coordinator \"$VF_COORDINATOR\" --job-id \"$VF_JOB_ID\" "
+        "--worker \"$VF_WORKER\" --token-file \"$VF_JOB_TOKEN_FILE\" "
+        "--metrics-port \"$VF_METRICS_PORT\" --timeout %d" % seconds)]
+    return manifest
+
+
+STEPS = 1500
+
+
+def faults_manifest(name: str, delay_ms: int) -> dict[str, Any]:
+    """Every test's job: the same training (so one static run serves all), paced by DELAY_MS
+    per virtual node so that the faults land mid-run (the pace changes no weight)."""
+    return job_manifest(name, steps=STEPS, delay_ms=delay_ms)
+
+
+class OperatorFaultsTest(OperatorTestCase):
+    @classmethod
+    def setUpClass(cls) -> None:
+        super().setUpClass()
+        # The static run the jobs must match, computed once, beside the first test.
+        cls.static = concurrent.futures.ThreadPoolExecutor(1).submit(
+            local_sha, faults_manifest("static", 0), 1)
+
+    def static_sha(self) -> str:
+        return self.static.result(timeout=900)
+
+    # -------------------------------------------------------------- helpers
+
+    def start_operator_with(self, identity: str, env: dict[str, str]) -> Any:
+        """An operator whose environment adds ENV (the test-only settings)."""
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            return self.start_operator(identity=identity)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    del os.environ[k]
+                else:
+                    os.environ[k] = v
+
+    def start_faulted(self, phase: str) -> Any:
+        return self.start_operator_with("operator-at-" + phase, {FAULT_ENV: phase})
+
+    def wait_killed_at(self, phase: str, timeout: float = 120) -> None:
+        """Waits for the operator armed for PHASE to kill itself there."""
+        op = self.operator
+        self.cp.wait_for("the operator to be killed at " + phase, lambda: not op.alive(),
+                         timeout=timeout)
+        self.assertEqual(op.proc.returncode, -signal.SIGKILL, op.tail(20))
+        self.assertIn("killing the operator at " + phase, op.tail(20))
+
+    def status_quiet(self, name: str) -> dict[str, Any]:
+        """The job's status, failing on a Failed job, while no operator may be running."""
+        status = self.status(name)
+        if status.get("phase") == "Failed":
+            raise AssertionError("job %s failed: %s" % (name, status.get("message")))
+        return status
+
+    def stop_operator(self) -> None:
+        if self.operator and self.operator.alive():
+            self.operator.stop()
+
+    def worker_pid(self, pod: dict[str, Any]) -> int:
+        """The pid of POD's process, which the pod runner reports in its containerID."""
+        cid = pod["status"]["containerStatuses"][0]["containerID"]
+        return int(cid.rsplit("://", 1)[1])
+
+    # -------------------------------------------------------------- tests
+
+    def test_1_operator_upgraded_under_a_running_job_keeps_its_workers(self) -> None:
+        """A newer operator build with the same protocol restores the plan of workers of the
+        older build and keeps them; the job ends with the weights of a static run."""
+        name = "upgrade"
+        manifest = faults_manifest(name, delay_ms=8)
+        self.reset_nodes(("gpu-u", 2))
+        self.apply(manifest)
+        self.wait_workers(name, 2)
+        self.wait_step(name, 30)
+        before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in self.pods(name)}
+        self.stop_operator()
+        self.start_operator_with("operator-upgraded", {BUILD_ENV: "virtualflow 99.0.0-test"})
+        status = self.wait_succeeded(name)
+        self.assertIn("posing as build virtualflow 99.0.0-test", self.operator.tail(400))
+        after = {p["metadata"]["name"]: p["metadata"]["uid"] for p in self.pods(name)}
+        self.assertEqual(after, before, "workers were replaced")
+        self.assertNotIn("was refused", self.operator.tail(400))
+        self.assertEqual(status["weightsSha256"], self.static_sha())
+        self.delete_job(name)
+        self.stop_operator()
+
+    def test_2_a_hung_worker_is_left_out_then_fenced_and_replaced_when_woken(self) -> None:
+        """kill -STOP of one of 3 workers: its peers' collective times out, the coordinator hears
+        nothing from it, and the next plan goes on without it; its pod keeps its GPU, so no
+        replacement can take its place meanwhile. Woken (kill -CONT), it is fenced by its stale
+        epoch: it exits 0 and the operator replaces its pod."""
+        name = "hung"
+        manifest = faults_manifest(name, delay_ms=8)
+        self.reset_nodes(("gpu-h", 3))
+        self.apply(with_timeout(manifest, 15))
+        self.wait_workers(name, 3)
+        self.wait_step(name, 30)
+        status = self.status(name)
+        victim = status["assignment"][-1]["worker"]
+        pod = next(p for p in self.pods(name) if p["metadata"]["name"] == victim)
+        pid = self.worker_pid(pod)
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            self.assertIn(b"virtualflow-agent", f.read())
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            left_out = self.wait_status(
+                name, "a plan without the stopped %s" % victim,
+                lambda s: s.get("phase") == "Running" and s.get("workers") == 2 and
+                victim not in [a["worker"] for a in s.get("assignment", [])], timeout=180)
+            self.assertGreater(left_out["epoch"], status["epoch"])
+            step = left_out.get("step", 0)
+            self.wait_step(name, step + 20)
+            # Not replaced: its pod runs and holds its GPU, so no other pod fits.
+            uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in self.pods(name)}
+            self.assertEqual(len(uids), 3, uids)
+            self.assertEqual(uids.get(victim), pod["metadata"]["uid"])
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        # Woken, it finds itself out of the current plan (its epoch is stale): it acknowledges
+        # that plan and exits 0, and the operator replaces its pod.
+        path = "/api/v1/namespaces/%s/pods/%s" % (NS, victim)
+
+        def exited_0() -> bool:
+            woken = self.cp.get(path)  # the operator deletes a pod that succeeded early
+            return woken is None or woken["status"].get("phase") == "Succeeded"
+        self.cp.wait_for("the woken %s to exit 0" % victim, exited_0, timeout=120)
+        self.assertEqual([m for r, m in self.events(name) if r == "WorkerFailed"], [])
+        self.wait_status(name, "a replacement of %s in the plan" % victim,
+                         lambda s: s.get("phase") == "Succeeded" or (
+                             s.get("workers") == 3 and
+                             victim not in [a["worker"] for a in s.get("assignment", [])]),
+                         timeout=180)
+        status = self.wait_succeeded(name)
+        self.assertEqual(status["weightsSha256"], self.static_sha())
+        self.delete_job(name)
+
+    def test_3_operator_killed_at_every_phase_of_a_resize(self) -> None:
+        """One job, the operator killed (SIGKILL, by its test-only fault injection) and started
+        again at each phase in turn: a joiner warming up, the plan just published, the joiners
+        receiving the state, a leaver's acknowledgement pending. The job never fails and ends
+        with the weights of a static run."""
+        name = "phases"
+        manifest = faults_manifest(name, delay_ms=12)
+        self.reset_nodes(("gpu-p1", 1))
+        self.stop_operator()
+        self.start_faulted("joiners-warming")
+        self.apply(manifest)
+        self.wait_workers(name, 1)
+        self.wait_step(name, 20)
+        # A node joins: its pod registers and warms up.
+        self.cp.add_gpu_node("gpu-p2", gpus=1)
+        self.wait_killed_at("joiners-warming")
+        epoch = self.status_quiet(name)["epoch"]
+        # The next operator takes the joiner in, and is killed as it publishes that plan.
+        self.start_faulted("plan-published")
+        self.wait_killed_at("plan-published")
+        grown = self.status_quiet(name)
+        self.assertEqual((grown["epoch"], grown["workers"]), (epoch + 1, 2), grown)
+        # Another node: killed while the new joiner receives the state.
+        self.start_faulted("state-transfer")
+        self.wait_workers(name, 2)
+        self.cp.add_gpu_node("gpu-p3", gpus=1)
+        self.wait_killed_at("state-transfer")
+        self.assertEqual(self.status_quiet(name)["workers"], 3)
+        # A member asked to leave (its pod deleted): killed before it acknowledged its plan.
+        self.start_faulted("acks-pending")
+        self.wait_workers(name, 3)
+        leaver = self.status(name)["assignment"][-1]["worker"]
+        self.cp.kubectl("delete", "pod", "-n", NS, leaver, "--wait=false", check=True)
+        self.wait_killed_at("acks-pending")
+        self.start_operator(identity="operator-plain")
+        status = self.wait_succeeded(name)
+        self.assertEqual(status["weightsSha256"], self.static_sha())
+        self.delete_job(name)
+
+
+if __name__ == "__main__":
+    unittest.main()
