@@ -184,12 +184,11 @@ class OperatorFaultsTest(OperatorTestCase):
         self.wait_killed_at("plan-published")
         grown = self.status_quiet(name)
         self.assertEqual((grown["epoch"], grown["workers"]), (epoch + 1, 2), grown)
-        # Another node: killed while the new joiner receives the state.
+        # Another node: killed as the members of the next grown plan meet to send its joiner the
+        # state (that plan may also be the one that takes back a worker the restart above cost).
         self.start_faulted("state-transfer")
-        self.wait_workers(name, 2)
         self.cp.add_gpu_node("gpu-p3", gpus=1)
         self.wait_killed_at("state-transfer")
-        self.assertEqual(self.status_quiet(name)["workers"], 3)
         # A member asked to leave (its pod deleted): killed before it acknowledged its plan.
         self.start_faulted("acks-pending")
         self.wait_workers(name, 3)
