@@ -1,12 +1,28 @@
 #!/usr/bin/env bash
 # Prints, one a line, the packages (dpkg) that hold the shared libraries the given binaries load,
-# so that a final image stage installs exactly those and nothing else. Fails when a library
-# belongs to no package, except the GPU driver's libraries, which the NVIDIA container runtime
-# mounts into GPU containers at start. Used by the Dockerfiles beside it, in their build stage.
+# so that an image installs exactly those and nothing else. Fails when a library belongs to no
+# package, except the GPU driver's libraries, which the NVIDIA container runtime mounts into GPU
+# containers at start, and libraries under a --bundled directory (CUDA and NCCL from their
+# wheels, which the image builder copies in itself).
+#
+# usage: runtime-packages.sh [--bundled DIR]... BINARY...
+#        runtime-packages.sh --check LIST [--bundled DIR]... BINARY...
+# With --check it prints nothing and fails unless LIST (docker/packages-<image>.txt) names exactly
+# those packages plus others that each carry a comment saying why (`name   # reason`). Used by
+# the Dockerfiles beside it, in their build stage, and by scripts/images.sh.
 set -euo pipefail
-[ "$#" -gt 0 ] || { echo "usage: $0 BINARY..." >&2; exit 2; }
 
 DRIVER_LIBS='^(libcuda|libnvidia-ml|libnvidia-ptxjitcompiler)\.so'
+check=""
+bundled=()
+while [ "$#" -gt 0 ]; do
+  case "$1" in
+    --check) check="$2"; shift 2 ;;
+    --bundled) bundled+=("$(readlink -f "$2")"); shift 2 ;;
+    *) break ;;
+  esac
+done
+[ "$#" -gt 0 ] || { echo "usage: $0 [--check LIST] [--bundled DIR]... BINARY..." >&2; exit 2; }
 
 owner() {  # the package holding library file $1, trying the names a merged /usr gives it
   local lib="$1" real
@@ -16,6 +32,15 @@ owner() {  # the package holding library file $1, trying the names a merged /usr
       echo "${out%%:*}"
       return 0
     fi
+  done
+  return 1
+}
+
+is_bundled() {  # true when library file $1 lies under a --bundled directory
+  local real dir
+  real="$(readlink -f "$1")"
+  for dir in "${bundled[@]}"; do
+    [[ "$real" == "$dir"/* ]] && return 0
   done
   return 1
 }
@@ -30,6 +55,8 @@ for bin in "$@"; do
       [[ "$name" =~ $DRIVER_LIBS ]] && continue
       echo "runtime-packages: $bin needs $name, which is not found" >&2
       status=1
+    elif [ "${#bundled[@]}" -gt 0 ] && is_bundled "$path"; then
+      continue
     elif pkg="$(owner "$path")"; then
       packages+=("${pkg%%,*}")
     else
@@ -39,4 +66,24 @@ for bin in "$@"; do
   done < <(ldd "$bin")
 done
 [ "$status" -eq 0 ] || exit "$status"
-printf '%s\n' "${packages[@]}" | sort -u
+linked="$(printf '%s\n' "${packages[@]}" | sort -u)"
+if [ -z "$check" ]; then
+  echo "$linked"
+  exit 0
+fi
+
+# The list: a package a line; one the binaries do not link must say why in a comment.
+listed="$(sed -e 's/#.*//' -e 's/[[:space:]]//g' -e '/^$/d' "$check" | sort -u)"
+explained="$(sed -n -e 's/^[[:space:]]*\([^#[:space:]]\+\)[[:space:]]*#.*/\1/p' "$check" | sort -u)"
+missing="$(comm -23 <(echo "$linked") <(echo "$listed"))"
+unexplained="$(comm -23 <(comm -23 <(echo "$listed") <(echo "$linked")) <(echo "$explained"))"
+if [ -n "$missing" ]; then
+  echo "runtime-packages: $check lacks what the binaries link:" $missing >&2
+  status=1
+fi
+if [ -n "$unexplained" ]; then
+  echo "runtime-packages: $check names packages the binaries do not link, without a comment" \
+       "saying why:" $unexplained >&2
+  status=1
+fi
+exit "$status"
