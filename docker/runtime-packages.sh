@@ -2,11 +2,12 @@
 # Prints, one a line, the packages (dpkg) that hold the shared libraries the given binaries load,
 # so that an image installs exactly those and nothing else. Fails when a library belongs to no
 # package, except the GPU driver's libraries, which the NVIDIA container runtime mounts into GPU
-# containers at start, and libraries under a --bundled directory (CUDA and NCCL from their
-# wheels, which the image builder copies in itself).
+# containers at start. With --bundle-into DIR, a library no package holds (the CUDA runtime,
+# cuBLAS and NCCL from the toolkit's wheels, which libvirtualflow-cuda.so links) is copied into
+# DIR instead, for the image to carry it.
 #
-# usage: runtime-packages.sh [--bundled DIR]... BINARY...
-#        runtime-packages.sh --check LIST [--bundled DIR]... BINARY...
+# usage: runtime-packages.sh [--bundle-into DIR] BINARY...
+#        runtime-packages.sh --check LIST [--bundle-into DIR] BINARY...
 # With --check it prints nothing and fails unless LIST (docker/packages-<image>.txt) names exactly
 # those packages plus others that each carry a comment saying why (`name   # reason`). Used by
 # the Dockerfiles beside it, in their build stage, and by scripts/images.sh.
@@ -14,15 +15,15 @@ set -euo pipefail
 
 DRIVER_LIBS='^(libcuda|libnvidia-ml|libnvidia-ptxjitcompiler)\.so'
 check=""
-bundled=()
+bundle_into=""
 while [ "$#" -gt 0 ]; do
   case "$1" in
     --check) check="$2"; shift 2 ;;
-    --bundled) bundled+=("$(readlink -f "$2")"); shift 2 ;;
+    --bundle-into) bundle_into="$2"; shift 2 ;;
     *) break ;;
   esac
 done
-[ "$#" -gt 0 ] || { echo "usage: $0 [--check LIST] [--bundled DIR]... BINARY..." >&2; exit 2; }
+[ "$#" -gt 0 ] || { echo "usage: $0 [--check LIST] [--bundle-into DIR] BINARY..." >&2; exit 2; }
 
 owner() {  # the package holding library file $1, trying the names a merged /usr gives it
   local lib="$1" real
@@ -32,15 +33,6 @@ owner() {  # the package holding library file $1, trying the names a merged /usr
       echo "${out%%:*}"
       return 0
     fi
-  done
-  return 1
-}
-
-is_bundled() {  # true when library file $1 lies under a --bundled directory
-  local real dir
-  real="$(readlink -f "$1")"
-  for dir in "${bundled[@]}"; do
-    [[ "$real" == "$dir"/* ]] && return 0
   done
   return 1
 }
@@ -55,10 +47,11 @@ for bin in "$@"; do
       [[ "$name" =~ $DRIVER_LIBS ]] && continue
       echo "runtime-packages: $bin needs $name, which is not found" >&2
       status=1
-    elif [ "${#bundled[@]}" -gt 0 ] && is_bundled "$path"; then
-      continue
     elif pkg="$(owner "$path")"; then
       packages+=("${pkg%%,*}")
+    elif [ -n "$bundle_into" ]; then
+      mkdir -p "$bundle_into"
+      cp -L "$path" "$bundle_into/$name"
     else
       echo "runtime-packages: $bin needs $path, which no package holds" >&2
       status=1

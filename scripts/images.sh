@@ -15,6 +15,7 @@
 # made of, so a second run only re-tags. Prints each image's size.
 #
 # usage: scripts/images.sh [IMAGE...]          (default: all three)
+#        scripts/images.sh --describe IMAGE   what the image holds and runs, one "KEY VALUE" a line
 # Push one with skopeo: skopeo copy oci:$HOME/.cache/virtualflow/images/agent:0.1.0 \
 #                                   docker://REGISTRY/virtualflow/agent:0.1.0
 # Needs root (mmdebstrap installs packages as root), mmdebstrap and umoci (scripts/setup.sh).
@@ -42,8 +43,7 @@ if [ -n "$(git -C "$root" status --porcelain --untracked-files=no)" ]; then
   revision="$revision-dirty"
 fi
 source_url="${VF_IMAGE_SOURCE:-$(git -C "$root" config --get remote.origin.url || echo "file://$root")}"
-site_packages="$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-nvidia_dir="$site_packages/nvidia"
+site_packages=""
 
 # ------------------------------------------------------------------ what each image holds
 
@@ -54,12 +54,9 @@ image_files() {
       echo "$build/bin/virtualflow-operator usr/local/bin/virtualflow-operator" ;;
     agent)
       for f in virtualflow-agent vf libvirtualflow-cuda.so; do
+        [ "$f" = libvirtualflow-cuda.so ] && [ ! -f "$build/bin/$f" ] && continue
         echo "$build/bin/$f usr/local/bin/$f"
-      done
-      # The CUDA runtime, cuBLAS and NCCL that libvirtualflow-cuda.so links, from the toolkit
-      # it was built with; ld.so finds them through /etc/ld.so.conf.d/virtualflow-cuda.conf.
-      cuda_libraries "$build/bin/libvirtualflow-cuda.so" |
-        while read -r lib; do echo "$lib usr/local/lib/virtualflow-cuda/$(basename "$lib")"; done ;;
+      done ;;
     torch-agent)
       echo "$build/bin/vf usr/local/bin/vf"
       echo "$build/python/virtualflow usr/local/lib/python3.11/dist-packages/virtualflow"
@@ -72,7 +69,10 @@ image_files() {
 image_binaries() {
   case "$1" in
     operator) echo "$build/bin/virtualflow-operator" ;;
-    agent) echo "$build/bin/virtualflow-agent $build/bin/vf $build/bin/libvirtualflow-cuda.so" ;;
+    agent)
+      echo "$build/bin/virtualflow-agent $build/bin/vf"
+      # The CUDA device and NCCL communicator, in a build with CUDA (VF_WITH_CUDA).
+      [ -f "$build/bin/libvirtualflow-cuda.so" ] && echo "$build/bin/libvirtualflow-cuda.so" ;;
     torch-agent) echo "$build/bin/vf $(ls "$build"/python/virtualflow/_core.*.so)" ;;
   esac
 }
@@ -97,13 +97,6 @@ image_description() {
     agent) echo "VirtualFlow agent: trains a job's virtual nodes on CPUs or CUDA with NCCL" ;;
     torch-agent) echo "VirtualFlow for PyTorch: the virtualflow package, PyTorch and vf" ;;
   esac
-}
-
-# The wheel-installed libraries (under the environment's nvidia/ directory) that $1 links.
-cuda_libraries() {
-  ldd "$1" | awk '$2 == "=>" {print $3}' | while read -r lib; do
-    [[ "$(readlink -f "$lib")" == "$nvidia_dir"/* ]] && readlink -f "$lib"
-  done | sort -u
 }
 
 # ------------------------------------------------------------------ layers
@@ -194,10 +187,6 @@ stage_files() {
     fi
   done < <(image_files "$name")
   chmod -R u=rwX,go=rX "$stage"
-  if [ -d "$stage/usr/local/lib/virtualflow-cuda" ]; then
-    mkdir -p "$stage/etc/ld.so.conf.d"
-    echo /usr/local/lib/virtualflow-cuda > "$stage/etc/ld.so.conf.d/virtualflow-cuda.conf"
-  fi
 }
 
 # Checks in the image's root file system ($2: the base with the files of $1 added) that every
@@ -218,6 +207,8 @@ check_libraries() {
 # The layer of the Python packages PyTorch needs (torch-agent): tag deps-KEY on top of tag $2.
 python_layer() {
   local layout="$1" from="$2" list dists key tag stage
+  [ -x "$python" ] || die "torch-agent: no Python environment with PyTorch at $python (VF_PYTHON)"
+  site_packages="$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
   list="$(mktemp)"
   # triton is left out: it compiles kernels for torch.compile on a GPU (~1 GB), which eager
   # training does not use.
@@ -262,25 +253,35 @@ print("%s compressed (%s)" % (mib(sum(l["size"] for l in manifest["layers"])), "
 PY
 }
 
-# Removes the tags of layers no longer built (older keys) and their blobs.
+# Removes the tags of layers no longer built (older keys) and, when there were some, their blobs
+# (umoci gc reads every blob: a minute for the PyTorch image, so not on every run).
 collect_garbage() {
-  local layout="$1" tag
+  local layout="$1" tag removed=""
   shift
   for tag in $(umoci ls --layout "$layout"); do
     if ! printf '%s\n' "$@" | grep -qxF "$tag"; then
       umoci rm --image "$layout:$tag"
+      removed=1
     fi
   done
-  umoci gc --layout "$layout"
+  [ -z "$removed" ] || umoci gc --layout "$layout"
 }
 
 build_image() {
   local name="$1" layout="$out/$1" tar base top stage work key app
   local start=$SECONDS
+  stage="$(mktemp -d "$out/tmp.XXXXXX")"
+  # The package list must hold what the binaries link. The libraries no package holds (the CUDA
+  # runtime, cuBLAS and NCCL that libvirtualflow-cuda.so links, from the toolkit it was built
+  # with) go into the image beside the package's, where ld.so.conf.d/virtualflow-cuda.conf points.
   # shellcheck disable=SC2046
   "$root/docker/runtime-packages.sh" --check "$root/docker/packages-$name.txt" \
-    --bundled "$nvidia_dir" $(image_binaries "$name") ||
+    --bundle-into "$stage/files/usr/local/lib/virtualflow-cuda" $(image_binaries "$name") ||
     die "$name: docker/packages-$name.txt and the binaries disagree"
+  if [ -d "$stage/files/usr/local/lib/virtualflow-cuda" ]; then
+    mkdir -p "$stage/files/etc/ld.so.conf.d"
+    echo /usr/local/lib/virtualflow-cuda > "$stage/files/etc/ld.so.conf.d/virtualflow-cuda.conf"
+  fi
   tar="$(rootfs_tar "$name")"
   if [ ! -f "$layout/index.json" ]; then
     umoci init --layout "$layout"
@@ -289,9 +290,10 @@ build_image() {
   base="base-$(basename "$tar" .tar | sed "s/^$name-//")"
   add_layer "$layout" empty "$tar" "$base" "root file system: Debian $SUITE, docker/packages-$name.txt"
   top="$base"
-  [ "$name" = torch-agent ] && top="$(python_layer "$layout" "$base")"
+  if [ "$name" = torch-agent ]; then
+    top="$(python_layer "$layout" "$base")"
+  fi
 
-  stage="$(mktemp -d "$out/tmp.XXXXXX")"
   work="$stage.root"
   stage_files "$name" "$stage/files"
   mkdir "$work"
@@ -325,7 +327,32 @@ build_image() {
   log "$name: oci:$layout:$version, $(report_size "$name" "$layout"), $((SECONDS - start)) s"
 }
 
+# What image $1 is, for tests/images/test_dockerfiles.py to compare with its Dockerfile: lines
+# "KEY VALUE" (user, entrypoint, cmd, workingdir, exposedports, label, packages, file).
+describe() {
+  local word
+  echo "user $USER_ID:$USER_ID"
+  echo "packages docker/packages-$1.txt"
+  for word in $(image_config "$1"); do
+    word="${word#--config.}"
+    echo "${word%%=*} ${word#*=}"
+  done
+  echo "label org.opencontainers.image.title=virtualflow-$1"
+  echo "label org.opencontainers.image.description=$(image_description "$1")"
+  echo "label org.opencontainers.image.version=$version"
+  image_files "$1" | awk '{print "file /" $2}'
+  # What the build adds besides: the CUDA libraries (agent), the Python packages (torch-agent).
+  case "$1" in
+    agent) echo "file /usr/local/lib/virtualflow-cuda" ;;
+    torch-agent) echo "file /usr/local/lib/python3.11/dist-packages" ;;
+  esac
+}
+
 main() {
+  if [ "${1:-}" = --describe ]; then
+    describe "$2"
+    return
+  fi
   [ "$(id -u)" -eq 0 ] || die "needs root (mmdebstrap installs the packages as root)"
   for tool in mmdebstrap umoci; do
     command -v "$tool" >/dev/null || die "no $tool; run scripts/setup.sh"
