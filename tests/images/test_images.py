@@ -84,11 +84,10 @@ class ImageTest(unittest.TestCase):
                 self.assertEqual(config["User"], USER)
                 self.assertEqual(config["Labels"]["org.opencontainers.image.version"],
                                  oci.version())
-                status, out = oci.run(image, ["/bin/sh", "-c", "id -u; touch /usr/x || echo ro"],
-                                      timeout=60)
-                self.assertEqual((status, out.split()), (0, ["65532", "touch:", "cannot", "touch",
-                                                             "'/usr/x':", "Read-only", "file",
-                                                             "system", "ro"]))
+                self.assertEqual(oci.run(image, ["id", "-u"], timeout=60), (0, "65532\n"))
+                status, out = oci.run(image, ["touch", "/usr/x"], timeout=60)
+                self.assertNotEqual(status, 0)
+                self.assertIn("Read-only file system", out)
 
     def test_agent_image_trains_the_example_to_the_host_builds_weights(self):
         example = os.path.join(SOURCE_DIR, "examples", "fashion-mnist.yaml")
