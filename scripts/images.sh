@@ -8,11 +8,11 @@
 #   torch-agent  the virtualflow Python package, PyTorch from the Python environment
 #                (scripts/setup-python.sh), vf and examples/torch, for PyTorch jobs
 # Each is Debian 12 (mmdebstrap, variant essential, from this machine's apt sources) with
-# exactly the packages of docker/packages-<image>.txt at the versions installed here (the ones
-# the build linked against), the files above, the user virtualflow (uid and gid 65532) and the
-# OCI annotations org.opencontainers.image.{version,revision,source}. Layers: the root file
-# system, the Python packages (torch-agent), the project's files; each is cached by what it is
-# made of, so a second run only re-tags. Prints each image's size.
+# exactly the packages of docker/packages-<image>.txt (docker/runtime-packages.sh --check holds
+# the list to the libraries the binaries link), the files above, the user virtualflow (uid and
+# gid 65532) and the OCI annotations org.opencontainers.image.{version,revision,source}.
+# Layers: the root file system, the Python packages (torch-agent), the project's files; each is
+# cached by what it is made of, so a second run only re-tags. Prints each image's size.
 #
 # usage: scripts/images.sh [IMAGE...]          (default: all three)
 #        scripts/images.sh --describe IMAGE   what the image holds and runs, one "KEY VALUE" a line

@@ -9,6 +9,7 @@ these tests run in refuse to set them, and a cluster's runtime sets its own.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import shutil
@@ -59,15 +60,23 @@ def image_config(image: str) -> dict:
     return read_blob(image, manifest(image)[1]["config"]["digest"])
 
 
+def bundle_key(image: str) -> str:
+    """What a runtime bundle of IMAGE is made of: its layers and how its process starts, not
+    its labels (images.sh re-labels with the revision on every run; the layers stay)."""
+    _, found = manifest(image)
+    runtime = {k: v for k, v in image_config(image)["config"].items() if k != "Labels"}
+    text = json.dumps([[layer["digest"] for layer in found["layers"]], runtime], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def bundle(image: str) -> str:
-    """A runtime bundle of IMAGE (unpacked once per manifest digest; older ones removed)."""
-    digest = manifest(image)[0].split(":")[1][:16]
-    path = os.path.join(BUNDLES_DIR, "%s-%s" % (image, digest))
+    """A runtime bundle of IMAGE (unpacked once per bundle_key; older ones removed)."""
+    path = os.path.join(BUNDLES_DIR, "%s-%s" % (image, bundle_key(image)))
     if os.path.exists(os.path.join(path, "config.json")):
         return path
     os.makedirs(BUNDLES_DIR, exist_ok=True)
     for old in os.listdir(BUNDLES_DIR):
-        if old.startswith(image + "-") and old[len(image) + 1:].isalnum():
+        if old.startswith(image + "-") and old[len(image) + 1:].split(".")[0].isalnum():
             shutil.rmtree(os.path.join(BUNDLES_DIR, old), ignore_errors=True)
     partial = path + ".partial"
     shutil.rmtree(partial, ignore_errors=True)
