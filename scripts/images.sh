@@ -36,6 +36,13 @@ FORMAT=1
 log() { echo "images: $*" >&2; }
 is_elf() { [ "$(head -c 4 "$1" | tail -c 3)" = ELF ]; }
 die() { log "$*"; exit 1; }
+# Whether layout $1 has tag $2. Not `umoci ls | grep -q`: grep's early exit can fail umoci with
+# SIGPIPE, and pipefail turns that into "no such tag".
+has_tag() {
+  local tags
+  tags="$(umoci ls --layout "$1")"
+  grep -qxF "$2" <<<"$tags"
+}
 
 version="$(sed -n 's/^project(VirtualFlow VERSION \([0-9.]*\).*/\1/p' "$root/CMakeLists.txt")"
 revision="$(git -C "$root" rev-parse HEAD)"
@@ -162,7 +169,7 @@ layer_tar() {
 # Adds layer tarball $3 to tag $2 of layout $1, as tag $4, unless $4 exists.
 add_layer() {
   local layout="$1" from="$2" tar="$3" tag="$4" comment="$5"
-  if umoci ls --layout "$layout" | grep -qxF "$tag"; then
+  if has_tag "$layout" "$tag"; then
     log "$(basename "$layout"): layer $tag cached"
     return
   fi
@@ -216,7 +223,7 @@ python_layer() {
              torch numpy 2>&1 >"$list" | sed 's/^python-files: //')"
   key="$(printf '%s\n' "$FORMAT" "$dists" | sha256sum | cut -c1-16)"
   tag="deps-$key"
-  if ! umoci ls --layout "$layout" | grep -qxF "$tag"; then
+  if ! has_tag "$layout" "$tag"; then
     stage="$(mktemp -d "$out/tmp.XXXXXX")"
     mkdir -p "$stage/usr/local/lib/python3.11/dist-packages"
     (cd "$site_packages" && tr '\n' '\0' < "$list" |
@@ -259,7 +266,7 @@ collect_garbage() {
   local layout="$1" tag removed=""
   shift
   for tag in $(umoci ls --layout "$layout"); do
-    if ! printf '%s\n' "$@" | grep -qxF "$tag"; then
+    if ! grep -qxF "$tag" <<<"$(printf '%s\n' "$@")"; then
       umoci rm --image "$layout:$tag"
       removed=1
     fi
@@ -267,20 +274,49 @@ collect_garbage() {
   [ -z "$removed" ] || umoci gc --layout "$layout"
 }
 
-build_image() {
-  local name="$1" layout="$out/$1" tar base top stage work key app
-  local start=$SECONDS
-  stage="$(mktemp -d "$out/tmp.XXXXXX")"
-  # The package list must hold what the binaries link. The libraries no package holds (the CUDA
-  # runtime, cuBLAS and NCCL that libvirtualflow-cuda.so links, from the toolkit it was built
-  # with) go into the image beside the package's, where ld.so.conf.d/virtualflow-cuda.conf points.
+# A key of what the project's layer of image $1 is made of: the files (by name, size and time),
+# the libraries no package holds that the binaries load, the package list and these scripts.
+inputs_key() {
+  local name="$1" src dst bin
+  {
+    echo "$FORMAT"
+    cat "$root/docker/packages-$name.txt" "$0" "$root/docker/runtime-packages.sh"
+    image_files "$name" | while read -r src dst; do
+      [ -e "$src" ] || die "$name: $src is missing (scripts/build.sh builds it)"
+      find -L "$src" -type f ! -path '*/__pycache__/*' -printf "%p %s %T@ $dst\n" | sort
+    done
+    for bin in $(image_binaries "$name"); do
+      ldd "$bin" | awk '$2 == "=>" {print $3}' | { grep -v '^/\(usr/\)\?lib/' || true; } |
+        xargs -r stat -L -c '%n %s %Y'
+    done
+  } | sha256sum | cut -c1-16
+}
+
+# Stages the project's files of image $1 into $2, after checking docker/packages-$1.txt against
+# the libraries its binaries link. The libraries no package holds (the CUDA runtime, cuBLAS and
+# NCCL that libvirtualflow-cuda.so links, from the toolkit it was built with) go into the image
+# where ld.so.conf.d/virtualflow-cuda.conf points.
+stage_app() {
+  local name="$1" files="$2"
   # shellcheck disable=SC2046
   "$root/docker/runtime-packages.sh" --check "$root/docker/packages-$name.txt" \
-    --bundle-into "$stage/files/usr/local/lib/virtualflow-cuda" $(image_binaries "$name") ||
+    --bundle-into "$files/usr/local/lib/virtualflow-cuda" $(image_binaries "$name") ||
     die "$name: docker/packages-$name.txt and the binaries disagree"
-  if [ -d "$stage/files/usr/local/lib/virtualflow-cuda" ]; then
-    mkdir -p "$stage/files/etc/ld.so.conf.d"
-    echo /usr/local/lib/virtualflow-cuda > "$stage/files/etc/ld.so.conf.d/virtualflow-cuda.conf"
+  if [ -d "$files/usr/local/lib/virtualflow-cuda" ]; then
+    mkdir -p "$files/etc/ld.so.conf.d"
+    echo /usr/local/lib/virtualflow-cuda > "$files/etc/ld.so.conf.d/virtualflow-cuda.conf"
+  fi
+  stage_files "$name" "$files"
+}
+
+build_image() {
+  local name="$1" layout="$out/$1" tar base top stage="" work key app
+  local start=$SECONDS
+  key="$(inputs_key "$name")"
+  app="app-$key"
+  if ! has_tag "$layout" "$app"; then
+    stage="$(mktemp -d "$out/tmp.XXXXXX")"
+    stage_app "$name" "$stage/files"
   fi
   tar="$(rootfs_tar "$name")"
   if [ ! -f "$layout/index.json" ]; then
@@ -293,21 +329,23 @@ build_image() {
   if [ "$name" = torch-agent ]; then
     top="$(python_layer "$layout" "$base")"
   fi
+  if [ -n "$stage" ]; then
+    work="$stage.root"
+    mkdir "$work"
+    tar -xf "$tar" -C "$work"
+    cp -a "$stage/files/." "$work/"
+    check_libraries "$name" "$work" "$stage/files"
+    rm -rf "$work"
+    layer_tar "$stage/files" "$stage/app.tar"
+    add_layer "$layout" "$top" "$stage/app.tar" "$app" "VirtualFlow $version: the project's files"
+    rm -rf "$stage"
+  else
+    log "$name: layer $app cached"
+  fi
 
-  work="$stage.root"
-  stage_files "$name" "$stage/files"
-  mkdir "$work"
-  tar -xf "$tar" -C "$work"
-  cp -a "$stage/files/." "$work/"
-  check_libraries "$name" "$work" "$stage/files"
-  rm -rf "$work"
-  layer_tar "$stage/files" "$stage/app.tar"
-  key="$(cat "$stage/app.tar" <(echo "$FORMAT") | sha256sum | cut -c1-16)"
-  app="app-$key"
-  add_layer "$layout" "$top" "$stage/app.tar" "$app" "VirtualFlow $version: the project's files"
-  rm -rf "$stage" "$stage.tar"
-
-  umoci ls --layout "$layout" | grep -qxF "$version" && umoci rm --image "$layout:$version"
+  if has_tag "$layout" "$version"; then
+    umoci rm --image "$layout:$version"
+  fi
   local labels=(
     "org.opencontainers.image.title=virtualflow-$name"
     "org.opencontainers.image.description=$(image_description "$name")"
