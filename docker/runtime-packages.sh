@@ -1,12 +1,29 @@
 #!/usr/bin/env bash
 # Prints, one a line, the packages (dpkg) that hold the shared libraries the given binaries load,
-# so that a final image stage installs exactly those and nothing else. Fails when a library
-# belongs to no package, except the GPU driver's libraries, which the NVIDIA container runtime
-# mounts into GPU containers at start. Used by the Dockerfiles beside it, in their build stage.
+# so that an image installs exactly those and nothing else. Fails when a library belongs to no
+# package, except the GPU driver's libraries, which the NVIDIA container runtime mounts into GPU
+# containers at start. With --bundle-into DIR, a library no package holds (the CUDA runtime,
+# cuBLAS and NCCL from the toolkit's wheels, which libvirtualflow-cuda.so links) is copied into
+# DIR instead, for the image to carry it.
+#
+# usage: runtime-packages.sh [--bundle-into DIR] BINARY...
+#        runtime-packages.sh --check LIST [--bundle-into DIR] BINARY...
+# With --check it prints nothing and fails unless LIST (docker/packages-<image>.txt) names exactly
+# those packages plus others that each carry a comment saying why (`name   # reason`). Used by
+# the Dockerfiles beside it, in their build stage, and by scripts/images.sh.
 set -euo pipefail
-[ "$#" -gt 0 ] || { echo "usage: $0 BINARY..." >&2; exit 2; }
 
 DRIVER_LIBS='^(libcuda|libnvidia-ml|libnvidia-ptxjitcompiler)\.so'
+check=""
+bundle_into=""
+while [ "$#" -gt 0 ]; do
+  case "$1" in
+    --check) check="$2"; shift 2 ;;
+    --bundle-into) bundle_into="$2"; shift 2 ;;
+    *) break ;;
+  esac
+done
+[ "$#" -gt 0 ] || { echo "usage: $0 [--check LIST] [--bundle-into DIR] BINARY..." >&2; exit 2; }
 
 owner() {  # the package holding library file $1, trying the names a merged /usr gives it
   local lib="$1" real
@@ -32,6 +49,9 @@ for bin in "$@"; do
       status=1
     elif pkg="$(owner "$path")"; then
       packages+=("${pkg%%,*}")
+    elif [ -n "$bundle_into" ]; then
+      mkdir -p "$bundle_into"
+      cp -L "$path" "$bundle_into/$name"
     else
       echo "runtime-packages: $bin needs $path, which no package holds" >&2
       status=1
@@ -39,4 +59,24 @@ for bin in "$@"; do
   done < <(ldd "$bin")
 done
 [ "$status" -eq 0 ] || exit "$status"
-printf '%s\n' "${packages[@]}" | sort -u
+linked="$(printf '%s\n' "${packages[@]}" | sort -u)"
+if [ -z "$check" ]; then
+  echo "$linked"
+  exit 0
+fi
+
+# The list: a package a line; one the binaries do not link must say why in a comment.
+listed="$(sed -e 's/#.*//' -e 's/[[:space:]]//g' -e '/^$/d' "$check" | sort -u)"
+explained="$(sed -n -e 's/^[[:space:]]*\([^#[:space:]]\+\)[[:space:]]*#.*/\1/p' "$check" | sort -u)"
+missing="$(comm -23 <(echo "$linked") <(echo "$listed"))"
+unexplained="$(comm -23 <(comm -23 <(echo "$listed") <(echo "$linked")) <(echo "$explained"))"
+if [ -n "$missing" ]; then
+  echo "runtime-packages: $check lacks what the binaries link:" $missing >&2
+  status=1
+fi
+if [ -n "$unexplained" ]; then
+  echo "runtime-packages: $check names packages the binaries do not link, without a comment" \
+       "saying why:" $unexplained >&2
+  status=1
+fi
+exit "$status"

@@ -5,8 +5,7 @@ values that matters, every object carries the recommended labels, and the operat
 probes and security context are the ones the operator expects; bad values fail with the
 schema's message (or the chart's own, for rules across values); the chart's CRD is a copy of
 crds/virtualflowjob.yaml; the Grafana dashboard parses and queries only metrics the project
-exports (or DCGM's); the Dockerfiles install the build packages of scripts/setup.sh and run
-scripts/build.sh.
+exports (or DCGM's). (The Dockerfiles are checked in tests/images/test_dockerfiles.py.)
 
 With a control plane: `helm install` creates every object (the API server accepts them all, the
 CRD is established, the Deployment's pods pass the `restricted` Pod Security Standard), and the
@@ -41,9 +40,7 @@ CHART = os.path.join(SOURCE_DIR, "charts", "virtualflow")
 CRD_FILE = os.path.join(SOURCE_DIR, "crds", "virtualflowjob.yaml")
 CHART_CRD_FILE = os.path.join(CHART, "crds", "virtualflowjob.yaml")
 DASHBOARD = os.path.join(CHART, "dashboards", "virtualflow.json")
-SETUP_SCRIPT = os.path.join(SOURCE_DIR, "scripts", "setup.sh")
 EXAMPLE = os.path.join(SOURCE_DIR, "examples", "fashion-mnist.yaml")
-DOCKER_DIR = os.path.join(SOURCE_DIR, "docker")
 
 APP_VERSION = "0.1.0"
 RELEASE = "virtualflow"
@@ -224,35 +221,6 @@ def json_stream(text):
             return out
         value, i = decoder.raw_decode(text, i)
         out.append(value)
-
-
-def setup_packages():
-    """The PACKAGES of scripts/setup.sh."""
-    text = read(SETUP_SCRIPT)
-    body = re.search(r"^PACKAGES=\((.*?)^\)", text, re.S | re.M).group(1)
-    body = re.sub(r"#.*", "", body)
-    return set(body.split())
-
-
-def dockerfile_stages(path):
-    """[(FROM line, the stage's instructions joined into one string)]."""
-    text = read(path).replace("\\\n", " ")
-    stages = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith("FROM "):
-            stages.append([line, ""])
-        elif stages and line and not line.startswith("#"):
-            stages[-1][1] += line + "\n"
-    return [tuple(s) for s in stages]
-
-
-def apt_installed(stage_text):
-    """Packages named on `apt-get install` lines of a stage (options and variables left out)."""
-    out = set()
-    for m in re.finditer(r"apt-get install ([^&\n]*)", stage_text):
-        out.update(w for w in m.group(1).split() if not w.startswith(("-", "$")))
-    return out
 
 
 class Helm:
@@ -591,49 +559,6 @@ class ChartFilesTest(unittest.TestCase):
             'count by (namespace, pod, job_name) (vf_agent_steps_total{job_name="a b"}))'),
             {"DCGM_FI_DEV_GPU_UTIL", "vf_agent_steps_total"})
         self.assertEqual(metric_names("up + node_load1 offset 5m"), {"up", "node_load1"})
-
-    # ------------------------------------------------------------------ Dockerfiles
-
-    def test_dockerfiles_run_the_readmes_build(self):
-        # What setup.sh installs for running jobs and tests, not for building (ccache speeds
-        # up rebuilds on one machine; an image is built once; the images build without the
-        # PyTorch environment, VF_PYTHON_ENV=off, and the GPT example's corpus is data;
-        # iproute2 gives the end-to-end tests' pods their networks; clang builds the fuzzers,
-        # which a build of named targets skips).
-        build_packages = setup_packages() - {
-            "dataset-fashion-mnist", "procps", "prometheus", "clang-format", "clang-tidy",
-            "openssl", "util-linux", "ccache", "python3-venv", "fortunes", "iproute2",
-            "clang-14", "libclang-rt-14-dev"}
-        for name, target, final_base in (
-                ("operator.Dockerfile", "virtualflow-operator", "${RUNTIME_IMAGE}"),
-                ("agent.Dockerfile", "virtualflow-agent",
-                 "nvidia/cuda:${CUDA_VERSION}-runtime-${CUDA_DISTRO}")):
-            with self.subTest(name):
-                path = os.path.join(DOCKER_DIR, name)
-                stages = dockerfile_stages(path)
-                self.assertEqual(len(stages), 2)
-                (build_from, build), (final_from, final) = stages
-                self.assertTrue(build_from.endswith(" AS build"), build_from)
-                self.assertEqual(apt_installed(build), build_packages,
-                                 "%s installs other packages than scripts/setup.sh" % name)
-                self.assertIn("./scripts/build.sh %s" % target, build)
-                self.assertEqual(final_from, "FROM " + final_base)
-                self.assertIn("COPY --from=build /out/%s /usr/local/bin/%s" % (target, target),
-                              final)
-                self.assertIn("USER 65532:65532", final)
-                self.assertIn('ENTRYPOINT ["/usr/local/bin/%s"]' % target, final)
-                # No build tools and no sources in the final image.
-                self.assertFalse(apt_installed(final) & {"build-essential", "cmake", "git",
-                                                         "ninja-build", "python3"})
-                self.assertNotRegex(final, r"(?m)^COPY (?!--from=build)")
-        text = read(os.path.join(DOCKER_DIR, "operator.Dockerfile"))
-        self.assertIn("ARG BUILD_IMAGE=debian:bookworm\n", text)
-        self.assertIn("ARG RUNTIME_IMAGE=debian:bookworm-slim\n", text)
-        text = read(os.path.join(DOCKER_DIR, "agent.Dockerfile"))
-        self.assertIn("-DVF_WITH_CUDA=ON -DVF_WITH_NCCL=ON", text)
-        self.assertIn("FROM nvidia/cuda:${CUDA_VERSION}-devel-${CUDA_DISTRO} AS build", text)
-        self.assertIn("dataset-fashion-mnist", apt_installed(dockerfile_stages(
-            os.path.join(DOCKER_DIR, "agent.Dockerfile"))[1][1]))
 
 
 # Stand-ins for the Prometheus Operator's CRDs (not part of this project), so that the chart's
