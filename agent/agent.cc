@@ -67,7 +67,8 @@ class Agent::Impl {
   explicit Impl(const AgentOptions& o)
       : o_(o),
         metrics_(Namespace(o.job_id), Name(o.job_id)),
-        client_(o.coordinator_url, o.job_id, o.token, o.worker, std::chrono::milliseconds(10000)),
+        client_(o.coordinator_url, o.job_id, o.token, o.worker, std::chrono::milliseconds(10000),
+                o.ca_file),
         coordinator_store_(client_),
         faults_(FaultSpec(), o.worker) {}
 

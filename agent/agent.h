@@ -73,6 +73,7 @@ struct AgentOptions {
   std::string job_id;           // "namespace/name"
   std::string worker;           // unique name of this worker within the job
   std::string token;            // the job's coordinator token
+  std::string ca_file;          // PEM CA of an https coordinator (CoordinatorClient); may be empty
   // Joiners must share the job's fingerprint (the training math: JobSpec::Fingerprint) and the
   // build (binary version and reduction arithmetic), or weights would silently diverge.
   std::string fingerprint;

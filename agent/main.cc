@@ -71,6 +71,10 @@ int main(int argc, char** argv) {
       ->type_name("NAME");
   app.add_option("--token-file", token_file, "file holding this worker's coordinator credential")
       ->type_name("PATH");
+  app.add_option("--ca-file", o.ca_file,
+                 "PEM CA that an https coordinator's certificate must chain to\n"
+                 "(default: $VF_COORDINATOR_CA_FILE, else the system's CAs)")
+      ->type_name("PATH");
   app.add_option("--steps", o.steps_override,
                  "train this many steps instead of the job's length (default: the job's)")
       ->transform(vf::Base10Integer());
@@ -110,6 +114,10 @@ int main(int argc, char** argv) {
     o.job_text = spec;
   }
   if (o.coordinator_url.empty()) return usage("--coordinator is required (see --help)");
+  if (const char* ca = std::getenv("VF_COORDINATOR_CA_FILE");
+      o.ca_file.empty() && ca != nullptr && *ca != '\0') {
+    o.ca_file = ca;
+  }
   if (const char* ip = std::getenv("VF_POD_IP");
       app.count("--host") == 0 && ip != nullptr && *ip != '\0') {
     o.host = ip;

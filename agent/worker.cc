@@ -138,6 +138,7 @@ Status BuiltinWorker::Start() {
   ao.job_id = o_.job_id.empty() ? job_.namespace_name + "/" + job_.name : o_.job_id;
   ao.worker = o_.worker;
   ao.token = o_.token;
+  ao.ca_file = o_.ca_file;
   ao.fingerprint = job_.Fingerprint();
   ao.build = BuildId();
   ao.timeout = std::chrono::milliseconds(static_cast<int64_t>(o_.timeout * 1000));

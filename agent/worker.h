@@ -17,6 +17,7 @@ struct WorkerOptions {
   std::string job_id;              // "namespace/name"; default from the job file's metadata
   std::string worker;              // unique name of this worker within the job
   std::string token;               // the job's coordinator token
+  std::string ca_file;             // PEM CA of an https coordinator; empty: the system's CAs
   std::string host = "127.0.0.1";  // the address peers reach this worker's communicator at
   int64_t steps_override = 0;      // > 0 replaces the job's length
   std::string result_path;         // JSON result written at the end (local runs)

@@ -259,6 +259,7 @@ class Listener::Impl : public std::enable_shared_from_this<Listener::Impl> {
 
   int port() const { return port_; }
   const std::string& host() const { return host_; }
+  const char* scheme() const { return options_.tls != nullptr ? "https" : "http"; }
 
   Status Open();
   void Stop(const std::function<void()>& before_close);
@@ -300,9 +301,18 @@ void Listener::Impl::Leave() {
 }
 
 Status Listener::Impl::Open() {
-  const std::string address = "http://" + HostForUri(host_) + ":" + std::to_string(port_) + "/";
+  const std::string address =
+      std::string(scheme()) + "://" + HostForUri(host_) + ":" + std::to_string(port_) + "/";
   try {
-    listener_ = std::make_unique<web::http::experimental::listener::http_listener>(address);
+    web::http::experimental::listener::http_listener_config config;
+    if (options_.tls != nullptr) {
+      // The context is made when the port opens; the credentials choose the certificate at each
+      // handshake, so that a renewed one is served without reopening.
+      config.set_ssl_context_callback([tls = options_.tls](boost::asio::ssl::context& context) {
+        tls->Configure(context.native_handle());
+      });
+    }
+    listener_ = std::make_unique<web::http::experimental::listener::http_listener>(address, config);
     // Weak, not strong: the listener belongs to this object, and a strong reference from its
     // handler would keep both alive for good. Not a plain pointer either, so that the handler's
     // safety does not rest on cpprest's close() waiting for handler calls in progress (it does,
@@ -408,7 +418,8 @@ int Listener::port() const { return impl_->port(); }
 const std::string& Listener::host() const { return impl_->host(); }
 
 std::string Listener::url() const {
-  return "http://" + HostForUri(impl_->host()) + ":" + std::to_string(impl_->port());
+  return std::string(impl_->scheme()) + "://" + HostForUri(impl_->host()) + ":" +
+         std::to_string(impl_->port());
 }
 
 void Listener::Stop(const std::function<void()>& before_close) { impl_->Stop(before_close); }

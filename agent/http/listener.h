@@ -21,6 +21,7 @@
 #include <memory>
 #include <string>
 
+#include "agent/http/tls.h"
 #include "runtime/status.h"
 
 namespace vf::http {
@@ -125,6 +126,9 @@ class Listener {
     // its end tells) is refused too; a server that takes bodies bounds chunked ones as it reads
     // them (ReadBody).
     size_t max_body_bytes = std::numeric_limits<size_t>::max();
+    // Set: HTTPS with these credentials, and nothing else on the port (a plain HTTP request
+    // fails the TLS handshake and never reaches the handler). Unset: plain HTTP.
+    std::shared_ptr<ServerCredentials> tls;
   };
 
   // Listens on host:port; port 0 picks a free port (see port()). InvalidArgument for an empty
@@ -139,7 +143,7 @@ class Listener {
   int port() const;
   // The host as given to Start.
   const std::string& host() const;
-  // "http://host:port", with the host as given to Start.
+  // "http://host:port" ("https://" with TLS), with the host as given to Start.
   std::string url() const;
 
   // Stops in this order: new requests are answered 503 without reaching the handler; then

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <exception>
+#include <fstream>
+#include <sstream>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -10,6 +12,7 @@
 #include <cpprest/uri.h>
 #include <nlohmann/json.hpp>
 
+#include "agent/http/tls.h"
 #include "agent/protocol/json.h"
 #include "runtime/deadline.h"
 
@@ -73,12 +76,24 @@ Status HttpError(int code, const std::string& body) {
 }  // namespace
 
 CoordinatorClient::CoordinatorClient(std::string base_url, std::string job, std::string token,
-                                     std::string worker, milliseconds request_timeout)
+                                     std::string worker, milliseconds request_timeout,
+                                     std::string ca_file)
     : base_url_(std::move(base_url)),
       job_(std::move(job)),
       token_(std::move(token)),
       worker_(std::move(worker)),
-      request_timeout_(request_timeout) {}
+      request_timeout_(request_timeout),
+      ca_file_(std::move(ca_file)) {
+  if (ca_file_.empty()) return;
+  std::ifstream in(ca_file_);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in || text.str().empty()) {
+    ca_status_ = InvalidArgument("cannot read the coordinator's CA file " + ca_file_);
+  } else {
+    ca_pem_ = text.str();
+  }
+}
 
 std::string CoordinatorClient::Path(const std::string& action) const {
   const size_t slash = job_.find('/');
@@ -91,7 +106,11 @@ Result<CoordinatorClient::Response> CoordinatorClient::Call(
     const std::string& method, const std::string& path, const std::string* body,
     const std::string& content_type, Clock::time_point deadline, milliseconds slack) const {
   const std::string what = "coordinator " + method + " " + base_url_ + path;
+  if (!ca_status_.ok()) return ca_status_.WithContext(what);
   milliseconds backoff = kFirstBackoff;
+  // A refused certificate says more than the timeout of a later attempt: it is what is
+  // reported, whatever came after it.
+  std::string tls_failure;
   while (true) {
     std::string failure;
     try {
@@ -101,6 +120,16 @@ Result<CoordinatorClient::Response> CoordinatorClient::Call(
       web::http::client::http_client_config config;
       // Bounded so that a "wait forever" deadline does not overflow cpprest's microseconds.
       config.set_timeout(std::min(attempt, milliseconds(std::chrono::hours(24 * 365))));
+      // Certificates are verified, the host name included (cpprest's default); the trust is
+      // the operator's CA alone when there is one.
+      config.set_validate_certificates(true);
+      if (!ca_pem_.empty()) {
+        config.set_ssl_context_callback([this](boost::asio::ssl::context& context) {
+          // Checked in the constructor's read: a PEM file that holds no certificate fails here,
+          // and the handshake then fails for want of any trusted CA.
+          (void)http::TrustOnly(context.native_handle(), ca_pem_);
+        });
+      }
       web::http::client::http_client client(base_url_, config);
       web::http::http_request request(method);
       request.set_request_uri(web::uri(path));
@@ -121,6 +150,14 @@ Result<CoordinatorClient::Response> CoordinatorClient::Call(
     } catch (const web::http::http_exception& e) {
       failure = e.error_code() == std::errc::timed_out ? "no answer within the request timeout"
                                                        : std::string(e.what());
+      if (failure.find("SSL") != std::string::npos ||
+          failure.find("handshake") != std::string::npos) {
+        failure =
+            "TLS handshake failed (is the coordinator's certificate signed by the CA in " +
+            (ca_file_.empty() ? std::string("the system's store") : ca_file_) +
+            ", and does it name the URL's host? does the coordinator serve https?): " + failure;
+        tls_failure = failure;
+      }
     } catch (const web::uri_exception& e) {
       return InvalidArgument(what + ": bad coordinator url: " + e.what());
     } catch (const std::invalid_argument& e) {
@@ -131,7 +168,9 @@ Result<CoordinatorClient::Response> CoordinatorClient::Call(
       return Internal(what + ": unknown exception");
     }
     const milliseconds left = Until(deadline);
-    if (left <= milliseconds::zero()) return Unavailable(what + ": " + failure);
+    if (left <= milliseconds::zero()) {
+      return Unavailable(what + ": " + (tls_failure.empty() ? failure : tls_failure));
+    }
     std::this_thread::sleep_for(std::min(backoff, left));
     backoff = std::min(backoff * 2, kMaxBackoff);
   }

@@ -29,11 +29,16 @@ namespace vf {
 // or a task continuation): that pool also completes the calls.
 class CoordinatorClient {
  public:
-  // `base_url` is like "http://coordinator:8080"; `job` is "namespace/name"; `token` is the
-  // worker's own credential (the file the operator or `vf run` mounts for it). Each call that is
-  // not a long poll must finish within `request_timeout`, retries included.
+  // `base_url` is like "http://coordinator:8080", or "https://..." for a coordinator that serves
+  // TLS; `job` is "namespace/name"; `token` is the worker's own credential (the file the
+  // operator or `vf run` mounts for it). Each call that is not a long poll must finish within
+  // `request_timeout`, retries included. `ca_file` (PEM) is the only CA an https coordinator's
+  // certificate may chain to (the operator's, which it mounts into every worker); empty: the
+  // system's CAs. The certificate must name the URL's host. A CA file that cannot be read, or a
+  // certificate that does not verify, fails every call with a message that says so.
   CoordinatorClient(std::string base_url, std::string job, std::string token, std::string worker,
-                    std::chrono::milliseconds request_timeout = std::chrono::seconds(10));
+                    std::chrono::milliseconds request_timeout = std::chrono::seconds(10),
+                    std::string ca_file = "");
 
   const std::string& job() const { return job_; }
   const std::string& worker() const { return worker_; }
@@ -74,6 +79,9 @@ class CoordinatorClient {
   std::string token_;
   std::string worker_;
   std::chrono::milliseconds request_timeout_;
+  std::string ca_file_;
+  std::string ca_pem_;  // the CA file's contents, read once
+  Status ca_status_;    // why the CA file could not be read, if it could not
 };
 
 // A vf::Store kept by the coordinator: Set is a PUT, Get a long poll (re-issued while the

@@ -10,18 +10,22 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <stop_token>
 #include <string>
 #include <thread>
 #include <utility>
 
+#include "agent/http/listener.h"
 #include "agent/metrics/http_exporter.h"
 #include "operator/controller/controller.h"
+#include "operator/controller/coordinator_tls.h"
 #include "operator/coordinator/server.h"
 #include "operator/kube/client.h"
 #include "operator/kube/config.h"
@@ -53,6 +57,8 @@ struct OperatorFlags {
   std::string identity;
   std::string coordinator_listen = "0.0.0.0:7070";
   std::string coordinator_url;
+  bool coordinator_tls = true;
+  std::string tls_secret = vf::controller::kDefaultTlsSecret;
   std::string http_listen = "0.0.0.0:8080";
   std::string agent_image = "virtualflow/agent:0.1.0";
   std::string policy = "elastic";
@@ -137,7 +143,15 @@ std::optional<int> ParseFlags(int argc, char** argv, OperatorFlags& f) {
       ->capture_default_str();
   app.add_option("--coordinator-url", f.coordinator_url,
                  "URL worker pods reach the coordinator at (default:\n"
-                 "http://<coordinator-listen>)");
+                 "https://<coordinator-listen>, http:// without TLS)");
+  app.add_flag("--coordinator-tls", f.coordinator_tls,
+               "serve the coordinator over HTTPS only, with a certificate from\n"
+               "--coordinator-tls-secret (default true; --coordinator-tls=false: plain HTTP)");
+  app.add_option("--coordinator-tls-secret", f.tls_secret,
+                 "Secret in the operator's namespace ($POD_NAMESPACE, else\n"
+                 "--leader-election-namespace) holding the coordinator's CA and\n"
+                 "certificate; created when missing, renewed before expiry")
+      ->capture_default_str();
   app.add_option("--http-listen", f.http_listen, "HOST:PORT for /metrics, /healthz and /readyz")
       ->capture_default_str();
   app.add_option("--agent-image", f.agent_image,
@@ -187,6 +201,13 @@ std::optional<int> ParseFlags(int argc, char** argv, OperatorFlags& f) {
   if (!(f.join_batch >= 0)) return usage("--join-batch-seconds must be non-negative");
   if (f.policy != "static" && f.policy != "elastic" && f.policy != "autoscale") {
     return usage("--policy must be static, elastic or autoscale, got '" + f.policy + "'");
+  }
+  if (!f.coordinator_url.empty() &&
+      f.coordinator_url.rfind(f.coordinator_tls ? "https://" : "http://", 0) != 0) {
+    return usage(
+        std::string("--coordinator-url must start with ") +
+        (f.coordinator_tls ? "https:// (TLS is on)" : "http:// (--coordinator-tls=false)") +
+        ", got '" + f.coordinator_url + "'");
   }
   if (f.identity.empty()) {
     char host[256] = {};
@@ -244,6 +265,48 @@ vf::Result<ApiClients> ConnectToApiServer(const OperatorFlags& f, vf::OperatorMe
   return ApiClients{std::move(client).value(), std::move(election_client).value()};
 }
 
+// The coordinator's TLS material from its Secret (made or renewed there when due), and a thread
+// that checks it every kCheckEvery until `stop`, serving a renewed server certificate from the
+// next handshake on. The CA is the one worker pods get; it is renewed only here, at a start.
+struct CoordinatorTlsState {
+  std::shared_ptr<vf::http::ServerCredentials> credentials;
+  std::string ca;
+};
+
+vf::Result<CoordinatorTlsState> StartCoordinatorTls(const OperatorFlags& f,
+                                                    vf::kube::Client& client,
+                                                    std::stop_token stop) {
+  vf::controller::CoordinatorTlsOptions options;
+  options.ns = f.lease_ns;
+  options.secret = f.tls_secret;
+  options.names = vf::controller::CoordinatorNames(
+      f.coordinator_url.empty() ? "https://" + vf::http::HostForUri(f.coordinator_address.first)
+                                : f.coordinator_url);
+  VF_ASSIGN_OR_RETURN(const vf::controller::CoordinatorTls tls,
+                      vf::controller::EnsureCoordinatorTls(client, options, /*renew_ca=*/true));
+  VF_ASSIGN_OR_RETURN(auto credentials, vf::http::ServerCredentials::Create(tls.server));
+  std::thread([&client, options, credentials, served = tls, stop]() mutable {
+    std::mutex mu;
+    std::condition_variable_any wake;
+    std::unique_lock<std::mutex> lock(mu);
+    while (true) {
+      wake.wait_for(lock, stop, vf::controller::kCheckEvery, [] { return false; });
+      if (stop.stop_requested()) return;
+      auto now = vf::controller::EnsureCoordinatorTls(client, options, /*renew_ca=*/false);
+      if (!now.ok()) {
+        std::fprintf(stderr, "virtualflow-operator: warning: %s\n", now.status().message().c_str());
+      } else if (now->server.certificate_pem != served.server.certificate_pem &&
+                 now->ca.certificate_pem == served.ca.certificate_pem) {
+        vf::Status replaced = credentials->Replace(now->server);
+        if (replaced.ok()) served = *now;
+        std::fprintf(stderr, "virtualflow-operator: coordinator certificate renewed: %s\n",
+                     replaced.ToString().c_str());
+      }
+    }
+  }).detach();
+  return CoordinatorTlsState{std::move(credentials), tls.ca.certificate_pem};
+}
+
 // Whether this replica leads and its controller has synced: what /readyz reports, shared by the
 // metrics server's threads, the election and the controller's thread. Thread-safe (atomics).
 class Leadership {
@@ -283,6 +346,7 @@ auto StartMetricsServer(vf::OperatorMetrics& metrics, const OperatorFlags& f,
 // `coordinator_url`.
 vf::controller::ControllerOptions MakeControllerOptions(const OperatorFlags& f,
                                                         const std::string& coordinator_url,
+                                                        const std::string& coordinator_ca,
                                                         vf::OperatorMetrics& metrics) {
   vf::controller::ControllerOptions options;
   options.ns = f.ns;
@@ -290,6 +354,7 @@ vf::controller::ControllerOptions MakeControllerOptions(const OperatorFlags& f,
   options.reconciler.policy = f.policy;
   options.reconciler.join_batch_seconds = f.join_batch;
   options.reconciler.pods.coordinator_url = coordinator_url;
+  options.reconciler.pods.coordinator_ca = coordinator_ca;
   options.reconciler.pods.default_image = f.agent_image;
   options.reconciler.pods.metrics_port = static_cast<int>(f.agent_metrics_port);
   vf::ReportControllerMetrics(options, metrics);
@@ -366,9 +431,20 @@ int main(int argc, char** argv) {
   auto clients = ConnectToApiServer(flags, metrics);
   if (!clients.ok()) return vf::UsageError(kProgram, clients.status().message());
 
+  CoordinatorTlsState tls;
+  if (flags.coordinator_tls) {
+    auto started = StartCoordinatorTls(flags, *clients->main, process_stop.get_token());
+    if (!started.ok()) {
+      std::fprintf(stderr, "virtualflow-operator: error: coordinator TLS: %s\n",
+                   started.status().message().c_str());
+      return kExitFailed;
+    }
+    tls = std::move(started).value();
+  }
   vf::Coordinator coordinator;
-  auto coordinator_server = vf::CoordinatorServer::Start(
-      coordinator, flags.coordinator_address.first, flags.coordinator_address.second);
+  auto coordinator_server =
+      vf::CoordinatorServer::Start(coordinator, flags.coordinator_address.first,
+                                   flags.coordinator_address.second, tls.credentials);
   if (!coordinator_server.ok()) {
     std::fprintf(stderr, "virtualflow-operator: error: coordinator: %s\n",
                  coordinator_server.status().message().c_str());
@@ -388,7 +464,7 @@ int main(int argc, char** argv) {
 
   // The controller, alone or while leading, until a signal or lost leadership.
   vf::controller::ControllerOptions options =
-      MakeControllerOptions(flags, coordinator_url, metrics);
+      MakeControllerOptions(flags, coordinator_url, tls.ca, metrics);
   options.reconciler.fault = *fault;
   options.reconciler.build = test_build;
   if (!test_build.empty()) {

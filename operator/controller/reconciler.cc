@@ -83,15 +83,15 @@ const json& Obj(const json& j, const char* key) {
 // already (then it is read, for its uid).
 Status CreateWorkerCredential(kube::Client& client, const json& job, const std::string& ns,
                               const std::string& pod_name, const std::string& job_secret,
-                              json pod) {
+                              const std::string& coordinator_ca, json pod) {
   if (pod.is_null()) {
     kube::ApiResult<json> got = client.Get(kube::kPods, ns, pod_name);
     if (!got.ok()) return got.status().WithContext("worker credential of " + pod_name);
     pod = *got;
   }
   VF_ASSIGN_OR_RETURN(const std::string credential, WorkerCredential(job_secret, pod_name));
-  kube::ApiResult<json> created =
-      client.Create(kube::kSecrets, ns, BuildCredentialSecret(job, pod, credential));
+  kube::ApiResult<json> created = client.Create(
+      kube::kSecrets, ns, BuildCredentialSecret(job, pod, credential, coordinator_ca));
   if (created.ok() || created.reason() == kube::Reason::kAlreadyExists) return Status::Ok();
   kube::DeleteOptions del;
   del.precondition_uid = Obj(pod, "metadata").value("uid", "");
@@ -1210,6 +1210,7 @@ Status Reconciler::CreateMissingPods(Pass& p, int live) {
     }
     VF_ASSIGN_OR_RETURN(const std::string job_secret, EnsureToken(p.job));
     VF_RETURN_IF_ERROR(CreateWorkerCredential(client_, p.job, p.ns, pod_name, job_secret,
+                                              options_.pods.coordinator_ca,
                                               r.ok() ? *r : json(nullptr)));
     {
       std::lock_guard<std::mutex> lock(mu_);

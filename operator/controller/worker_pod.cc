@@ -16,7 +16,8 @@ std::string CredentialSecretName(const std::string& pod_name) {
   return pod_name + "-vf-credential";
 }
 
-json BuildCredentialSecret(const json& job, const json& pod, const std::string& credential) {
+json BuildCredentialSecret(const json& job, const json& pod, const std::string& credential,
+                           const std::string& coordinator_ca) {
   const json meta = pod.is_object() ? pod.value("metadata", json::object()) : json::object();
   // Not a controller reference (the job controls the pod, and a Secret has one controller at
   // most), and not blocking the pod's deletion, which would need rights on the pod's finalizers.
@@ -24,6 +25,8 @@ json BuildCredentialSecret(const json& job, const json& pod, const std::string& 
                       {"kind", "Pod"},
                       {"name", meta.value("name", "")},
                       {"uid", meta.value("uid", "")}};
+  json data = {{kTokenKey, credential}};
+  if (!coordinator_ca.empty()) data[kCaKey] = coordinator_ca;
   return {{"apiVersion", "v1"},
           {"kind", "Secret"},
           {"metadata",
@@ -33,7 +36,7 @@ json BuildCredentialSecret(const json& job, const json& pod, const std::string& 
              {{kJobLabel, job.at("metadata").value("name", "")}, {kManagedByLabel, kManagedBy}}},
             {"ownerReferences", {owner}}}},
           {"type", "Opaque"},
-          {"stringData", {{kTokenKey, credential}}}};
+          {"stringData", data}};
 }
 
 json OwnerReference(const json& job) {
@@ -76,9 +79,9 @@ json MergeObjects(json base, const json& over) {
 // are the template's to set.
 bool IsOperatorEnv(const std::string& name) {
   static const std::set<std::string> kOwned = {
-      "VF_JOB_SPEC", "VF_JOB",       "VF_COORDINATOR",    "VF_JOB_ID",
-      "VF_WORKER",   "VF_JOB_TOKEN", "VF_JOB_TOKEN_FILE", "VF_METRICS_PORT",
-      "VF_RESULT",   "VF_POD_IP"};
+      "VF_JOB_SPEC", "VF_JOB",       "VF_COORDINATOR",        "VF_JOB_ID",
+      "VF_WORKER",   "VF_JOB_TOKEN", "VF_JOB_TOKEN_FILE",     "VF_METRICS_PORT",
+      "VF_RESULT",   "VF_POD_IP",    "VF_COORDINATOR_CA_FILE"};
   return kOwned.count(name) != 0;
 }
 
@@ -111,9 +114,16 @@ void SetProgram(json& container, const json& job, const JobSpec& spec, const std
     env.push_back(EnvValue("VF_WORKER", pod_name));
     env.push_back(EnvValue("VF_JOB_TOKEN_FILE", kTokenFile));
     env.push_back(EnvValue("VF_METRICS_PORT", std::to_string(settings.metrics_port)));
+    if (!settings.coordinator_ca.empty()) {
+      env.push_back(EnvValue("VF_COORDINATOR_CA_FILE", kCaFile));
+    }
   } else {
     json args = {"--coordinator", settings.coordinator_url, "--job-id", job_id, "--worker",
                  pod_name,        "--token-file",           kTokenFile};
+    if (!settings.coordinator_ca.empty()) {
+      args.push_back("--ca-file");
+      args.push_back(kCaFile);
+    }
     if (settings.metrics_port >= 0) {
       args.push_back("--metrics-port");
       args.push_back(std::to_string(settings.metrics_port));
@@ -209,11 +219,13 @@ json PodSpec(const json& job, const JobSpec& spec, const std::string& pod_name, 
     pod_spec["nodeSelector"][kGpuProductLabel] = gpu_product;
   }
   json volumes = tmpl.value("volumes", json::array());
+  json items = {{{"key", kTokenKey}, {"path", "token"}}};
+  if (!settings.coordinator_ca.empty()) items.push_back({{"key", kCaKey}, {"path", kCaKey}});
   volumes.push_back({{"name", kTokenVolume},
                      {"secret",
                       {{"secretName", CredentialSecretName(pod_name)},
                        {"defaultMode", 0444},
-                       {"items", {{{"key", kTokenKey}, {"path", "token"}}}}}}});
+                       {"items", items}}}});
   volumes.push_back({{"name", kShmVolume}, {"emptyDir", {{"medium", "Memory"}}}});
   pod_spec["volumes"] = volumes;
   pod_spec["securityContext"] =

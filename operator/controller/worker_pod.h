@@ -16,12 +16,17 @@ inline constexpr char kJobLabel[] = "virtualflow.io/job";
 inline constexpr char kManagedByLabel[] = "app.kubernetes.io/managed-by";
 inline constexpr char kManagedBy[] = "virtualflow-operator";
 inline constexpr char kTokenKey[] = "token";
+// The key of the coordinator's CA certificate in a worker's credential Secret.
+inline constexpr char kCaKey[] = "ca.crt";
 
 // What the operator puts into every worker pod besides the job itself. Value type.
 struct PodSettings {
   std::string coordinator_url;  // where agents reach the coordinator
-  std::string default_image;    // when the job's spec.template.image is empty
-  int metrics_port = 9090;      // the agent's /metrics port; < 0: no metrics endpoint
+  // PEM of the CA the coordinator's certificate chains to, when it serves TLS; empty for plain
+  // HTTP. Goes into each worker's credential Secret (never the CA's key).
+  std::string coordinator_ca;
+  std::string default_image;  // when the job's spec.template.image is empty
+  int metrics_port = 9090;    // the agent's /metrics port; < 0: no metrics endpoint
   // Seconds a leaving worker gets to finish its step and acknowledge the plan.
   int termination_grace_seconds = 60;
 };
@@ -29,6 +34,7 @@ struct PodSettings {
 // Where the operator mounts what it owns in every worker container.
 inline constexpr char kTokenDir[] = "/var/run/virtualflow";
 inline constexpr char kTokenFile[] = "/var/run/virtualflow/token";
+inline constexpr char kCaFile[] = "/var/run/virtualflow/ca.crt";
 // Volume names the operator owns; a template may not use them.
 inline constexpr char kTokenVolume[] = "vf-token";
 inline constexpr char kShmVolume[] = "vf-shm";
@@ -44,10 +50,12 @@ std::string TokenSecretName(const std::string& job_name);
 std::string CredentialSecretName(const std::string& pod_name);
 
 // The Secret holding `credential`, the credential of the worker in `pod` (as the API server
-// returned it, uid included), under key kTokenKey. Owned by the pod, so that the garbage
+// returned it, uid included), under key kTokenKey, and the coordinator's CA certificate
+// `coordinator_ca` under kCaKey when it is not empty. Owned by the pod, so that the garbage
 // collector deletes it with the pod.
 nlohmann::json BuildCredentialSecret(const nlohmann::json& job, const nlohmann::json& pod,
-                                     const std::string& credential);
+                                     const std::string& credential,
+                                     const std::string& coordinator_ca = "");
 
 // An owner reference to `job` (controller, blocks owner deletion), so that deleting the job
 // deletes what it owns.

@@ -1,5 +1,6 @@
 #include "operator/controller/worker_pod.h"
 
+#include <algorithm>
 #include <map>
 
 #include <gtest/gtest.h>
@@ -89,6 +90,39 @@ TEST(WorkerPodTest, TheCredentialSecretIsThePodsOwnAndGoesWithIt) {
   EXPECT_EQ(secret["stringData"][kTokenKey], "c0ffee");
   // A pod's Secret never shares a name with a job's, whatever the job is called.
   EXPECT_NE(CredentialSecretName("a-worker-x"), TokenSecretName("a-worker-x"));
+}
+
+TEST(WorkerPodTest, WithTlsTheCoordinatorsCaIsInTheCredentialSecretAndMounted) {
+  PodSettings s;
+  s.coordinator_url = "https://op.ops.svc:7070";
+  s.coordinator_ca = "-----BEGIN CERTIFICATE-----\nCA\n-----END CERTIFICATE-----\n";
+  json pod = BuildWorkerPod(Job(), SpecOf(Job()), "mnist-worker-abc", s);
+  pod["metadata"]["uid"] = "pod-uid-1";
+  const json secret = BuildCredentialSecret(Job(), pod, "c0ffee", s.coordinator_ca);
+  EXPECT_EQ(secret["stringData"][kCaKey], s.coordinator_ca);
+  EXPECT_EQ(secret["stringData"].size(), 2u);  // the credential and the CA's certificate only
+  const json& items = pod["spec"]["volumes"][0]["secret"]["items"];
+  ASSERT_EQ(items.size(), 2u);
+  EXPECT_EQ(items[1]["key"], kCaKey);
+  EXPECT_EQ(std::string(kTokenDir) + "/" + items[1]["path"].get<std::string>(), kCaFile);
+  const std::vector<std::string> args = pod["spec"]["containers"][0]["args"];
+  const auto ca = std::find(args.begin(), args.end(), "--ca-file");
+  ASSERT_NE(ca, args.end());
+  EXPECT_EQ(*(ca + 1), kCaFile);
+  // A user's program gets the same file through its environment.
+  json job = Job();
+  job["spec"]["template"]["command"] = {"python3", "train.py"};
+  pod = BuildWorkerPod(job, SpecOf(job), "mnist-worker-x", s);
+  std::map<std::string, std::string> env;
+  for (const json& e : pod["spec"]["containers"][0]["env"]) env[e["name"]] = e.value("value", "");
+  EXPECT_EQ(env["VF_COORDINATOR_CA_FILE"], kCaFile);
+  // Without TLS, neither.
+  EXPECT_FALSE(BuildCredentialSecret(Job(), pod, "c0ffee")["stringData"].contains(kCaKey));
+  EXPECT_EQ(env.count("VF_COORDINATOR_CA_FILE"), 1u);
+  pod = BuildWorkerPod(job, SpecOf(job), "mnist-worker-x", PodSettings{});
+  for (const json& e : pod["spec"]["containers"][0]["env"]) {
+    EXPECT_NE(e["name"], "VF_COORDINATOR_CA_FILE");
+  }
 }
 
 // What the restricted Pod Security Standard asks of every pod and container.

@@ -118,7 +118,7 @@ class CoordinatorServer::Impl {
 
   const http::Listener& listener() const { return *listener_; }
 
-  Status Start(const std::string& host, int port);
+  Status Start(const std::string& host, int port, std::shared_ptr<http::ServerCredentials> tls);
   void Stop();
 
  private:
@@ -149,10 +149,12 @@ class CoordinatorServer::Impl {
   std::multimap<Clock::time_point, Timer> timers_;
 };
 
-Status CoordinatorServer::Impl::Start(const std::string& host, int port) {
+Status CoordinatorServer::Impl::Start(const std::string& host, int port,
+                                      std::shared_ptr<http::ServerCredentials> tls) {
   http::Listener::Options options;
   options.name = "coordinator";
   options.error_response = JsonError;
+  options.tls = std::move(tls);
   VF_ASSIGN_OR_RETURN(listener_, http::Listener::Start(host, port, std::move(options),
                                                        [this](const http_request& request,
                                                               const http::InFlight& in_flight) {
@@ -387,11 +389,11 @@ void CoordinatorServer::Impl::AnswerPendingPolls() {
   }
 }
 
-Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Coordinator& coordinator,
-                                                                    const std::string& host,
-                                                                    int port) {
+Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
+    Coordinator& coordinator, const std::string& host, int port,
+    std::shared_ptr<http::ServerCredentials> tls) {
   auto impl = std::make_shared<Impl>(coordinator);
-  VF_RETURN_IF_ERROR(impl->Start(host, port));
+  VF_RETURN_IF_ERROR(impl->Start(host, port, std::move(tls)));
   return std::unique_ptr<CoordinatorServer>(new CoordinatorServer(std::move(impl)));
 }
 

@@ -28,6 +28,7 @@
 #include <memory>
 #include <string>
 
+#include "agent/http/tls.h"
 #include "operator/coordinator/coordinator.h"
 #include "runtime/status.h"
 
@@ -40,14 +41,17 @@ class CoordinatorServer {
   static constexpr size_t kMaxBodyBytes = 1u << 20;
 
   // Listens on host:port; port 0 picks a free port. `coordinator` must outlive the server.
-  static Result<std::unique_ptr<CoordinatorServer>> Start(Coordinator& coordinator,
-                                                          const std::string& host, int port);
+  // With `tls`, serves HTTPS only (a plain HTTP request fails the handshake and reaches no
+  // handler); the credentials may be replaced while it serves (a renewed certificate).
+  static Result<std::unique_ptr<CoordinatorServer>> Start(
+      Coordinator& coordinator, const std::string& host, int port,
+      std::shared_ptr<http::ServerCredentials> tls = nullptr);
   ~CoordinatorServer();
   CoordinatorServer(const CoordinatorServer&) = delete;
   CoordinatorServer& operator=(const CoordinatorServer&) = delete;
 
   int port() const;
-  // "http://host:port", with the host as given to Start.
+  // "http://host:port" ("https://" with TLS), with the host as given to Start.
   std::string url() const;
 
   // Answers pending long polls with 503, closes every connection and returns once no request

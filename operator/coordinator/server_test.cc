@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <future>
 #include <memory>
 #include <string>
@@ -21,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "agent/http/tls.h"
 #include "agent/protocol/client.h"
 #include "operator/coordinator/coordinator.h"
 #include "operator/coordinator/test_util.h"
@@ -978,6 +980,95 @@ TEST_F(ServerTest, GlooRanksRendezvousThroughTheCoordinator) {
   EXPECT_TRUE(coordinator_.SetKey(kJob, "epoch-1/probe", "x").ok());
 }
 #endif
+
+// ---- TLS ----
+
+// A coordinator serving HTTPS with a certificate from a CA made here, and that CA in a file.
+class TlsServerTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(coordinator_.AddJob(kJob, kToken, kFingerprint, kBuild).ok());
+    Result<http::KeyPair> ca = http::MakeCertificateAuthority("test CA", std::chrono::hours(1));
+    ASSERT_TRUE(ca.ok()) << ca.status().ToString();
+    Result<http::KeyPair> cert =
+        http::IssueServerCertificate(*ca, {"localhost", "127.0.0.1"}, std::chrono::hours(1));
+    ASSERT_TRUE(cert.ok()) << cert.status().ToString();
+    Result<std::shared_ptr<http::ServerCredentials>> tls = http::ServerCredentials::Create(*cert);
+    ASSERT_TRUE(tls.ok()) << tls.status().ToString();
+    tls_ = *tls;
+    ca_ = *ca;
+    Result<std::unique_ptr<CoordinatorServer>> server =
+        CoordinatorServer::Start(coordinator_, "127.0.0.1", 0, tls_);
+    ASSERT_TRUE(server.ok()) << server.status().ToString();
+    server_ = std::move(server).value();
+    ca_file_ = testing::TempDir() + "vf-coordinator-ca-" + std::to_string(getpid()) + ".crt";
+    std::FILE* f = std::fopen(ca_file_.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(ca->certificate_pem.c_str(), f);
+    std::fclose(f);
+  }
+  void TearDown() override {
+    if (server_ != nullptr) server_->Stop();
+    std::remove(ca_file_.c_str());
+  }
+
+  Status Register(const std::string& url, const std::string& ca_file) {
+    // Long enough for a handshake on a loaded machine; a refused one is retried until then.
+    CoordinatorClient client(url, kJob, Credential(kToken, "w-0"), "w-0", milliseconds(3000),
+                             ca_file);
+    return client.Register(kFingerprint, kBuild, true);
+  }
+  size_t Registered() { return coordinator_.GetJob(kJob)->workers.size(); }
+  std::string Url(const std::string& scheme, const std::string& host) {
+    return scheme + "://" + host + ":" + std::to_string(server_->port());
+  }
+
+  Coordinator coordinator_;
+  std::shared_ptr<http::ServerCredentials> tls_;
+  http::KeyPair ca_;
+  std::unique_ptr<CoordinatorServer> server_;
+  std::string ca_file_;
+};
+
+TEST_F(TlsServerTest, AClientWithTheCaRegistersOverHttps) {
+  EXPECT_EQ(server_->url().rfind("https://", 0), 0u) << server_->url();
+  EXPECT_TRUE(Register(Url("https", "127.0.0.1"), ca_file_).ok());
+  EXPECT_TRUE(Register(Url("https", "localhost"), ca_file_).ok());
+  EXPECT_EQ(Registered(), 1u);
+}
+
+TEST_F(TlsServerTest, PlainHttpIsRefusedBeforeAnyHandler) {
+  const RawReply raw =
+      RawHttp(server_->port(), "POST /v1/jobs/team/mnist/register HTTP/1.1\r\nHost: x\r\n" +
+                                   std::string("Content-Length: 2\r\n\r\n{}"));
+  EXPECT_EQ(raw.status, 0) << raw.headers;  // no HTTP answer at all
+  const Status plain = Register(Url("http", "127.0.0.1"), "");
+  EXPECT_EQ(plain.code(), StatusCode::kUnavailable) << plain.message();
+  EXPECT_EQ(Registered(), 0u);
+}
+
+TEST_F(TlsServerTest, WithoutTheCaOrForAnotherNameTheClientFailsSayingWhy) {
+  const Status no_ca = Register(Url("https", "127.0.0.1"), "");
+  EXPECT_EQ(no_ca.code(), StatusCode::kUnavailable);
+  EXPECT_NE(no_ca.message().find("TLS handshake failed"), std::string::npos) << no_ca.message();
+  // The right CA, but a certificate that names localhost only, dialled as 127.0.0.1.
+  Result<http::KeyPair> localhost_only =
+      http::IssueServerCertificate(ca_, {"localhost"}, std::chrono::hours(1));
+  ASSERT_TRUE(localhost_only.ok());
+  ASSERT_TRUE(tls_->Replace(*localhost_only).ok());
+  const Status wrong_name = Register(Url("https", "127.0.0.1"), ca_file_);
+  EXPECT_EQ(wrong_name.code(), StatusCode::kUnavailable);
+  EXPECT_NE(wrong_name.message().find("TLS handshake failed"), std::string::npos)
+      << wrong_name.message();
+  const Status unreadable = Register(Url("https", "127.0.0.1"), ca_file_ + ".missing");
+  EXPECT_EQ(unreadable.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(unreadable.message().find("cannot read the coordinator's CA file"), std::string::npos)
+      << unreadable.message();
+  EXPECT_EQ(Registered(), 0u);
+  // The name the certificate holds still works.
+  EXPECT_TRUE(Register(Url("https", "localhost"), ca_file_).ok());
+  EXPECT_EQ(Registered(), 1u);
+}
 
 }  // namespace
 }  // namespace vf

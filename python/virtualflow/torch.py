@@ -305,6 +305,8 @@ class Job:
             metrics_port=int(env.get("VF_METRICS_PORT", "-1") or -1),
             # The pod's own address on Kubernetes, where the other workers reach this one.
             host=env.get("VF_POD_IP") or "127.0.0.1",
+            # The operator's CA, when the coordinator serves https (the operator mounts it).
+            ca_file=env.get("VF_COORDINATOR_CA_FILE", ""),
         )
         self._holder: _Holder | None = None
         self._membership: Any = None

@@ -104,7 +104,7 @@ class OperatorTestCase(ControlPlaneTestCase):
         coordinator = ["--coordinator-listen", "127.0.0.1:%d" % cls.coordinator_port]
         if gateway:
             coordinator = ["--coordinator-listen", "0.0.0.0:%d" % cls.coordinator_port,
-                           "--coordinator-url", "http://%s:%d" % (gateway, cls.coordinator_port)]
+                           "--coordinator-url", "https://%s:%d" % (gateway, cls.coordinator_port)]
         argv = [os.path.join(BIN_DIR, "virtualflow-operator"), "--kubeconfig", cls.cp.kubeconfig,
                 *coordinator,
                 "--http-listen", "127.0.0.1:0", "--agent-metrics-port", "0",

@@ -1,0 +1,173 @@
+// Certificates made with tls.h, and a TLS listener on loopback fetched with cpprest's client.
+//
+// GoogleTest first: cpprest (listener.h includes it) defines a macro U.
+#include <gtest/gtest.h>
+
+#include "agent/http/tls.h"
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <cpprest/http_client.h>
+
+#include "agent/http/listener.h"
+
+// As in listener_test.cc: a continuation cpprest may leave queued at exit.
+// NOLINTNEXTLINE(bugprone-reserved-identifier): the name LeakSanitizer looks up.
+extern "C" const char* __lsan_default_suppressions() { return "leak:libcpprest.so\n"; }
+
+namespace vf::http {
+namespace {
+
+using std::chrono::hours;
+using web::http::status_codes;
+
+KeyPair Ca(const std::string& name = "test CA") {
+  Result<KeyPair> ca = MakeCertificateAuthority(name, hours(24));
+  EXPECT_TRUE(ca.ok()) << ca.status().ToString();
+  return ca.ok() ? *ca : KeyPair{};
+}
+
+KeyPair Server(const KeyPair& ca, const std::vector<std::string>& names) {
+  Result<KeyPair> server = IssueServerCertificate(ca, names, hours(1));
+  EXPECT_TRUE(server.ok()) << server.status().ToString();
+  return server.ok() ? *server : KeyPair{};
+}
+
+// A GET of `url` that trusts `ca_pem` only (none: cpprest's default, the system's CAs). The
+// status, or -1 and the exception's words when no answer came.
+std::pair<int, std::string> Get(const std::string& url, const std::string& ca_pem) {
+  web::http::client::http_client_config config;
+  config.set_timeout(std::chrono::seconds(30));
+  if (!ca_pem.empty()) {
+    config.set_ssl_context_callback([ca_pem](boost::asio::ssl::context& context) {
+      EXPECT_TRUE(TrustOnly(context.native_handle(), ca_pem).ok());
+    });
+  }
+  try {
+    web::http::client::http_client client(url, config);
+    web::http::http_response response = client.request(web::http::methods::GET, "/x").get();
+    return {response.status_code(), response.extract_utf8string().get()};
+  } catch (const std::exception& e) {
+    return {-1, e.what()};
+  }
+}
+
+// A TLS listener on 127.0.0.1 that counts the requests reaching its handler.
+struct TlsServer {
+  std::shared_ptr<ServerCredentials> credentials;
+  std::unique_ptr<Listener> listener;
+  std::shared_ptr<std::atomic<int>> handled = std::make_shared<std::atomic<int>>(0);
+
+  explicit TlsServer(const KeyPair& pair) {
+    Result<std::shared_ptr<ServerCredentials>> made = ServerCredentials::Create(pair);
+    EXPECT_TRUE(made.ok()) << made.status().ToString();
+    if (!made.ok()) return;
+    credentials = *made;
+    Listener::Options options;
+    options.name = "tls server";
+    options.tls = credentials;
+    Result<std::unique_ptr<Listener>> started =
+        Listener::Start("127.0.0.1", 0, options,
+                        [count = handled](const web::http::http_request& request, const InFlight&) {
+                          ++*count;
+                          Send(request, TextResponse(status_codes::OK, "hello"));
+                        });
+    EXPECT_TRUE(started.ok()) << started.status().ToString();
+    if (started.ok()) listener = std::move(started).value();
+  }
+  std::string port() const { return std::to_string(listener->port()); }
+};
+
+TEST(CertificatesTest, AServerCertificateNamesItsHostsAndChainsToItsCa) {
+  const KeyPair ca = Ca();
+  const KeyPair server = Server(ca, {"coordinator.ops.svc", "10.1.2.3", "::1"});
+  Result<std::vector<std::string>> names = CertificateNames(server.certificate_pem);
+  ASSERT_TRUE(names.ok()) << names.status().ToString();
+  EXPECT_EQ(*names, (std::vector<std::string>{"coordinator.ops.svc", "10.1.2.3", "::1"}));
+  EXPECT_TRUE(CheckServerCertificate(server, ca.certificate_pem).ok());
+  EXPECT_EQ(CheckServerCertificate(server, Ca("another CA").certificate_pem).code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(CheckServerCertificate({server.certificate_pem, ca.key_pem}, ca.certificate_pem).code(),
+            StatusCode::kFailedPrecondition);
+}
+
+TEST(CertificatesTest, ValidityIsBoundedAndNeverOutlivesTheCa) {
+  const auto now = std::chrono::system_clock::now();
+  const KeyPair ca = Ca();
+  Result<std::chrono::system_clock::time_point> ca_end = CertificateNotAfter(ca.certificate_pem);
+  ASSERT_TRUE(ca_end.ok()) << ca_end.status().ToString();
+  EXPECT_GT(*ca_end, now + hours(23));
+  EXPECT_LT(*ca_end, now + hours(25));
+  Result<KeyPair> longer = IssueServerCertificate(ca, {"localhost"}, hours(24 * 365));
+  ASSERT_TRUE(longer.ok()) << longer.status().ToString();
+  EXPECT_EQ(*CertificateNotAfter(longer->certificate_pem), *ca_end);
+}
+
+TEST(CertificatesTest, BadNamesAndEmptyInputsAreRefused) {
+  const KeyPair ca = Ca();
+  EXPECT_EQ(IssueServerCertificate(ca, {}, hours(1)).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(IssueServerCertificate(ca, {"a,DNS:evil.example"}, hours(1)).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(IssueServerCertificate(ca, {"localhost"}, hours(0)).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_FALSE(ServerCredentials::Create({"not a certificate", ca.key_pem}).ok());
+  EXPECT_FALSE(CertificateNames("garbage").ok());
+}
+
+TEST(TlsListenerTest, ServesHttpsToAClientThatTrustsItsCa) {
+  const KeyPair ca = Ca();
+  TlsServer server(Server(ca, {"localhost", "127.0.0.1"}));
+  ASSERT_NE(server.listener, nullptr);
+  EXPECT_EQ(server.listener->url().rfind("https://127.0.0.1:", 0), 0u) << server.listener->url();
+  EXPECT_EQ(Get("https://127.0.0.1:" + server.port(), ca.certificate_pem).first, 200);
+  EXPECT_EQ(Get("https://localhost:" + server.port(), ca.certificate_pem).first, 200);
+  EXPECT_EQ(server.handled->load(), 2);
+}
+
+TEST(TlsListenerTest, PlainHttpIsRefusedAndReachesNoHandler) {
+  const KeyPair ca = Ca();
+  TlsServer server(Server(ca, {"127.0.0.1"}));
+  ASSERT_NE(server.listener, nullptr);
+  const auto [status, what] = Get("http://127.0.0.1:" + server.port(), "");
+  EXPECT_EQ(status, -1) << what;
+  EXPECT_EQ(server.handled->load(), 0);
+}
+
+TEST(TlsListenerTest, AnotherCaOrAnotherHostNameFailsTheHandshake) {
+  const KeyPair ca = Ca();
+  TlsServer server(Server(ca, {"coordinator.example"}));
+  ASSERT_NE(server.listener, nullptr);
+  // The right CA, but the certificate does not name 127.0.0.1.
+  const auto [wrong_host, host_error] =
+      Get("https://127.0.0.1:" + server.port(), ca.certificate_pem);
+  EXPECT_EQ(wrong_host, -1) << host_error;
+  // The system's CAs, which never signed it.
+  const auto [no_ca, ca_error] = Get("https://127.0.0.1:" + server.port(), "");
+  EXPECT_EQ(no_ca, -1) << ca_error;
+  EXPECT_EQ(server.handled->load(), 0);
+}
+
+TEST(TlsListenerTest, ReplacedCredentialsServeTheNextHandshake) {
+  const KeyPair old_ca = Ca("old CA");
+  const KeyPair new_ca = Ca("new CA");
+  TlsServer server(Server(old_ca, {"127.0.0.1"}));
+  ASSERT_NE(server.listener, nullptr);
+  const std::string url = "https://127.0.0.1:" + server.port();
+  EXPECT_EQ(Get(url, new_ca.certificate_pem).first, -1);
+  ASSERT_TRUE(server.credentials->Replace(Server(new_ca, {"127.0.0.1"})).ok());
+  EXPECT_EQ(Get(url, new_ca.certificate_pem).first, 200);
+  EXPECT_EQ(Get(url, old_ca.certificate_pem).first, -1);
+}
+
+TEST(TlsListenerTest, TrustOnlyNeedsACertificate) {
+  SSL_CTX* context = SSL_CTX_new(TLS_client_method());
+  EXPECT_EQ(TrustOnly(context, "no PEM here").code(), StatusCode::kInvalidArgument);
+  SSL_CTX_free(context);
+}
+
+}  // namespace
+}  // namespace vf::http
