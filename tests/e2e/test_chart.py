@@ -61,6 +61,7 @@ VALUE_SETS = [
                        "--set", "dashboards.annotations.grafana_folder=VirtualFlow"]),
     ("one-namespace", ["--set", "watchNamespace=team-a", "--set", "serviceMonitor.enabled=true"]),
     ("single-replica", ["--set", "replicaCount=1", "--set", "leaderElection.enabled=false"]),
+    ("plain", ["--set", "coordinator.tls.enabled=false", "--set", "networkPolicy.enabled=false"]),
     ("own-account", ["--set", "rbac.create=false", "--set", "serviceAccount.create=false",
                      "--set", "serviceAccount.name=ops"]),
     ("customised", ["--set", "image.repository=mirror/vf/operator",
@@ -186,6 +187,19 @@ HISTOGRAMS = {
     "vf_agent_communicator_rebuild_seconds"}
 KNOWN_METRICS = (OPERATOR_METRICS | AGENT_METRICS |
                  {h + s for h in HISTOGRAMS for s in ("_bucket", "_sum", "_count")})
+
+def selects(selector, labels):
+    """Whether a Kubernetes label selector (matchLabels, matchExpressions) selects LABELS."""
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for e in selector.get("matchExpressions") or []:
+        key, op, values = e["key"], e["operator"], e.get("values") or []
+        if not {"In": key in labels and labels[key] in values,
+                "NotIn": key not in labels or labels[key] not in values,
+                "Exists": key in labels, "DoesNotExist": key not in labels}[op]:
+            return False
+    return True
+
 
 def operator_binary():
     """The built virtualflow-operator ($VF_BIN_DIR, else build/bin), or None."""
@@ -360,15 +374,21 @@ class ChartFilesTest(unittest.TestCase):
         def kinds(objs):
             return sorted(o["kind"] for o in objs)
         self.assertEqual(kinds(self.objects()), [
+            "ClusterRole", "ClusterRoleBinding", "Deployment", "NetworkPolicy", "Role", "Role",
+            "RoleBinding", "RoleBinding", "Service", "ServiceAccount"])
+        self.assertEqual(kinds(self.objects(*dict(VALUE_SETS)["everything-on"])), [
+            "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "NetworkPolicy",
+            "PodMonitor", "Role", "Role", "RoleBinding", "RoleBinding", "Service",
+            "ServiceAccount", "ServiceMonitor"])
+        # TLS's Role stays; the Lease's goes.
+        self.assertEqual(kinds(self.objects(*dict(VALUE_SETS)["single-replica"])), [
+            "ClusterRole", "ClusterRoleBinding", "Deployment", "NetworkPolicy", "Role",
+            "RoleBinding", "Service", "ServiceAccount"])
+        self.assertEqual(kinds(self.objects(*dict(VALUE_SETS)["own-account"])), [
+            "Deployment", "NetworkPolicy", "Service"])
+        self.assertEqual(kinds(self.objects(*dict(VALUE_SETS)["plain"])), [
             "ClusterRole", "ClusterRoleBinding", "Deployment", "Role", "RoleBinding", "Service",
             "ServiceAccount"])
-        self.assertEqual(kinds(self.objects(*dict(VALUE_SETS)["everything-on"])), [
-            "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "PodMonitor", "Role",
-            "RoleBinding", "Service", "ServiceAccount", "ServiceMonitor"])
-        self.assertEqual(kinds(self.objects(*dict(VALUE_SETS)["single-replica"])), [
-            "ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount"])
-        self.assertEqual(kinds(self.objects(*dict(VALUE_SETS)["own-account"])), [
-            "Deployment", "Service"])
 
     def test_operator_deployment(self):
         objs = self.objects()
@@ -385,7 +405,9 @@ class ChartFilesTest(unittest.TestCase):
             "--leader-election-namespace=" + NS,
             "--leader-election-id=virtualflow-operator",
             "--coordinator-listen=0.0.0.0:7070",
-            "--coordinator-url=http://virtualflow-operator.%s.svc:7070" % NS,
+            "--coordinator-url=https://virtualflow-operator.%s.svc:7070" % NS,
+            "--coordinator-tls=true",
+            "--coordinator-tls-secret=virtualflow-coordinator-tls",
             "--http-listen=0.0.0.0:8080",
             "--agent-image=virtualflow/agent:" + APP_VERSION,
             "--agent-metrics-port=9090",
@@ -420,7 +442,8 @@ class ChartFilesTest(unittest.TestCase):
         self.assertEqual(container["image"], "mirror/vf/operator:0.2.0-rc1")
         self.assertEqual(container["imagePullPolicy"], "Always")
         args = container["args"]
-        self.assertIn("--coordinator-url=http://vf-virtualflow-operator.ops.svc:9000", args)
+        self.assertIn("--coordinator-url=https://vf-virtualflow-operator.ops.svc:9000", args)
+        self.assertIn("--coordinator-tls-secret=vf-virtualflow-coordinator-tls", args)
         self.assertIn("--coordinator-listen=0.0.0.0:9000", args)
         self.assertIn("--http-listen=0.0.0.0:9001", args)
         self.assertIn("--agent-image=virtualflow/agent@sha256:" + "ab" * 32, args)
@@ -434,6 +457,12 @@ class ChartFilesTest(unittest.TestCase):
         self.assertEqual(args[0], "--namespace=team-a")
         pod_monitor = self.find(objs, "PodMonitor")
         self.assertEqual(pod_monitor["spec"]["namespaceSelector"], {"matchNames": ["team-a"]})
+
+        objs = self.objects(*dict(VALUE_SETS)["plain"])
+        args = self.find(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+        self.assertIn("--coordinator-url=http://virtualflow-operator.%s.svc:7070" % NS, args)
+        self.assertIn("--coordinator-tls=false", args)
+        self.assertFalse([a for a in args if a.startswith("--coordinator-tls-secret")])
 
         objs = self.objects(*dict(VALUE_SETS)["single-replica"])
         args = self.find(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -471,6 +500,40 @@ class ChartFilesTest(unittest.TestCase):
         self.assertEqual([o["kind"] for o in objs if "monitoring" in o["apiVersion"]],
                          ["ServiceMonitor"])
 
+    def test_network_policies_follow_the_values_and_the_operators_labels(self):
+        # The labels the operator puts on every worker pod, as its source says
+        # (operator/controller/worker_pod.h); the install test checks real pods too.
+        header = read(os.path.join(SOURCE_DIR, "operator", "controller", "worker_pod.h"))
+        constant = lambda name: re.search(
+            r'inline constexpr char %s\[\] = "([^"]+)";' % name, header).group(1)
+        worker = {constant("kJobLabel"): "mnist",
+                  constant("kManagedByLabel"): constant("kManagedBy")}
+
+        policy = self.find(self.objects(), "NetworkPolicy")  # one: no job namespace is known
+        self.assertEqual(policy["metadata"]["namespace"], NS)
+        rule = policy["spec"]["ingress"][0]
+        self.assertEqual(rule["ports"], [{"port": "coordinator", "protocol": "TCP"}])
+        self.assertTrue(selects(rule["from"][0]["podSelector"], worker))
+        self.assertFalse(selects(rule["from"][0]["podSelector"], {constant("kJobLabel"): "x"}))
+
+        objs = self.objects(*dict(VALUE_SETS)["one-namespace"], "--set", "agent.metricsPort=9102")
+        policies = {(p["metadata"]["namespace"], p["metadata"]["name"]): p
+                    for p in self.find(objs, "NetworkPolicy")}
+        self.assertEqual(set(policies), {(NS, OPERATOR), ("team-a", OPERATOR + "-workers")})
+        peer = policies[(NS, OPERATOR)]["spec"]["ingress"][0]["from"][0]
+        self.assertEqual(peer["namespaceSelector"],
+                         {"matchLabels": {"kubernetes.io/metadata.name": "team-a"}})
+        workers = policies[("team-a", OPERATOR + "-workers")]["spec"]
+        self.assertTrue(selects(workers["podSelector"], worker))
+        self.assertTrue(selects(workers["ingress"][0]["from"][0]["podSelector"], worker))
+        self.assertEqual(workers["ingress"][1]["ports"], [{"port": 9102, "protocol": "TCP"}])
+
+        objs = self.objects("--set", "networkPolicy.jobNamespaces={a,b}")
+        self.assertEqual(sorted(p["metadata"]["namespace"] for p in
+                                self.find(objs, "NetworkPolicy")), ["a", "b", NS])
+        self.assertEqual(self.find(self.objects("--set", "networkPolicy.enabled=false"),
+                                   "NetworkPolicy"), [])
+
     def test_rbac_rules_are_exactly_the_operators_needs(self):
         def rights(rules):
             out = set()
@@ -492,21 +555,27 @@ class ChartFilesTest(unittest.TestCase):
         lease = {("coordination.k8s.io", "leases", "create", ()),
                  ("coordination.k8s.io", "leases", "get", ("virtualflow-operator",)),
                  ("coordination.k8s.io", "leases", "update", ("virtualflow-operator",))}
+        tls = {("", "secrets", "create", ()),
+               ("", "secrets", "get", ("virtualflow-coordinator-tls",)),
+               ("", "secrets", "update", ("virtualflow-coordinator-tls",))}
 
         objs = self.objects()
         self.assertEqual(rights(self.find(objs, "ClusterRole")["rules"]), jobs | nodes)
-        role = self.find(objs, "Role")
-        self.assertEqual(role["metadata"]["namespace"], NS)
-        self.assertEqual(rights(role["rules"]), lease)
-        for binding in (self.find(objs, "ClusterRoleBinding"), self.find(objs, "RoleBinding")):
+        roles = {r["metadata"]["name"]: r for r in self.find(objs, "Role")}
+        self.assertEqual({r["metadata"]["namespace"] for r in roles.values()}, {NS})
+        self.assertEqual(rights(roles[OPERATOR + "-leader-election"]["rules"]), lease)
+        self.assertEqual(rights(roles[OPERATOR + "-coordinator-tls"]["rules"]), tls)
+        for binding in [self.find(objs, "ClusterRoleBinding")] + self.find(objs, "RoleBinding"):
             self.assertEqual(binding["subjects"], [{"kind": "ServiceAccount", "name": OPERATOR,
                                                     "namespace": NS}])
 
         objs = self.objects(*dict(VALUE_SETS)["one-namespace"])
         self.assertEqual(rights(self.find(objs, "ClusterRole")["rules"]),
                          expected(INVENTORY_RIGHTS))
-        roles = {r["metadata"]["namespace"]: rights(r["rules"]) for r in self.find(objs, "Role")}
-        self.assertEqual(roles, {"team-a": jobs, NS: lease})
+        roles = {}
+        for r in self.find(objs, "Role"):
+            roles.setdefault(r["metadata"]["namespace"], set()).update(rights(r["rules"]))
+        self.assertEqual(roles, {"team-a": jobs, NS: lease | tls})
 
     def test_bad_values_fail_with_a_message_naming_the_value(self):
         for name, args, expected in BAD_VALUES:
@@ -615,7 +684,8 @@ class ChartInstallTest(ControlPlaneTestCase):
                             "pod-security.kubernetes.io/enforce=restricted", check=True)
         cls.install = cls.helm(
             "install", RELEASE, CHART, "-n", NS, "--set", "serviceMonitor.enabled=true",
-            "--set", "dashboards.enabled=true", kubeconfig=cls.cp.kubeconfig)
+            "--set", "dashboards.enabled=true", "--set", "networkPolicy.jobNamespaces={team-b}",
+            kubeconfig=cls.cp.kubeconfig)
 
     @classmethod
     def tearDownClass(cls):
@@ -675,7 +745,7 @@ class ChartInstallTest(ControlPlaneTestCase):
         self.assertEqual(self.install.returncode, 0, self.install.stdout + self.install.stderr)
         self.assertIn("STATUS: deployed", self.install.stdout)
         self.assertNotIn("PodSecurity", self.install.stderr)  # helm shows admission warnings
-        self.assertIn("http://virtualflow-operator.%s.svc:7070" % NS, self.install.stdout)  # NOTES
+        self.assertIn("https://virtualflow-operator.%s.svc:7070" % NS, self.install.stdout)  # NOTES
         crd = self.cp.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/" + CRD_NAME)
         self.assertIsNotNone(crd, "the chart's crds/ were not installed")
         self.cp.wait_for("the CRD to be Established", lambda: any(
@@ -689,8 +759,9 @@ class ChartInstallTest(ControlPlaneTestCase):
                                            check=True).stdout)
         objs = objs[0]["items"] if objs and objs[0]["kind"] == "List" else objs
         self.assertEqual(sorted(o["kind"] for o in objs), [
-            "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "PodMonitor", "Role",
-            "RoleBinding", "Service", "ServiceAccount", "ServiceMonitor"])
+            "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "NetworkPolicy",
+            "NetworkPolicy", "PodMonitor", "Role", "Role", "RoleBinding", "RoleBinding", "Service",
+            "ServiceAccount", "ServiceMonitor"])
         for obj in objs:
             self.assertEqual(obj["metadata"]["labels"]["app.kubernetes.io/instance"], RELEASE)
             self.assertEqual(obj["metadata"]["annotations"]["meta.helm.sh/release-name"], RELEASE)
@@ -711,7 +782,7 @@ class ChartInstallTest(ControlPlaneTestCase):
             spec = pod["spec"]
             self.assertEqual(spec["serviceAccountName"], OPERATOR)
             container = spec["containers"][0]
-            self.assertIn("--coordinator-url=http://virtualflow-operator.%s.svc:7070" % NS,
+            self.assertIn("--coordinator-url=https://virtualflow-operator.%s.svc:7070" % NS,
                           container["args"])
             self.assertEqual(container["securityContext"]["capabilities"], {"drop": ["ALL"]})
         deployment = self.cp.get("/apis/apps/v1/namespaces/%s/deployments/%s" % (NS, OPERATOR))
@@ -820,9 +891,14 @@ class ChartInstallTest(ControlPlaneTestCase):
             lease = self.cp.get("/apis/coordination.k8s.io/v1/namespaces/%s/leases/"
                                 "virtualflow-operator" % NS)
             holder = (lease or {}).get("spec", {}).get("holderIdentity")
-            ready = {pod: http_get(url + "/readyz")[0] == 200
+            codes = {pod: http_get(url + "/readyz")[0]
                      for pod, (_, url) in self.operators.items() if pod not in self.stopped}
-            return holder if holder and ready.get(holder) and sum(ready.values()) == 1 else None
+            ready = {pod: code == 200 for pod, code in codes.items()}
+            # Every replica answers (a standby is still starting until it does: it reads the TLS
+            # Secret first), and only the holder is ready.
+            answering = all(code != 0 for code in codes.values())
+            return (holder if answering and holder and ready.get(holder) and
+                    sum(ready.values()) == 1 else None)
 
         first = self.until("one ready leader", leader)
         [standby] = [p for p in self.operators if p != first]
@@ -842,6 +918,8 @@ class ChartInstallTest(ControlPlaneTestCase):
         self.assertEqual(container["image"], "virtualflow/agent:" + APP_VERSION)
         self.assertIn({"name": "metrics", "containerPort": 9090, "protocol": "TCP"},
                       container["ports"])
+        self.check_coordinator_tls(pods)
+        self.check_network_policies(pods, "team-b")
 
         # The leader stops (a rolling update, a drained node): it gives the Lease up and the
         # standby leads.
@@ -853,6 +931,59 @@ class ChartInstallTest(ControlPlaneTestCase):
         self.check_operators()
         for pod in self.operators:
             self.assertNotIn("forbidden", self.operator_log(pod).lower())
+
+    def check_coordinator_tls(self, pods):
+        """The leader made the TLS Secret in its namespace, and each worker pod gets the CA's
+        certificate (never its key) in its own credential Secret, mounted for --ca-file."""
+        tls = self.cp.get("/api/v1/namespaces/%s/secrets/virtualflow-coordinator-tls" % NS)
+        self.assertIsNotNone(tls, "no coordinator TLS Secret")
+        self.assertEqual(tls["type"], "kubernetes.io/tls")
+        self.assertEqual(sorted(tls["data"]), ["ca.crt", "ca.key", "tls.crt", "tls.key"])
+        for pod in pods:
+            name, namespace = pod["metadata"]["name"], pod["metadata"]["namespace"]
+            secret = self.until("%s's credential Secret" % name, lambda: self.cp.get(
+                "/api/v1/namespaces/%s/secrets/%s-vf-credential" % (namespace, name)))
+            self.assertEqual(sorted(secret["data"]), ["ca.crt", "token"])
+            self.assertEqual(secret["data"]["ca.crt"], tls["data"]["ca.crt"])
+            args = pod["spec"]["containers"][0]["args"]
+            self.assertEqual(args[args.index("--ca-file") + 1], "/var/run/virtualflow/ca.crt")
+            self.assertTrue(args[args.index("--coordinator") + 1].startswith("https://"))
+
+    def check_network_policies(self, pods, namespace):
+        """The installed NetworkPolicies select the labels the operator really put on its
+        worker pods. Whether a CNI enforces them is not tested: this suite's pod network (the
+        pod runner's network namespaces on one bridge) has no NetworkPolicy enforcement, and
+        no CNI plugin runs here (docs/security.md)."""
+        path = "/apis/networking.k8s.io/v1/namespaces/%s/networkpolicies/%s"
+        operator = self.cp.get(path % (NS, OPERATOR))
+        workers = self.cp.get(path % (namespace, OPERATOR + "-workers"))
+        self.assertIsNotNone(operator)
+        self.assertIsNotNone(workers)
+        operator_pod = self.cp.request("GET", "/api/v1/namespaces/%s/pods?labelSelector="
+                                       "app.kubernetes.io/component=operator" % NS)["items"][0]
+        self.assertTrue(selects(operator["spec"]["podSelector"],
+                                operator_pod["metadata"]["labels"]))
+        [coordinator_rule] = [r for r in operator["spec"]["ingress"]
+                              if r["ports"][0]["port"] == "coordinator"]
+        [peer] = coordinator_rule["from"]
+        self.assertEqual(peer["namespaceSelector"], {})
+        stranger = {"app": "curl", "app.kubernetes.io/managed-by": "Helm"}
+        for pod in pods:
+            labels = pod["metadata"]["labels"]
+            self.assertTrue(selects(peer["podSelector"], labels), labels)
+            self.assertTrue(selects(workers["spec"]["podSelector"], labels), labels)
+            self.assertTrue(selects(workers["spec"]["ingress"][0]["from"][0]["podSelector"],
+                                    labels), labels)
+            self.assertNotIn("namespaceSelector", workers["spec"]["ingress"][0]["from"][0])
+        for other in (stranger, operator_pod["metadata"]["labels"]):
+            self.assertFalse(selects(peer["podSelector"], other), other)
+            self.assertFalse(selects(workers["spec"]["ingress"][0]["from"][0]["podSelector"],
+                                     other), other)
+        # The scrapers reach the workers' metrics port, the one the pods name "metrics".
+        metrics_rule = workers["spec"]["ingress"][1]
+        self.assertEqual(metrics_rule["ports"][0]["port"], 9090)
+        self.assertTrue(selects(metrics_rule["from"][0]["podSelector"],
+                                {"app.kubernetes.io/name": "prometheus"}))
 
     def test_service_account_can_do_exactly_what_the_operator_needs(self):
         self.assertEqual(self.install.returncode, 0, self.install.stderr)
@@ -871,6 +1002,14 @@ class ChartInstallTest(ControlPlaneTestCase):
                 self.assertFalse(self.can_i(verb, resource, name=name, namespace="team-a"))
         self.assertFalse(self.can_i("get", "leases.coordination.k8s.io", name="kube-scheduler"))
         self.assertFalse(self.can_i("update", "leases.coordination.k8s.io", name="other"))
+        # The coordinator's TLS Secret: rewritten by name, in the release namespace only.
+        tls = "virtualflow-coordinator-tls"
+        self.assertTrue(self.can_i("update", "secrets", name=tls))
+        self.assertFalse(self.can_i("update", "secrets", name="other"))
+        self.assertFalse(self.can_i("update", "secrets", name=tls, namespace="kube-system"))
+        self.assertFalse(self.can_i("delete", "secrets", name=tls))
+        self.assertFalse(self.can_i("list", "secrets", namespace="kube-system"))
+        self.assertFalse(self.can_i("delete", "nodes"))
 
         # Nothing else: the complete list of what the account may do.
         everywhere = self.expected_list(JOB_RIGHTS + NODE_RIGHTS)
@@ -878,6 +1017,7 @@ class ChartInstallTest(ControlPlaneTestCase):
         in_release = dict(everywhere)
         in_release[("leases.coordination.k8s.io", ())] = {"create"}
         in_release[("leases.coordination.k8s.io", ("virtualflow-operator",))] = {"get", "update"}
+        in_release[("secrets", ("virtualflow-coordinator-tls",))] = {"get", "update"}
         self.assertEqual(self.rights_list(NS), in_release)
 
     def test_watch_namespace_limits_the_rights_to_that_namespace(self):
@@ -891,14 +1031,25 @@ class ChartInstallTest(ControlPlaneTestCase):
                     self.assertTrue(self.can_i(verb, resource, sub, "team-a", account=account))
                     self.assertEqual(self.can_i(verb, resource, sub, "team-b", account=account),
                                      everywhere)
+                    # The TLS Secret is created in the operator's own namespace.
+                    tls = (verb, resource) == ("create", "secrets")
                     self.assertEqual(self.can_i(verb, resource, sub, "vf-team-system",
-                                                account=account), everywhere)
+                                                account=account), everywhere or tls)
             for verb, resource, sub in INVENTORY_RIGHTS:
                 self.assertTrue(self.can_i(verb, resource, sub, "team-b", account=account))
             self.assertTrue(self.can_i("update", "leases.coordination.k8s.io", "",
                                        "vf-team-system", "virtualflow-operator", account=account))
             self.assertEqual(self.rights_list("team-b", account),
                              self.expected_list(INVENTORY_RIGHTS))
+            # No Secret outside team-a but its own TLS Secret; no pods outside team-a.
+            for namespace in ("kube-system", "team-b", "default"):
+                self.assertFalse(self.can_i("get", "secrets", namespace=namespace,
+                                            account=account))
+                self.assertFalse(self.can_i("create", "pods", namespace=namespace,
+                                            account=account))
+            self.assertTrue(self.can_i("get", "secrets", namespace="vf-team-system",
+                                       name="vf-team-virtualflow-coordinator-tls",
+                                       account=account))
             self.assertEqual(self.rights_list("team-a", account),
                              self.expected_list(JOB_RIGHTS + NODE_RIGHTS))
             # The operator's own pod passes Pod Security there too.

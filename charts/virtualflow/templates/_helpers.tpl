@@ -80,7 +80,23 @@ The coordinator's URL as worker pods use it: the Service's cluster DNS name in t
 namespace.
 */}}
 {{- define "virtualflow.coordinatorURL" -}}
-{{- printf "http://%s.%s.svc:%d" (include "virtualflow.operatorName" .) .Release.Namespace (int .Values.coordinator.port) }}
+{{- printf "%s://%s.%s.svc:%d" (ternary "https" "http" .Values.coordinator.tls.enabled) (include "virtualflow.operatorName" .) .Release.Namespace (int .Values.coordinator.port) }}
+{{- end }}
+
+{{/* The Secret holding the coordinator's CA and certificate, in the release namespace. */}}
+{{- define "virtualflow.tlsSecretName" -}}
+{{- default (printf "%s-coordinator-tls" (include "virtualflow.fullname" .)) .Values.coordinator.tls.secretName }}
+{{- end }}
+
+{{/* The namespaces whose worker pods get a NetworkPolicy. */}}
+{{- define "virtualflow.jobNamespaces" -}}
+{{- if .Values.networkPolicy.jobNamespaces }}
+{{- toJson .Values.networkPolicy.jobNamespaces }}
+{{- else if .Values.watchNamespace }}
+{{- toJson (list .Values.watchNamespace) }}
+{{- else }}
+{{- toJson (list) }}
+{{- end }}
 {{- end }}
 
 {{/*
