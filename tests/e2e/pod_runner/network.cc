@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <charconv>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <utility>
 
@@ -153,6 +154,17 @@ std::vector<Command> BridgeCommands(const std::string& bridge, const std::string
                                     int prefix, bool exists) {
   std::vector<Command> out;
   if (!exists) out.push_back({"ip", "link", "add", bridge, "type", "bridge"});
+  // A fixed MAC address (locally administered, from the gateway's address): a bridge whose
+  // address was never set takes the lowest of its ports', so each pod that joins could change
+  // the gateway's MAC under the pods that already resolved it, and their packets to the host
+  // would go to another pod's port until their ARP entry expires (seconds of silence).
+  Result<uint32_t> ip = ParseIpv4(gateway);
+  if (ip.ok()) {
+    char mac[18];
+    std::snprintf(mac, sizeof(mac), "02:76:66:%02x:%02x:%02x", *ip >> 16 & 0xFF, *ip >> 8 & 0xFF,
+                  *ip & 0xFF);
+    out.push_back({"ip", "link", "set", bridge, "address", mac});
+  }
   out.push_back({"ip", "addr", "replace", gateway + "/" + std::to_string(prefix), "dev", bridge});
   out.push_back({"ip", "link", "set", bridge, "up"});
   return out;

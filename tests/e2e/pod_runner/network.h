@@ -74,8 +74,8 @@ bool IsPodNetName(std::string_view name);
 
 using Command = std::vector<std::string>;
 
-// The `ip` commands that create the bridge with the gateway address and bring it up (the
-// bridge itself only when it does not exist yet: `exists`).
+// The `ip` commands that create the bridge with the gateway address and a fixed MAC address
+// and bring it up (the bridge itself only when it does not exist yet: `exists`).
 std::vector<Command> BridgeCommands(const std::string& bridge, const std::string& gateway,
                                     int prefix, bool exists);
 

@@ -70,11 +70,13 @@ TEST(NetNamesTest, FitAnInterfaceNameAndAreRecognised) {
 
 TEST(CommandsTest, BridgeIsCreatedOnlyWhenMissing) {
   auto fresh = BridgeCommands("vfpods0", "10.244.0.1", 16, false);
-  ASSERT_EQ(fresh.size(), 3U);
+  ASSERT_EQ(fresh.size(), 4U);
   EXPECT_EQ(fresh[0], (Command{"ip", "link", "add", "vfpods0", "type", "bridge"}));
-  EXPECT_EQ(fresh[1], (Command{"ip", "addr", "replace", "10.244.0.1/16", "dev", "vfpods0"}));
-  EXPECT_EQ(fresh[2], (Command{"ip", "link", "set", "vfpods0", "up"}));
-  EXPECT_EQ(BridgeCommands("vfpods0", "10.244.0.1", 16, true).size(), 2U);
+  // Its own MAC, so that pods joining the bridge never change the gateway's.
+  EXPECT_EQ(fresh[1], (Command{"ip", "link", "set", "vfpods0", "address", "02:76:66:f4:00:01"}));
+  EXPECT_EQ(fresh[2], (Command{"ip", "addr", "replace", "10.244.0.1/16", "dev", "vfpods0"}));
+  EXPECT_EQ(fresh[3], (Command{"ip", "link", "set", "vfpods0", "up"}));
+  EXPECT_EQ(BridgeCommands("vfpods0", "10.244.0.1", 16, true).size(), 3U);
 }
 
 TEST(CommandsTest, PodGetsEth0WithAddressAndDefaultRoute) {
