@@ -9,6 +9,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <cpprest/http_client.h>
@@ -167,6 +168,30 @@ TEST(TlsListenerTest, TrustOnlyNeedsACertificate) {
   SSL_CTX* context = SSL_CTX_new(TLS_client_method());
   EXPECT_EQ(TrustOnly(context, "no PEM here").code(), StatusCode::kInvalidArgument);
   SSL_CTX_free(context);
+}
+
+// Each handshake makes its own context through the listener's callback, on cpprest's threads.
+TEST(TlsListenerTest, ConcurrentHandshakesAllComplete) {
+  const KeyPair ca = Ca();
+  TlsServer server(Server(ca, {"127.0.0.1"}));
+  ASSERT_NE(server.listener, nullptr);
+  const std::string url = "https://127.0.0.1:" + server.port();
+  std::atomic<int> failed{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 10; ++i) {
+        const auto [status, what] = Get(url, ca.certificate_pem);
+        if (status != 200) {
+          ++failed;
+          ADD_FAILURE() << what;
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(server.handled->load(), 40);
 }
 
 }  // namespace

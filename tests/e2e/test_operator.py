@@ -8,15 +8,20 @@ bounds and the one that cannot start says why; a suspended job has no pods and, 
 the weights of an uninterrupted run; a crash-looping worker fails its job past spec.runPolicy's
 backoffLimit; a finished job is deleted after its ttlSecondsAfterFinished."""
 
+import base64
+import http.client
 import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
 import time
 import unittest
+import urllib.error
+import urllib.request
 
 from controlplane import Component, ControlPlaneTestCase, free_port
 
@@ -214,7 +219,22 @@ class OperatorTest(OperatorTestCase):
         self.assertEqual(table[0].split()[:6], ["NAME", "VIRTUAL", "NODES", "WORKERS", "STEP", "PHASE"])
         row = table[1].split()
         self.assertEqual(row[:5], ["fashion-mnist", "8", "4", str(status["step"]), "Succeeded"])
+        self.check_coordinator_speaks_tls_only()
         self.delete_job("fashion-mnist")
+
+    def check_coordinator_speaks_tls_only(self):
+        """The workers above trained over TLS; here the port itself: plain HTTP gets no HTTP
+        answer, and HTTPS verified with the CA from the operator's Secret gets the
+        coordinator's 401 for a request without a credential."""
+        url = "127.0.0.1:%d/v1/jobs/%s/fashion-mnist/plan" % (self.coordinator_port, NS)
+        with self.assertRaises((OSError, http.client.HTTPException)):
+            urllib.request.urlopen("http://" + url, timeout=30).read()
+        secret = self.cp.get("/api/v1/namespaces/default/secrets/virtualflow-coordinator-tls")
+        context = ssl.create_default_context(
+            cadata=base64.b64decode(secret["data"]["ca.crt"]).decode())
+        with self.assertRaises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen("https://" + url, timeout=30, context=context)
+        self.assertEqual(refused.exception.code, 401)
 
     def test_2_grows_shrinks_and_survives_pod_loss_with_static_weights(self):
         name = "elastic"
