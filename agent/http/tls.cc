@@ -297,9 +297,10 @@ Status TrustOnly(SSL_CTX* context, const std::string& ca_pem) {
     ++added;
   }
   ERR_clear_error();  // the read past the last certificate
-  if (added == 0) return InvalidArgument("no PEM certificate in the CA file");
   SSL_CTX_set_min_proto_version(context, TLS1_2_VERSION);
+  // Installed even when empty: then nothing is trusted, rather than the system's CAs.
   SSL_CTX_set_cert_store(context, store.release());  // the context owns it from here
+  if (added == 0) return InvalidArgument("no PEM certificate in the CA file");
   return Status::Ok();
 }
 

@@ -74,7 +74,7 @@ class ServerCredentials {
 
 // Makes a client's `context` trust the certificates in `ca_pem` and nothing else (not the
 // system's CAs: the coordinator's certificate comes from the operator's own CA), TLS 1.2 at
-// least. InvalidArgument when `ca_pem` holds no certificate.
+// least. InvalidArgument when `ca_pem` holds no certificate, and then `context` trusts nothing.
 Status TrustOnly(SSL_CTX* context, const std::string& ca_pem);
 
 }  // namespace vf::http

@@ -90,6 +90,9 @@ CoordinatorClient::CoordinatorClient(std::string base_url, std::string job, std:
   text << in.rdbuf();
   if (!in || text.str().empty()) {
     ca_status_ = InvalidArgument("cannot read the coordinator's CA file " + ca_file_);
+  } else if (!http::CertificateNotAfter(text.str()).ok()) {
+    ca_status_ =
+        InvalidArgument("the coordinator's CA file " + ca_file_ + " holds no PEM certificate");
   } else {
     ca_pem_ = text.str();
   }
@@ -125,8 +128,8 @@ Result<CoordinatorClient::Response> CoordinatorClient::Call(
       config.set_validate_certificates(true);
       if (!ca_pem_.empty()) {
         config.set_ssl_context_callback([this](boost::asio::ssl::context& context) {
-          // Checked in the constructor's read: a PEM file that holds no certificate fails here,
-          // and the handshake then fails for want of any trusted CA.
+          // The constructor checked that the file holds a certificate; were it to fail here,
+          // nothing would be trusted and the handshake would fail.
           (void)http::TrustOnly(context.native_handle(), ca_pem_);
         });
       }

@@ -268,6 +268,7 @@ vf::Result<ApiClients> ConnectToApiServer(const OperatorFlags& f, vf::OperatorMe
 // The coordinator's TLS material from its Secret (made or renewed there when due), and a thread
 // that checks it every kCheckEvery until `stop`, serving a renewed server certificate from the
 // next handshake on. The CA is the one worker pods get; it is renewed only here, at a start.
+// Value type (the credentials it points to are thread-safe).
 struct CoordinatorTlsState {
   std::shared_ptr<vf::http::ServerCredentials> credentials;
   std::string ca;

@@ -1064,6 +1064,16 @@ TEST_F(TlsServerTest, WithoutTheCaOrForAnotherNameTheClientFailsSayingWhy) {
   EXPECT_EQ(unreadable.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(unreadable.message().find("cannot read the coordinator's CA file"), std::string::npos)
       << unreadable.message();
+  const std::string not_a_certificate = ca_file_ + ".txt";
+  std::FILE* f = std::fopen(not_a_certificate.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs("not a certificate\n", f);
+  std::fclose(f);
+  const Status not_pem = Register(Url("https", "127.0.0.1"), not_a_certificate);
+  std::remove(not_a_certificate.c_str());
+  EXPECT_EQ(not_pem.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(not_pem.message().find("holds no PEM certificate"), std::string::npos)
+      << not_pem.message();
   EXPECT_EQ(Registered(), 0u);
   // The name the certificate holds still works.
   EXPECT_TRUE(Register(Url("https", "localhost"), ca_file_).ok());
