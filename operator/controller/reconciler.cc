@@ -1055,20 +1055,30 @@ Status Reconciler::FinishWorkload(Pass& p) {
     return Status::Ok();
   }
   VF_ASSIGN_OR_RETURN(json workload, FindWorkload(p));
-  if (workload.is_null() || AdmissionOf(workload, p.spec).finished) return Status::Ok();
   const bool succeeded = p.old_status.value("phase", "") == "Succeeded";
-  const json finished = FinishedWorkload(workload, succeeded,
-                                         "VirtualFlowJob " + p.old_status.value("phase", "") +
-                                             ": " + p.old_status.value("message", ""),
-                                         Now());
-  // A PUT conditional on the version read: Kueue's own conditions stay as they are.
-  kube::ApiResult<json> r = client_.ReplaceStatus(kube::kWorkloads, p.ns, finished);
-  if (!r.ok() && r.reason() != kube::Reason::kNotFound) {
-    p.failed_action = "FailedFinishWorkload";
-    return r.status().WithContext("Kueue Workload " + WorkloadName(p.job));
+  const std::string message = "VirtualFlowJob " + p.old_status.value("phase", "") + ": " +
+                              p.old_status.value("message", "");
+  // A PUT conditional on the version read, so that Kueue's own conditions stay as they are;
+  // when Kueue wrote in between (the cache lags), once more from the API server's copy.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (workload.is_null() || AdmissionOf(workload, p.spec).finished) return Status::Ok();
+    kube::ApiResult<json> r = client_.ReplaceStatus(
+        kube::kWorkloads, p.ns, FinishedWorkload(workload, succeeded, message, Now()));
+    if (r.reason() == kube::Reason::kNotFound) return Status::Ok();  // gone with the job
+    if (r.ok()) {
+      std::fprintf(stderr, "virtualflow-operator: %s: Kueue Workload %s finished\n", p.key.c_str(),
+                   WorkloadName(p.job).c_str());
+      return Status::Ok();
+    }
+    if (r.reason() != kube::Reason::kConflict || attempt > 0) {
+      p.failed_action = "FailedFinishWorkload";
+      return r.status().WithContext("Kueue Workload " + WorkloadName(p.job));
+    }
+    kube::ApiResult<json> fresh = client_.Get(kube::kWorkloads, p.ns, WorkloadName(p.job));
+    if (fresh.reason() == kube::Reason::kNotFound) return Status::Ok();
+    if (!fresh.ok()) return fresh.status().WithContext("Kueue Workload " + WorkloadName(p.job));
+    workload = *fresh;
   }
-  std::fprintf(stderr, "virtualflow-operator: %s: Kueue Workload %s finished\n", p.key.c_str(),
-               WorkloadName(p.job).c_str());
   return Status::Ok();
 }
 

@@ -762,6 +762,42 @@ class ControlPlane:
 
     kueue = None
 
+    KUEUE_CRDS = ("admissionchecks", "clusterqueues", "cohorts", "localqueues",
+                  "multikueueclusters", "multikueueconfigs", "provisioningrequestconfigs",
+                  "resourceflavors", "topologies", "workloadpriorityclasses", "workloads")
+
+    def install_kueue_crds(self, plurals=KUEUE_CRDS):
+        """Installs Kueue's CRDs (from the pinned Kueue module, beside the tools) named by
+        PLURALS, as start_kueue() needs them (see there), and waits until they are served."""
+        crds = os.path.join(os.path.dirname(self.bin), "kueue-crds")
+        if not os.path.isdir(crds):
+            raise RuntimeError("Kueue's CRDs not found beside %s; run %s" % (self.bin, BUILD_SCRIPT))
+        files = [os.path.join(crds, "kueue.x-k8s.io_%s.yaml" % p) for p in plurals]
+        # Server-side: the Workload CRD is too large for kubectl's last-applied annotation.
+        self.kubectl("apply", "--server-side", *["-f=" + f for f in files], check=True,
+                     timeout=180)
+        for plural in set(plurals) & {"localqueues", "clusterqueues", "cohorts", "workloads",
+                                      "multikueueclusters"}:
+            path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/%s.kueue.x-k8s.io" % (
+                plural)
+            # Only the stored version is served: the API server keeps a watch cache per served
+            # version, and one for v1beta1 would call the conversion webhook for every object.
+            versions = [v["name"] for v in self.get(path)["spec"]["versions"]]
+            self.patch(path, [
+                {"op": "test", "path": "/spec/versions/%d/name" % i, "value": name}
+                for i, name in enumerate(versions)] + [
+                {"op": "replace", "path": "/spec/versions/%d/served" % i, "value": False}
+                for i, name in enumerate(versions) if name != "v1beta2"], kind="json")
+            self.patch(path, {"spec": {"conversion": {
+                "strategy": "Webhook", "webhook": {
+                    "conversionReviewVersions": ["v1"],
+                    "clientConfig": {"service": {
+                        "namespace": "kueue-system", "name": "kueue-webhook-service",
+                        "path": "/convert"}}}}}})
+        self.wait_for("Kueue's CRDs to be served", lambda: all(
+            self.kubectl("get", "%s.kueue.x-k8s.io" % p, "-A").returncode == 0
+            for p in plurals))
+
     def start_kueue(self, timeout=120):
         """Installs Kueue's CRDs and starts Kueue's controller manager (`kueue`, built from its
         upstream source beside the other tools, CRDs from the same module) against this control
@@ -784,34 +820,9 @@ class ControlPlane:
         if self.kueue is not None:
             raise RuntimeError("Kueue is already running")
         binary = os.path.join(self.bin, "kueue")
-        crds = os.path.join(os.path.dirname(self.bin), "kueue-crds")
-        if not os.access(binary, os.X_OK) or not os.path.isdir(crds):
-            raise RuntimeError("kueue or its CRDs not found beside %s; run %s" % (
-                self.bin, BUILD_SCRIPT))
-        # Server-side: the Workload CRD is too large for kubectl's last-applied annotation.
-        self.kubectl("apply", "--server-side", "-f", crds, check=True, timeout=180)
-        for plural in ("localqueues", "clusterqueues", "cohorts", "workloads",
-                       "multikueueclusters"):
-            path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/%s.kueue.x-k8s.io" % (
-                plural)
-            # Only the stored version is served: the API server keeps a watch cache per served
-            # version, and one for v1beta1 would call the conversion webhook for every object.
-            versions = [v["name"] for v in self.get(path)["spec"]["versions"]]
-            self.patch(path, [
-                {"op": "test", "path": "/spec/versions/%d/name" % i, "value": name}
-                for i, name in enumerate(versions)] + [
-                {"op": "replace", "path": "/spec/versions/%d/served" % i, "value": False}
-                for i, name in enumerate(versions) if name != "v1beta2"], kind="json")
-            self.patch(path, {"spec": {"conversion": {
-                "strategy": "Webhook", "webhook": {
-                    "conversionReviewVersions": ["v1"],
-                    "clientConfig": {"service": {
-                        "namespace": "kueue-system", "name": "kueue-webhook-service",
-                        "path": "/convert"}}}}}})
-        self.wait_for("Kueue's CRDs to be served", lambda: all(
-            self.kubectl("get", kind, "-A").returncode == 0
-            for kind in ("workloads.kueue.x-k8s.io", "clusterqueues.kueue.x-k8s.io",
-                         "localqueues.kueue.x-k8s.io", "resourceflavors.kueue.x-k8s.io")))
+        if not os.access(binary, os.X_OK):
+            raise RuntimeError("kueue not found in %s; run %s" % (self.bin, BUILD_SCRIPT))
+        self.install_kueue_crds()
         self.create_namespace("kueue-system")
         # As in the release manifests: the rotator fills this Secret, it does not create it.
         self.request("POST", "/api/v1/namespaces/kueue-system/secrets", {

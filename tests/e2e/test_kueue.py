@@ -6,6 +6,7 @@ with Kueue's reason in its Admitted condition and runs once the first job's end 
 quota; partial admission gives a job fewer workers than the free GPUs would."""
 
 import unittest
+from typing import Any, Dict, Optional, Tuple
 
 from test_operator import OperatorTestCase, job_manifest, local_sha
 
@@ -16,14 +17,15 @@ GPU_QUOTA = 3  # GPUs in the ClusterQueue; the nodes have 4
 KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 
 
-def queued_manifest(name, steps, replicas, delay_ms=None, queue=QUEUE):
+def queued_manifest(name: str, steps: int, replicas: Tuple[int, int],
+                    delay_ms: Optional[int] = None, queue: str = QUEUE) -> Dict[str, Any]:
     manifest = job_manifest(name, steps=steps, replicas=replicas, delay_ms=delay_ms)
     manifest["metadata"]["namespace"] = NS
     manifest["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": queue}
     return manifest
 
 
-def condition(status, kind):
+def condition(status: Dict[str, Any], kind: str) -> Optional[Dict[str, Any]]:
     return {c["type"]: c for c in status.get("conditions", [])}.get(kind)
 
 
@@ -56,12 +58,12 @@ class KueueTest(OperatorTestCase):
             for c in (cls.cp.get(KUEUE + "/clusterqueues/" + CLUSTER_QUEUE) or {}).get(
                 "status", {}).get("conditions", [])))
 
-    def workload(self, name):
+    def workload(self, name: str) -> Optional[Dict[str, Any]]:
         items = self.cp.request("GET", KUEUE + "/namespaces/%s/workloads?labelSelector=%s" % (
             NS, "virtualflow.io/job%3D" + name))["items"]
         return items[0] if items else None
 
-    def admitted(self, name):
+    def admitted(self, name: str) -> Dict[str, Any]:
         return self.wait_status(name, "Admitted", lambda s: (condition(s, "Admitted") or {}).get(
             "status") == "True")
 
@@ -115,7 +117,7 @@ class KueueTest(OperatorTestCase):
     def test_2_partial_admission_caps_the_workers_below_the_free_gpus(self):
         self.reset_nodes(("gpu-k3", 4))
         holder = queued_manifest("holder", steps=5000, replicas=(2, 2), delay_ms=8)
-        partial = queued_manifest("partial", steps=300, replicas=(1, 4), delay_ms=8)
+        partial = queued_manifest("partial", steps=100, replicas=(1, 4), delay_ms=8)
         self.apply(holder)
         self.wait_workers("holder", 2)
         # 1 GPU of the quota is left and the node has 2 free: Kueue admits 1 of the 4 workers
