@@ -771,11 +771,13 @@ class ControlPlane:
         PLURALS, as start_kueue() needs them (see there), and waits until they are served."""
         crds = os.path.join(os.path.dirname(self.bin), "kueue-crds")
         if not os.path.isdir(crds):
-            raise RuntimeError("Kueue's CRDs not found beside %s; run %s" % (self.bin, BUILD_SCRIPT))
+            raise RuntimeError("Kueue's CRDs not found beside %s; run %s" % (
+                self.bin, BUILD_SCRIPT))
         files = [os.path.join(crds, "kueue.x-k8s.io_%s.yaml" % p) for p in plurals]
-        # Server-side: the Workload CRD is too large for kubectl's last-applied annotation.
-        self.kubectl("apply", "--server-side", *["-f=" + f for f in files], check=True,
-                     timeout=180)
+        # Server-side: the Workload CRD is too large for kubectl's last-applied annotation;
+        # --force-conflicts: again after the patches below, it takes the fields back.
+        self.kubectl("apply", "--server-side", "--force-conflicts", *["-f=" + f for f in files],
+                     check=True, timeout=180)
         for plural in set(plurals) & {"localqueues", "clusterqueues", "cohorts", "workloads",
                                       "multikueueclusters"}:
             path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/%s.kueue.x-k8s.io" % (
@@ -794,9 +796,12 @@ class ControlPlane:
                     "clientConfig": {"service": {
                         "namespace": "kueue-system", "name": "kueue-webhook-service",
                         "path": "/convert"}}}}}})
-        self.wait_for("Kueue's CRDs to be served", lambda: all(
-            self.kubectl("get", "%s.kueue.x-k8s.io" % p, "-A").returncode == 0
-            for p in plurals))
+        def established(plural):
+            crd = self.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
+                           "%s.kueue.x-k8s.io" % plural) or {}
+            return any(c["type"] == "Established" and c["status"] == "True"
+                       for c in crd.get("status", {}).get("conditions", []))
+        self.wait_for("Kueue's CRDs to be established", lambda: all(map(established, plurals)))
 
     def start_kueue(self, timeout=120):
         """Installs Kueue's CRDs and starts Kueue's controller manager (`kueue`, built from its
