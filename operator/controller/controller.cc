@@ -5,6 +5,7 @@
 #include <map>
 
 #include "operator/controller/inventory.h"
+#include "operator/controller/kueue.h"
 #include "operator/controller/worker_pod.h"
 #include "operator/policy/membership.h"
 
@@ -18,6 +19,7 @@ Controller::Controller(kube::Client& client, Coordinator& coordinator, Controlle
                                      kube::ReflectorOptions{},
                                      [this](const json& before, const json& after) {
                                        const json& o = after.is_null() ? before : after;
+                                       WatchWorkloadsFor(o);
                                        queue_.Add(ObjectKey(o));
                                        // Another job's arrival or end moves GPUs around.
                                        if (before.is_null() || after.is_null()) EnqueueAllJobs();
@@ -28,6 +30,26 @@ Controller::Controller(kube::Client& client, Coordinator& coordinator, Controlle
       [this](const json& before, const json& after) { OnPodChange(before, after); });
   nodes_ = std::make_unique<Informer>(client_, kube::kNodes, "", kube::ReflectorOptions{},
                                       [this](const json&, const json&) { EnqueueAllJobs(); });
+  // Only the Workloads this operator creates; a change to one queues its job, and an admission
+  // or a release of quota may change what every job gets.
+  kube::ReflectorOptions ours;
+  ours.label_selector = std::string(kManagedByLabel) + "=" + kManagedBy;
+  workloads_ = std::make_unique<Informer>(
+      client_, kube::kWorkloads, options_.ns, ours, [this](const json& before, const json& after) {
+        const json& o = after.is_null() ? before : after;
+        const json meta = o.value("metadata", json::object());
+        const std::string job = meta.value("labels", json::object()).value(kJobLabel, "");
+        if (!job.empty()) queue_.Add(meta.value("namespace", "") + "/" + job);
+        EnqueueAllJobs();
+      });
+}
+
+void Controller::WatchWorkloadsFor(const json& job) {
+  if (QueueNameOf(job).empty()) return;
+  std::call_once(workloads_started_, [this] {
+    std::fprintf(stderr, "virtualflow-operator: a job names a Kueue queue; watching Workloads\n");
+    workloads_->Start();
+  });
 }
 
 Controller::~Controller() { queue_.ShutDown(); }
@@ -99,7 +121,7 @@ void Controller::WatchCoordinator(std::stop_token stop) {
 Status Controller::Run(std::stop_token stop) {
   VF_ASSIGN_OR_RETURN(reconciler_,
                       Reconciler::Create(client_, *jobs_, *pods_, *nodes_, coordinator_,
-                                         options_.reconciler, options_.hooks));
+                                         options_.reconciler, options_.hooks, workloads_.get()));
   jobs_->Start();
   pods_->Start();
   nodes_->Start();
@@ -128,6 +150,7 @@ Status Controller::Run(std::stop_token stop) {
   jobs_->Stop();
   pods_->Stop();
   nodes_->Stop();
+  workloads_->Stop();
   return Status::Ok();
 }
 

@@ -1,10 +1,12 @@
-// The VirtualFlowJob controller: informers for jobs, pods and nodes, a rate-limited work queue,
+// The VirtualFlowJob controller: informers for jobs, pods, nodes (and Kueue's Workloads once a job
+// names a queue), a rate-limited work queue,
 // worker threads running the reconciler, and a watcher that queues a job whenever its agents
 // tell the coordinator something. Runs while its stop token allows.
 #pragma once
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <stop_token>
 #include <string>
 #include <thread>
@@ -47,6 +49,9 @@ class Controller {
 
  private:
   void EnqueueAllJobs();
+  // Kueue's Workloads are mirrored from the first job with a queue label on, so that an operator
+  // in a cluster without Kueue never asks for them.
+  void WatchWorkloadsFor(const nlohmann::json& job);
   void OnPodChange(const nlohmann::json& before, const nlohmann::json& after);
   void Work(std::stop_token stop);
   void WatchCoordinator(std::stop_token stop);
@@ -58,6 +63,8 @@ class Controller {
   std::unique_ptr<Informer> jobs_;
   std::unique_ptr<Informer> pods_;
   std::unique_ptr<Informer> nodes_;
+  std::unique_ptr<Informer> workloads_;
+  std::once_flag workloads_started_;
   std::unique_ptr<Reconciler> reconciler_;
   std::atomic<bool> synced_{false};
 };

@@ -23,6 +23,10 @@ Informer::Informer(kube::Client& client, const kube::Resource& resource, std::st
   };
   handlers.on_event = [this](const kube::WatchEvent& event) { Apply(event); };
   handlers.on_error = [this](const kube::ApiError& error) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      last_error_ = error.ToString();
+    }
     std::fprintf(stderr, "virtualflow-operator: informer %s: %s (retrying)\n",
                  std::string(resource_.resource).c_str(), error.ToString().c_str());
   };
@@ -60,6 +64,11 @@ std::optional<json> Informer::Get(const std::string& key) const {
   return it->second;
 }
 
+std::optional<std::string> Informer::last_error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_error_;
+}
+
 std::vector<json> Informer::List(const std::function<bool(const json&)>& keep) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<json> out;
@@ -91,6 +100,7 @@ void Informer::Sync(std::vector<json> items) {
     }
     objects_ = std::move(fresh);
     synced_ = true;
+    last_error_.reset();
   }
   synced_cv_.notify_all();
   if (on_change_) {

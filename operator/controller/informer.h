@@ -50,6 +50,9 @@ class Informer {
   bool WaitForSync(std::stop_token stop) const;
 
   std::optional<nlohmann::json> Get(const std::string& key) const;
+  // The last failed list or watch, until a list succeeds again (then nullopt).
+  std::optional<std::string> last_error() const;
+
   // Every object for which `keep` is true (all when it is null), in key order.
   std::vector<nlohmann::json> List(
       const std::function<bool(const nlohmann::json&)>& keep = nullptr) const;
@@ -69,6 +72,7 @@ class Informer {
   mutable std::condition_variable_any synced_cv_;
   std::map<std::string, nlohmann::json> objects_;
   bool synced_ = false;
+  std::optional<std::string> last_error_;
 };
 
 }  // namespace vf::controller

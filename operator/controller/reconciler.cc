@@ -180,22 +180,25 @@ Result<std::unique_ptr<Reconciler>> Reconciler::Create(kube::Client& client, con
                                                        const Informer& pods, const Informer& nodes,
                                                        Coordinator& coordinator,
                                                        ReconcilerOptions options,
-                                                       ReconcilerHooks hooks) {
+                                                       ReconcilerHooks hooks,
+                                                       const Informer* workloads) {
   policy::PolicyOptions popts;
   popts.cooldown_seconds = 0;  // each job's own cooldown (spec.elasticity) applies
   VF_ASSIGN_OR_RETURN(auto policy, policy::CreatePolicy(options.policy, popts));
-  return std::unique_ptr<Reconciler>(new Reconciler(client, jobs, pods, nodes, coordinator,
-                                                    std::move(options), std::move(hooks),
-                                                    std::move(policy)));
+  return std::unique_ptr<Reconciler>(new Reconciler(client, jobs, pods, nodes, workloads,
+                                                    coordinator, std::move(options),
+                                                    std::move(hooks), std::move(policy)));
 }
 
 Reconciler::Reconciler(kube::Client& client, const Informer& jobs, const Informer& pods,
-                       const Informer& nodes, Coordinator& coordinator, ReconcilerOptions options,
-                       ReconcilerHooks hooks, std::unique_ptr<policy::Policy> policy)
+                       const Informer& nodes, const Informer* workloads, Coordinator& coordinator,
+                       ReconcilerOptions options, ReconcilerHooks hooks,
+                       std::unique_ptr<policy::Policy> policy)
     : client_(client),
       jobs_(jobs),
       pods_(pods),
       nodes_(nodes),
+      workloads_(workloads),
       coordinator_(coordinator),
       options_(std::move(options)),
       hooks_(std::move(hooks)),
@@ -347,6 +350,8 @@ struct Reconciler::Pass {
   // and the pod it was about, if any.
   std::string failed_action;
   std::string failed_pod;
+  // Kueue's decision for a job with a queue label (AdmitThroughKueue); unset without one.
+  std::optional<KueueAdmission> kueue;
 };
 
 namespace {
@@ -440,6 +445,12 @@ std::optional<policy::PolicyJob> Reconciler::PolicyJobOf(const json& job,
     if (p.allowed_types.empty()) p.allowed_types = {"(no eligible node)"};
   }
   if (spec->suspend) return std::nullopt;  // holds nothing and wants nothing
+  if (std::optional<int> cap = KueueCap(job, *spec)) {
+    // Waiting for Kueue: no GPUs; admitted: no more workers than Kueue admitted.
+    if (*cap <= 0) return std::nullopt;
+    p.max_workers = std::min(p.max_workers, *cap);
+    p.min_workers = std::min(p.min_workers, p.max_workers);
+  }
   // The job's own policy when its manifest names one (the API server defaults it only inside a
   // given spec.elasticity); otherwise the operator's --policy decides it.
   if (Obj(Obj(job, "spec"), "elasticity").contains("policy")) p.policy = spec->elasticity.policy;
@@ -593,6 +604,10 @@ Result<ReconcileResult> Reconciler::Reconcile(const std::string& key) {
   if (phase_before == "Succeeded" || phase_before == "Failed") {
     (void)coordinator_.RemoveJob(key);
     if (hooks_.on_job_status) hooks_.on_job_status(key, p.old_status, p.spec);
+    if (Status finished = FinishWorkload(p); !finished.ok()) {
+      RecordBlocked(p, finished);
+      return finished;
+    }
     return EnforceTtl(p);
   }
   Result<ReconcileResult> result = Advance(p);
@@ -624,6 +639,8 @@ Result<ReconcileResult> Reconciler::Advance(Pass& p) {
       p.key, std::min(2 * static_cast<size_t>(std::max(p.spec.replicas_max, 1)),
                       Coordinator::kMaxWorkersPerJob)));
   VF_RETURN_IF_ERROR(Observe(p));
+  VF_ASSIGN_OR_RETURN(const Next after_kueue, AdmitThroughKueue(p));
+  if (after_kueue == Next::kDone) return ReconcileResult{std::chrono::seconds(1)};
   VF_ASSIGN_OR_RETURN(const Next after_success, RecordSuccess(p));
   if (after_success == Next::kDone) return ReconcileResult{};
   VF_ASSIGN_OR_RETURN(const Next after_failures, RecordFailures(p));
@@ -949,6 +966,120 @@ Result<ReconcileResult> Reconciler::EnforceTtl(Pass& p) {
                "(spec.runPolicy.ttlSecondsAfterFinished)\n",
                p.key.c_str(), *ttl);
   return ReconcileResult{};
+}
+
+std::optional<int> Reconciler::KueueCap(const json& job, const JobSpec& spec) const {
+  if (QueueNameOf(job).empty() || workloads_ == nullptr || !workloads_->synced()) {
+    return std::nullopt;
+  }
+  const std::string ns = Obj(job, "metadata").value("namespace", "");
+  std::optional<json> workload = workloads_->Get(ns + "/" + WorkloadName(job));
+  return KueueWorkerLimit(job, workload ? *workload : json(nullptr), spec);
+}
+
+Result<json> Reconciler::FindWorkload(const Pass& p) {
+  const std::string name = WorkloadName(p.job);
+  if (std::optional<json> cached = workloads_->Get(p.ns + "/" + name)) return *cached;
+  // Not in the cache: not created yet, or created a moment ago and not yet seen.
+  kube::ApiResult<json> got = client_.Get(kube::kWorkloads, p.ns, name);
+  if (got.ok()) return *got;
+  if (got.reason() == kube::Reason::kNotFound) return json(nullptr);
+  return got.status().WithContext("Kueue Workload " + p.ns + "/" + name);
+}
+
+Result<Reconciler::Next> Reconciler::AdmitThroughKueue(Pass& p) {
+  const std::string queue = QueueNameOf(p.job);
+  if (queue.empty()) return Next::kGoOn;
+  if (workloads_ == nullptr) {
+    p.failed_action = "KueueUnavailable";
+    return FailedPrecondition("the job names a Kueue LocalQueue (" + std::string(kQueueNameLabel) +
+                              "), but this operator does not watch Kueue's Workloads");
+  }
+  if (!workloads_->synced()) {
+    // Until the Workloads are mirrored, what Kueue admitted is unknown: the job is left as it
+    // is. Kueue not installed shows here, as the reason the list fails.
+    if (std::optional<std::string> error = workloads_->last_error()) {
+      p.failed_action = "KueueUnavailable";
+      return FailedPrecondition("cannot read Kueue's Workloads (is Kueue installed?): " + *error);
+    }
+    return Next::kDone;
+  }
+  VF_ASSIGN_OR_RETURN(json workload, FindWorkload(p));
+  if (workload.is_null()) {
+    const json pod = BuildWorkerPod(p.job, p.spec, p.name + "-worker", options_.pods);
+    kube::ApiResult<json> created =
+        client_.Create(kube::kWorkloads, p.ns, BuildWorkload(p.job, p.spec, pod));
+    if (!created.ok() && created.reason() != kube::Reason::kAlreadyExists) {
+      p.failed_action = "FailedCreateWorkload";
+      if (created.reason() == kube::Reason::kNotFound) {
+        return FailedPrecondition("Kueue's Workload API (" + std::string(kWorkloadApiVersion) +
+                                  ") is not served: is Kueue installed? " +
+                                  created.status().message());
+      }
+      return created.status().WithContext("Kueue Workload");
+    }
+    if (created.ok()) {
+      workload = *created;
+      Event(p.job, false, "WorkloadCreated",
+            "created Kueue Workload " + WorkloadName(p.job) + " in LocalQueue " + queue);
+    }
+  }
+  p.kueue = workload.is_null() ? KueueAdmission{} : AdmissionOf(workload, p.spec);
+  if (!p.kueue->admitted && p.kueue->message.empty()) {
+    p.kueue->reason = kNotSeenByKueue;
+    p.kueue->message = "the Workload was just created";
+  }
+  return Next::kGoOn;
+}
+
+void Reconciler::SetAdmittedCondition(Pass& p, json& conditions) {
+  if (!p.kueue) return;
+  const KueueAdmission& k = *p.kueue;
+  const std::string queue = QueueNameOf(p.job);
+  if (k.admitted) {
+    SetCondition(conditions, p.old_conditions, "Admitted", true, "Admitted",
+                 "Kueue admitted " + std::to_string(k.workers) + " worker(s) in ClusterQueue " +
+                     k.cluster_queue + " (LocalQueue " + queue + ")",
+                 p.generation);
+    return;
+  }
+  const std::string message = "waiting for Kueue to admit Workload " + WorkloadName(p.job) +
+                              " in LocalQueue " + queue + ": " + k.message;
+  SetCondition(conditions, p.old_conditions, "Admitted", false,
+               k.reason.empty() ? kNotSeenByKueue : k.reason, message, p.generation);
+  if (p.members.empty()) p.status["message"] = message;
+}
+
+Status Reconciler::FinishWorkload(Pass& p) {
+  if (QueueNameOf(p.job).empty() || workloads_ == nullptr || !workloads_->synced()) {
+    return Status::Ok();
+  }
+  VF_ASSIGN_OR_RETURN(json workload, FindWorkload(p));
+  const bool succeeded = p.old_status.value("phase", "") == "Succeeded";
+  const std::string message = "VirtualFlowJob " + p.old_status.value("phase", "") + ": " +
+                              p.old_status.value("message", "");
+  // A PUT conditional on the version read, so that Kueue's own conditions stay as they are;
+  // when Kueue wrote in between (the cache lags), once more from the API server's copy.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (workload.is_null() || AdmissionOf(workload, p.spec).finished) return Status::Ok();
+    kube::ApiResult<json> r = client_.ReplaceStatus(
+        kube::kWorkloads, p.ns, FinishedWorkload(workload, succeeded, message, Now()));
+    if (r.reason() == kube::Reason::kNotFound) return Status::Ok();  // gone with the job
+    if (r.ok()) {
+      std::fprintf(stderr, "virtualflow-operator: %s: Kueue Workload %s finished\n", p.key.c_str(),
+                   WorkloadName(p.job).c_str());
+      return Status::Ok();
+    }
+    if (r.reason() != kube::Reason::kConflict || attempt > 0) {
+      p.failed_action = "FailedFinishWorkload";
+      return r.status().WithContext("Kueue Workload " + WorkloadName(p.job));
+    }
+    kube::ApiResult<json> fresh = client_.Get(kube::kWorkloads, p.ns, WorkloadName(p.job));
+    if (fresh.reason() == kube::Reason::kNotFound) return Status::Ok();
+    if (!fresh.ok()) return fresh.status().WithContext("Kueue Workload " + WorkloadName(p.job));
+    workload = *fresh;
+  }
+  return Status::Ok();
 }
 
 void Reconciler::StampTimes(Pass& p) {
@@ -1345,6 +1476,7 @@ void Reconciler::SetPhase(Pass& p, bool all_switched) {
   }
   SetCheckpointCondition(p, conditions);
   SetResumedCondition(p, conditions);
+  SetAdmittedCondition(p, conditions);
   p.status["conditions"] = conditions;
 }
 

@@ -21,6 +21,7 @@
 #include "operator/controller/fault.h"
 #include "operator/controller/informer.h"
 #include "operator/controller/inventory.h"
+#include "operator/controller/kueue.h"
 #include "operator/controller/worker_pod.h"
 #include "operator/coordinator/coordinator.h"
 #include "operator/kube/client.h"
@@ -64,12 +65,14 @@ struct ReconcilerOptions {
 // by a mutex, and the informers, the coordinator and the client are thread-safe.
 class Reconciler {
  public:
-  // Everything passed in must outlive the reconciler.
+  // Everything passed in must outlive the reconciler. `workloads` mirrors Kueue's Workloads
+  // (null: jobs with a queue label wait, saying that the operator does not watch Workloads).
   static Result<std::unique_ptr<Reconciler>> Create(kube::Client& client, const Informer& jobs,
                                                     const Informer& pods, const Informer& nodes,
                                                     Coordinator& coordinator,
                                                     ReconcilerOptions options,
-                                                    ReconcilerHooks hooks = {});
+                                                    ReconcilerHooks hooks = {},
+                                                    const Informer* workloads = nullptr);
 
   ~Reconciler();
   Reconciler(const Reconciler&) = delete;
@@ -80,8 +83,9 @@ class Reconciler {
 
  private:
   Reconciler(kube::Client& client, const Informer& jobs, const Informer& pods,
-             const Informer& nodes, Coordinator& coordinator, ReconcilerOptions options,
-             ReconcilerHooks hooks, std::unique_ptr<policy::Policy> policy);
+             const Informer& nodes, const Informer* workloads, Coordinator& coordinator,
+             ReconcilerOptions options, ReconcilerHooks hooks,
+             std::unique_ptr<policy::Policy> policy);
 
   // One reconcile of one job, and whether a step ended it.
   struct Pass;
@@ -104,6 +108,20 @@ class Reconciler {
                               const std::string& token, const std::string& fingerprint);
   // Reads the job's pods, the cluster's GPUs, the coordinator's view and the policy's decision.
   Status Observe(Pass& p);
+  // Kueue (kueue.h), for a job with a queue label: creates its Workload when it has none and
+  // reads what Kueue admitted into the pass (the policy has already capped the job's workers at
+  // it: PolicyJobOf). kGoOn to go on; kDone when the Workloads are not mirrored yet.
+  Result<Next> AdmitThroughKueue(Pass& p);
+  // The job's Workload as the cache or, when the cache does not have it yet, the API server
+  // has it; null when there is none.
+  Result<nlohmann::json> FindWorkload(const Pass& p);
+  // The Admitted condition of a job with a queue label, and the job's message while it waits.
+  void SetAdmittedCondition(Pass& p, nlohmann::json& conditions);
+  // A job that ended marks its Workload finished, so that Kueue releases its quota.
+  Status FinishWorkload(Pass& p);
+  // The most workers the policy may give `job` under Kueue: nullopt when Kueue plays no part
+  // (no queue label, or Workloads not mirrored yet), else what Kueue admitted (0 while waiting).
+  std::optional<int> KueueCap(const nlohmann::json& job, const JobSpec& spec) const;
   // Rank 0 reported the final weights: the job has succeeded.
   Result<Next> RecordSuccess(Pass& p);
   // Counts failed pods; one whose agent found that the job cannot go on fails the job, and so
@@ -176,6 +194,7 @@ class Reconciler {
   const Informer& jobs_;
   const Informer& pods_;
   const Informer& nodes_;
+  const Informer* const workloads_;
   Coordinator& coordinator_;
   const ReconcilerOptions options_;
   const ReconcilerHooks hooks_;

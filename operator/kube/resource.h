@@ -35,6 +35,8 @@ inline constexpr Resource kEvents{"", "v1", "events", "Event", true};
 inline constexpr Resource kLeases{"coordination.k8s.io", "v1", "leases", "Lease", true};
 inline constexpr Resource kVirtualFlowJobs{"virtualflow.io", "v1alpha1", "virtualflowjobs",
                                            "VirtualFlowJob", true};
+// Kueue's admission unit (operator/controller/kueue.h); served only where Kueue is installed.
+inline constexpr Resource kWorkloads{"kueue.x-k8s.io", "v1beta2", "workloads", "Workload", true};
 
 // The path of a collection or of one object, relative to the server's URL:
 //   /api/v1/namespaces/{ns}/pods[/{name}[/{subresource}]]

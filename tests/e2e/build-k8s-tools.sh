@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Builds the real control-plane tools the end-to-end tests run (etcd, kube-apiserver,
-# kube-controller-manager, kube-scheduler, kubectl, helm) from their upstream sources, fetched as
-# Go modules, into a cache directory keyed by version:
+# kube-controller-manager, kube-scheduler, kubectl, helm, and Kueue's controller manager) from
+# their upstream sources, fetched as Go modules, into a cache directory keyed by version:
 #
 #   ${VF_CACHE_DIR:-$HOME/.cache/virtualflow}/k8s-<kubernetes version>/bin/
 #
 # The versions are pinned in one place: the Go modules beside this script (k8s/go.mod pins
-# Kubernetes, its staging modules and etcd; k8s/helm/go.mod pins Helm), with their go.sum files.
+# Kubernetes, its staging modules and etcd; k8s/helm/go.mod pins Helm; k8s/kueue/go.mod pins
+# Kueue), with their go.sum files. Kueue has a stamp of its own (bin/kueue with its CRDs in
+# kueue-crds/): a Kueue pin change rebuilds only Kueue, a Kubernetes or Helm pin change only those.
 # Idempotent: when the cache already holds a build of exactly these pins it prints the directory
 # and exits at once. Prints the bin directory as its last line.
 #
@@ -18,6 +20,7 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 k8s_mod="$here/k8s"
 helm_mod="$here/k8s/helm"
+kueue_mod="$here/k8s/kueue"
 
 pin() { # pin FILE MODULE -> the version FILE requires for MODULE
   awk -v m="$2" '$1 == "require" { $1 = ""; $0 = $0 } $1 == m && $2 ~ /^v/ { print $2; exit }' "$1"
@@ -25,7 +28,8 @@ pin() { # pin FILE MODULE -> the version FILE requires for MODULE
 K8S_VERSION="$(pin "$k8s_mod/go.mod" k8s.io/kubernetes)"
 ETCD_VERSION="$(pin "$k8s_mod/go.mod" go.etcd.io/etcd/server/v3)"
 HELM_VERSION="$(pin "$helm_mod/go.mod" helm.sh/helm/v3)"
-[ -n "$K8S_VERSION" ] && [ -n "$ETCD_VERSION" ] && [ -n "$HELM_VERSION" ] ||
+KUEUE_VERSION="$(pin "$kueue_mod/go.mod" sigs.k8s.io/kueue)"
+[ -n "$K8S_VERSION" ] && [ -n "$ETCD_VERSION" ] && [ -n "$HELM_VERSION" ] && [ -n "$KUEUE_VERSION" ] ||
   { echo "build-k8s-tools: cannot read the pinned versions from $k8s_mod" >&2; exit 1; }
 
 cache_root="${VF_CACHE_DIR:-$HOME/.cache/virtualflow}"
@@ -42,11 +46,26 @@ stamp_text() {
   cat "$k8s_mod/go.mod" "$helm_mod/go.mod" | sha256sum | cut -d' ' -f1
 }
 
-cached() {
+# Kueue's stamp, kept apart so that adding or moving Kueue leaves the Kubernetes tools cached.
+KUEUE_FILES=(bin/kueue kueue-crds kueue.stamp)
+kueue_stamp_text() {
+  echo "kueue $KUEUE_VERSION"
+  echo "flags CGO_ENABLED=0 -trimpath -ldflags=-s -w (stamp v1)"
+  sha256sum <"$kueue_mod/go.mod" | cut -d' ' -f1
+}
+
+k8s_cached() {
   [ -f "$dest/stamp" ] && [ "$(cat "$dest/stamp")" = "$(stamp_text)" ] || return 1
   local t
   for t in "${TOOLS[@]}"; do [ -x "$dest/bin/$t" ] || return 1; done
 }
+
+kueue_cached() {
+  [ -f "$dest/kueue.stamp" ] && [ "$(cat "$dest/kueue.stamp")" = "$(kueue_stamp_text)" ] &&
+    [ -x "$dest/bin/kueue" ] && [ -d "$dest/kueue-crds" ]
+}
+
+cached() { k8s_cached && kueue_cached; }
 
 force=0
 case "${1:-}" in
@@ -57,7 +76,7 @@ case "${1:-}" in
 esac
 
 if [ "$force" = 0 ] && cached; then
-  echo "build-k8s-tools: cached: kubernetes $K8S_VERSION, etcd $ETCD_VERSION, helm $HELM_VERSION"
+  echo "build-k8s-tools: cached: kubernetes $K8S_VERSION, etcd $ETCD_VERSION, helm $HELM_VERSION, kueue $KUEUE_VERSION"
   echo "$dest/bin"
   exit 0
 fi
@@ -113,10 +132,6 @@ mkdir -p "$work/bin"
 export GOCACHE="${VF_K8S_GOCACHE:-$work/go-build}"
 start=$SECONDS
 
-echo "build-k8s-tools: building kubernetes $K8S_VERSION, etcd $ETCD_VERSION, helm $HELM_VERSION"
-echo "build-k8s-tools: into $dest (log: $log); $(go version); GOMODCACHE=$(go env GOMODCACHE)"
-echo "build-k8s-tools: the first build takes a long time (about 10 to 20 minutes on 2 busy cores)"
-
 # Runs `go build -v ARGS` in directory DIR, printing a progress line every 200 compiled packages
 # and every 50 fetched modules; on failure prints the end of the log.
 go_build() {
@@ -146,37 +161,81 @@ go_build() {
   fi
 }
 
-k8s_minor="${K8S_VERSION#v1.}"
-k8s_minor="${k8s_minor%%.*}"
-vpkg=k8s.io/component-base/version
-k8s_ldflags="-s -w -X $vpkg.gitVersion=$K8S_VERSION -X $vpkg.gitMajor=1 -X $vpkg.gitMinor=$k8s_minor"
-k8s_ldflags+=" -X $vpkg.gitTreeState=clean -X $vpkg.buildDate=1970-01-01T00:00:00Z"
-# One invocation for all of them so the shared packages compile once and both cores stay busy.
-go_build "$k8s_mod" "kubernetes and etcd" -ldflags "$k8s_ldflags" -o "$work/bin/" \
-  k8s.io/kubernetes/cmd/kube-apiserver \
-  k8s.io/kubernetes/cmd/kube-controller-manager \
-  k8s.io/kubernetes/cmd/kube-scheduler \
-  k8s.io/kubernetes/cmd/kubectl \
-  go.etcd.io/etcd/server/v3
-# `go build -o DIR/` names a module-root main package after its path's last element before /vN.
-mv "$work/bin/server" "$work/bin/etcd"
+build_k8s() {
+  echo "build-k8s-tools: building kubernetes $K8S_VERSION, etcd $ETCD_VERSION, helm $HELM_VERSION"
+  echo "build-k8s-tools: into $dest (log: $log); $(go version); GOMODCACHE=$(go env GOMODCACHE)"
+  echo "build-k8s-tools: the first build takes a long time (about 10 to 20 minutes on 2 busy cores)"
+  local k8s_minor="${K8S_VERSION#v1.}"
+  k8s_minor="${k8s_minor%%.*}"
+  local vpkg=k8s.io/component-base/version
+  local k8s_ldflags="-s -w -X $vpkg.gitVersion=$K8S_VERSION -X $vpkg.gitMajor=1 -X $vpkg.gitMinor=$k8s_minor"
+  k8s_ldflags+=" -X $vpkg.gitTreeState=clean -X $vpkg.buildDate=1970-01-01T00:00:00Z"
+  # One invocation for all of them so the shared packages compile once and both cores stay busy.
+  go_build "$k8s_mod" "kubernetes and etcd" -ldflags "$k8s_ldflags" -o "$work/bin/" \
+    k8s.io/kubernetes/cmd/kube-apiserver \
+    k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler \
+    k8s.io/kubernetes/cmd/kubectl \
+    go.etcd.io/etcd/server/v3
+  # `go build -o DIR/` names a module-root main package after its path's last element before /vN.
+  mv "$work/bin/server" "$work/bin/etcd"
 
-hpkg=helm.sh/helm/v3
-helm_ldflags="-s -w -X $hpkg/internal/version.version=$HELM_VERSION -X $hpkg/internal/version.gitTreeState=clean"
-helm_ldflags+=" -X $hpkg/pkg/chartutil.k8sVersionMajor=1 -X $hpkg/pkg/chartutil.k8sVersionMinor=$k8s_minor"
-helm_ldflags+=" -X $hpkg/pkg/lint/rules.k8sVersionMajor=1 -X $hpkg/pkg/lint/rules.k8sVersionMinor=$k8s_minor"
-go_build "$helm_mod" "helm" -ldflags "$helm_ldflags" -o "$work/bin/helm" "$hpkg/cmd/helm"
+  local hpkg=helm.sh/helm/v3
+  local helm_ldflags="-s -w -X $hpkg/internal/version.version=$HELM_VERSION -X $hpkg/internal/version.gitTreeState=clean"
+  helm_ldflags+=" -X $hpkg/pkg/chartutil.k8sVersionMajor=1 -X $hpkg/pkg/chartutil.k8sVersionMinor=$k8s_minor"
+  helm_ldflags+=" -X $hpkg/pkg/lint/rules.k8sVersionMajor=1 -X $hpkg/pkg/lint/rules.k8sVersionMinor=$k8s_minor"
+  go_build "$helm_mod" "helm" -ldflags "$helm_ldflags" -o "$work/bin/helm" "$hpkg/cmd/helm"
 
-for t in "${TOOLS[@]}"; do
-  [ -x "$work/bin/$t" ] || { echo "build-k8s-tools: $t was not built" >&2; exit 1; }
-done
-"$work/bin/kube-apiserver" --version
-"$work/bin/etcd" --version | sed -n 1p  # not head: SIGPIPE would fail the pipeline
-"$work/bin/helm" version --short
+  local t
+  for t in "${TOOLS[@]}"; do
+    [ -x "$work/bin/$t" ] || { echo "build-k8s-tools: $t was not built" >&2; return 1; }
+  done
+  "$work/bin/kube-apiserver" --version
+  "$work/bin/etcd" --version | sed -n 1p  # not head: SIGPIPE would fail the pipeline
+  "$work/bin/helm" version --short
 
-stamp_text >"$work/stamp"
-rm -rf "$dest"
-mkdir -p "$dest"
-mv "$work/bin" "$work/stamp" "$log" "$dest/"
+  stamp_text >"$work/stamp"
+  # A Kueue build already in place stays (its stamp is its own).
+  local keep="$work/keep" f
+  mkdir -p "$keep/bin"
+  for f in "${KUEUE_FILES[@]}"; do
+    if [ -e "$dest/$f" ]; then mv "$dest/$f" "$keep/$f"; fi
+  done
+  rm -rf "$dest"
+  mkdir -p "$dest"
+  mv "$work/bin" "$work/stamp" "$dest/"
+  cp "$log" "$dest/build.log"
+  for f in "${KUEUE_FILES[@]}"; do
+    if [ -e "$keep/$f" ]; then mv "$keep/$f" "$dest/$f"; fi
+  done
+}
+
+# Kueue's controller manager (cmd/kueue, what its release image runs as /manager) and its CRDs,
+# which come from the same module (config/components/crd/bases).
+build_kueue() {
+  echo "build-k8s-tools: building kueue $KUEUE_VERSION into $dest (log: $log)"
+  local kpkg=sigs.k8s.io/kueue
+  local kueue_ldflags="-s -w -X $kpkg/pkg/version.GitVersion=$KUEUE_VERSION"
+  kueue_ldflags+=" -X $kpkg/pkg/version.GitCommit=none -X $kpkg/pkg/version.BuildDate=1970-01-01"
+  mkdir -p "$work/kueue/bin"
+  go_build "$kueue_mod" "kueue" -ldflags "$kueue_ldflags" -o "$work/kueue/bin/kueue" "$kpkg/cmd/kueue"
+  local src
+  src="$(cd "$kueue_mod" && go list -m -f '{{.Dir}}' "$kpkg")"
+  [ -d "$src/config/components/crd/bases" ] ||
+    { echo "build-k8s-tools: no CRDs in $src/config/components/crd/bases" >&2; return 1; }
+  mkdir -p "$work/kueue/kueue-crds"
+  cp "$src"/config/components/crd/bases/*.yaml "$work/kueue/kueue-crds/"
+  chmod -R u+w "$work/kueue/kueue-crds"
+  kueue_stamp_text >"$work/kueue/kueue.stamp"
+  mkdir -p "$dest/bin"
+  rm -rf "$dest/kueue-crds"
+  mv "$work/kueue/bin/kueue" "$dest/bin/kueue"
+  mv "$work/kueue/kueue-crds" "$work/kueue/kueue.stamp" "$dest/"
+  cp "$log" "$dest/kueue-build.log"
+}
+
+if [ "$force" = 1 ] || ! k8s_cached; then build_k8s; fi
+if [ "$force" = 1 ] || ! kueue_cached; then build_kueue; fi
+rm -f "$log"
 echo "build-k8s-tools: [$((SECONDS - start))s] done: $(du -sh "$dest/bin" | cut -f1) in $dest/bin"
 echo "$dest/bin"

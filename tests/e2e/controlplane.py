@@ -760,6 +760,126 @@ class ControlPlane:
             self.components.remove(runner)  # stopped on purpose: check_alive() must not fail
         return runner.proc.returncode
 
+    kueue = None
+
+    KUEUE_CRDS = ("admissionchecks", "clusterqueues", "cohorts", "localqueues",
+                  "multikueueclusters", "multikueueconfigs", "provisioningrequestconfigs",
+                  "resourceflavors", "topologies", "workloadpriorityclasses", "workloads")
+
+    def install_kueue_crds(self, plurals=KUEUE_CRDS):
+        """Installs Kueue's CRDs (from the pinned Kueue module, beside the tools) named by
+        PLURALS, as start_kueue() needs them (see there), and waits until they are served."""
+        crds = os.path.join(os.path.dirname(self.bin), "kueue-crds")
+        if not os.path.isdir(crds):
+            raise RuntimeError("Kueue's CRDs not found beside %s; run %s" % (
+                self.bin, BUILD_SCRIPT))
+        files = [os.path.join(crds, "kueue.x-k8s.io_%s.yaml" % p) for p in plurals]
+        # Server-side: the Workload CRD is too large for kubectl's last-applied annotation;
+        # --force-conflicts: again after the patches below, it takes the fields back.
+        self.kubectl("apply", "--server-side", "--force-conflicts", *["-f=" + f for f in files],
+                     check=True, timeout=180)
+        for plural in set(plurals) & {"localqueues", "clusterqueues", "cohorts", "workloads",
+                                      "multikueueclusters"}:
+            path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/%s.kueue.x-k8s.io" % (
+                plural)
+            # Only the stored version is served: the API server keeps a watch cache per served
+            # version, and one for v1beta1 would call the conversion webhook for every object.
+            versions = [v["name"] for v in self.get(path)["spec"]["versions"]]
+            self.patch(path, [
+                {"op": "test", "path": "/spec/versions/%d/name" % i, "value": name}
+                for i, name in enumerate(versions)] + [
+                {"op": "replace", "path": "/spec/versions/%d/served" % i, "value": False}
+                for i, name in enumerate(versions) if name != "v1beta2"], kind="json")
+            self.patch(path, {"spec": {"conversion": {
+                "strategy": "Webhook", "webhook": {
+                    "conversionReviewVersions": ["v1"],
+                    "clientConfig": {"service": {
+                        "namespace": "kueue-system", "name": "kueue-webhook-service",
+                        "path": "/convert"}}}}}})
+        def established(plural):
+            crd = self.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
+                           "%s.kueue.x-k8s.io" % plural) or {}
+            return any(c["type"] == "Established" and c["status"] == "True"
+                       for c in crd.get("status", {}).get("conditions", []))
+        self.wait_for("Kueue's CRDs to be established", lambda: all(map(established, plurals)))
+
+    def start_kueue(self, timeout=120):
+        """Installs Kueue's CRDs and starts Kueue's controller manager (`kueue`, built from its
+        upstream source beside the other tools, CRDs from the same module) against this control
+        plane, as the admin, and waits until it is ready. Returns the Component.
+
+        As Kueue's release manifests install it, except where a component would have to reach
+        it over a service network, which this control plane has none of: its webhook server
+        runs (on a free loopback port, with the certificates Kueue's own rotator makes and
+        keeps in the Secret kueue-system/kueue-webhook-server-cert), but the webhook
+        configurations are not installed, so the API server never calls it: Kueue validates and
+        defaults nothing at admission, and clients must write complete objects. The CRDs that
+        have a conversion webhook in the release keep it (Kueue's rotator injects its CA there
+        and waits for that before it starts), but serve only their stored version, v1beta2, so
+        that the API server never converts (it would for the watch cache of a second served
+        version, v1beta1, which Kueue itself no longer uses). This method plays the
+        kubelet's part for the certificates: it writes the Secret's keys into the directory
+        Kueue reads them from (the Secret volume of its pod). No leader election; the
+        visibility API server (VisibilityOnDemand, an aggregated API) is off; metrics and
+        health on free loopback ports (self.ports["kueue-metrics"], ["kueue-health"])."""
+        if self.kueue is not None:
+            raise RuntimeError("Kueue is already running")
+        binary = os.path.join(self.bin, "kueue")
+        if not os.access(binary, os.X_OK):
+            raise RuntimeError("kueue not found in %s; run %s" % (self.bin, BUILD_SCRIPT))
+        self.install_kueue_crds()
+        self.create_namespace("kueue-system")
+        # As in the release manifests: the rotator fills this Secret, it does not create it.
+        self.request("POST", "/api/v1/namespaces/kueue-system/secrets", {
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "kueue-webhook-server-cert", "namespace": "kueue-system"}})
+        for name in ("kueue-metrics", "kueue-health", "kueue-webhook"):
+            self.ports[name] = free_port()
+        cert_dir = self._path("kueue-certs")
+        os.makedirs(cert_dir, exist_ok=True)
+        config = {
+            "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration",
+            "namespace": "kueue-system",
+            "health": {"healthProbeBindAddress": "127.0.0.1:%d" % self.ports["kueue-health"]},
+            "metrics": {"bindAddress": "127.0.0.1:%d" % self.ports["kueue-metrics"]},
+            "webhook": {"host": "127.0.0.1", "port": self.ports["kueue-webhook"],
+                        "certDir": cert_dir},
+            "leaderElection": {"leaderElect": False},
+            "featureGates": {"VisibilityOnDemand": False},
+        }
+        config_path = self._path("kueue-config.yaml")
+        with open(config_path, "w") as f:
+            json.dump(config, f, indent=2)  # JSON is YAML
+        self.kueue = Component("kueue", [binary, "--config", config_path],
+                               os.path.join(self.logs, "kueue.log"),
+                               env={"KUBECONFIG": self.kubeconfig, "PATH": os.environ["PATH"]})
+        self.components.append(self.kueue)
+
+        def mount_certificates():
+            """What a kubelet does for Kueue's pod: the Secret's keys as files in the cert dir
+            (the rotator waits for them there before it starts the webhook server)."""
+            if os.path.exists(os.path.join(cert_dir, "tls.crt")):
+                return
+            secret = self.get("/api/v1/namespaces/kueue-system/secrets/kueue-webhook-server-cert")
+            data = (secret or {}).get("data") or {}
+            if not all(key in data for key in ("ca.crt", "tls.crt", "tls.key")):
+                return
+            for key in ("ca.crt", "tls.key", "tls.crt"):  # tls.crt last: the rotator looks for it
+                with open(os.path.join(cert_dir, key), "wb") as f:
+                    f.write(base64.b64decode(data[key]))
+
+        def ready():
+            self.kueue.check_alive()
+            mount_certificates()
+            try:
+                with urllib.request.urlopen("http://127.0.0.1:%d/readyz" %
+                                            self.ports["kueue-health"], timeout=2) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+        self.wait_for("Kueue to be ready", ready, timeout)
+        return self.kueue
+
     def pod_log(self, namespace, pod, container):
         """What the pod runner captured of a container's stdout and stderr ("" if nothing)."""
         try:

@@ -129,6 +129,10 @@ JOB_RIGHTS = [
     ("create", "pods", ""), ("delete", "pods", ""),
     ("get", "secrets", ""), ("create", "secrets", ""),
     ("create", "events", ""), ("patch", "events", ""),
+    # Kueue admission: a job's Workload, and its Finished condition.
+    ("get", "workloads.kueue.x-k8s.io", ""), ("list", "workloads.kueue.x-k8s.io", ""),
+    ("watch", "workloads.kueue.x-k8s.io", ""), ("create", "workloads.kueue.x-k8s.io", ""),
+    ("update", "workloads.kueue.x-k8s.io", "status"),
 ]
 NODE_RIGHTS = [("get", "nodes", ""), ("list", "nodes", ""), ("watch", "nodes", "")]
 # Read cluster-wide even with watchNamespace: the GPU inventory counts what every pod holds.
@@ -159,6 +163,10 @@ DENIED = [
     ("list", "leases.coordination.k8s.io", ""), ("delete", "leases.coordination.k8s.io", ""),
     ("update", "customresourcedefinitions.apiextensions.k8s.io", ""),
     ("impersonate", "serviceaccounts", ""),
+    # Kueue: no Workload changed but through its status, none deleted, no quota touched.
+    ("update", "workloads.kueue.x-k8s.io", ""), ("patch", "workloads.kueue.x-k8s.io", ""),
+    ("delete", "workloads.kueue.x-k8s.io", ""), ("patch", "workloads.kueue.x-k8s.io", "status"),
+    ("get", "clusterqueues.kueue.x-k8s.io", ""), ("update", "localqueues.kueue.x-k8s.io", ""),
 ]
 # Rules of Kubernetes' default policy that `kubectl auth can-i --list` also shows: what every
 # authenticated user may do (system:basic-user), and reading ClusterTrustBundles, which every
@@ -672,6 +680,9 @@ class ChartInstallTest(ControlPlaneTestCase):
         # kubectl's discovery cache of this server only: a cache left by an earlier control
         # plane on the same port would not know the CRDs.
         cls.cache = os.path.join(cls.cp.dir, "kubectl-cache")
+        # Kueue's API, so that the operator's rights on Workloads (and the absence of others)
+        # are asked about resources the server knows.
+        cls.cp.install_kueue_crds(("workloads", "clusterqueues", "localqueues"))
         cls.run_kubectl("apply", "-f", "-", input=MONITOR_CRDS, check=True)
         cls.run_kubectl("wait", "--for=condition=Established", "--timeout=60s",
                         "crd/servicemonitors.monitoring.coreos.com",

@@ -145,6 +145,16 @@ namespace, each with watchNamespace) do not collide.
 - apiGroups: [""]
   resources: [events]
   verbs: [create, patch]
+# Kueue admission (jobs labelled kueue.x-k8s.io/queue-name): the job's Workload, created once
+# and mirrored; marked Finished through its status when the job ends. Never deleted (the
+# garbage collector follows its owner reference), never changed otherwise. Harmless where
+# Kueue is not installed: the operator asks for Workloads only once a job names a queue.
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads]
+  verbs: [get, list, watch, create]
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads/status]
+  verbs: [update]
 {{- end }}
 
 {{/*

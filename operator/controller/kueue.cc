@@ -1,0 +1,146 @@
+#include "operator/controller/kueue.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "operator/controller/worker_pod.h"
+
+namespace vf::controller {
+
+using nlohmann::json;
+
+namespace {
+
+const json& Obj(const json& j, const char* key) {
+  static const json kEmpty = json::object();
+  auto it = j.find(key);
+  return it != j.end() && it->is_object() ? *it : kEmpty;
+}
+
+const json* Condition(const json& workload, const std::string& type) {
+  const json& status = Obj(workload, "status");
+  auto it = status.find("conditions");
+  if (it == status.end() || !it->is_array()) return nullptr;
+  for (const json& c : *it) {
+    if (c.is_object() && c.value("type", "") == type) return &c;
+  }
+  return nullptr;
+}
+
+bool IsTrue(const json* condition) {
+  return condition != nullptr && condition->value("status", "") == "True";
+}
+
+// The workers Kueue admitted: the count of the workers' pod set assignment, which partial
+// admission may have lowered; the full count when Kueue wrote none.
+int AdmittedWorkers(const json& workload, const JobSpec& spec) {
+  const json& admission = Obj(Obj(workload, "status"), "admission");
+  for (const json& a : admission.value("podSetAssignments", json::array())) {
+    if (!a.is_object() || a.value("name", "") != kWorkersPodSet) continue;
+    auto count = a.find("count");
+    if (count != a.end() && count->is_number_integer()) return count->get<int>();
+  }
+  for (const json& ps : Obj(workload, "spec").value("podSets", json::array())) {
+    if (ps.is_object() && ps.value("name", "") == kWorkersPodSet) {
+      return ps.value("count", spec.replicas_max);
+    }
+  }
+  return spec.replicas_max;
+}
+
+}  // namespace
+
+std::string QueueNameOf(const json& job) {
+  return Obj(Obj(job, "metadata"), "labels").value(kQueueNameLabel, "");
+}
+
+std::string WorkloadName(const json& job) {
+  const json& meta = Obj(job, "metadata");
+  std::string uid = meta.value("uid", "");
+  uid.erase(std::remove(uid.begin(), uid.end(), '-'), uid.end());
+  // A Workload's name is a DNS subdomain (253 characters); the suffix keeps it unique.
+  std::string name = meta.value("name", "").substr(0, 200);
+  while (!name.empty() && (name.back() == '-' || name.back() == '.')) name.pop_back();
+  return name + "-vf-" + uid.substr(0, 8);
+}
+
+json BuildWorkload(const json& job, const JobSpec& spec, const json& worker_pod) {
+  const json& meta = Obj(job, "metadata");
+  // Only labels and annotations may be in a pod set template's metadata.
+  json template_meta = json::object();
+  if (const json& labels = Obj(Obj(worker_pod, "metadata"), "labels"); !labels.empty()) {
+    template_meta["labels"] = labels;
+  }
+  json pod_set = {{"name", kWorkersPodSet},
+                  {"count", spec.replicas_max},
+                  {"template", {{"metadata", template_meta}, {"spec", Obj(worker_pod, "spec")}}}};
+  // Kueue's partial admission: it may admit fewer workers, down to the job's minimum.
+  const int min_workers =
+      spec.elasticity.policy == "static" ? spec.replicas_max : spec.replicas_min;
+  if (min_workers < spec.replicas_max) pod_set["minCount"] = std::max(1, min_workers);
+  return {{"apiVersion", kWorkloadApiVersion},
+          {"kind", "Workload"},
+          {"metadata",
+           {{"name", WorkloadName(job)},
+            {"namespace", meta.value("namespace", "")},
+            {"labels",
+             {{kJobLabel, meta.value("name", "")},
+              {kManagedByLabel, kManagedBy},
+              {kQueueNameLabel, QueueNameOf(job)}}},
+            {"ownerReferences", {OwnerReference(job)}}}},
+          {"spec", {{"queueName", QueueNameOf(job)}, {"podSets", {pod_set}}}}};
+}
+
+KueueAdmission AdmissionOf(const json& workload, const JobSpec& spec) {
+  KueueAdmission out;
+  out.finished = IsTrue(Condition(workload, "Finished"));
+  const json* admitted = Condition(workload, "Admitted");
+  const json* evicted = Condition(workload, "Evicted");
+  const json* reserved = Condition(workload, "QuotaReserved");
+  if (IsTrue(admitted) && !IsTrue(evicted)) {
+    out.admitted = true;
+    out.workers = AdmittedWorkers(workload, spec);
+    out.cluster_queue = Obj(Obj(workload, "status"), "admission").value("clusterQueue", "");
+    return out;
+  }
+  // The most telling of Kueue's conditions: an eviction, then why no quota is reserved, then
+  // why a reservation is not yet an admission (admission checks).
+  for (const json* c : {IsTrue(evicted) ? evicted : nullptr, reserved, admitted}) {
+    if (c == nullptr || c->value("message", "").empty()) continue;
+    out.reason = c->value("reason", "");
+    out.message = c->value("message", "");
+    return out;
+  }
+  out.reason = kNotSeenByKueue;
+  out.message = "Kueue has not looked at the Workload yet";
+  return out;
+}
+
+int KueueWorkerLimit(const json& job, const json& workload, const JobSpec& spec) {
+  if (QueueNameOf(job).empty()) return spec.replicas_max;
+  if (workload.is_null()) return 0;
+  const KueueAdmission admission = AdmissionOf(workload, spec);
+  return admission.admitted && !admission.finished ? std::min(admission.workers, spec.replicas_max)
+                                                   : 0;
+}
+
+json FinishedWorkload(json workload, bool succeeded, const std::string& message,
+                      const std::string& now) {
+  if (IsTrue(Condition(workload, "Finished"))) return workload;
+  json& status = workload["status"];
+  if (!status.is_object()) status = json::object();
+  json conditions = json::array();
+  for (const json& c : status.value("conditions", json::array())) {
+    if (c.is_object() && c.value("type", "") != "Finished") conditions.push_back(c);
+  }
+  conditions.push_back({{"type", "Finished"},
+                        {"status", "True"},
+                        {"reason", succeeded ? "Succeeded" : "Failed"},
+                        {"message", message.substr(0, 32768)},
+                        {"lastTransitionTime", now},
+                        {"observedGeneration", Obj(workload, "metadata").value("generation", 0)}});
+  status["conditions"] = std::move(conditions);
+  return workload;
+}
+
+}  // namespace vf::controller
