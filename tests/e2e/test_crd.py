@@ -374,10 +374,12 @@ class CrdTest(ControlPlaneTestCase):
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertIn("virtualflowjob.virtualflow.io/fashion-mnist created", proc.stdout)
         self.assertEqual(read(EXAMPLE), text)
-        # Stored as written: nothing pruned, nothing defaulted over.
+        # Stored as written: nothing pruned, nothing defaulted over; the one field the example
+        # leaves out and the API server fills in is spec.suspend (false, as in a batch/v1 Job).
         local = json.loads(self.kubectl("create", "--dry-run=client", "-o", "json", "-f", EXAMPLE,
                                         check=True).stdout)
-        self.assertEqual(self.job("fashion-mnist")["spec"], local["spec"])
+        self.assertNotIn("suspend", local["spec"])
+        self.assertEqual(self.job("fashion-mnist")["spec"], {**local["spec"], "suspend": False})
         # Re-applying the same file changes nothing.
         again = self.kubectl("apply", "-n", NS, "-f", EXAMPLE, check=True)
         self.assertIn("unchanged", again.stdout)
@@ -408,6 +410,8 @@ class CrdTest(ControlPlaneTestCase):
                             "message": "3 workers", "observedGeneration": 1,
                             "lastTransitionTime": "2026-01-02T03:04:05Z"}],
             "message": "training on 3 workers",
+            "workerCounts": {"pending": 1, "joining": 0, "training": 3, "leaving": 0,
+                             "failed": 0},
         }
         self.kubectl("patch", "vfj", "status-demo", "-n", NS, "--subresource=status",
                      "--type=merge", "-p", json.dumps({"status": status}), check=True)
@@ -423,8 +427,8 @@ class CrdTest(ControlPlaneTestCase):
                          ("8", "3", "120", "Running"))
         header, rows = table(self.kubectl("get", "vfj", "-n", NS, "status-demo", "-o", "wide",
                                           check=True).stdout)
-        self.assertEqual(header[-1], "LOSS")
-        self.assertEqual(rows[0]["LOSS"], "0.4394")
+        self.assertEqual(header[-2:], ["LOSS", "PENDING"])
+        self.assertEqual((rows[0]["LOSS"], rows[0]["PENDING"]), ("0.4394", "1"))
 
         # The main resource ignores status, and the status subresource ignores spec.
         self.kubectl("patch", "vfj", "status-demo", "-n", NS, "--type=merge", "-p",
@@ -518,7 +522,7 @@ class CrdTest(ControlPlaneTestCase):
             "optimizer": {"name": "sgd", "learningRate": 0.05, "weightDecay": 0},
             "reduction": "exact", "seed": 0,
             "elasticity": {"policy": "elastic", "cooldownSeconds": 30},
-            "checkpoint": {"everySteps": 0}})
+            "checkpoint": {"everySteps": 0}, "suspend": False})
 
     # ------------------------------------------------------------------ vf run agrees
 

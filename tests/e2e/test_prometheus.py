@@ -246,7 +246,7 @@ class PrometheusTest(ControlPlaneTestCase):
             os.path.join(BIN_DIR, "virtualflow-operator"), "--kubeconfig", cp.kubeconfig,
             # Pods reach the coordinator at the pod network's gateway, the host's address there.
             "--coordinator-listen", "0.0.0.0:%d" % coordinator_port,
-            "--coordinator-url", "http://%s:%d" % (cp.pod_gateway, coordinator_port),
+            "--coordinator-url", "https://%s:%d" % (cp.pod_gateway, coordinator_port),
             "--http-listen", "127.0.0.1:%d" % cls.operator_port, "--agent-metrics-port", "0",
             "--join-batch-seconds", "3", "--leader-election-namespace", "default",
             "--identity", "operator-1"], os.path.join(cp.logs, "operator.log"))
