@@ -34,7 +34,7 @@ import struct
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Generator, Iterator
 
 import torch
 
@@ -116,6 +116,26 @@ def _signature_difference(mine: list[Any], theirs: list[Any]) -> str:
         if theirs_d[n] != (s, d):
             return f"'{n}' is {d} {s} here but {theirs_d[n][1]} {theirs_d[n][0]} in the job"
     return "the parameters are in a different order"
+
+
+def _one_device(model: torch.nn.Module, tensors: list[torch.Tensor]) -> torch.device:
+    """The one device the model's parameters and buffers are on (the CPU or one CUDA device),
+    with the settings a GPU needs for bitwise-repeatable gradients checked."""
+    devices = sorted({str(t.device) for t in tensors})
+    if len(devices) > 1:
+        raise MisuseError(
+            f"the model's tensors are on several devices ({', '.join(devices)}): move the whole "
+            "model to one device (model.to(device)) before job.steps()"
+        )
+    device = torch.device(devices[0]) if devices else torch.device("cpu")
+    if device.type not in ("cpu", "cuda"):
+        raise MisuseError(f"the model is on {device}: this version trains on the CPU or CUDA")
+    if device.type == "cuda" and torch.backends.cudnn.benchmark:
+        raise MisuseError(
+            "torch.backends.cudnn.benchmark is True: it lets each process pick its own "
+            "convolution algorithms, so gradients differ between workers; leave it False"
+        )
+    return device
 
 
 class _Holder:
@@ -201,7 +221,9 @@ class _Holder:
 
     def _load(self, blob: bytes) -> None:
         _, body = self._split(blob, "state")
-        payload = torch.load(io.BytesIO(body), weights_only=True)
+        # Onto the CPU first: the sender's tensors may be on a device this worker does not have
+        # (cuda:3 there, cuda:0 here); load_state_dict copies them to where ours are.
+        payload = torch.load(io.BytesIO(body), weights_only=True, map_location="cpu")
         s = self._state
         s.model.load_state_dict(payload["model"])
         if s.optimizer is not None and payload["optimizer"] is not None:
@@ -224,7 +246,7 @@ class Node:
         self.index = vnode
         self.indices = indices
         self._done = False
-        self._loss = float("nan")
+        self._loss = torch.tensor(float("nan"))
 
     @property
     def seed(self) -> int:
@@ -261,6 +283,80 @@ class Step:
 
     def virtual_nodes(self) -> Iterator[Node]:
         yield from self._job._run_nodes(self)
+
+
+# Gradient buffers in flight on a GPU: while the host folds virtual node k into the exact sum,
+# the GPU computes node k+1 into the other buffer. 1 would make every node wait for its own
+# copy to the host (bench/torch/bench.py ab measures the difference).
+_GPU_SLOTS = 2
+
+
+@dataclass
+class _InFlight:
+    """A node whose gradients are on their way to the host."""
+
+    slot: int
+    loss: torch.Tensor
+    event: Any  # torch.cuda.Event, or None on the CPU
+
+
+class _Staging:
+    """Where each virtual node's gradients are computed and how they reach the reducer, which
+    reads host memory. On the CPU the reducer reads the gradients in place (one slot, no copy).
+    On a GPU every node's gradients (and float buffers) go to a flat device buffer whose views
+    are the parameters' .grad, then by one asynchronous copy to pinned host memory; with two
+    slots the host folds one node while the GPU computes the next. VF_TORCH_STAGING=2 runs the
+    two-slot path on the CPU too, which is how the tests check it without a GPU.
+    Not thread-safe: the training thread's."""
+
+    def __init__(self, device: torch.device, tensors: list[torch.Tensor], n_params: int) -> None:
+        sizes = [t.numel() for t in tensors]
+        total = sum(sizes)
+        self.device = device
+        forced = int(os.environ.get("VF_TORCH_STAGING", "0") or 0)
+        copies = device.type != "cpu" or forced > 0
+        self.slots = (forced or _GPU_SLOTS) if copies else 1
+        pin = device.type == "cuda"
+        self.grads = [torch.zeros(total, dtype=torch.float32, device=device) for _ in range(self.slots)]
+        self.host = (
+            [torch.zeros(total, dtype=torch.float32, pin_memory=pin) for _ in range(self.slots)]
+            if copies else self.grads
+        )
+        # The reducer writes the step's mean here; the parameters' .grad views it afterwards.
+        self.mean = torch.zeros(total, dtype=torch.float32, pin_memory=pin) if copies else self.grads[0]
+        self.param_views: list[list[torch.Tensor]] = []
+        self.buffer_views: list[list[torch.Tensor]] = []
+        for g in self.grads:
+            views, offset = [], 0
+            for t, n in zip(tensors, sizes):
+                views.append(g[offset:offset + n].view_as(t))
+                offset += n
+            self.param_views.append(views[:n_params])
+            self.buffer_views.append(views[n_params:])
+        self.in_flight: list[_InFlight] = []
+
+    def send(self, slot: int, loss: torch.Tensor) -> None:
+        """Starts a node's gradients (already in grads[slot]) on their way to host[slot]."""
+        event = None
+        if self.host is not self.grads:
+            self.host[slot].copy_(self.grads[slot], non_blocking=self.device.type == "cuda")
+            if self.device.type == "cuda":
+                event = torch.cuda.Event()
+                event.record()
+        self.in_flight.append(_InFlight(slot, loss, event))
+
+    def arrived(self) -> tuple[torch.Tensor, float]:
+        """Waits for the oldest node in flight: its gradients in host memory, and its loss."""
+        f = self.in_flight.pop(0)
+        if f.event is not None:
+            f.event.synchronize()
+        return self.host[f.slot], float(f.loss)
+
+    def publish_mean(self) -> list[torch.Tensor]:
+        """The step's mean (in `mean`) where the parameters are: slot 0's flat views."""
+        if self.mean is not self.grads[0]:
+            self.grads[0].copy_(self.mean)
+        return self.param_views[0]
 
 
 class Job:
@@ -313,9 +409,9 @@ class Job:
         self._params: list[torch.nn.Parameter] = []
         self._float_buffers: list[torch.Tensor] = []
         self._int_buffers: list[torch.Tensor] = []
-        self._flat: torch.Tensor | None = None
-        self._views: list[torch.Tensor] = []
-        self._buffer_views: list[torch.Tensor] = []
+        self._staging: _Staging | None = None
+        self._device = torch.device("cpu")
+        self._views: list[torch.Tensor] = []  # the current node's .grad views
         self._step: Step | None = None
         self._in_backward = False
         self._total = 0
@@ -455,10 +551,11 @@ class Job:
         model = state.model
         self._params = [p for p in model.parameters() if p.requires_grad]
         for name, p in model.named_parameters():
-            if p.requires_grad and (p.dtype != torch.float32 or p.device.type != "cpu"):
+            if p.requires_grad and p.dtype != torch.float32:
                 raise MisuseError(
-                    f"parameter '{name}' is {p.dtype} on {p.device}: this version reduces float32 "
-                    "CPU parameters only"
+                    f"parameter '{name}' is {p.dtype}: this version reduces float32 parameters "
+                    "only (keep the parameters float32; autocast may still compute in lower "
+                    "precision)"
                 )
         self._float_buffers, self._int_buffers = [], []
         for _, b in model.named_buffers():
@@ -466,19 +563,19 @@ class Job:
         for b in self._float_buffers:
             if b.dtype != torch.float32:
                 raise MisuseError(f"buffer of dtype {b.dtype}: only float32 buffers are averaged")
-        sizes = [p.numel() for p in self._params] + [b.numel() for b in self._float_buffers]
-        self._flat = torch.zeros(sum(sizes), dtype=torch.float32)
-        views, offset = [], 0
-        for t, n in zip(self._params + self._float_buffers, sizes):
-            views.append(self._flat[offset:offset + n].view_as(t))
-            offset += n
-        self._views = views[: len(self._params)]
-        self._buffer_views = views[len(self._params):]
+        self._device = _one_device(model, self._params + self._float_buffers)
+        tensors = self._params + self._float_buffers
+        sizes = [t.numel() for t in tensors]
+        self._staging = _Staging(self._device, tensors, len(self._params))
         self._worker.configure_reducer(self.spec["reduction"], sizes, int(self.spec["virtual_nodes"]))
         for p in self._params:
             p.register_post_accumulate_grad_hook(self._grad_hook)
         if state.optimizer is not None:
             state.optimizer.register_step_pre_hook(self._optimizer_hook)
+
+    def _rng_devices(self) -> list[torch.device]:
+        """The devices whose generators a node's seed scope restores afterwards."""
+        return [] if self._device.type == "cpu" else [self._device]
 
     def _grad_hook(self, _param: torch.Tensor) -> None:
         if self._step is not None and not self._in_backward:
@@ -508,48 +605,20 @@ class Job:
     def _run_nodes(self, step: Step) -> Iterator[Node]:
         """Yields this worker's nodes, then reduces. Recomputes them when exact reduction picks a
         new scale, and after a failed collective follows the next plan and redoes the step."""
-        assert self._flat is not None
+        staging = self._staging
+        assert staging is not None
         if step.reduced:
             raise MisuseError(f"step {step.index + 1}'s virtual nodes were already run")
-        b = int(self.spec["micro_batch"])
         # Every node starts from the step's buffers, also when the nodes are run again.
         start_buffers = [t.detach().clone() for t in self._float_buffers]
         start_ints = [t.detach().clone() for t in self._int_buffers]
         while True:
             self._worker.begin()
-            after_ints: list[torch.Tensor] | None = None
-            compute = 0.0
-            for v in self._membership.virtual_nodes:
-                t0 = time.monotonic()
-                for t, s in zip(self._float_buffers, start_buffers):
-                    t.copy_(s)
-                for t, s in zip(self._int_buffers, start_ints):
-                    t.copy_(s)
-                self._flat.zero_()
-                for p, view in zip(self._params, self._views):
-                    p.grad = view
-                node = Node(step, v, self._sharder.indices(step.index, v))
-                with torch.random.fork_rng(devices=[]):
-                    torch.manual_seed(node.seed)
-                    yield node
-                if not node._done:
-                    raise MisuseError(
-                        f"virtual node {v} of step {step.index + 1} ended without node.backward(loss)"
-                    )
-                ints = [t.detach().clone() for t in self._int_buffers]
-                if after_ints is not None and any(not torch.equal(a, c) for a, c in zip(after_ints, ints)):
-                    raise MisuseError("an integer buffer changed differently across virtual nodes")
-                after_ints = ints
-                for t, view in zip(self._float_buffers, self._buffer_views):
-                    view.copy_(t)
-                self._worker.add(self._flat)
-                self._worker.add_loss(node._loss * b, b)
-                elapsed = time.monotonic() - t0
-                if self._slowdown > 1 or self._vnode_delay > 0:
-                    time.sleep(elapsed * max(0.0, self._slowdown - 1) + self._vnode_delay)
-                compute += time.monotonic() - t0
+            t0 = time.monotonic()
+            node_ints = yield from self._compute_nodes(step, start_buffers, start_ints)
+            compute = time.monotonic() - t0
             try:
-                redo, loss_sum, samples, agreed = self._worker.finish(self._flat)
+                redo, loss_sum, samples, agreed = self._worker.finish(staging.mean)
             except CollectiveError as e:
                 # A member died or stalled; nothing of the step was applied here. Follow the plan
                 # without it (state comes along if needed) and redo the step.
@@ -567,9 +636,10 @@ class Job:
             if redo:
                 continue
             break
-        for t, view in zip(self._float_buffers, self._buffer_views):
+        self._views = staging.publish_mean()
+        for t, view in zip(self._float_buffers, staging.buffer_views[0]):
             t.copy_(view)
-        for t, a in zip(self._int_buffers, after_ints or []):
+        for t, a in zip(self._int_buffers, node_ints[0] if node_ints else []):
             t.copy_(a)
         for p, view in zip(self._params, self._views):
             p.grad = view
@@ -577,6 +647,56 @@ class Job:
         step._compute_seconds = compute
         step._agreed_epoch = agreed
         step.reduced = True
+
+    def _compute_nodes(
+        self, step: Step, start_buffers: list[torch.Tensor], start_ints: list[torch.Tensor]
+    ) -> Generator[Node, None, list[list[torch.Tensor]]]:
+        """Yields each of this worker's nodes of `step` to the script and folds its gradients
+        into the reducer, in the order of the plan's nodes. Returns each node's integer buffers
+        (they must agree: a counter like BatchNorm's num_batches_tracked)."""
+        staging = self._staging
+        assert staging is not None
+        b = int(self.spec["micro_batch"])
+        node_ints: list[list[torch.Tensor]] = []
+        for i, v in enumerate(self._membership.virtual_nodes):
+            t0 = time.monotonic()
+            slot = i % staging.slots
+            for t, s in zip(self._float_buffers, start_buffers):
+                t.copy_(s)
+            for t, s in zip(self._int_buffers, start_ints):
+                t.copy_(s)
+            staging.grads[slot].zero_()
+            self._views = staging.param_views[slot]
+            for p, view in zip(self._params, self._views):
+                p.grad = view
+            node = Node(step, v, self._sharder.indices(step.index, v))
+            with torch.random.fork_rng(devices=self._rng_devices()):
+                torch.manual_seed(node.seed)
+                yield node
+            if not node._done:
+                raise MisuseError(
+                    f"virtual node {v} of step {step.index + 1} ended without node.backward(loss)"
+                )
+            node_ints.append([t.detach().clone() for t in self._int_buffers])
+            for t, view in zip(self._float_buffers, staging.buffer_views[slot]):
+                view.copy_(t)
+            staging.send(slot, node._loss)
+            while len(staging.in_flight) >= staging.slots:
+                self._fold(staging, b)
+            if self._slowdown > 1 or self._vnode_delay > 0:
+                elapsed = time.monotonic() - t0
+                time.sleep(elapsed * max(0.0, self._slowdown - 1) + self._vnode_delay)
+        while staging.in_flight:
+            self._fold(staging, b)
+        if any(not torch.equal(a, c) for ints in node_ints[1:] for a, c in zip(node_ints[0], ints)):
+            raise MisuseError("an integer buffer changed differently across virtual nodes")
+        return node_ints
+
+    def _fold(self, staging: _Staging, micro_batch: int) -> None:
+        """Adds the oldest node in flight to the step's sum."""
+        grads, loss = staging.arrived()
+        self._worker.add(grads)
+        self._worker.add_loss(loss * micro_batch, micro_batch)
 
     def _backward(self, node: Node, loss: torch.Tensor) -> None:
         if self._step is None or node._step is not self._step:
@@ -588,7 +708,7 @@ class Job:
             loss.backward()
         finally:
             self._in_backward = False
-        node._loss = float(loss.detach())
+        node._loss = loss.detach()  # read when the node's gradients reach the host
         for p, view in zip(self._params, self._views):
             if p.grad is not None and p.grad.data_ptr() != view.data_ptr():
                 view.copy_(p.grad)
@@ -598,7 +718,8 @@ class Job:
         assert self._holder is not None
         digest = hashlib.sha256()
         for p in self._holder._state.model.parameters():
-            digest.update(p.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+            t = p.detach().to("cpu").contiguous()
+            digest.update(t.view(-1).view(torch.uint8).numpy().tobytes())
         mine = int.from_bytes(digest.digest()[:8], "little", signed=True)
         everyone = self._worker.all_gather(mine)
         names = self._membership.members
@@ -670,6 +791,8 @@ def init(*, threads: int | None = None) -> Job:
     if parent:
         _core.exit_with_parent(int(parent))
     torch.set_num_threads(threads or int(os.environ.get("VF_THREADS", "1") or 1))
+    # cuBLAS is deterministic only with a fixed workspace, set before its first handle.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True)
     # In C, not with the signal module: a Python handler would wait for the interpreter, and a
     # joiner spends its wait inside the library.

@@ -127,6 +127,14 @@ class TorchTest(VfTestCase):
                     self.assertEqual(run.summary["workers"], workers)
                     self.assertEqual(run.summary["steps"], 4)
                     digests[workers] = run.summary["weights_sha256"]
+                if name == "cnn":
+                    # A GPU's path on the CPU: every node's gradients (and BatchNorm's buffers)
+                    # in a buffer of their own, copied for the reducer, two nodes in flight.
+                    os.environ["VF_TORCH_STAGING"] = "2"
+                    try:
+                        digests["staged"] = self.run_ok(job, "--workers", "2").summary["weights_sha256"]
+                    finally:
+                        del os.environ["VF_TORCH_STAGING"]
                 self.assertEqual(len(set(digests.values())), 1, "weights differ: %s" % digests)
                 self.assertRegex(digests[1], r"^[0-9a-f]{64}$")
 
@@ -178,6 +186,10 @@ MISUSE = textwrap.dedent("""\
     worker = os.environ["VF_WORKER"]
     out = 3 if (MODE == "model" and worker == "worker-1") else 2
     model = torch.nn.Linear(4, out)
+    if MODE == "devices":
+        model.bias = torch.nn.Parameter(torch.zeros(out, device="meta"))
+    if MODE == "float64":
+        model = model.double()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.randn(64, 4)
     y = torch.randint(0, 2, (64,))
@@ -241,6 +253,14 @@ class TorchMisuseTest(VfTestCase):
     def test_a_worker_with_a_different_model_is_refused_at_join(self):
         line = self.assertOneLineError(self.misuse("model"), "different model", "weight")
         self.assertIn("[3, 4]", line)
+
+    def test_a_model_on_several_devices_is_refused(self):
+        self.assertOneLineError(self.misuse("devices", workers=1), "several devices (cpu, meta)",
+                                "model.to(device)")
+
+    def test_a_parameter_that_is_not_float32_is_refused(self):
+        self.assertOneLineError(self.misuse("float64", workers=1), "'weight' is torch.float64",
+                                "float32 parameters only")
 
     def test_nan_gradients_end_the_job_with_a_numerical_error(self):
         self.assertOneLineError(self.misuse("nan", workers=1), "NumericalError")
