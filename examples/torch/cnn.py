@@ -21,6 +21,12 @@ import virtualflow.torch as vf
 DATA = os.environ.get("FASHION_MNIST", "/usr/share/datasets/fashion-mnist")
 
 
+def device() -> torch.device:
+    """CNN_DEVICE (cpu, cuda, cuda:1), else the GPU when there is one: a pod given
+    `nvidia.com/gpu: 1` sees its GPU as cuda:0."""
+    return torch.device(os.environ.get("CNN_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
 def load(split: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Images as float tensors (N, 1, 28, 28), normalized; labels as int64."""
     prefix = "train" if split == "train" else "t10k"
@@ -68,8 +74,9 @@ class Net(nn.Module):
 
 
 def augment(x: torch.Tensor) -> torch.Tensor:
-    """Random horizontal flips and 2-pixel shifts, drawn from the virtual node's generator."""
-    flip = torch.rand(x.shape[0]) < 0.5
+    """Random horizontal flips and 2-pixel shifts, drawn from the virtual node's CPU generator
+    (the same numbers whichever device trains)."""
+    flip = (torch.rand(x.shape[0]) < 0.5).to(x.device)
     x = torch.where(flip[:, None, None, None], x.flip(3), x)
     padded = F.pad(x, (2, 2, 2, 2))
     dx, dy = torch.randint(0, 5, (2,))
@@ -89,10 +96,13 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float,
 
 def main() -> None:
     job = vf.init()
-    x_train, y_train = load("train")
-    x_test, y_test = load("test")
+    dev = device()
+    gpu = f" ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else ""
+    print(f"cnn: {job.worker_name} trains on {dev}{gpu}", flush=True)
+    x_train, y_train = (t.to(dev) for t in load("train"))
+    x_test, y_test = (t.to(dev) for t in load("test"))
     torch.manual_seed(0)
-    model = Net()
+    model = Net().to(dev)
     lr = float(os.environ.get("CNN_LR", "0.1"))
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
     total = job.total_steps(len(x_train))
@@ -102,7 +112,7 @@ def main() -> None:
     for step in job.steps(state, dataset_size=len(x_train)):
         model.train()
         for node in step.virtual_nodes():
-            idx = torch.tensor(node.indices)
+            idx = torch.tensor(node.indices, device=dev)
             loss = F.cross_entropy(model(augment(x_train[idx])), y_train[idx])
             node.backward(loss)
         opt.step()

@@ -24,6 +24,11 @@ CORPUS = Path(os.environ.get("FORTUNES", "/usr/share/games/fortunes"))
 CONTEXT = 64
 
 
+def device() -> torch.device:
+    """GPT_DEVICE (cpu, cuda, cuda:1), else the GPU when there is one."""
+    return torch.device(os.environ.get("GPT_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
 def load_corpus() -> tuple[torch.Tensor, torch.Tensor]:
     """The fortune files (not their .dat indexes or .u8 links), in name order, as bytes."""
     files = sorted(p for p in CORPUS.iterdir() if p.is_file() and not p.is_symlink() and p.suffix != ".dat")
@@ -37,7 +42,7 @@ def load_corpus() -> tuple[torch.Tensor, torch.Tensor]:
 def windows(data: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample i is the block of CONTEXT bytes at i * CONTEXT and the same block shifted by one."""
     starts = idx * CONTEXT
-    offsets = torch.arange(CONTEXT + 1)
+    offsets = torch.arange(CONTEXT + 1, device=data.device)
     block = data[starts[:, None] + offsets[None, :]]
     return block[:, :-1], block[:, 1:]
 
@@ -95,7 +100,7 @@ def validation_loss(model: nn.Module, val: torch.Tensor, batches: int = 16, batc
     n = (len(val) - 1) // CONTEXT
     total = 0.0
     for i in range(batches):
-        idx = torch.arange(i * batch, (i + 1) * batch) % n
+        idx = torch.arange(i * batch, (i + 1) * batch, device=val.device) % n
         x, y = windows(val, idx)
         total += float(F.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1)))
     return total / batches
@@ -103,10 +108,13 @@ def validation_loss(model: nn.Module, val: torch.Tensor, batches: int = 16, batc
 
 def main() -> None:
     job = vf.init()
-    train, val = load_corpus()
+    dev = device()
+    gpu = f" ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else ""
+    print(f"gpt: {job.worker_name} trains on {dev}{gpu}", flush=True)
+    train, val = (t.to(dev) for t in load_corpus())
     samples = (len(train) - 1) // CONTEXT
     torch.manual_seed(0)
-    model = GPT()
+    model = GPT().to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
     total = job.total_steps(samples)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(total, max(1, total // 20)))
@@ -115,7 +123,7 @@ def main() -> None:
     for step in job.steps(state, dataset_size=samples):
         model.train()
         for node in step.virtual_nodes():
-            x, y = windows(train, torch.tensor(node.indices))
+            x, y = windows(train, torch.tensor(node.indices, device=dev))
             loss = F.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))
             node.backward(loss)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
