@@ -59,6 +59,7 @@ DDP = HERE / "ddp_loop.py"
 ELASTIC = HERE / "elastic_cnn.py"
 
 SAME_SESSIONS = True  # --shared-session turns it off (see bench_env)
+DEVICE = "cpu"  # --device: where the CNN trains, on every side (CNN_DEVICE)
 
 JOB = """apiVersion: virtualflow.io/v1alpha1
 kind: VirtualFlowJob
@@ -107,6 +108,7 @@ def bench_env(times: Path, **more: str) -> dict[str, str]:
     # machine other work also uses, both sides must be split the same way.
     env["VF_BENCH_SETSID"] = "1" if SAME_SESSIONS else "0"
     env.pop("VF_BENCH_KILL_STEP", None)
+    env["CNN_DEVICE"] = DEVICE  # where every side's model and data live (cnn.device())
     env.update(more)
     return env
 
@@ -584,8 +586,9 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     import torch  # noqa: PLC0415 (only for the versions)
+    gpu = torch.cuda.get_device_name(0) if DEVICE == "cuda" else None
     return {"nproc": os.cpu_count(), "cpu": model, "python": platform.python_version(),
-            "torch": torch.__version__, "threads_per_process": 1,
+            "torch": torch.__version__, "threads_per_process": 1, "device": DEVICE, "gpu": gpu,
             "load_at_end": os.getloadavg()}
 
 
@@ -630,10 +633,16 @@ def main() -> None:
                     help="leave VirtualFlow's workers and the plain loop in this session (torchrun "
                          "still gives each rank its own): shows the autogroup effect")
     ap.add_argument("--workers", type=int, nargs="+", default=[2, 4], help="ddp: worker counts")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="where every side trains (cuda: overhead and profile only, since one GPU "
+                         "cannot hold DDP's or torchrun's ranks: NCCL refuses two on one device)")
     ap.add_argument("--out", help="write every measurement as JSON to this file")
     a = ap.parse_args()
-    global SAME_SESSIONS
+    global SAME_SESSIONS, DEVICE
     SAME_SESSIONS = not a.shared_session
+    DEVICE = a.device
+    if DEVICE == "cuda" and a.which not in ("overhead", "profile", "ab"):
+        sys.exit("--device cuda runs overhead, profile or ab (one GPU holds no DDP world)")
     if not Path(a.vf).exists():
         sys.exit(f"{a.vf} not found: build first (scripts/build.sh)")
     started = time.time()
@@ -652,7 +661,8 @@ def main() -> None:
             rows += bench_ab(a, tmp)
     print_table(rows)
     info = machine()
-    print(f"\n{info['nproc']} x {info['cpu']}, torch {info['torch']}, 1 thread per process, "
+    on = f", on {info['gpu']}" if info["gpu"] else ""
+    print(f"\n{info['nproc']} x {info['cpu']}{on}, torch {info['torch']}, 1 thread per process, "
           f"{time.time() - started:.0f} s, load average at end {info['load_at_end'][0]:.2f}")
     if a.out:
         Path(a.out).write_text(json.dumps({"machine": info, "args": vars(a), "rows": rows,

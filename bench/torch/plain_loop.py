@@ -26,9 +26,10 @@ def main() -> None:
     a = ap.parse_args()
     threads = common.set_threads()
     cnn = common.cnn_module(with_virtualflow=False)
-    x_train, y_train = cnn.load("train")
+    dev = cnn.device()
+    x_train, y_train = (t.to(dev) for t in cnn.load("train"))
     torch.manual_seed(0)
-    model = cnn.Net()
+    model = cnn.Net().to(dev)
     opt, sched = common.make_optimizer(model, a.steps)
     sampler = common.Sampler(len(x_train), a.global_batch)
     mb = a.micro_batch if a.mode == "accum" else a.global_batch
@@ -41,7 +42,7 @@ def main() -> None:
         model.train()
         batch = sampler.batch(step)
         for i in range(k):
-            idx = batch[i * mb:(i + 1) * mb]
+            idx = batch[i * mb:(i + 1) * mb].to(dev)
             t1 = time.perf_counter()
             loss = F.cross_entropy(model(cnn.augment(x_train[idx])), y_train[idx])
             t2 = time.perf_counter()

@@ -84,9 +84,10 @@ def main() -> None:
     rec = common.Recorder(system="virtualflow", worker=os.environ.get("VF_WORKER", ""),
                           threads=torch.get_num_threads())
     rec.write(event="start", t=T_START)
-    x_train, y_train = cnn.load("train")
+    dev = cnn.device()
+    x_train, y_train = (t.to(dev) for t in cnn.load("train"))
     torch.manual_seed(0)
-    model = cnn.Net()
+    model = cnn.Net().to(dev)
     total = job.total_steps(len(x_train))
     opt, sched = common.make_optimizer(model, total)
     state = vf.State(model=model, optimizer=opt, scheduler=sched)
@@ -109,7 +110,7 @@ def main() -> None:
                 rec.write(event="node", step=step.index, vnode=node.index, t=time.time(),
                           rank=job.rank, world=job.world_size)
             t1 = time.perf_counter()
-            idx = torch.tensor(node.indices)
+            idx = torch.tensor(node.indices, device=dev)
             loss = F.cross_entropy(model(cnn.augment(x_train[idx])), y_train[idx])
             times["forward"] = times.get("forward", 0.0) + time.perf_counter() - t1
             node.backward(loss)
