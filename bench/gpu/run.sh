@@ -13,6 +13,7 @@
 #
 #   bench/gpu/bundle.sh                 # where the packages are (this machine), once
 #   bench/gpu/run.sh [--skip-build] [--no-bench] [--quick]
+#   (Python: bench/gpu/bundle_python.sh builds virtualflow and vf into .gpu-py/; source its env.sh)
 #
 # Logs go to $OUT (or build-gpu/results): build.log, ctest.log, bench.log, summary.txt.
 set -uo pipefail
@@ -27,7 +28,7 @@ for a in "$@"; do
     --skip-build) skip_build=1 ;;
     --no-bench) no_bench=1 ;;
     --quick) quick=1 ;;
-    -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run.sh: unknown option $a (see --help)" >&2; exit 2 ;;
   esac
 done
