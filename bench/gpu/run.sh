@@ -13,6 +13,8 @@
 #
 #   bench/gpu/bundle.sh                 # where the packages are (this machine), once
 #   bench/gpu/run.sh [--skip-build] [--no-test] [--no-bench] [--quick]
+#   (Python: bench/gpu/bundle_python.sh builds virtualflow and vf into .gpu-py/; source its env.sh;
+#   bench/gpu/session.sh runs this and the PyTorch checks in one call)
 #
 # VF_GPU_ARCHS (default: CMake's 80;90) narrows the CUDA targets to the machine's, and
 # VF_GPU_TORCH_MODES (default "eager compile") the PyTorch baselines.
@@ -32,7 +34,7 @@ for a in "$@"; do
     --no-bench) no_bench=1 ;;
     --no-test) no_test=1 ;;
     --quick) quick=1 ;;
-    -h | --help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run.sh: unknown option $a (see --help)" >&2; exit 2 ;;
   esac
 done
