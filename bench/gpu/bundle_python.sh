@@ -15,9 +15,10 @@
 #                                 and libgcc_s, less those .gpu-deps/deps.tar.xz holds (OpenBLAS,
 #                                 Gloo, yaml-cpp and theirs); no CUDA library. Packed (10 MB, 3
 #                                 as xz) to keep .gpu-py/ small; env.sh unpacks both into /tmp
-#   .gpu-py/data/fashion-mnist/   Fashion-MNIST's first 20000 training images and the test set
+#   .gpu-py/data/fashion-mnist/   Fashion-MNIST (Debian's dataset-fashion-mnist), whole
+#   .gpu-py/data/fortunes/        Debian's fortunes, the GPT example's corpus (2.8 MB)
 #   .gpu-py/env.sh                `source .gpu-py/env.sh` from the repository root sets
-#                                 LD_LIBRARY_PATH, PYTHONPATH, PATH and FASHION_MNIST
+#                                 LD_LIBRARY_PATH, PYTHONPATH, PATH, FASHION_MNIST and FORTUNES
 #
 # Debian 12's libraries need glibc 2.36 and GCC 12's libstdc++ or newer. bench/gpu/check_python.sh
 # tests the result here with this machine's copies of those libraries hidden.
@@ -94,30 +95,15 @@ ldd "$out/bin/vf" "$out/python/virtualflow/$(basename "$core")" |
   done
 tar -C "$stage" -cJf "$out/lib.tar.xz" lib
 
-# 4. Fashion-MNIST, the training set cut to its first 20000 examples (the idx headers' counts
-# rewritten), the test set whole; gzip without a timestamp, so the files are reproducible.
-"$python312" - "$dataset" "$out/data/fashion-mnist" 20000 <<'EOF'
-import gzip, shutil, struct, sys
-src, dst, keep = sys.argv[1], sys.argv[2], int(sys.argv[3])
-for name, header, item in (("train-images-idx3-ubyte", 16, 28 * 28),
-                           ("train-labels-idx1-ubyte", 8, 1)):
-    with gzip.open(f"{src}/{name}.gz") as f:
-        head = bytearray(f.read(header))
-        (count,) = struct.unpack(">I", head[4:8])
-        if count < keep:
-            sys.exit(f"{name}: {count} examples, fewer than {keep}")
-        struct.pack_into(">I", head, 4, keep)
-        body = f.read(keep * item)
-    with open(f"{dst}/{name}.gz", "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as g:
-        g.write(bytes(head) + body)
-for name in ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"):
-    shutil.copyfile(f"{src}/{name}.gz", f"{dst}/{name}.gz")
-EOF
-cat >"$out/data/fashion-mnist/README" <<'EOF'
-Fashion-MNIST from Debian's dataset-fashion-mnist, TRUNCATED by bench/gpu/bundle_python.sh: the
-training files hold the first 20000 of 60000 images and labels (the idx headers say 20000); the
-test files (t10k-*) are whole. Results on this copy are not comparable with the full set's.
-EOF
+# 4. Fashion-MNIST, whole (31 MB): the CNN's accuracy on the GPU is measured on the real set.
+for f in train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz \
+  t10k-labels-idx1-ubyte.gz; do
+  cp "$dataset/$f" "$out/data/fashion-mnist/$f"
+done
+
+# The GPT example's corpus, whole (its .u8 links stay links, which gpt.py skips).
+[ -d /usr/share/games/fortunes ] || { log "/usr/share/games/fortunes is missing (Debian's fortunes)"; exit 1; }
+rm -rf "$out/data/fortunes" && cp -a /usr/share/games/fortunes "$out/data/fortunes"
 
 # 5. The environment, sourced on the GPU machine.
 cp bench/gpu/py_env.sh "$out/env.sh"

@@ -10,7 +10,8 @@
 #                    no CUDA library is among them: PyTorch keeps finding its own wheels' ones
 #   PYTHONPATH       .gpu-py/python (import virtualflow; vf run adds it for its workers too)
 #   PATH             .gpu-py/bin (vf); the workers' python3 stays the machine's, with PyTorch
-#   FASHION_MNIST    .gpu-py/data/fashion-mnist (the first 20000 training images, see README)
+#   FASHION_MNIST    .gpu-py/data/fashion-mnist (Debian's Fashion-MNIST files)
+#   FORTUNES         .gpu-py/data/fortunes (the GPT example's corpus)
 # Returns non-zero, setting no variable, when a bundle is missing. The libraries come first for
 # every program this shell starts (Debian 12's OpenSSL 3.0 and zlib among them): run
 # bench/gpu/run.sh (the machine's CMake) before sourcing this, or source it in a subshell.
@@ -41,6 +42,7 @@ vf_gpu_py_setup() {
   export PYTHONPATH="$here/python${PYTHONPATH:+:$PYTHONPATH}"
   export PATH="$here/bin:$PATH"
   export FASHION_MNIST="$here/data/fashion-mnist"
+  export FORTUNES="$here/data/fortunes"
 }
 vf_gpu_py_setup
 vf_gpu_py_rc=$?

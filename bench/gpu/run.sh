@@ -34,7 +34,7 @@ for a in "$@"; do
     --no-bench) no_bench=1 ;;
     --no-test) no_test=1 ;;
     --quick) quick=1 ;;
-    -h | --help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run.sh: unknown option $a (see --help)" >&2; exit 2 ;;
   esac
 done

@@ -3,7 +3,8 @@
 #
 #   A. in the background: bench/gpu/run.sh --no-bench (builds the runtime for this GPU's
 #      architecture and runs its unit tests, the GPU ones included);
-#   B. meanwhile, the PyTorch library on CUDA: the package's unit tests, then the integration
+#   B. meanwhile, the PyTorch library on CUDA: the CNN example's full run for its accuracy (in
+#      the background), the package's unit tests, then the integration
 #      tests of the examples (tests/integration/test_torch.py: the same weights on 1, 2 and 3
 #      workers sharing the GPU, three resizes, two kill -9, the misuse errors), with the examples
 #      forced onto the GPU (CNN_DEVICE=cuda, GPT_DEVICE=cuda);
@@ -41,6 +42,14 @@ pack() { tar -C "$work" -czf "$final/logs.tgz.tmp" . && mv "$final/logs.tgz.tmp"
 say "session on $(hostname), $(nproc) cores"
 nvidia-smi >"$work/nvidia-smi.txt" 2>&1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$work/session.log"
+# A. Build and unit tests, in the background (before env.sh: its libraries are not the
+# machine's CMake's).
+(
+  OUT="$work/cpp" VF_GPU_ARCHS=90 timeout "$(budget 300 150)" bench/gpu/run.sh --no-bench
+  echo "run.sh rc $?"
+) >"$work/cpp-build-test.out" 2>&1 &
+cpp=$!
+
 if [ ! -f .gpu-py/env.sh ]; then
   say "no .gpu-py/: run bench/gpu/bundle_python.sh where the packages are, and carry .gpu-py"
   exit 1
@@ -51,14 +60,14 @@ python3 -c 'import torch; print("torch", torch.__version__, "CUDA", torch.versio
   2>&1 | tee -a "$work/session.log"
 python3 -m pip list 2>/dev/null | grep -iE '^(torch|nvidia-(nccl|cublas|cuda-runtime))' >>"$work/session.log"
 
-# A. Build and unit tests, in the background.
+# B. The PyTorch library on the GPU. First, in the background: the CNN example's whole run
+# (10 epochs of the full Fashion-MNIST, 2 workers) for its test accuracy.
 (
-  OUT="$work/cpp" VF_GPU_ARCHS=90 timeout "$(budget 300 150)" bench/gpu/run.sh --no-bench
-  echo "run.sh rc $?"
-) >"$work/cpp-build-test.out" 2>&1 &
-cpp=$!
-
-# B. The PyTorch library on the GPU.
+  CNN_DEVICE=cuda timeout "$(budget 280 170)" vf run examples/torch-cnn.yaml --workers 2 \
+    --progress-interval 15 --summary-json "$work/cnn-quality.json"
+  echo "vf run rc $?"
+) >"$work/cnn-quality.out" 2>&1 &
+quality=$!
 say "B: python unit tests"
 (cd python && timeout 60 python3 -m pytest -q -p no:cacheprovider tests) >"$work/pytest.out" 2>&1
 say "B: pytest rc $?: $(tail -n 1 "$work/pytest.out")"
@@ -78,6 +87,10 @@ say "A: $(grep -E 'tests passed|tests failed|run.sh rc|build failed' "$work/cpp-
 grep -E "(cuda_device_test|executor_cuda_test|nccl_test)\." "$work/cpp/ctest.log" 2>/dev/null |
   sed 's/^ *//' >>"$work/session.log"
 grep -E "\*\*\*Failed|Exception|Timeout" "$work/cpp/ctest.log" 2>/dev/null | head -n 20 | tee -a "$work/session.log"
+pack
+
+wait "$quality"
+say "B: CNN quality run: $(grep -E 'accuracy|rc ' "$work/cnn-quality.out" | tr '\n' ' ')"
 pack
 
 # C. Timings, one at a time.
