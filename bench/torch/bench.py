@@ -505,6 +505,8 @@ def bench_profile(a: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
                         workers=4, env_more=env),
          lambda: run_ddp(tmp, world=4, batch=128, steps=a.warmup + 2 * a.steps, env_more=env), 1),
     ]
+    if DEVICE == "cuda":
+        cases = cases[:1]  # one GPU holds no DDP world
     rows = []
     for label, vf_fn, base_fn, nodes in cases:
         print(f"profile: {label}, {a.repeats} rounds", flush=True)

@@ -79,7 +79,7 @@ class GPT(nn.Module):
         self.dropout = dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = F.dropout(self.tok(x) + self.pos(torch.arange(x.shape[1])), self.dropout, self.training)
+        h = F.dropout(self.tok(x) + self.pos(torch.arange(x.shape[1], device=x.device)), self.dropout, self.training)
         for block in self.blocks:
             h = block(h)
         return self.head(self.ln(h))
