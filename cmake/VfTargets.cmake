@@ -52,12 +52,18 @@ function(vf_library name)
   endforeach()
 endfunction()
 
-# vf_test(NAME SOURCES ... [VF_DEPS ...] [DEPS ...] [VARIANTS asan tsan] [LABELS ...])
+# vf_test(NAME SOURCES ... [VF_DEPS ...] [DEPS ...] [VARIANTS asan tsan] [LABELS ...]
+#         [RESOURCE_LOCK NAME])
 #   Registers each GoogleTest case with ctest; variants get their own executables and labels.
+#   RESOURCE_LOCK: cases that need one thing to themselves (gpu: the whole GPU) run one at a time.
 function(vf_test name)
-  cmake_parse_arguments(A "" "" "SOURCES;VF_DEPS;DEPS;VARIANTS;LABELS" ${ARGN})
+  cmake_parse_arguments(A "" "RESOURCE_LOCK" "SOURCES;VF_DEPS;DEPS;VARIANTS;LABELS" ${ARGN})
   if(NOT VF_BUILD_TESTS)
     return()
+  endif()
+  set(lock "")
+  if(A_RESOURCE_LOCK)
+    set(lock RESOURCE_LOCK ${A_RESOURCE_LOCK})
   endif()
   set(variants "")
   if(VF_SANITIZER_TESTS)
@@ -80,7 +86,7 @@ function(vf_test name)
     target_link_libraries(${t} PRIVATE ${deps} ${A_DEPS} GTest::gtest GTest::gtest_main)
     _vf_apply_variant(${t} "${variant}")
     gtest_discover_tests(${t} TEST_PREFIX "${t}." DISCOVERY_MODE PRE_TEST
-                         PROPERTIES LABELS "${labels}" TIMEOUT 300)
+                         PROPERTIES LABELS "${labels}" TIMEOUT 300 ${lock})
   endforeach()
 endfunction()
 
