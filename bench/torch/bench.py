@@ -554,7 +554,7 @@ def bench_ab(a: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
     lib = patched_library(tmp, a.vf, Path(a.patch))
     steps = a.warmup + a.steps
     rows = []
-    for world, vnodes, batch in ((1, 8, 256), (2, 8, 256)):
+    for world, vnodes, batch in ((w, 8, 256) for w in a.worlds):
         label = f"{world} worker{'s' if world > 1 else ''}, V={vnodes}, B={batch}: patched / built"
         print(f"ab: {label}, {a.repeats} rounds ({a.patch})", flush=True)
         shas: dict[str, set[str]] = {"built": set(), "patched": set()}
@@ -635,6 +635,8 @@ def main() -> None:
                     help="leave VirtualFlow's workers and the plain loop in this session (torchrun "
                          "still gives each rank its own): shows the autogroup effect")
     ap.add_argument("--workers", type=int, nargs="+", default=[2, 4], help="ddp: worker counts")
+    ap.add_argument("--worlds", type=int, nargs="+", default=[1, 2],
+                    help="ab: worker counts (V=8, B=256 each)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="where every side trains (cuda: overhead and profile only, since one GPU "
                          "cannot hold DDP's or torchrun's ranks: NCCL refuses two on one device)")
