@@ -118,6 +118,16 @@ def _signature_difference(mine: list[Any], theirs: list[Any]) -> str:
     return "the parameters are in a different order"
 
 
+def _copy_all(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+    """dst[i].copy_(src[i]) for all i, in one multi-tensor operation where PyTorch has one."""
+    foreach = getattr(torch, "_foreach_copy_", None)
+    if foreach is not None:
+        foreach(dst, src)
+    else:
+        for d, s in zip(dst, src):
+            d.copy_(s)
+
+
 def _one_device(model: torch.nn.Module, tensors: list[torch.Tensor]) -> torch.device:
     """The one device the model's parameters and buffers are on (the CPU or one CUDA device),
     with the settings a GPU needs for bitwise-repeatable gradients checked."""
@@ -257,7 +267,7 @@ class Node:
     def rng(self) -> Iterator[None]:
         """Seeds PyTorch's generators for this node (dropout, augmentation); the library already
         does so before each node, so this only matters for code that reseeds in between."""
-        torch.manual_seed(self.seed)
+        self._step._job._seed_generators(self.seed)
         yield
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -334,14 +344,15 @@ class _Staging:
             self.param_views.append(views[:n_params])
             self.buffer_views.append(views[n_params:])
         self.in_flight: list[_InFlight] = []
+        self._events = [torch.cuda.Event() for _ in range(self.slots)] if pin else []
 
     def send(self, slot: int, loss: torch.Tensor) -> None:
         """Starts a node's gradients (already in grads[slot]) on their way to host[slot]."""
         event = None
         if self.host is not self.grads:
             self.host[slot].copy_(self.grads[slot], non_blocking=self.device.type == "cuda")
-            if self.device.type == "cuda":
-                event = torch.cuda.Event()
+            if self._events:
+                event = self._events[slot]
                 event.record()
         self.in_flight.append(_InFlight(slot, loss, event))
 
@@ -573,6 +584,15 @@ class Job:
         if state.optimizer is not None:
             state.optimizer.register_step_pre_hook(self._optimizer_hook)
 
+    def _seed_generators(self, seed: int) -> None:
+        """Seeds the CPU's generator and, for a model on a GPU, that GPU's: what
+        torch.manual_seed does to them, without visiting every other backend it knows (on a GPU
+        that took a large share of a small node's time)."""
+        torch.default_generator.manual_seed(seed)
+        if self._device.type == "cuda":
+            index = self._device.index if self._device.index is not None else torch.cuda.current_device()
+            torch.cuda.default_generators[index].manual_seed(seed)
+
     def _rng_devices(self) -> list[torch.device]:
         """The devices whose generators a node's seed scope restores afterwards."""
         return [] if self._device.type == "cpu" else [self._device]
@@ -639,7 +659,7 @@ class Job:
         self._views = staging.publish_mean()
         for t, view in zip(self._float_buffers, staging.buffer_views[0]):
             t.copy_(view)
-        for t, a in zip(self._int_buffers, node_ints[0] if node_ints else []):
+        for t, a in zip(self._int_buffers, node_ints):
             t.copy_(a)
         for p, view in zip(self._params, self._views):
             p.grad = view
@@ -650,36 +670,42 @@ class Job:
 
     def _compute_nodes(
         self, step: Step, start_buffers: list[torch.Tensor], start_ints: list[torch.Tensor]
-    ) -> Generator[Node, None, list[list[torch.Tensor]]]:
+    ) -> Generator[Node, None, list[torch.Tensor]]:
         """Yields each of this worker's nodes of `step` to the script and folds its gradients
-        into the reducer, in the order of the plan's nodes. Returns each node's integer buffers
-        (they must agree: a counter like BatchNorm's num_batches_tracked)."""
+        into the reducer, in the order of the plan's nodes. Returns the integer buffers as the
+        nodes left them (they must agree: a counter like BatchNorm's num_batches_tracked).
+
+        Per node it launches as few small operations as it can (one multi-tensor copy per
+        group of buffers, one snapshot of the integer buffers, compared once per step): on a GPU
+        a step of small nodes is bound by the host's time per launched operation."""
         staging = self._staging
         assert staging is not None
         b = int(self.spec["micro_batch"])
-        node_ints: list[list[torch.Tensor]] = []
+        floats, ints = self._float_buffers, self._int_buffers
+        snapshots: list[torch.Tensor] = []
         for i, v in enumerate(self._membership.virtual_nodes):
             t0 = time.monotonic()
             slot = i % staging.slots
-            for t, s in zip(self._float_buffers, start_buffers):
-                t.copy_(s)
-            for t, s in zip(self._int_buffers, start_ints):
-                t.copy_(s)
+            if floats:
+                _copy_all(floats, start_buffers)
+            if ints:
+                _copy_all(ints, start_ints)
             staging.grads[slot].zero_()
             self._views = staging.param_views[slot]
             for p, view in zip(self._params, self._views):
                 p.grad = view
             node = Node(step, v, self._sharder.indices(step.index, v))
             with torch.random.fork_rng(devices=self._rng_devices()):
-                torch.manual_seed(node.seed)
+                self._seed_generators(node.seed)
                 yield node
             if not node._done:
                 raise MisuseError(
                     f"virtual node {v} of step {step.index + 1} ended without node.backward(loss)"
                 )
-            node_ints.append([t.detach().clone() for t in self._int_buffers])
-            for t, view in zip(self._float_buffers, staging.buffer_views[slot]):
-                view.copy_(t)
+            if ints:
+                snapshots.append(torch.cat([t.detach().reshape(-1).to(torch.int64) for t in ints]))
+            if floats:
+                _copy_all(staging.buffer_views[slot], floats)
             staging.send(slot, node._loss)
             while len(staging.in_flight) >= staging.slots:
                 self._fold(staging, b)
@@ -688,9 +714,12 @@ class Job:
                 time.sleep(elapsed * max(0.0, self._slowdown - 1) + self._vnode_delay)
         while staging.in_flight:
             self._fold(staging, b)
-        if any(not torch.equal(a, c) for ints in node_ints[1:] for a, c in zip(node_ints[0], ints)):
+        if not snapshots:
+            return []
+        stacked = torch.stack(snapshots)
+        if not bool((stacked == stacked[0]).all()):
             raise MisuseError("an integer buffer changed differently across virtual nodes")
-        return node_ints
+        return [c.view_as(t) for c, t in zip(snapshots[0].split([t.numel() for t in ints]), ints)]
 
     def _fold(self, staging: _Staging, micro_batch: int) -> None:
         """Adds the oldest node in flight to the step's sum."""
