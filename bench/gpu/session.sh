@@ -42,6 +42,11 @@ pack() { tar -C "$work" -czf "$final/logs.tgz.tmp" . && mv "$final/logs.tgz.tmp"
 say "session on $(hostname), $(nproc) cores"
 nvidia-smi >"$work/nvidia-smi.txt" 2>&1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$work/session.log"
+# Both bundles unpacked once, now: run.sh and env.sh would otherwise unpack .gpu-deps into the
+# same folder at the same time.
+if [ -f .gpu-py/env.sh ]; then
+  (source .gpu-py/env.sh) || exit 1
+fi
 # A. Build and unit tests, in the background (before env.sh: its libraries are not the
 # machine's CMake's).
 (
@@ -69,7 +74,8 @@ python3 -m pip list 2>/dev/null | grep -iE '^(torch|nvidia-(nccl|cublas|cuda-run
 ) >"$work/cnn-quality.out" 2>&1 &
 quality=$!
 say "B: python unit tests"
-(cd python && timeout 60 python3 -m pytest -q -p no:cacheprovider tests) >"$work/pytest.out" 2>&1
+# From the root: in python/ the source package (without _core) would shadow the built one.
+timeout 60 python3 -m pytest -q -p no:cacheprovider python/tests >"$work/pytest.out" 2>&1
 say "B: pytest rc $?: $(tail -n 1 "$work/pytest.out")"
 say "B: integration tests of the examples on CUDA"
 (
