@@ -5,7 +5,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <openssl/ssl.h>
+
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
@@ -130,7 +133,12 @@ http_response TextResponse(status_code code, const std::string& message) {
 
 pplx::task<void> Send(const http_request& request, const http_response& response) {
   try {
-    return request.reply(response).then([](pplx::task<void> sent) {
+    // The server ends the connection once the answer is out (see kCloseDrain below for why).
+    // No client of the project's servers reuses one: the coordinator's client opens a
+    // connection per request, and a Prometheus scrape every few seconds hardly notices.
+    http_response closing = response;
+    closing.headers()[web::http::header_names::connection] = "close";
+    return request.reply(closing).then([](pplx::task<void> sent) {
       try {
         sent.get();
       } catch (...) {
@@ -247,6 +255,68 @@ void DrainBody(const http_request& request) {
 
 // ---- The listener ----
 
+namespace {
+
+// How long Stop waits for the TLS connections still open to end by themselves before it has
+// cpprest close them. Why it waits at all: cpprest's close() cuts every connection from the
+// calling thread while that connection's own handlers may be using its socket on cpprest's
+// threads, and Boost.Asio sockets are not safe for that. The window it hit was a TLS client
+// that had just left: its end of stream without TLS's close_notify (cpprest's client sends
+// none) reads as a truncated stream, which cpprest answers 400 on the connection it is closing;
+// the write started on a socket closed under it and the process died (SIGSEGV in
+// epoll_reactor::start_op, about 1 in 200 runs of http_tls_test). With every answer closing its
+// connection (Send), a connection ends right after its answer, so the wait is short; a client
+// that connected and says nothing keeps its connection until the wait ends, and closing one
+// that waits to read is safe.
+constexpr std::chrono::seconds kCloseDrain(2);
+
+// Counts the TLS connections of one listener that cpprest has open: one per ssl::context, which
+// cpprest makes per connection and frees with it. Thread-safe.
+class TlsConnections {
+ public:
+  // Counts the connection whose context `context` is, until that context is freed.
+  static void Track(const std::shared_ptr<TlsConnections>& self, SSL_CTX* context) {
+    {
+      std::lock_guard<std::mutex> lock(self->mu_);
+      ++self->open_;
+    }
+    // Owned by the context from here; its ex_data free callback counts the connection out.
+    auto* owner = new std::shared_ptr<TlsConnections>(self);
+    if (SSL_CTX_set_ex_data(context, Index(), owner) != 1)
+      Untrack(nullptr, owner, nullptr, 0, 0, nullptr);
+  }
+
+  // Waits until none is open or `timeout` has passed.
+  void WaitForNone(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    closed_.wait_for(lock, timeout, [this] { return open_ == 0; });
+  }
+
+ private:
+  static int Index() {
+    static const int index =
+        SSL_CTX_get_ex_new_index(0, nullptr, nullptr, nullptr, &TlsConnections::Untrack);
+    return index;
+  }
+
+  static void Untrack(void* /*parent*/, void* ptr, CRYPTO_EX_DATA* /*data*/, int /*index*/,
+                      long /*argl*/, void* /*argp*/) {
+    auto* self = static_cast<std::shared_ptr<TlsConnections>*>(ptr);
+    if (self == nullptr) return;
+    {
+      std::lock_guard<std::mutex> lock((*self)->mu_);
+      if (--(*self)->open_ == 0) (*self)->closed_.notify_all();
+    }
+    delete self;
+  }
+
+  std::mutex mu_;
+  std::condition_variable closed_;
+  int64_t open_ = 0;  // guarded by mu_
+};
+
+}  // namespace
+
 // The listener's state, shared with the InFlight of every request being handled so that it
 // outlives them. Thread-safe.
 class Listener::Impl : public std::enable_shared_from_this<Listener::Impl> {
@@ -275,6 +345,7 @@ class Listener::Impl : public std::enable_shared_from_this<Listener::Impl> {
   const int port_;
   const Options options_;
   const Handler handler_;
+  const std::shared_ptr<TlsConnections> tls_connections_ = std::make_shared<TlsConnections>();
   // Set by Open; closed and dropped by Stop (under stop_mu_).
   std::unique_ptr<web::http::experimental::listener::http_listener> listener_;
 
@@ -308,9 +379,11 @@ Status Listener::Impl::Open() {
     if (options_.tls != nullptr) {
       // The context is made when the port opens; the credentials choose the certificate at each
       // handshake, so that a renewed one is served without reopening.
-      config.set_ssl_context_callback([tls = options_.tls](boost::asio::ssl::context& context) {
-        tls->Configure(context.native_handle());
-      });
+      config.set_ssl_context_callback(
+          [tls = options_.tls, connections = tls_connections_](boost::asio::ssl::context& context) {
+            tls->Configure(context.native_handle());
+            TlsConnections::Track(connections, context.native_handle());
+          });
     }
     listener_ = std::make_unique<web::http::experimental::listener::http_listener>(address, config);
     // Weak, not strong: the listener belongs to this object, and a strong reference from its
@@ -380,6 +453,9 @@ void Listener::Impl::Stop(const std::function<void()>& before_close) {
     stopping_ = true;
   }
   if (before_close) before_close();
+  // Answered, the TLS connections end by themselves; only then is cpprest's close safe (see
+  // kCloseDrain).
+  if (options_.tls != nullptr) tls_connections_->WaitForNone(kCloseDrain);
   if (listener_ != nullptr) {
     try {
       listener_->close().wait();

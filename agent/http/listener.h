@@ -67,7 +67,10 @@ web::http::http_response TextResponse(web::http::status_code code, const std::st
 
 // Starts sending `response`; the task completes once it is sent or has failed. A client that
 // went away makes the send fail; that is observed here, because an unobserved failed task
-// terminates the process. Answering a request twice is a no-op.
+// terminates the process. Answering a request twice is a no-op. The answer says
+// "Connection: close", and the server ends the connection after it: cpprest cannot close a
+// connection safely while it reads or writes on it, and a kept one is read again right after
+// each answer (listener.cc says more).
 pplx::task<void> Send(const web::http::http_request& request,
                       const web::http::http_response& response);
 
@@ -148,10 +151,11 @@ class Listener {
 
   // Stops in this order: new requests are answered 503 without reaching the handler; then
   // `before_close` runs (a server answers what it still holds, such as pending long polls);
-  // then the listener closes every connection, and Stop returns once no handler call runs and
-  // no InFlight is left, so whatever the handler uses may be destroyed afterwards. Idempotent:
-  // later calls, and their `before_close`, do nothing. Must not be called from a handler (it
-  // would wait for itself).
+  // with TLS, the connections still open are given up to 2 s to end by themselves (each ends
+  // after its answer); then the listener closes every connection, and Stop returns once no
+  // handler call runs and no InFlight is left, so whatever the handler uses may be destroyed
+  // afterwards. Idempotent: later calls, and their `before_close`, do nothing. Must not be
+  // called from a handler (it would wait for itself).
   void Stop(const std::function<void()>& before_close = nullptr);
 
  private:

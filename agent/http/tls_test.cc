@@ -164,6 +164,28 @@ TEST(TlsListenerTest, ReplacedCredentialsServeTheNextHandshake) {
   EXPECT_EQ(Get(url, old_ca.certificate_pem).first, -1);
 }
 
+// The server ends a connection once it has answered on it, so that no connection is left for
+// Stop to cut while cpprest still uses it (listener.cc, kCloseDrain).
+TEST(TlsListenerTest, EachAnswerClosesItsConnection) {
+  const KeyPair ca = Ca();
+  TlsServer server(Server(ca, {"127.0.0.1"}));
+  ASSERT_NE(server.listener, nullptr);
+  web::http::client::http_client_config config;
+  config.set_timeout(std::chrono::seconds(30));
+  config.set_ssl_context_callback([&ca](boost::asio::ssl::context& context) {
+    EXPECT_TRUE(TrustOnly(context.native_handle(), ca.certificate_pem).ok());
+  });
+  web::http::client::http_client client("https://127.0.0.1:" + server.port(), config);
+  web::http::http_response response = client.request(web::http::methods::GET, "/x").get();
+  EXPECT_EQ(response.status_code(), status_codes::OK);
+  std::string connection;
+  EXPECT_TRUE(response.headers().match(web::http::header_names::connection, connection));
+  EXPECT_EQ(connection, "close");
+  // The client opens another connection for the next request, which is served as well.
+  EXPECT_EQ(client.request(web::http::methods::GET, "/x").get().status_code(), status_codes::OK);
+  EXPECT_EQ(server.handled->load(), 2);
+}
+
 TEST(TlsListenerTest, TrustOnlyNeedsACertificate) {
   SSL_CTX* context = SSL_CTX_new(TLS_client_method());
   EXPECT_EQ(TrustOnly(context, "no PEM here").code(), StatusCode::kInvalidArgument);
