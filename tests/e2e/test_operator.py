@@ -9,6 +9,7 @@ the weights of an uninterrupted run; a crash-looping worker fails its job past s
 backoffLimit; a finished job is deleted after its ttlSecondsAfterFinished."""
 
 import base64
+import concurrent.futures
 import http.client
 import json
 import os
@@ -70,6 +71,13 @@ def local_sha(manifest, workers):
             raise AssertionError("local run failed:\n%s\n%s" % (run.stdout, run.stderr))
         with open(summary) as f:
             return json.load(f)["weights_sha256"]
+
+
+def local_sha_meanwhile(manifest: dict, workers: int) -> "concurrent.futures.Future[str]":
+    """local_sha(MANIFEST, WORKERS) started now in a thread of its own, so that it runs while
+    the job trains (its pods mostly sleep at their pace) rather than after it; .result() when
+    the job is over."""
+    return concurrent.futures.ThreadPoolExecutor(1).submit(local_sha, manifest, workers)
 
 
 class OperatorTestCase(ControlPlaneTestCase):
@@ -251,6 +259,8 @@ class OperatorTest(OperatorTestCase):
         # Draining it takes the GPUs back: its workers leave gracefully.
         self.cp.drain("gpu-2", grace_period_seconds=30, timeout=120)
         self.wait_workers(name, 2)
+        # Only now, past the growth to 4 workers (which a busy CPU can starve past its wait).
+        static = local_sha_meanwhile(manifest, 2)
         # Preemption of a training pod: its worker leaves, a replacement joins.
         member = self.status(name)["assignment"][1]["worker"]
         self.cp.kubectl("delete", "pod", "-n", NS, member, "--wait=false", check=True)
@@ -265,12 +275,15 @@ class OperatorTest(OperatorTestCase):
         self.assertGreaterEqual(status["restarts"].get("preemption", 0), 1, status)
         reasons = [r for r, _ in self.events(name)]
         self.assertIn("Resized", reasons)
-        self.assertEqual(status["weightsSha256"], local_sha(manifest, 2))
+        self.assertEqual(status["weightsSha256"], static.result(timeout=900))
         self.delete_job(name)
 
     def test_3_operator_restart_does_not_restart_workers(self):
         name = "restart"
-        manifest = job_manifest(name, steps=1500, delay_ms=8)
+        # The restart below is over within seconds of step 50 (a kill, 2 s, a new operator that
+        # takes the Lease); the remaining ~550 steps (~13 s on 3 workers) are its margin.
+        manifest = job_manifest(name, steps=600, delay_ms=8)
+        static = local_sha_meanwhile(manifest, 1)
         self.reset_nodes(("gpu-r", 3))
         self.apply(manifest)
         self.wait_workers(name, 3)
@@ -290,7 +303,7 @@ class OperatorTest(OperatorTestCase):
             p["status"].get("phase") == "Succeeded" for p in self.pods(name)), timeout=120)
         self.assertEqual(status["epoch"], epoch, "the restart switched membership")
         self.assertGreater(status["step"], step_at_kill)
-        self.assertEqual(status["weightsSha256"], local_sha(manifest, 1))
+        self.assertEqual(status["weightsSha256"], static.result(timeout=900))
         self.delete_job(name)
 
     def test_4_competing_jobs_share_gpus_and_a_third_waits(self):
