@@ -134,8 +134,9 @@ int main(int argc, char** argv) {
     o.vnode_delay_ms = std::strtod(delay, &end);
     if (end == delay || *end != '\0') return usage("VF_VNODE_DELAY_MS must be a number");
   }
-  if (o.vnode_delay_ms < 0 || o.vnode_delay_ms > 600000) {
-    return usage("--vnode-delay-ms must be between 0 and 600000");
+  if (o.vnode_delay_ms < 0 || o.vnode_delay_ms > vf::kMaxVnodeDelayMs) {
+    return usage("--vnode-delay-ms must be between 0 and " +
+                 std::to_string(static_cast<int64_t>(vf::kMaxVnodeDelayMs)));
   }
   if (!token_file.empty()) {
     std::ifstream in(token_file);

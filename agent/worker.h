@@ -9,6 +9,11 @@
 
 namespace vf {
 
+// The largest --vnode-delay-ms a worker accepts (ten minutes per virtual node): beyond it a
+// step would outlast every timeout, so a larger value is a mistake, refused by the agent and
+// by `vf run` before it starts any worker.
+inline constexpr double kMaxVnodeDelayMs = 600000;
+
 // How a worker is started (flags of virtualflow-agent).
 struct WorkerOptions {
   std::string job_path;

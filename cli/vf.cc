@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "agent/worker.h"
 #include "operator/local/capacity.h"
 #include "operator/local/launcher.h"
 #include "operator/sim/commands.h"
@@ -101,7 +102,7 @@ int Run(int argc, char** argv) {
     if (!schedule.ok()) return Fail(schedule.status().message(), 2);
   }
   if (!delays.empty()) {
-    auto d = vf::ParseNumberList("--vnode-delay-ms", delays, 0, 600000);
+    auto d = vf::ParseNumberList("--vnode-delay-ms", delays, 0, vf::kMaxVnodeDelayMs);
     if (!d.ok()) return Fail(d.status().message(), 2);
     o.vnode_delays_ms = *d;
   }

@@ -24,9 +24,8 @@ using nlohmann::json;
 using std::chrono::milliseconds;
 namespace wire = protocol;
 
-// The longest a server holds a poll (server.h); longer waits are split into several polls.
-constexpr milliseconds kMaxPlanPoll(60000);
-constexpr milliseconds kMaxStorePoll(120000);
+constexpr milliseconds kMaxPlanPoll(kMaxPlanPollMs);
+constexpr milliseconds kMaxStorePoll(kMaxStorePollMs);
 constexpr milliseconds kFirstBackoff(50);
 constexpr milliseconds kMaxBackoff(2000);
 
@@ -138,7 +137,7 @@ Result<CoordinatorClient::Response> CoordinatorClient::Call(
       request.set_request_uri(web::uri(path));
       // The worker's own credential, and the worker it is for (server.h).
       request.headers().add(web::http::header_names::authorization, "Bearer " + token_);
-      request.headers().add("X-VirtualFlow-Worker", worker_);
+      request.headers().add(kWorkerHeader, worker_);
       if (body != nullptr) {
         // Bytes, not cpprest's std::string overload, which reads a char stream as unsigned char.
         request.headers().set_content_type(content_type);

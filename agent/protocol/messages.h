@@ -18,6 +18,14 @@ namespace vf {
 // worker of another version at registration, saying which. An agent that sends none speaks 1.
 inline constexpr int64_t kProtocolVersion = 1;
 
+// The header that names the worker a request speaks for (with its credential as the bearer).
+inline constexpr char kWorkerHeader[] = "X-VirtualFlow-Worker";
+
+// The longest a coordinator holds a long poll (GET /plan and GET /store/...); a client that
+// waits longer splits its wait into several polls, and a larger timeout_ms is cut to these.
+inline constexpr int64_t kMaxPlanPollMs = 60000;
+inline constexpr int64_t kMaxStorePollMs = 120000;
+
 // One worker's place in a plan.
 struct Member {
   std::string worker;

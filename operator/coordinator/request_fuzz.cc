@@ -41,7 +41,8 @@ void SetUpJob(vf::Coordinator& coordinator) {
 void Poll(vf::Coordinator& coordinator, const c::Route& route, std::string_view query_text) {
   vf::Result<std::map<std::string, std::string>> query = c::ParseQuery(query_text);
   if (!query.ok()) return;
-  if (!c::QueryInt(*query, "after", 0).ok() || !c::PollTimeout(*query, 60000).ok()) return;
+  if (!c::QueryInt(*query, "after", 0).ok() || !c::PollTimeout(*query, vf::kMaxPlanPollMs).ok())
+    return;
   vf::Result<vf::Coordinator::WatchId> id =
       route.action == c::Action::kPlan
           ? coordinator.WatchPlan(route.job, c::QueryInt(*query, "after", 0).value(),

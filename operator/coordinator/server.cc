@@ -30,10 +30,7 @@ using web::http::status_code;
 using web::http::status_codes;
 namespace wire = protocol;
 
-constexpr int64_t kMaxPlanPollMs = 60000;
-constexpr int64_t kMaxStorePollMs = 120000;
 constexpr std::chrono::seconds kStopFlushTime(2);
-constexpr char kWorkerHeader[] = "X-VirtualFlow-Worker";
 
 // The error answer: {"error": "<one line>"}. Also the listener's own (503, 500).
 http_response JsonError(status_code code, const std::string& message) {
