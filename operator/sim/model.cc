@@ -4,14 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "runtime/split.h"
-
-#ifndef VF_SIM_DATA_DIR
-#define VF_SIM_DATA_DIR "operator/sim/data"
-#endif
 
 namespace vf::sim {
 namespace {
@@ -165,7 +162,21 @@ Result<const WorkloadProfile*> Profiles::ForTrace(const std::string& workload,
                   "' in " + path);
 }
 
-std::string DefaultProfilesPath() { return std::string(VF_SIM_DATA_DIR) + "/throughput.yaml"; }
+// The build gives operator/sim/data relative to its bin/, where every executable goes, rather
+// than as an absolute path: a binary then names no directory of the checkout it was built in,
+// and a clone elsewhere builds the same bytes (the container images are keyed by them).
+std::string DefaultProfilesPath() {
+#ifdef VF_SIM_DATA_FROM_BIN
+  std::error_code error;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", error);
+  if (!error) {
+    return (exe.parent_path() / VF_SIM_DATA_FROM_BIN / "throughput.yaml")
+        .lexically_normal()
+        .string();
+  }
+#endif
+  return "operator/sim/data/throughput.yaml";
+}
 
 Result<Profiles> LoadProfiles(const std::string& path) {
   VF_ASSIGN_OR_RETURN(YAML::Node root, LoadYaml(path));

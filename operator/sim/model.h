@@ -57,7 +57,8 @@ struct Profiles {
 };
 
 Result<Profiles> LoadProfiles(const std::string& path);
-// The data file shipped with the source tree (operator/sim/data/throughput.yaml).
+// The data file shipped with the source tree (operator/sim/data/throughput.yaml), found from the
+// running executable's directory.
 std::string DefaultProfilesPath();
 
 // A cluster: GPUs per type, the all-reduce cost model and the resize cost. Plain data.
