@@ -4,10 +4,11 @@
 # package, except the GPU driver's libraries, which the NVIDIA container runtime mounts into GPU
 # containers at start. With --bundle-into DIR, a library no package holds (the CUDA runtime,
 # cuBLAS and NCCL from the toolkit's wheels, which libvirtualflow-cuda.so links) is copied into
-# DIR instead, for the image to carry it.
+# DIR instead, for the image to carry it; with --bundle-list FILE, such a library is named in FILE
+# ("PATH NAME" a line) instead.
 #
-# usage: runtime-packages.sh [--bundle-into DIR] BINARY...
-#        runtime-packages.sh --check LIST [--bundle-into DIR] BINARY...
+# usage: runtime-packages.sh [--bundle-into DIR | --bundle-list FILE] BINARY...
+#        runtime-packages.sh --check LIST [--bundle-into DIR | --bundle-list FILE] BINARY...
 # With --check it prints nothing and fails unless LIST (docker/packages-<image>.txt) names exactly
 # those packages plus others that each carry a comment saying why (`name   # reason`). Used by
 # the Dockerfiles beside it, in their build stage, and by scripts/images.sh.
@@ -16,10 +17,12 @@ set -euo pipefail
 DRIVER_LIBS='^(libcuda|libnvidia-ml|libnvidia-ptxjitcompiler)\.so'
 check=""
 bundle_into=""
+bundle_list=""
 while [ "$#" -gt 0 ]; do
   case "$1" in
     --check) check="$2"; shift 2 ;;
     --bundle-into) bundle_into="$2"; shift 2 ;;
+    --bundle-list) bundle_list="$2"; : > "$bundle_list"; shift 2 ;;
     *) break ;;
   esac
 done
@@ -49,6 +52,8 @@ for bin in "$@"; do
       status=1
     elif pkg="$(owner "$path")"; then
       packages+=("${pkg%%,*}")
+    elif [ -n "$bundle_list" ]; then
+      echo "$path $name" >> "$bundle_list"
     elif [ -n "$bundle_into" ]; then
       mkdir -p "$bundle_into"
       cp -L "$path" "$bundle_into/$name"

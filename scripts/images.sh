@@ -11,8 +11,11 @@
 # exactly the packages of docker/packages-<image>.txt (docker/runtime-packages.sh --check holds
 # the list to the libraries the binaries link), the files above, the user virtualflow (uid and
 # gid 65532) and the OCI annotations org.opencontainers.image.{version,revision,source}.
-# Layers: the root file system, the Python packages (torch-agent), the project's files; each is
-# cached by what it is made of, so a second run only re-tags. Prints each image's size.
+# Layers: the root file system; the libraries no package holds (agent: CUDA and NCCL); the Python
+# packages (torch-agent); the project's files, a few MiB. Each is cached by its content (never
+# file times or the checkout's path) and the layer under it, so a fresh clone of the same
+# sources reuses every layer, a changed binary repacks only the last, and a run with nothing
+# changed only re-tags. Prints each image's size.
 #
 # usage: scripts/images.sh [IMAGE...]          (default: all three)
 #        scripts/images.sh --describe IMAGE   what the image holds and runs, one "KEY VALUE" a line
@@ -31,7 +34,10 @@ SUITE=bookworm
 VARIANT=essential
 USER_ID=65532
 # The layer format: bump when the way a layer is made changes, so cached layers are rebuilt.
-FORMAT=1
+FORMAT=2
+# Of each kind of layer (and root file system) of an image, how many of the most recently used
+# are kept: checkouts sharing the cache (branches, worktrees, fresh clones) keep their own.
+KEEP=3
 
 log() { echo "images: $*" >&2; }
 is_elf() { [ "$(head -c 4 "$1" | tail -c 3)" = ELF ]; }
@@ -134,29 +140,59 @@ apt_sources() {
   return 0
 }
 
-# Builds (or finds cached) the root file system of image $1 as tarball; prints its path.
+# The mmdebstrap arguments of image $1's root file system, one a line: Debian $SUITE, variant
+# essential, the package list, no documentation, and the user the image runs as (no passwd
+# package, so no useradd, in the essential variant).
+mmdebstrap_args() {
+  echo "--variant=$VARIANT"
+  echo "--include=$(packages "$1" | paste -sd,)"
+  echo "--dpkgopt=path-exclude=/usr/share/doc/*"
+  echo "--dpkgopt=path-exclude=/usr/share/man/*"
+  echo "--dpkgopt=path-exclude=/usr/share/locale/*"
+  echo "--dpkgopt=path-include=/usr/share/doc/*/copyright"
+  echo "--customize-hook=echo 'virtualflow:x:$USER_ID:$USER_ID:virtualflow:/nonexistent:/usr/sbin/nologin' >> \"\$1/etc/passwd\""
+  echo "--customize-hook=echo 'virtualflow:x:$USER_ID:' >> \"\$1/etc/group\""
+  echo "--customize-hook=rm -rf \"\$1\"/var/cache/* \"\$1\"/var/log/* \"\$1\"/var/lib/apt/lists/*"
+  echo "--quiet"
+  echo "$SUITE"
+}
+
+# Logs the packages of root file system tarball $2 whose version is not the one installed here,
+# which the build linked against (the archive serves its current versions; see installed_versions).
+report_versions() {
+  local name="$1" tar="$2" differ
+  differ="$(tar -xOf "$tar" ./var/lib/dpkg/status |
+            awk -v want="$(installed_versions "$name" | paste -sd' ')" '
+              BEGIN { n = split(want, w, " "); for (i = 1; i <= n; i++) { split(w[i], pv, "=");
+                      v[pv[1]] = substr(w[i], length(pv[1]) + 2) } }
+              /^Package: / { p = $2 } /^Version: / && (p in v) && $2 != v[p] {
+                printf "%s %s (built against %s); ", p, $2, v[p] }')"
+  [ -z "$differ" ] || log "$name: the image's versions that differ from this machine's: $differ"
+}
+
+# Builds (or finds cached) the root file system of image $1 as tarball; prints its path. Keyed by
+# what mmdebstrap is given: its arguments, the apt sources, and the versions installed here of
+# the listed packages (an upgrade here rebuilds it).
 rootfs_tar() {
-  local name="$1" key tar hooks
-  key="$(printf '%s\n' "$FORMAT $SUITE $VARIANT $USER_ID" "$(installed_versions "$name")" |
-         sha256sum | cut -c1-16)"
+  local name="$1" key tar args=() arg
+  while IFS= read -r arg; do args+=("$arg"); done < <(mmdebstrap_args "$name")
+  key="$(printf '%s\n' "$FORMAT" "${args[@]}" "$(installed_versions "$name")" \
+           "$(apt_sources | xargs -r cat)" | sha256sum | cut -c1-16)"
   tar="$out/rootfs/$name-$key.tar"
   if [ -f "$tar" ]; then
     log "$name: root file system cached ($(basename "$tar"))"
+    touch "$tar"
     echo "$tar"
     return
   fi
   mkdir -p "$out/rootfs"
   log "$name: building the root file system with mmdebstrap ($(packages "$name" | wc -l) packages)"
-  # The user the image runs as; no passwd package (useradd) in the essential variant.
-  hooks=(--customize-hook="echo 'virtualflow:x:$USER_ID:$USER_ID:virtualflow:/nonexistent:/usr/sbin/nologin' >> \"\$1/etc/passwd\""
-         --customize-hook="echo 'virtualflow:x:$USER_ID:' >> \"\$1/etc/group\""
-         --customize-hook="rm -rf \"\$1\"/var/cache/* \"\$1\"/var/log/* \"\$1\"/var/lib/apt/lists/*")
-  mmdebstrap --variant="$VARIANT" --include="$(packages "$name" | paste -sd,)" \
-    --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
-    --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
-    "${hooks[@]}" --quiet "$SUITE" "${tar%.tar}.part.tar" $(apt_sources) ||
-    die "$name: mmdebstrap failed"
+  # shellcheck disable=SC2046
+  mmdebstrap "${args[@]}" "${tar%.tar}.part.tar" $(apt_sources) || die "$name: mmdebstrap failed"
   mv "${tar%.tar}.part.tar" "$tar"
+  report_versions "$name" "$tar"
+  # The KEEP most recently used of this image's root file systems stay.
+  (cd "$out/rootfs" && ls -t "$name"-????????????????.tar | tail -n +$((KEEP + 1)) | xargs -r rm -f)
   echo "$tar"
 }
 
@@ -175,7 +211,7 @@ add_layer() {
   fi
   log "$(basename "$layout"): packing layer $tag ($(du -sh "$tar" | cut -f1))"
   umoci raw add-layer --image "$layout:$from" --tag "$tag" \
-    --history.created_by="scripts/images.sh" --history.comment="$comment" "$tar"
+    --history.created_by="scripts/images.sh" --history.comment="$comment" "$tar" >&2
 }
 
 # Copies image $1's files into directory $2 (binaries stripped of debug information).
@@ -196,21 +232,6 @@ stage_files() {
   chmod -R u=rwX,go=rX "$stage"
 }
 
-# Checks in the image's root file system ($2: the base with the files of $1 added) that every
-# binary finds all its libraries, and refreshes ld.so's cache there for the layer.
-check_libraries() {
-  local name="$1" work="$2" stage="$3" bin missing
-  ldconfig -r "$work"
-  mkdir -p "$stage/etc"
-  cp "$work/etc/ld.so.cache" "$stage/etc/ld.so.cache"
-  for bin in $(cd "$stage" && find . -type f \( -perm -u+x -o -name '*.so' \) | sed 's|^\.||'); do
-    is_elf "$work$bin" || continue
-    missing="$(chroot "$work" /usr/bin/ldd "$bin" | grep 'not found' |
-               grep -Ev '^\s*(libcuda|libnvidia-ml|libnvidia-ptxjitcompiler)\.so' || true)"
-    [ -z "$missing" ] || die "$name: in the image, $bin does not find: $missing"
-  done
-}
-
 # The layer of the Python packages PyTorch needs (torch-agent): tag deps-KEY on top of tag $2.
 python_layer() {
   local layout="$1" from="$2" list dists key tag stage
@@ -221,7 +242,7 @@ python_layer() {
   # training does not use.
   dists="$(cd "$site_packages" && "$python" "$root/docker/python-files.py" --exclude triton \
              torch numpy 2>&1 >"$list" | sed 's/^python-files: //')"
-  key="$(printf '%s\n' "$FORMAT" "$dists" | sha256sum | cut -c1-16)"
+  key="$(printf '%s\n' "$FORMAT" "$from" "$dists" | sha256sum | cut -c1-16)"
   tag="deps-$key"
   if ! has_tag "$layout" "$tag"; then
     stage="$(mktemp -d "$out/tmp.XXXXXX")"
@@ -260,64 +281,169 @@ print("%s compressed (%s)" % (mib(sum(l["size"] for l in manifest["layers"])), "
 PY
 }
 
-# Removes the tags of layers no longer built (older keys) and, when there were some, their blobs
-# (umoci gc reads every blob: a minute for the PyTorch image, so not on every run).
-collect_garbage() {
-  local layout="$1" tag removed=""
+# Marks tags $2... of image $1 as used now, and removes its tags beyond the KEEP most recently
+# used of each kind (base-, cuda-, deps-, app-).
+retire_tags() {
+  local name="$1" layout="$out/$1" used="$out/used/$1" kind tag
   shift
-  for tag in $(umoci ls --layout "$layout"); do
-    if ! grep -qxF "$tag" <<<"$(printf '%s\n' "$@")"; then
-      umoci rm --image "$layout:$tag"
-      removed=1
-    fi
+  mkdir -p "$used"
+  for tag in "$@"; do touch "$used/$tag"; done
+  for kind in base cuda deps app; do
+    for tag in $(cd "$used" && ls -t | grep "^$kind-" | tail -n +$((KEEP + 1))); do
+      if has_tag "$layout" "$tag"; then umoci rm --image "$layout:$tag"; fi
+      rm -f "$used/$tag"
+    done
   done
-  [ -z "$removed" ] || umoci gc --layout "$layout"
 }
 
-# A key of what the project's layer of image $1 is made of: the files (by name, size and time),
-# the libraries no package holds that the binaries load, the package list and these scripts.
-inputs_key() {
-  local name="$1" src dst bin
-  {
-    echo "$FORMAT"
-    cat "$root/docker/packages-$name.txt" "$0" "$root/docker/runtime-packages.sh"
-    image_files "$name" | while read -r src dst; do
-      [ -e "$src" ] || die "$name: $src is missing (scripts/build.sh builds it)"
-      find -L "$src" -type f ! -path '*/__pycache__/*' -printf "%p %s %T@ $dst\n" | sort
-    done
-    for bin in $(image_binaries "$name"); do
-      ldd "$bin" | awk '$2 == "=>" {print $3}' | { grep -v '^/\(usr/\)\?lib/' || true; } |
-        xargs -r stat -L -c '%n %s %Y'
-    done
-  } | sha256sum | cut -c1-16
+# Deletes the blobs of layout $1 that no tag reaches. Reads index.json and the manifests (small
+# JSON), not the blobs themselves: `umoci gc` reads every blob, 2 minutes for the PyTorch image.
+collect_garbage() {
+  python3 - "$1" <<'PY'
+import json, os, sys
+layout = sys.argv[1]
+def path(digest):
+    return os.path.join(layout, "blobs", *digest.split(":"))
+reached = set()
+for desc in json.load(open(os.path.join(layout, "index.json")))["manifests"]:
+    manifest = json.load(open(path(desc["digest"])))
+    reached |= {desc["digest"], manifest["config"]["digest"]}
+    reached |= {layer["digest"] for layer in manifest["layers"]}
+for algorithm in os.listdir(os.path.join(layout, "blobs")):
+    for name in os.listdir(os.path.join(layout, "blobs", algorithm)):
+        if "%s:%s" % (algorithm, name) not in reached:
+            os.remove(os.path.join(layout, "blobs", algorithm, name))
+PY
 }
 
-# Stages the project's files of image $1 into $2, after checking docker/packages-$1.txt against
-# the libraries its binaries link. The libraries no package holds (the CUDA runtime, cuBLAS and
-# NCCL that libvirtualflow-cuda.so links, from the toolkit it was built with) go into the image
-# where ld.so.conf.d/virtualflow-cuda.conf points.
-stage_app() {
-  local name="$1" files="$2"
+# The SHA-256 of file $1, memoised by the file's identity (device, inode, size, time) in
+# $out/sums: the CUDA libraries (~800 MiB) are hashed once, not on every run.
+file_sum() {
+  local id sum
+  id="$(stat -L -c '%d:%i:%s:%Y' "$1")"
+  sum="$(grep -m1 "^$id " "$out/sums" 2>/dev/null | cut -d' ' -f2 || true)"
+  if [ -z "$sum" ]; then
+    sum="$(sha256sum < "$1" | cut -d' ' -f1)"
+    echo "$id $sum" >> "$out/sums"
+  fi
+  echo "$sum"
+}
+
+# A key of what lines "SOURCE TARGET" on stdin make: each file's target path, whether it is
+# executable, and its content; not its time or where the checkout is, so a fresh clone that
+# builds the same bytes gets the same key.
+content_key() {
+  local src dst f
+  while read -r src dst; do
+    [ -e "$src" ] || die "$src is missing (scripts/build.sh builds it)"
+    if [ -d "$src" ]; then
+      (cd "$src" && find -L . -type f ! -path '*/__pycache__/*' | sort) | while read -r f; do
+        echo "$dst/${f#./} $([ -x "$src/$f" ] && echo x) $(file_sum "$src/$f")"
+      done
+    else
+      echo "$dst $([ -x "$src" ] && echo x) $(file_sum "$src")"
+    fi
+  done | sha256sum | cut -c1-16
+}
+
+# "SOURCE NAME" of each library image $1's binaries load from outside /lib and /usr/lib: those
+# no package holds (the CUDA runtime, cuBLAS and NCCL of libvirtualflow-cuda.so), which the
+# image carries in /usr/local/lib/virtualflow-cuda.
+bundled_libraries() {
+  local bin
+  for bin in $(image_binaries "$1"); do
+    ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// && $3 !~ /^\/(usr\/)?lib\// {print $3, $1}'
+  done | sort -u
+}
+
+# Unpacks root file system tarball $1 into directory $2 with the libraries of
+# bundled_libraries ($3: their list) linked in, and ld.so's cache made for them.
+check_root() {
+  local tar="$1" work="$2" list="$3" src lib
+  mkdir -p "$work"
+  tar -xf "$tar" -C "$work"
+  if [ -s "$list" ]; then
+    mkdir -p "$work/usr/local/lib/virtualflow-cuda" "$work/etc/ld.so.conf.d"
+    while read -r src lib; do
+      ln -f "$(readlink -f "$src")" "$work/usr/local/lib/virtualflow-cuda/$lib" 2>/dev/null ||
+        cp -L "$src" "$work/usr/local/lib/virtualflow-cuda/$lib"
+    done < "$list"
+    echo /usr/local/lib/virtualflow-cuda > "$work/etc/ld.so.conf.d/virtualflow-cuda.conf"
+    ldconfig -r "$work"
+  fi
+}
+
+# The layer of the libraries no package holds (agent: CUDA and NCCL, ~600 MiB compressed) with
+# ld.so's configuration and cache for them: tag cuda-KEY on top of tag $3 (the root file
+# system $4), keyed by the libraries' contents. Prints the top tag ($3 when there are none).
+cuda_layer() {
+  local name="$1" list="$2" from="$3" tar="$4" key tag stage
+  if [ ! -s "$list" ]; then
+    echo "$from"
+    return
+  fi
+  key="$(printf '%s\n' "$FORMAT" "$from" "$(awk '{print $1, "usr/local/lib/virtualflow-cuda/" $2}' "$list" |
+         content_key)" | sha256sum | cut -c1-16)"
+  tag="cuda-$key"
+  if has_tag "$out/$name" "$tag"; then
+    log "$name: layer $tag cached"
+  else
+    stage="$(mktemp -d "$out/tmp.XXXXXX")"
+    # shellcheck disable=SC2046
+    "$root/docker/runtime-packages.sh" --bundle-into "$stage/files/usr/local/lib/virtualflow-cuda" \
+      $(image_binaries "$name") >/dev/null || die "$name: the libraries no package holds"
+    check_root "$tar" "$stage/root" "$list"
+    mkdir -p "$stage/files/etc/ld.so.conf.d"
+    cp "$stage/root/etc/ld.so.conf.d/virtualflow-cuda.conf" "$stage/files/etc/ld.so.conf.d/"
+    cp "$stage/root/etc/ld.so.cache" "$stage/files/etc/ld.so.cache"
+    chmod -R u=rwX,go=rX "$stage/files"
+    layer_tar "$stage/files" "$stage/layer.tar"
+    add_layer "$out/$name" "$from" "$stage/layer.tar" "$tag" \
+      "CUDA libraries: $(awk '{print $2}' "$list" | paste -sd' ')"
+    rm -rf "$stage"
+  fi
+  echo "$tag"
+}
+
+# The project's layer of image $1 (its binaries, stripped, and files): tag app-KEY on top of tag
+# $3, keyed by that tag and the files' contents. Before packing, docker/packages-$1.txt is held
+# to the libraries the binaries link and every binary's libraries are resolved with ldd in the
+# image's root file system ($4, with the libraries of list $2).
+app_layer() {
+  local name="$1" list="$2" from="$3" tar="$4" key tag stage bin missing
+  key="$(printf '%s\n' "$FORMAT" "$from" "$(image_files "$name" | content_key)" |
+         sha256sum | cut -c1-16)"
+  tag="app-$key"
+  if has_tag "$out/$name" "$tag"; then
+    log "$name: layer $tag cached"
+    echo "$tag"
+    return
+  fi
+  stage="$(mktemp -d "$out/tmp.XXXXXX")"
   # shellcheck disable=SC2046
   "$root/docker/runtime-packages.sh" --check "$root/docker/packages-$name.txt" \
-    --bundle-into "$files/usr/local/lib/virtualflow-cuda" $(image_binaries "$name") ||
+    --bundle-list "$stage/bundled" $(image_binaries "$name") ||
     die "$name: docker/packages-$name.txt and the binaries disagree"
-  if [ -d "$files/usr/local/lib/virtualflow-cuda" ]; then
-    mkdir -p "$files/etc/ld.so.conf.d"
-    echo /usr/local/lib/virtualflow-cuda > "$files/etc/ld.so.conf.d/virtualflow-cuda.conf"
-  fi
-  stage_files "$name" "$files"
+  sort -u "$stage/bundled" | cmp -s - "$list" ||
+    die "$name: the libraries no package holds are not those outside /lib and /usr/lib"
+  stage_files "$name" "$stage/files"
+  check_root "$tar" "$stage/root" "$list"
+  cp -a "$stage/files/." "$stage/root/"
+  for bin in $(cd "$stage/files" && find . -type f \( -perm -u+x -o -name '*.so' \) | sed 's|^\.||'); do
+    is_elf "$stage/root$bin" || continue
+    missing="$(chroot "$stage/root" /usr/bin/ldd "$bin" | grep 'not found' |
+               grep -Ev '^\s*(libcuda|libnvidia-ml|libnvidia-ptxjitcompiler)\.so' || true)"
+    [ -z "$missing" ] || die "$name: in the image, $bin does not find: $missing"
+  done
+  layer_tar "$stage/files" "$stage/layer.tar"
+  add_layer "$out/$name" "$from" "$stage/layer.tar" "$tag" "VirtualFlow $version: the project's files"
+  rm -rf "$stage"
+  echo "$tag"
 }
 
 build_image() {
-  local name="$1" layout="$out/$1" tar base top stage="" work key app
+  local name="$1" layout="$out/$1" tar base top app list
   local start=$SECONDS
-  key="$(inputs_key "$name")"
-  app="app-$key"
-  if ! has_tag "$layout" "$app"; then
-    stage="$(mktemp -d "$out/tmp.XXXXXX")"
-    stage_app "$name" "$stage/files"
-  fi
   tar="$(rootfs_tar "$name")"
   if [ ! -f "$layout/index.json" ]; then
     umoci init --layout "$layout"
@@ -325,23 +451,17 @@ build_image() {
   fi
   base="base-$(basename "$tar" .tar | sed "s/^$name-//")"
   add_layer "$layout" empty "$tar" "$base" "root file system: Debian $SUITE, docker/packages-$name.txt"
-  top="$base"
+  list="$(mktemp "$out/tmp.XXXXXX")"
+  bundled_libraries "$name" > "$list"
+  top="$(cuda_layer "$name" "$list" "$base" "$tar")"
   if [ "$name" = torch-agent ]; then
-    top="$(python_layer "$layout" "$base")"
+    top="$(python_layer "$layout" "$top")"
   fi
-  if [ -n "$stage" ]; then
-    work="$stage.root"
-    mkdir "$work"
-    tar -xf "$tar" -C "$work"
-    cp -a "$stage/files/." "$work/"
-    check_libraries "$name" "$work" "$stage/files"
-    rm -rf "$work"
-    layer_tar "$stage/files" "$stage/app.tar"
-    add_layer "$layout" "$top" "$stage/app.tar" "$app" "VirtualFlow $version: the project's files"
-    rm -rf "$stage"
-  else
-    log "$name: layer $app cached"
-  fi
+  # The tags under the project's layer, for retire_tags.
+  local chain=("$base")
+  [ "$top" = "$base" ] || chain+=("$top")
+  app="$(app_layer "$name" "$list" "$top" "$tar")"
+  rm -f "$list"
 
   if has_tag "$layout" "$version"; then
     umoci rm --image "$layout:$version"
@@ -361,7 +481,8 @@ build_image() {
     --config.user="$USER_ID:$USER_ID" \
     --config.env="PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
     $(image_config "$name") "${args[@]}"
-  collect_garbage "$layout" empty "$base" "$top" "$app" "$version"
+  retire_tags "$name" "${chain[@]}" "$app"
+  collect_garbage "$layout"
   log "$name: oci:$layout:$version, $(report_size "$name" "$layout"), $((SECONDS - start)) s"
 }
 
@@ -396,6 +517,10 @@ main() {
     command -v "$tool" >/dev/null || die "no $tool; run scripts/setup.sh"
   done
   mkdir -p "$out"
+  # One build at a time in a cache (checkouts share it): layouts, tags and blobs are not safe
+  # to change from two processes.
+  exec 9>"$out/.lock"
+  flock 9
   rm -rf "$out"/tmp.*
   local images=("$@")
   [ "${#images[@]}" -gt 0 ] || images=(operator agent torch-agent)
