@@ -1,19 +1,24 @@
-"""Runs the images scripts/images.sh builds with runc, as a container runtime would: each image is
-unpacked once with `umoci unpack` into a runtime bundle (cached by the image's manifest digest,
-so a second run starts at once), and every container gets that bundle's root file system
-read-only, the image's user, environment and working directory, a tmpfs on /tmp, the host's
-network, and the bind mounts a test asks for. The bundle's `rlimits` are dropped: the sandboxes
-these tests run in refuse to set them, and a cluster's runtime sets its own.
-"""
+"""Runs the images scripts/images.sh builds with runc, as a container runtime would: each image's
+layers are extracted into a snapshot of its root file system, layer on layer, the lower layers'
+snapshot reused (hard links) so that a new project layer costs its own few megabytes; a runtime
+bundle (cached by the image's layers and configuration, so a second run starts at once) points
+at it, and every container gets that root file system read-only, the image's user, environment
+and working directory, a tmpfs on /tmp, the host's network, and the bind mounts a test asks for.
+The spec is runc's default with the image's configuration, as `umoci unpack` makes it, without
+`rlimits`: the sandboxes these tests run in refuse to set them, and a cluster's runtime sets its
+own."""
 
 from __future__ import annotations
 
 import copy
+import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
+import tempfile
 import uuid
 from dataclasses import dataclass, field
 
@@ -23,6 +28,8 @@ CACHE_DIR = os.environ.get("VF_CACHE_DIR", os.path.join(
     os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "virtualflow"))
 IMAGES_DIR = os.environ.get("VF_IMAGES_DIR", os.path.join(CACHE_DIR, "images"))
 BUNDLES_DIR = os.path.join(IMAGES_DIR, "bundles")
+# How many of an image's bundles are kept: checkouts sharing the cache keep their own.
+KEEP = 3
 
 
 def version() -> str:
@@ -69,21 +76,90 @@ def bundle_key(image: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def bundle(image: str) -> str:
-    """A runtime bundle of IMAGE (unpacked once per bundle_key; older ones removed)."""
-    path = os.path.join(BUNDLES_DIR, "%s-%s" % (image, bundle_key(image)))
-    if os.path.exists(os.path.join(path, "config.json")):
+def blob_path(image: str, digest: str) -> str:
+    algorithm, hex_digest = digest.split(":")
+    return os.path.join(layout(image), "blobs", algorithm, hex_digest)
+
+
+def snapshot(image: str, layers: list[dict]) -> str:
+    """The root file system of LAYERS applied in order, as a directory under BUNDLES_DIR/layers
+    named for them: made from the snapshot of all but the last (hard links, so the root file
+    system and PyTorch are written once, not again for each project layer) with the last layer
+    extracted over it. Containers mount it read-only, so the shared files never change."""
+    chain = hashlib.sha256(" ".join(d["digest"] for d in layers).encode()).hexdigest()[:16]
+    path = os.path.join(BUNDLES_DIR, "layers", "%s-%s" % (image, chain))
+    if os.path.isdir(path):
+        os.utime(path)
         return path
-    os.makedirs(BUNDLES_DIR, exist_ok=True)
-    for old in os.listdir(BUNDLES_DIR):
-        if old.startswith(image + "-") and old[len(image) + 1:].split(".")[0].isalnum():
-            shutil.rmtree(os.path.join(BUNDLES_DIR, old), ignore_errors=True)
     partial = path + ".partial"
     shutil.rmtree(partial, ignore_errors=True)
-    subprocess.run(["umoci", "unpack", "--image", "%s:%s" % (layout(image), version()), partial],
-                   check=True, stdout=subprocess.DEVNULL)
+    if len(layers) > 1:
+        subprocess.run(["cp", "-al", snapshot(image, layers[:-1]), partial], check=True)
+    else:
+        os.makedirs(partial)
+    # GNU tar replaces a file it extracts over (unlinks it first), so a hard-linked file of the
+    # snapshot below is never written through.
+    subprocess.run(["tar", "-xpf", blob_path(image, layers[-1]["digest"]), "-C", partial,
+                    "--numeric-owner"], check=True)
+    whiteouts = subprocess.run(["find", partial, "-name", ".wh.*", "-print", "-quit"],
+                               capture_output=True, text=True, check=True).stdout
+    if whiteouts:
+        raise RuntimeError("%s: layer %s deletes files (%s); images.sh never makes such layers"
+                           % (image, layers[-1]["digest"], whiteouts.strip()))
     os.rename(partial, path)
     return path
+
+
+def runtime_spec(image: str, rootfs: str) -> dict:
+    """The runtime spec of IMAGE's configuration over ROOTFS, as `umoci unpack` writes it:
+    runc's default with the image's user (and its home from the image's /etc/passwd),
+    environment, working directory and entrypoint and command."""
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run(["runc", "spec", "--bundle", tmp], check=True)
+        with open(os.path.join(tmp, "config.json")) as f:
+            spec = json.load(f)
+    config = image_config(image)["config"]
+    uid, _, gid = config.get("User", "0:0").partition(":")
+    env = list(config.get("Env", []))
+    with open(os.path.join(rootfs, "etc", "passwd")) as f:
+        homes = {fields[2]: fields[5] for fields in (line.split(":") for line in f)
+                 if len(fields) > 5}
+    if uid in homes and not any(e.startswith("HOME=") for e in env):
+        env.append("HOME=" + homes[uid])
+    spec["process"].update(user={"uid": int(uid), "gid": int(gid or uid)}, env=env,
+                           cwd=config.get("WorkingDir") or "/",
+                           args=config.get("Entrypoint", []) + config.get("Cmd", []))
+    spec["root"] = {"path": rootfs, "readonly": True}
+    return spec
+
+
+def bundle(image: str) -> str:
+    """A runtime bundle of IMAGE (made once per bundle_key, its root file system a snapshot of
+    its layers; the KEEP most recently used of each image's bundles and snapshots stay)."""
+    path = os.path.join(BUNDLES_DIR, "%s-%s" % (image, bundle_key(image)))
+    if os.path.exists(os.path.join(path, "config.json")):
+        os.utime(path)
+        return path
+    with open(os.path.join(IMAGES_DIR, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        os.makedirs(BUNDLES_DIR, exist_ok=True)
+        rootfs = snapshot(image, manifest(image)[1]["layers"])
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(path, "config.json.partial"), "w") as f:
+            json.dump(runtime_spec(image, rootfs), f)
+        os.rename(os.path.join(path, "config.json.partial"), os.path.join(path, "config.json"))
+        retire(BUNDLES_DIR, image, KEEP)
+        retire(os.path.join(BUNDLES_DIR, "layers"), image, 2 * KEEP)
+    return path
+
+
+def retire(directory: str, image: str, keep: int) -> None:
+    """Removes IMAGE's entries of DIRECTORY (named IMAGE-KEY) beyond the KEEP most recently
+    used."""
+    mine = [e for e in os.listdir(directory) if re.fullmatch(re.escape(image) + r"-[0-9a-f]{16}", e)]
+    mine.sort(key=lambda e: os.stat(os.path.join(directory, e)).st_mtime, reverse=True)
+    for old in mine[keep:]:
+        shutil.rmtree(os.path.join(directory, old), ignore_errors=True)
 
 
 @dataclass
@@ -119,7 +195,7 @@ class Container:
         process["env"] = ["%s=%s" % kv for kv in env.items()]
         if self.cwd:
             process["cwd"] = self.cwd
-        config["root"] = {"path": os.path.join(bundle_path, "rootfs"), "readonly": True}
+        config["root"]["readonly"] = True
         linux = config.setdefault("linux", {})
         linux["namespaces"] = [ns for ns in linux.get("namespaces", [])
                                if ns["type"] != "network"]
