@@ -28,12 +28,29 @@ while [ "$#" -gt 0 ]; do
 done
 [ "$#" -gt 0 ] || { echo "usage: $0 [--check LIST] [--bundle-into DIR] BINARY..." >&2; exit 2; }
 
-owner() {  # the package holding library file $1, trying the names a merged /usr gives it
+names() {  # the names a merged /usr gives library file $1
   local lib="$1" real
   real="$(readlink -f "$lib")"
-  for p in "$lib" "$real" "${lib#/usr}" "${real#/usr}" "/usr$lib" "/usr$real"; do
-    if out="$(dpkg -S "$p" 2>/dev/null)"; then
-      echo "${out%%:*}"
+  printf '%s\n' "$lib" "$real" "${lib#/usr}" "${real#/usr}" "/usr$lib" "/usr$real"
+}
+
+# The owners of every name of every library the binaries load, from one dpkg -S: each call reads
+# dpkg's whole file database, seconds under load, and a binary loads dozens of libraries.
+declare -A owners=()
+mapfile -t all_names < <(for bin in "$@"; do
+                           [ -f "$bin" ] && ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// {print $3}'
+                         done | sort -u | while read -r lib; do names "$lib"; done | sort -u)
+while IFS= read -r line; do
+  [[ "$line" == "diversion by "* ]] && continue
+  path="${line##*: }"
+  [ -n "${owners[$path]:-}" ] || owners[$path]="${line%: *}"
+done < <([ "${#all_names[@]}" -eq 0 ] || dpkg -S "${all_names[@]}" 2>/dev/null || true)
+
+owner() {  # the package holding library file $1, under any of its names
+  local p
+  for p in $(names "$1"); do
+    if [ -n "${owners[$p]:-}" ]; then
+      echo "${owners[$p]%%:*}"
       return 0
     fi
   done
