@@ -195,7 +195,8 @@ class Container:
         process["env"] = ["%s=%s" % kv for kv in env.items()]
         if self.cwd:
             process["cwd"] = self.cwd
-        config["root"]["readonly"] = True
+        config["root"] = {"path": os.path.join(bundle_path, config["root"]["path"]),
+                          "readonly": True}
         linux = config.setdefault("linux", {})
         linux["namespaces"] = [ns for ns in linux.get("namespaces", [])
                                if ns["type"] != "network"]
