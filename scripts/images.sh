@@ -316,11 +316,12 @@ for algorithm in os.listdir(os.path.join(layout, "blobs")):
 PY
 }
 
-# The SHA-256 of file $1, memoised by the file's identity (device, inode, size, time) in
-# $out/sums: the CUDA libraries (~800 MiB) are hashed once, not on every run.
+# The SHA-256 of file $1, memoised by the file's identity (device, inode, size, and its data's
+# and inode's change times to the nanosecond) in $out/sums: the CUDA libraries (~800 MiB) are
+# hashed once, not on every run.
 file_sum() {
   local id sum
-  id="$(stat -L -c '%d:%i:%s:%Y' "$1")"
+  id="$(stat -L -c '%d:%i:%s:%.9Y:%.9Z' "$1")"
   sum="$(grep -m1 "^$id " "$out/sums" 2>/dev/null | cut -d' ' -f2 || true)"
   if [ -z "$sum" ]; then
     sum="$(sha256sum < "$1" | cut -d' ' -f1)"
@@ -522,6 +523,10 @@ main() {
   exec 9>"$out/.lock"
   flock 9
   rm -rf "$out"/tmp.*
+  # The memo of file_sum keeps its newest entries.
+  if [ -f "$out/sums" ] && [ "$(wc -l < "$out/sums")" -gt 20000 ]; then
+    tail -n 10000 "$out/sums" > "$out/sums.new" && mv "$out/sums.new" "$out/sums"
+  fi
   local images=("$@")
   [ "${#images[@]}" -gt 0 ] || images=(operator agent torch-agent)
   for name in "${images[@]}"; do
