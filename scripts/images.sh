@@ -19,6 +19,8 @@
 #
 # usage: scripts/images.sh [IMAGE...]          (default: all three)
 #        scripts/images.sh --describe IMAGE   what the image holds and runs, one "KEY VALUE" a line
+#        scripts/images.sh --files-key IMAGE  the key of the project's files of the image, of
+#                                             which its last layer's key is made
 # Push one with skopeo: skopeo copy oci:$HOME/.cache/virtualflow/images/agent:0.1.0 \
 #                                   docker://REGISTRY/virtualflow/agent:0.1.0
 # Needs root (mmdebstrap installs packages as root), mmdebstrap and umoci (scripts/setup.sh).
@@ -522,6 +524,10 @@ main() {
   # to change from two processes.
   exec 9>"$out/.lock"
   flock 9
+  if [ "${1:-}" = --files-key ]; then
+    image_files "$2" | content_key
+    return
+  fi
   rm -rf "$out"/tmp.*
   # The memo of file_sum keeps its newest entries.
   if [ -f "$out/sums" ] && [ "$(wc -l < "$out/sums")" -gt 20000 ]; then

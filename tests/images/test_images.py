@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -117,6 +118,25 @@ class ImageTest(unittest.TestCase):
             lambda: host_run(example, args, cwd=SOURCE_DIR, path=[BIN_DIR]))
         self.assertEqual(inside["steps"], 5)
         self.assertEqual(inside["weights_sha256"], host["weights_sha256"])
+
+    def test_the_project_layer_is_keyed_by_content_not_path_or_time(self):
+        """A clone elsewhere that builds the same bytes reuses the project's layer; a binary
+        with one byte changed does not."""
+        def key(build_dir: str) -> str:
+            return subprocess.run(
+                [os.path.join(SOURCE_DIR, "scripts", "images.sh"), "--files-key", "operator"],
+                env=dict(os.environ, VF_BUILD_DIR=build_dir), capture_output=True, text=True,
+                check=True).stdout.strip()
+
+        here = key(os.path.dirname(BIN_DIR))
+        with tempfile.TemporaryDirectory() as tmp:
+            copy = os.path.join(tmp, "bin", "virtualflow-operator")
+            os.makedirs(os.path.dirname(copy))
+            shutil.copy(os.path.join(BIN_DIR, "virtualflow-operator"), copy)  # a new time
+            self.assertEqual(key(tmp), here)
+            with open(copy, "ab") as f:
+                f.write(b"\0")
+            self.assertNotEqual(key(tmp), here)
 
     def test_agent_image_finds_the_cuda_libraries(self):
         status, out = oci.run("agent", ["ldd", "/usr/local/bin/libvirtualflow-cuda.so"],
