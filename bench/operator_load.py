@@ -37,7 +37,8 @@ BIN_DIR = os.environ.get("VF_BIN_DIR", os.path.join(SOURCE_DIR, "build", "bin"))
 CRD_FILE = os.path.join(SOURCE_DIR, "crds", "virtualflowjob.yaml")
 NS = "load"
 JOB_LABEL = "virtualflow.io/job"
-REQUESTS = re.compile(r"^vf_operator_api_request_duration_seconds_count\{[^}]*\} (\S+)$", re.M)
+REQUESTS = re.compile(r'^vf_operator_api_request_duration_seconds_count\{verb="([^"]*)"\} (\S+)$',
+                      re.M)
 
 
 def job_manifest(name: str, workers: int) -> dict[str, Any]:
@@ -72,11 +73,19 @@ def memory_kib(pid: int) -> tuple[int, int]:
     return fields["VmRSS"], fields["VmHWM"]
 
 
-def requests_sent(metrics_url: str) -> float:
-    """Every API request the operator's main client made (its own counter)."""
+def requests_by_verb(metrics_url: str) -> dict[str, float]:
+    """The API requests the operator's main client made so far, by verb (its own counter)."""
     with urllib.request.urlopen(metrics_url, timeout=10) as reply:
         text = reply.read().decode()
-    return sum(float(v) for v in REQUESTS.findall(text))
+    out: dict[str, float] = {}
+    for verb, value in REQUESTS.findall(text):
+        out[verb] = out.get(verb, 0) + float(value)
+    return out
+
+
+def requests_sent(metrics_url: str) -> float:
+    """Every API request the operator's main client made (its own counter)."""
+    return sum(requests_by_verb(metrics_url).values())
 
 
 def bound_workers(cp: ControlPlane) -> dict[str, int]:
@@ -133,7 +142,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def measure(cp: ControlPlane, operator: Component, metrics_url: str,
             args: argparse.Namespace) -> dict[str, Any]:
     pid = operator.proc.pid
-    requests_before = requests_sent(metrics_url)
+    verbs_before = requests_by_verb(metrics_url)
+    requests_before = sum(verbs_before.values())
     path = "/apis/virtualflow.io/v1alpha1/namespaces/%s/virtualflowjobs" % NS
     start = time.monotonic()
     parallel(args.jobs, lambda i: cp.request("POST", path,
@@ -159,7 +169,9 @@ def measure(cp: ControlPlane, operator: Component, metrics_url: str,
             break
         time.sleep(1)
     rss, hwm = memory_kib(pid)
-    sent = requests_sent(metrics_url) - requests_before
+    verbs = requests_by_verb(metrics_url)
+    sent = sum(verbs.values()) - requests_before
+    by_verb = {verb: int(n - verbs_before.get(verb, 0)) for verb, n in sorted(verbs.items())}
     elapsed = done_at if done_at is not None else time.monotonic() - start
     return {
         "jobs": args.jobs, "nodes": args.nodes, "gpus_per_node": args.gpus_per_node,
@@ -167,7 +179,8 @@ def measure(cp: ControlPlane, operator: Component, metrics_url: str,
         "kube_api_burst": args.kube_api_burst, "create_seconds": round(created, 1),
         "all_workers_seconds": round(done_at, 1) if done_at is not None else None,
         "operator_peak_rss_mib": round(hwm / 1024, 1), "operator_rss_mib": round(rss / 1024, 1),
-        "api_requests": int(sent), "api_requests_per_second": round(sent / elapsed, 1),
+        "api_requests": int(sent), "api_requests_by_verb": by_verb,
+        "api_requests_per_second": round(sent / elapsed, 1),
         "api_requests_per_second_peak_1s": round(peak_rate, 1),
     }
 
