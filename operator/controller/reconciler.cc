@@ -240,25 +240,29 @@ Result<std::string> Reconciler::EnsureToken(const json& job) {
     if (encoded.empty()) return FailedPrecondition("Secret " + secret_name + " has no token");
     return encoded;  // compared and used base64-encoded: see below
   };
-  std::string encoded;
-  kube::ApiResult<json> got = client_.Get(kube::kSecrets, ns, secret_name);
-  if (got.ok()) {
-    VF_ASSIGN_OR_RETURN(encoded, read(*got));
-  } else if (got.reason() == kube::Reason::kNotFound) {
-    VF_ASSIGN_OR_RETURN(const std::string token, RandomToken());
+  VF_ASSIGN_OR_RETURN(const std::string new_token, RandomToken());  // used if created
+  auto create = [&]() -> kube::ApiResult<json> {
     json secret = {
         {"metadata",
          {{"name", secret_name},
           {"labels", {{kJobLabel, meta.value("name", "")}, {kManagedByLabel, kManagedBy}}},
           {"ownerReferences", {OwnerReference(job)}}}},
         {"type", "Opaque"},
-        {"stringData", {{kTokenKey, token}}}};
-    kube::ApiResult<json> created = client_.Create(kube::kSecrets, ns, secret);
-    if (!created.ok()) return created.status();
-    VF_ASSIGN_OR_RETURN(encoded, read(*created));
-  } else {
-    return got.status();
+        {"stringData", {{kTokenKey, new_token}}}};
+    return client_.Create(kube::kSecrets, ns, secret);
+  };
+  // A job this operator has never written a status for is new: its Secret is created without
+  // asking first (one request, not two, for each of a thousand new jobs). One that has a
+  // status (an operator restart) most likely has its Secret: read first.
+  const bool fresh = Obj(job, "status").empty();
+  kube::ApiResult<json> got = fresh ? create() : client_.Get(kube::kSecrets, ns, secret_name);
+  if (fresh && got.reason() == kube::Reason::kAlreadyExists) {
+    got = client_.Get(kube::kSecrets, ns, secret_name);
+  } else if (!fresh && got.reason() == kube::Reason::kNotFound) {
+    got = create();
   }
+  if (!got.ok()) return got.status();
+  VF_ASSIGN_OR_RETURN(const std::string encoded, read(*got));
   // Secret data is base64; OpenSSL decodes it (padding comes back as trailing zero bytes).
   std::string token(encoded.size(), '\0');
   const int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(token.data()),
@@ -348,6 +352,7 @@ struct Reconciler::Pass {
   bool finishing = false;  // the members trained the last step: the job is ending
   policy::MembershipDecision decision;
   int created = 0;  // pods this pass created
+  int unseen = 0;   // pods earlier passes created that the cache does not show yet
   // What the step that failed was doing, as a condition and Event reason ("FailedCreatePod"),
   // and the pod it was about, if any.
   std::string failed_action;
@@ -592,8 +597,24 @@ Reconciler::Desired Reconciler::DesiredWorkers(const Pass& p, const ClusterView&
 }
 
 Status Reconciler::PatchStatus(const json& job, const json& status) {
-  if (Comparable(status) == Comparable(Obj(job, "status"))) return Status::Ok();
+  json wanted = Comparable(status);
+  if (wanted == Comparable(Obj(job, "status"))) return Status::Ok();
   const json& meta = job.at("metadata");
+  const std::string key = ObjectKey(job);
+  const std::string uid = meta.value("uid", "");
+  const std::string version = meta.value("resourceVersion", "");
+  {
+    // The cache has not seen this operator's last write yet: the job is still at the version
+    // that write was made over, so the API server holds what was written (a change by anyone
+    // else would have moved the version). Writing the same status again would only cost a
+    // request, for each job, each time its pods change before its own write comes back.
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = written_.find(key);
+    if (!version.empty() && it != written_.end() && it->second.uid == uid &&
+        it->second.over_version == version && it->second.status == wanted) {
+      return Status::Ok();
+    }
+  }
   // The whole status each time, so fields that no longer apply are cleared (null deletes).
   json patch_status = status;
   for (const auto& [k, v] : Obj(job, "status").items()) {
@@ -601,6 +622,10 @@ Status Reconciler::PatchStatus(const json& job, const json& status) {
   }
   auto r = client_.PatchStatus(kube::kVirtualFlowJobs, meta.value("namespace", ""),
                                meta.value("name", ""), json{{"status", patch_status}});
+  if (r.ok() && !version.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    written_[key] = WrittenStatus{uid, version, std::move(wanted)};
+  }
   return r.status();
 }
 
@@ -762,6 +787,7 @@ Result<ReconcileResult> Reconciler::Forget(const std::string& key) {
   checkpoint_failures_seen_.erase(key);
   times_.erase(key);
   specs_.erase(key);
+  written_.erase(key);
   if (hooks_.on_job_gone) hooks_.on_job_gone(key);
   return ReconcileResult{};
 }
@@ -1288,7 +1314,8 @@ Status Reconciler::ReconcilePods(Pass& p) {
   int live = 0;
   std::vector<const json*> spare;  // live pods outside the plan
   if (!p.finishing) VF_RETURN_IF_ERROR(DeleteEndedPods(p, live, spare));
-  live += PendingCreations(p);
+  p.unseen = PendingCreations(p);
+  live += p.unseen;
   if (p.finishing) return Status::Ok();
   VF_RETURN_IF_ERROR(DeleteSurplusPods(p, live, spare));
   return CreateMissingPods(p, live);
@@ -1458,8 +1485,9 @@ json Reconciler::WorkerCounts(const Pass& p) const {
         break;  // finished, or left after acknowledging a plan
     }
   }
-  // Created this pass, not in the cache yet.
-  pending += p.created;
+  // Created, this pass or an earlier one, and not in the cache yet: a pass that runs before
+  // the cache shows them says what the one that created them said.
+  pending += p.created + p.unseen;
   return {{"pending", pending},
           {"joining", joining},
           {"training", training},
@@ -1519,7 +1547,7 @@ void Reconciler::SetPhase(Pass& p, bool all_switched) {
   }
   p.status["phase"] = phase;
   p.status["message"] = message;
-  const bool has_pods = !p.pods.empty() || p.created > 0;
+  const bool has_pods = !p.pods.empty() || p.created > 0 || p.unseen > 0;
   const json& old = p.old_conditions;
   json conditions = json::array();
   SetCondition(conditions, old, "Created", has_pods, has_pods ? "PodsCreated" : "WaitingForGPUs",

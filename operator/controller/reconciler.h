@@ -260,6 +260,14 @@ class Reconciler {
     std::shared_ptr<const Result<JobSpec>> spec;
   };
   std::map<std::string, ParsedSpec> specs_;
+  // Job key -> the last status this operator wrote (without transition times), and the UID and
+  // resourceVersion of the job it was written over.
+  struct WrittenStatus {
+    std::string uid;
+    std::string over_version;
+    nlohmann::json status;
+  };
+  std::map<std::string, WrittenStatus> written_;
   // The newest ClusterView; view_mu_ is held while one is made, so that one thread makes it and
   // the others wait for it rather than make it too. Taken before mu_, never after.
   std::mutex view_mu_;
