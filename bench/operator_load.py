@@ -63,6 +63,13 @@ def parallel(count: int, fn: Any, threads: int = 16) -> None:
             future.result()
 
 
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time PID has used so far."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def memory_kib(pid: int) -> tuple[int, int]:
     """(VmRSS, VmHWM) of PID in KiB: now and the peak since it started."""
     fields = {}
@@ -132,6 +139,11 @@ class Bindings:
                             return
         except BaseException as e:  # raised to the measuring thread by counts()
             self._error = e
+
+    def pods(self) -> int:
+        """Worker pods that exist, bound or not."""
+        with self._lock:
+            return len(self._nodes)
 
     def counts(self) -> dict[str, int]:
         if self._error is not None:
@@ -203,6 +215,7 @@ def measure_with(cp: ControlPlane, operator: Component, metrics_url: str, bindin
     pid = operator.proc.pid
     verbs_before = requests_by_verb(metrics_url)
     requests_before = sum(verbs_before.values())
+    cpu_before = cpu_seconds(pid)
     path = "/apis/virtualflow.io/v1alpha1/namespaces/%s/virtualflowjobs" % NS
     start = time.monotonic()
     parallel(args.jobs, lambda i: cp.request("POST", path,
@@ -230,9 +243,11 @@ def measure_with(cp: ControlPlane, operator: Component, metrics_url: str, bindin
                 done_at = time.monotonic() - start
                 break
             time.sleep(0.1)
-        print("%6.1f s: %d of %d jobs have their %d workers, %d API requests, load %.1f" %
-              (now, complete, args.jobs, args.workers, sent, loads[-1]), flush=True)
+        print("%6.1f s: %d of %d jobs have their %d workers (%d pods, %d bound), %d API requests, "
+              "load %.1f" % (now, complete, args.jobs, args.workers, bindings.pods(),
+                             sum(bindings.counts().values()), sent, loads[-1]), flush=True)
     rss, hwm = memory_kib(pid)
+    cpu = cpu_seconds(pid) - cpu_before
     verbs = requests_by_verb(metrics_url)
     sent = sum(verbs.values()) - requests_before
     by_verb = {verb: int(n - verbs_before.get(verb, 0)) for verb, n in sorted(verbs.items())}
@@ -243,7 +258,7 @@ def measure_with(cp: ControlPlane, operator: Component, metrics_url: str, bindin
         "kube_api_qps": args.kube_api_qps,
         "kube_api_burst": args.kube_api_burst, "create_seconds": round(created, 1),
         "all_workers_seconds": round(done_at, 1) if done_at is not None else None,
-        "operator_peak_rss_mib": round(hwm / 1024, 1), "operator_rss_mib": round(rss / 1024, 1),
+        "operator_cpu_seconds": round(cpu, 1), "operator_peak_rss_mib": round(hwm / 1024, 1), "operator_rss_mib": round(rss / 1024, 1),
         "api_requests": int(sent), "api_requests_by_verb": by_verb,
         "api_requests_per_second": round(sent / elapsed, 1),
         "api_requests_per_second_peak_1s": round(peak_rate, 1),
