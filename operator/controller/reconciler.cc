@@ -586,8 +586,23 @@ Reconciler::Desired Reconciler::DesiredWorkers(const Pass& p, const ClusterView&
   Desired out{policy::TotalWorkers(mine->workers), mine->reason, mine->workers};
   // The policy counts GPUs by product across the cluster; the scheduler places a pod only on
   // a node its template allows, with room on that node.
+  const int64_t cpu_millis = WorkerCpuMillis(p.job);
+  const std::string fit_key = TemplateOf(p.job).dump() + '\n' +
+                              std::to_string(p.spec.gpus_per_worker) + '\n' +
+                              std::to_string(cpu_millis);
+  std::optional<int> known;
+  {
+    std::lock_guard<std::mutex> lock(view.fit_mu);
+    auto it = view.fit.find(fit_key);
+    if (it != view.fit.end()) known = it->second;
+  }
   const int fit =
-      EligibleWorkers(view.gpus, TemplateOf(p.job), p.spec.gpus_per_worker, WorkerCpuMillis(p.job));
+      known ? *known
+            : EligibleWorkers(view.gpus, TemplateOf(p.job), p.spec.gpus_per_worker, cpu_millis);
+  if (!known) {
+    std::lock_guard<std::mutex> lock(view.fit_mu);
+    view.fit.emplace(fit_key, fit);
+  }
   if (out.workers > fit) {
     out.workers = fit;
     out.reason += "; " + std::to_string(fit) +

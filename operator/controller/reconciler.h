@@ -193,6 +193,10 @@ class Reconciler {
     // "namespace/job name" -> the pods that carry the job's label.
     std::map<std::string, std::vector<std::shared_ptr<const nlohmann::json>>> pods_by_job;
     Result<policy::Decision> decision = policy::Decision{};
+    // EligibleWorkers by template (dumped), GPUs and millicores a worker: what each reconcile
+    // asks of its own job, over every node, made once per view and template.
+    mutable std::mutex fit_mu;
+    mutable std::map<std::string, int> fit;
   };
   static constexpr auto kViewMaxAge = std::chrono::seconds(1);
   std::shared_ptr<const ClusterView> View();
