@@ -182,7 +182,8 @@ class Reconciler {
   // the policy's decision for every job. Computed once per version of the caches (and at most
   // kViewMaxAge ago, as the policy's cooldowns count time), not once per reconcile: with a
   // thousand jobs, deciding for all of them on each reconcile of each one is quadratic.
-  // Immutable once made; shared by the passes that use it.
+  // Immutable once made but for `fit`, a memo guarded by fit_mu; shared by the passes that use
+  // it, on any thread.
   struct ClusterView {
     uint64_t jobs_version = 0;
     uint64_t pods_version = 0;
@@ -257,7 +258,7 @@ class Reconciler {
     std::string completion;
   };
   std::map<std::string, Times> times_;
-  // Job key -> the UID and resourceVersion a spec was parsed from, and the result.
+  // Job key -> the UID and resourceVersion a spec was parsed from, and the result. Value type.
   struct ParsedSpec {
     std::string uid;
     std::string resource_version;
@@ -265,7 +266,7 @@ class Reconciler {
   };
   std::map<std::string, ParsedSpec> specs_;
   // Job key -> the last status this operator wrote (without transition times), and the UID and
-  // resourceVersion of the job it was written over.
+  // resourceVersion of the job it was written over. Value type.
   struct WrittenStatus {
     std::string uid;
     std::string over_version;
