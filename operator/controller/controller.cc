@@ -28,8 +28,15 @@ Controller::Controller(kube::Client& client, Coordinator& coordinator, Controlle
   pods_ = std::make_unique<Informer>(
       client_, kube::kPods, "", kube::ReflectorOptions{},
       [this](const json& before, const json& after) { OnPodChange(before, after); });
-  nodes_ = std::make_unique<Informer>(client_, kube::kNodes, "", kube::ReflectorOptions{},
-                                      [this](const json&, const json&) { EnqueueAllJobs(); });
+  // A node's heartbeats (conditions' times, images, resourceVersion) change nothing a job
+  // gets; with hundreds of nodes they would have every job reconciled all the time.
+  nodes_ =
+      std::make_unique<Informer>(client_, kube::kNodes, "", kube::ReflectorOptions{},
+                                 [this](const json& before, const json& after) {
+                                   if (NodeSchedulingFacts(before) != NodeSchedulingFacts(after)) {
+                                     EnqueueAllJobs();
+                                   }
+                                 });
   // Only the Workloads this operator creates; a change to one queues its job, and an admission
   // or a release of quota may change what every job gets.
   kube::ReflectorOptions ours;
@@ -56,7 +63,7 @@ Controller::~Controller() { queue_.ShutDown(); }
 
 void Controller::EnqueueAllJobs() {
   if (!jobs_) return;
-  for (const json& job : jobs_->List()) queue_.Add(ObjectKey(job));
+  for (const std::string& key : jobs_->Keys()) queue_.Add(key);
 }
 
 void Controller::OnPodChange(const json& before, const json& after) {
@@ -64,10 +71,15 @@ void Controller::OnPodChange(const json& before, const json& after) {
   const json meta = pod.value("metadata", json::object());
   const std::string job = meta.value("labels", json::object()).value(kJobLabel, "");
   if (!job.empty()) queue_.Add(meta.value("namespace", "") + "/" + job);
-  // A pod that holds or frees GPUs changes what every job may get.
+  // A pod that frees GPUs, or another workload's pod that takes some, changes what every job
+  // may get. A worker pod that takes its GPUs (bound by the scheduler) changes only its own
+  // job, queued above: the policy counted it already, unbound, when it decided to create it.
+  // Sweeping every job on each binding would reconcile a thousand jobs two thousand times
+  // while a thousand jobs start.
   const bool held_before = !before.is_null() && PodHoldsResources(before) && PodGpus(before) > 0;
   const bool held_after = !after.is_null() && PodHoldsResources(after) && PodGpus(after) > 0;
-  if (held_before != held_after) EnqueueAllJobs();
+  if (held_before && !held_after) EnqueueAllJobs();
+  if (!held_before && held_after && job.empty()) EnqueueAllJobs();
 }
 
 void Controller::Work(std::stop_token stop) {

@@ -8,9 +8,12 @@ namespace vf::controller {
 using nlohmann::json;
 
 std::string ObjectKey(const json& object) {
-  const json& meta = object.value("metadata", json::object());
-  const std::string name = meta.value("name", "");
-  const std::string ns = meta.value("namespace", "");
+  // By reference: json::value("metadata", json::object()) would copy the whole metadata.
+  if (!object.is_object()) return "";
+  auto meta = object.find("metadata");
+  if (meta == object.end() || !meta->is_object()) return "";
+  const std::string name = meta->value("name", "");
+  const std::string ns = meta->value("namespace", "");
   return ns.empty() ? name : ns + "/" + name;
 }
 
@@ -61,7 +64,12 @@ std::optional<json> Informer::Get(const std::string& key) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = objects_.find(key);
   if (it == objects_.end()) return std::nullopt;
-  return it->second;
+  return *it->second;
+}
+
+bool Informer::Has(const std::string& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return objects_.count(key) != 0;
 }
 
 std::optional<std::string> Informer::last_error() const {
@@ -73,16 +81,35 @@ std::vector<json> Informer::List(const std::function<bool(const json&)>& keep) c
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<json> out;
   for (const auto& [key, object] : objects_) {
-    if (!keep || keep(object)) out.push_back(object);
+    if (!keep || keep(*object)) out.push_back(*object);
   }
   return out;
 }
 
+std::vector<std::shared_ptr<const json>> Informer::Snapshot(
+    const std::function<bool(const json&)>& keep) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::shared_ptr<const json>> out;
+  out.reserve(objects_.size());
+  for (const auto& [key, object] : objects_) {
+    if (!keep || keep(*object)) out.push_back(object);
+  }
+  return out;
+}
+
+std::vector<std::string> Informer::Keys() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> out;
+  out.reserve(objects_.size());
+  for (const auto& [key, object] : objects_) out.push_back(key);
+  return out;
+}
+
 void Informer::Sync(std::vector<json> items) {
-  std::map<std::string, json> fresh;
+  std::map<std::string, std::shared_ptr<const json>> fresh;
   for (auto& item : items) {
     std::string key = ObjectKey(item);
-    fresh.emplace(std::move(key), std::move(item));
+    fresh.emplace(std::move(key), std::make_shared<const json>(std::move(item)));
   }
   std::vector<std::pair<json, json>> changes;
   {
@@ -90,15 +117,16 @@ void Informer::Sync(std::vector<json> items) {
     for (const auto& [key, object] : objects_) {
       auto it = fresh.find(key);
       if (it == fresh.end()) {
-        changes.emplace_back(object, json());
-      } else if (it->second != object) {
-        changes.emplace_back(object, it->second);
+        changes.emplace_back(*object, json());
+      } else if (*it->second != *object) {
+        changes.emplace_back(*object, *it->second);
       }
     }
     for (const auto& [key, object] : fresh) {
-      if (objects_.count(key) == 0) changes.emplace_back(json(), object);
+      if (objects_.count(key) == 0) changes.emplace_back(json(), *object);
     }
     objects_ = std::move(fresh);
+    if (!changes.empty()) ++version_;
     synced_ = true;
     last_error_.reset();
   }
@@ -110,8 +138,8 @@ void Informer::Sync(std::vector<json> items) {
 
 void Informer::Apply(const kube::WatchEvent& event) {
   const std::string key = ObjectKey(event.object);
-  json before;
-  json after;
+  std::shared_ptr<const json> before;
+  std::shared_ptr<const json> after;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = objects_.find(key);
@@ -119,11 +147,13 @@ void Informer::Apply(const kube::WatchEvent& event) {
     if (event.type == kube::WatchEventType::kDeleted) {
       objects_.erase(key);
     } else {
-      objects_[key] = event.object;
-      after = event.object;
+      after = std::make_shared<const json>(event.object);
+      objects_[key] = after;
     }
+    ++version_;
   }
-  if (on_change_) on_change_(before, after);
+  static const json kNone;
+  if (on_change_) on_change_(before ? *before : kNone, after ? *after : kNone);
 }
 
 }  // namespace vf::controller

@@ -3,7 +3,9 @@
 // controller can queue the keys that need another look.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -50,12 +52,23 @@ class Informer {
   bool WaitForSync(std::stop_token stop) const;
 
   std::optional<nlohmann::json> Get(const std::string& key) const;
+  bool Has(const std::string& key) const;
   // The last failed list or watch, until a list succeeds again (then nullopt).
   std::optional<std::string> last_error() const;
 
   // Every object for which `keep` is true (all when it is null), in key order.
   std::vector<nlohmann::json> List(
       const std::function<bool(const nlohmann::json&)>& keep = nullptr) const;
+  // The same without copying the objects: each is shared with the cache, which replaces (never
+  // modifies) an object that changes. What a controller that reads every object on every
+  // reconcile uses: a copy of a thousand pods costs more than the reconcile itself.
+  std::vector<std::shared_ptr<const nlohmann::json>> Snapshot(
+      const std::function<bool(const nlohmann::json&)>& keep = nullptr) const;
+  // The keys of every object, in order.
+  std::vector<std::string> Keys() const;
+  // Counts the changes applied so far: equal versions, the same objects. Read it before a
+  // Snapshot to label what the snapshot holds (a change in between only makes the label older).
+  uint64_t version() const { return version_.load(); }
 
  private:
   void Sync(std::vector<nlohmann::json> items);
@@ -70,9 +83,10 @@ class Informer {
 
   mutable std::mutex mu_;
   mutable std::condition_variable_any synced_cv_;
-  std::map<std::string, nlohmann::json> objects_;
+  std::map<std::string, std::shared_ptr<const nlohmann::json>> objects_;
   bool synced_ = false;
   std::optional<std::string> last_error_;
+  std::atomic<uint64_t> version_{0};
 };
 
 }  // namespace vf::controller

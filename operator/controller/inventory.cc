@@ -9,10 +9,24 @@ namespace vf::controller {
 
 using nlohmann::json;
 
+const json& ObjectAt(const json& j, const char* key) {
+  static const json kEmpty = json::object();
+  if (!j.is_object()) return kEmpty;
+  auto it = j.find(key);
+  return it != j.end() && it->is_object() ? *it : kEmpty;
+}
+
+const json& ArrayAt(const json& j, const char* key) {
+  static const json kEmpty = json::array();
+  if (!j.is_object()) return kEmpty;
+  auto it = j.find(key);
+  return it != j.end() && it->is_array() ? *it : kEmpty;
+}
+
 bool NodeSchedulable(const json& node) {
-  if (node.value("spec", json::object()).value("unschedulable", false)) return false;
-  const json& status = node.value("status", json::object());
-  for (const json& c : status.value("conditions", json::array())) {
+  if (ObjectAt(node, "spec").value("unschedulable", false)) return false;
+  const json& status = ObjectAt(node, "status");
+  for (const json& c : ArrayAt(status, "conditions")) {
     if (c.value("type", "") == "Ready" && c.value("status", "") == "False") return false;
   }
   return true;
@@ -66,10 +80,10 @@ int64_t ParseCpuMillis(const json& quantity) {
 
 int PodGpus(const json& pod) {
   int total = 0;
-  for (const json& c : pod.value("spec", json::object()).value("containers", json::array())) {
-    const json& res = c.value("resources", json::object());
-    const json& limits = res.value("limits", json::object());
-    const json& requests = res.value("requests", json::object());
+  for (const json& c : ArrayAt(ObjectAt(pod, "spec"), "containers")) {
+    const json& res = ObjectAt(c, "resources");
+    const json& limits = ObjectAt(res, "limits");
+    const json& requests = ObjectAt(res, "requests");
     if (limits.contains(kGpuResource)) {
       total += ParseGpuQuantity(limits.at(kGpuResource));
     } else if (requests.contains(kGpuResource)) {
@@ -80,25 +94,23 @@ int PodGpus(const json& pod) {
 }
 
 bool PodHoldsResources(const json& pod) {
-  const std::string phase = pod.value("status", json::object()).value("phase", "");
+  const std::string phase = ObjectAt(pod, "status").value("phase", "");
   if (phase == "Succeeded" || phase == "Failed") return false;
-  return !pod.value("spec", json::object()).value("nodeName", "").empty();
+  return !ObjectAt(pod, "spec").value("nodeName", "").empty();
 }
 
 bool IsWorkerPod(const json& pod) {
-  return pod.value("metadata", json::object())
-      .value("labels", json::object())
-      .contains("virtualflow.io/job");
+  return ObjectAt(ObjectAt(pod, "metadata"), "labels").contains("virtualflow.io/job");
 }
 
 namespace {
 
 int64_t PodCpuMillis(const json& pod) {
   int64_t total = 0;
-  for (const json& c : pod.value("spec", json::object()).value("containers", json::array())) {
-    const json& res = c.value("resources", json::object());
+  for (const json& c : ArrayAt(ObjectAt(pod, "spec"), "containers")) {
+    const json& res = ObjectAt(c, "resources");
     for (const char* part : {"requests", "limits"}) {
-      const json& r = res.value(part, json::object());
+      const json& r = ObjectAt(res, part);
       if (r.contains("cpu")) {
         total += std::max<int64_t>(0, ParseCpuMillis(r.at("cpu")));
         break;
@@ -111,7 +123,7 @@ int64_t PodCpuMillis(const json& pod) {
 bool Matches(const json& requirement, const std::string& value, bool present) {
   const std::string op = requirement.value("operator", "");
   std::vector<std::string> values;
-  for (const json& v : requirement.value("values", json::array())) {
+  for (const json& v : ArrayAt(requirement, "values")) {
     if (v.is_string()) values.push_back(v.get<std::string>());
   }
   const bool in = std::find(values.begin(), values.end(), value) != values.end();
@@ -132,14 +144,14 @@ bool Matches(const json& requirement, const std::string& value, bool present) {
 }
 
 bool TermMatches(const json& term, const json& node) {
-  const json& meta = node.value("metadata", json::object());
-  const json& labels = meta.value("labels", json::object());
-  for (const json& req : term.value("matchExpressions", json::array())) {
+  const json& meta = ObjectAt(node, "metadata");
+  const json& labels = ObjectAt(meta, "labels");
+  for (const json& req : ArrayAt(term, "matchExpressions")) {
     const std::string key = req.value("key", "");
     const bool present = labels.contains(key) && labels[key].is_string();
     if (!Matches(req, present ? labels[key].get<std::string>() : "", present)) return false;
   }
-  for (const json& req : term.value("matchFields", json::array())) {
+  for (const json& req : ArrayAt(term, "matchFields")) {
     if (req.value("key", "") != "metadata.name") return false;
     if (!Matches(req, meta.value("name", ""), true)) return false;
   }
@@ -166,23 +178,21 @@ bool Tolerates(const json& tolerations, const json& taint) {
 
 bool NodeEligible(const json& node, const json& pod_template) {
   if (!NodeSchedulable(node)) return false;
-  const json& labels = node.value("metadata", json::object()).value("labels", json::object());
-  const json selector = pod_template.value("nodeSelector", json::object());
+  const json& labels = ObjectAt(ObjectAt(node, "metadata"), "labels");
+  const json& selector = ObjectAt(pod_template, "nodeSelector");
   for (const auto& [k, v] : selector.items()) {
     if (!labels.contains(k) || labels[k] != v) return false;
   }
-  const json& required =
-      pod_template.value("affinity", json::object())
-          .value("nodeAffinity", json::object())
-          .value("requiredDuringSchedulingIgnoredDuringExecution", json::object());
-  const json& terms = required.value("nodeSelectorTerms", json::array());
+  const json& required = ObjectAt(ObjectAt(ObjectAt(pod_template, "affinity"), "nodeAffinity"),
+                                  "requiredDuringSchedulingIgnoredDuringExecution");
+  const json& terms = ArrayAt(required, "nodeSelectorTerms");
   if (!terms.empty()) {
     bool any = false;
     for (const json& term : terms) any = any || TermMatches(term, node);
     if (!any) return false;
   }
-  const json& tolerations = pod_template.value("tolerations", json::array());
-  for (const json& taint : node.value("spec", json::object()).value("taints", json::array())) {
+  const json& tolerations = ArrayAt(pod_template, "tolerations");
+  for (const json& taint : ArrayAt(ObjectAt(node, "spec"), "taints")) {
     const std::string effect = taint.value("effect", "");
     if (effect != "NoSchedule" && effect != "NoExecute") continue;
     if (!Tolerates(tolerations, taint)) return false;
@@ -193,10 +203,11 @@ bool NodeEligible(const json& node, const json& pod_template) {
 int EligibleWorkers(const ClusterGpus& cluster, const json& pod_template, int gpus_per_worker,
                     int64_t cpu_millis) {
   int workers = 0;
-  for (const auto& [name, node] : cluster.nodes) {
+  for (const auto& [name, shared] : cluster.nodes) {
+    const json& node = *shared;
     if (!NodeEligible(node, pod_template)) continue;
     if (gpus_per_worker > 0) {
-      const json& alloc = node.value("status", json::object()).value("allocatable", json::object());
+      const json& alloc = ObjectAt(ObjectAt(node, "status"), "allocatable");
       if (!alloc.contains(kGpuResource)) continue;
       auto held = cluster.node_gpus_held_by_others.find(name);
       const int gpus = ParseGpuQuantity(alloc.at(kGpuResource)) -
@@ -218,35 +229,38 @@ std::vector<std::string> EligibleProducts(const ClusterGpus& cluster, const json
   std::set<std::string> products;
   for (const auto& [name, product] : cluster.node_product) {
     auto node = cluster.nodes.find(name);
-    if (node != cluster.nodes.end() && NodeEligible(node->second, pod_template)) {
+    if (node != cluster.nodes.end() && NodeEligible(*node->second, pod_template)) {
       products.insert(product);
     }
   }
   return {products.begin(), products.end()};
 }
 
-ClusterGpus CountGpus(const std::vector<json>& nodes, const std::vector<json>& pods) {
+ClusterGpus CountGpus(const std::vector<std::shared_ptr<const json>>& nodes,
+                      const std::vector<std::shared_ptr<const json>>& pods) {
   ClusterGpus out;
-  for (const json& node : nodes) {
+  for (const std::shared_ptr<const json>& shared : nodes) {
+    const json& node = *shared;
     if (!NodeSchedulable(node)) continue;
-    const json& alloc = node.value("status", json::object()).value("allocatable", json::object());
-    const std::string node_name = node.value("metadata", json::object()).value("name", "");
-    out.nodes[node_name] = node;
+    const json& alloc = ObjectAt(ObjectAt(node, "status"), "allocatable");
+    const std::string node_name = ObjectAt(node, "metadata").value("name", "");
+    out.nodes[node_name] = shared;
     if (alloc.contains("cpu")) {
       out.cpu_allocatable[node_name] = std::max<int64_t>(0, ParseCpuMillis(alloc.at("cpu")));
     }
     if (!alloc.contains(kGpuResource)) continue;
     const int gpus = ParseGpuQuantity(alloc.at(kGpuResource));
     if (gpus <= 0) continue;
-    const json& labels = node.value("metadata", json::object()).value("labels", json::object());
+    const json& labels = ObjectAt(ObjectAt(node, "metadata"), "labels");
     const std::string product = labels.value(kGpuProductLabel, std::string(kUnknownProduct));
-    const std::string name = node.value("metadata", json::object()).value("name", "");
+    const std::string name = ObjectAt(node, "metadata").value("name", "");
     out.node_product[name] = product;
     out.products[product].total += gpus;
   }
-  for (const json& pod : pods) {
+  for (const std::shared_ptr<const json>& shared : pods) {
+    const json& pod = *shared;
     if (!PodHoldsResources(pod)) continue;
-    const std::string node = pod.value("spec", json::object()).value("nodeName", "");
+    const std::string node = ObjectAt(pod, "spec").value("nodeName", "");
     if (!IsWorkerPod(pod) && out.cpu_allocatable.count(node) != 0) {
       out.cpu_held_by_others[node] += PodCpuMillis(pod);
     }
@@ -260,6 +274,27 @@ ClusterGpus CountGpus(const std::vector<json>& nodes, const std::vector<json>& p
     }
   }
   return out;
+}
+
+json NodeSchedulingFacts(const json& node) {
+  if (!node.is_object()) return nullptr;
+  const json& meta = ObjectAt(node, "metadata");
+  const json& spec = ObjectAt(node, "spec");
+  return {{"name", meta.value("name", "")},
+          {"labels", ObjectAt(meta, "labels")},
+          {"unschedulable", spec.value("unschedulable", false)},
+          {"taints", ArrayAt(spec, "taints")},
+          {"allocatable", ObjectAt(ObjectAt(node, "status"), "allocatable")},
+          {"schedulable", NodeSchedulable(node)}};
+}
+
+ClusterGpus CountGpus(const std::vector<json>& nodes, const std::vector<json>& pods) {
+  auto share = [](const std::vector<json>& objects) {
+    std::vector<std::shared_ptr<const json>> out;
+    for (const json& o : objects) out.push_back(std::make_shared<const json>(o));
+    return out;
+  };
+  return CountGpus(share(nodes), share(pods));
 }
 
 }  // namespace vf::controller

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -32,11 +33,17 @@ struct ClusterGpus {
   std::map<std::string, int> held_by_others;
   std::map<std::string, int> node_gpus_held_by_others;  // the same, by node
   // Every schedulable node (GPUs or not), by name: CPU-only jobs run on any of them.
-  std::map<std::string, nlohmann::json> nodes;
+  std::map<std::string, std::shared_ptr<const nlohmann::json>> nodes;
   // Millicores per node: allocatable, and requested by pods that are not VirtualFlow workers.
   std::map<std::string, int64_t> cpu_allocatable;
   std::map<std::string, int64_t> cpu_held_by_others;
 };
+
+// The member `key` of `j` when it is an object (ObjectAt) or an array (ArrayAt), else an empty
+// one. A reference, never a copy: json::value(key, json::object()) copies the whole member,
+// which over every node and pod of a large cluster costs more than the reconcile it serves.
+const nlohmann::json& ObjectAt(const nlohmann::json& j, const char* key);
+const nlohmann::json& ArrayAt(const nlohmann::json& j, const char* key);
 
 // The pool type CPU-only workers are counted in, in millicores (never a GPU product).
 inline constexpr char kCpuPool[] = "cpu";
@@ -71,5 +78,12 @@ bool IsWorkerPod(const nlohmann::json& pod);
 
 ClusterGpus CountGpus(const std::vector<nlohmann::json>& nodes,
                       const std::vector<nlohmann::json>& pods);
+// What of a node the inventory and NodeEligible read (name, labels, taints, cordon, allocatable,
+// readiness), without what changes on every heartbeat: two versions of a node with equal facts
+// place workers alike, so a change that keeps them says nothing to any job.
+nlohmann::json NodeSchedulingFacts(const nlohmann::json& node);
+// The same over objects shared with an informer's cache (Informer::Snapshot), without copies.
+ClusterGpus CountGpus(const std::vector<std::shared_ptr<const nlohmann::json>>& nodes,
+                      const std::vector<std::shared_ptr<const nlohmann::json>>& pods);
 
 }  // namespace vf::controller

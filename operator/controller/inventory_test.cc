@@ -134,6 +134,31 @@ TEST(InventoryTest, EligibleWorkersCountOnlyTheNodesATemplateAllows) {
   EXPECT_EQ(cluster.cpu_held_by_others["a"], 3000);
 }
 
+TEST(InventoryTest, NodeSchedulingFactsIgnoreHeartbeatsAndSeeWhatPlacesWorkers) {
+  json node = Node("a", 8, "H100");
+  node["metadata"]["resourceVersion"] = "10";
+  node["status"]["conditions"][0]["lastHeartbeatTime"] = "2026-01-02T03:04:05Z";
+  const json facts = NodeSchedulingFacts(node);
+  // A heartbeat: new times, a new resourceVersion, new images.
+  json beat = node;
+  beat["metadata"]["resourceVersion"] = "11";
+  beat["status"]["conditions"][0]["lastHeartbeatTime"] = "2026-01-02T03:04:15Z";
+  beat["status"]["images"] = json::array({{{"names", {"agent:1"}}}});
+  EXPECT_EQ(NodeSchedulingFacts(beat), facts);
+  // What changes where workers go.
+  json cordoned = Node("a", 8, "H100", /*cordoned=*/true);
+  json not_ready = Node("a", 8, "H100", false, "False");
+  json smaller = Node("a", 4, "H100");
+  json relabelled = Node("a", 8, "A100");
+  json tainted = node;
+  tainted["spec"]["taints"] = json::array({{{"key", "gpu"}, {"effect", "NoSchedule"}}});
+  for (const json& other : {cordoned, not_ready, smaller, relabelled, tainted}) {
+    EXPECT_NE(NodeSchedulingFacts(other), facts) << other.dump();
+  }
+  // A node that comes or goes.
+  EXPECT_NE(NodeSchedulingFacts(json()), facts);
+}
+
 TEST(InventoryTest, OddObjectsDoNotThrow) {
   std::vector<json> nodes = {json::object(), {{"metadata", {{"name", "x"}}}}};
   std::vector<json> pods = {json::object(), {{"spec", {{"containers", json::array()}}}}};

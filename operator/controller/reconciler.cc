@@ -240,25 +240,29 @@ Result<std::string> Reconciler::EnsureToken(const json& job) {
     if (encoded.empty()) return FailedPrecondition("Secret " + secret_name + " has no token");
     return encoded;  // compared and used base64-encoded: see below
   };
-  std::string encoded;
-  kube::ApiResult<json> got = client_.Get(kube::kSecrets, ns, secret_name);
-  if (got.ok()) {
-    VF_ASSIGN_OR_RETURN(encoded, read(*got));
-  } else if (got.reason() == kube::Reason::kNotFound) {
-    VF_ASSIGN_OR_RETURN(const std::string token, RandomToken());
+  VF_ASSIGN_OR_RETURN(const std::string new_token, RandomToken());  // used if created
+  auto create = [&]() -> kube::ApiResult<json> {
     json secret = {
         {"metadata",
          {{"name", secret_name},
           {"labels", {{kJobLabel, meta.value("name", "")}, {kManagedByLabel, kManagedBy}}},
           {"ownerReferences", {OwnerReference(job)}}}},
         {"type", "Opaque"},
-        {"stringData", {{kTokenKey, token}}}};
-    kube::ApiResult<json> created = client_.Create(kube::kSecrets, ns, secret);
-    if (!created.ok()) return created.status();
-    VF_ASSIGN_OR_RETURN(encoded, read(*created));
-  } else {
-    return got.status();
+        {"stringData", {{kTokenKey, new_token}}}};
+    return client_.Create(kube::kSecrets, ns, secret);
+  };
+  // A job this operator has never written a status for is new: its Secret is created without
+  // asking first (one request, not two, for each of a thousand new jobs). One that has a
+  // status (an operator restart) most likely has its Secret: read first.
+  const bool fresh = Obj(job, "status").empty();
+  kube::ApiResult<json> got = fresh ? create() : client_.Get(kube::kSecrets, ns, secret_name);
+  if (fresh && got.reason() == kube::Reason::kAlreadyExists) {
+    got = client_.Get(kube::kSecrets, ns, secret_name);
+  } else if (!fresh && got.reason() == kube::Reason::kNotFound) {
+    got = create();
   }
+  if (!got.ok()) return got.status();
+  VF_ASSIGN_OR_RETURN(const std::string encoded, read(*got));
   // Secret data is base64; OpenSSL decodes it (padding comes back as trailing zero bytes).
   std::string token(encoded.size(), '\0');
   const int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(token.data()),
@@ -329,7 +333,9 @@ struct Reconciler::Pass {
   json status;  // what this pass writes back
   JobSpec spec;
 
-  ClusterGpus gpus;
+  // The whole cluster as the caches had it (Reconciler::View), and its GPU inventory.
+  std::shared_ptr<const ClusterView> cluster;
+  const ClusterGpus& gpus() const { return cluster->gpus; }
   std::vector<json> pods;                      // the job's own worker pods
   std::map<std::string, const json*> by_name;  // into `pods`
   JobView view;                                // the coordinator's
@@ -346,6 +352,7 @@ struct Reconciler::Pass {
   bool finishing = false;  // the members trained the last step: the job is ending
   policy::MembershipDecision decision;
   int created = 0;  // pods this pass created
+  int unseen = 0;   // pods earlier passes created that the cache does not show yet
   // What the step that failed was doing, as a condition and Event reason ("FailedCreatePod"),
   // and the pod it was about, if any.
   std::string failed_action;
@@ -417,35 +424,65 @@ const json& TemplateOf(const json& job) { return Obj(Obj(job, "spec"), "template
 
 }  // namespace
 
-std::optional<policy::PolicyJob> Reconciler::PolicyJobOf(const json& job,
-                                                         const ClusterGpus& gpus) const {
+std::shared_ptr<const Result<JobSpec>> Reconciler::CachedSpecOf(const json& job) {
+  const json& meta = Obj(job, "metadata");
+  const std::string key = ObjectKey(job);
+  const std::string uid = meta.value("uid", "");
+  const std::string version = meta.value("resourceVersion", "");
+  if (!uid.empty() && !version.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = specs_.find(key);
+    if (it != specs_.end() && it->second.uid == uid && it->second.resource_version == version) {
+      return it->second.spec;
+    }
+  }
+  auto parsed = std::make_shared<const Result<JobSpec>>(JobSpecOf(job));
+  if (!uid.empty() && !version.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Only for a job that still exists: Forget erases the entry of one that is gone.
+    if (jobs_.Has(key)) specs_[key] = ParsedSpec{uid, version, parsed};
+  }
+  return parsed;
+}
+
+std::optional<policy::PolicyJob> Reconciler::PolicyJobOf(const json& job, const ClusterGpus& gpus,
+                                                         PolicyContext& context) {
   const json& status = Obj(job, "status");
   const std::string phase = status.value("phase", "");
   if (phase == "Succeeded" || phase == "Failed") return std::nullopt;
   if (Obj(job, "metadata").contains("deletionTimestamp")) return std::nullopt;
   // A job whose spec does not parse is failed by its own reconcile; it takes no GPUs.
-  Result<JobSpec> spec = JobSpecOf(job);
-  if (!spec.ok()) return std::nullopt;
+  const std::shared_ptr<const Result<JobSpec>> spec = CachedSpecOf(job);
+  if (!spec->ok()) return std::nullopt;
+  const JobSpec& s = spec->value();
   policy::PolicyJob p;
   p.id = ObjectKey(job);
-  p.virtual_nodes = spec->virtual_nodes;
-  p.min_workers = spec->replicas_min;
-  p.max_workers = spec->replicas_max;
-  const bool cpu_only = spec->gpus_per_worker == 0;
+  p.virtual_nodes = s.virtual_nodes;
+  p.min_workers = s.replicas_min;
+  p.max_workers = s.replicas_max;
+  const bool cpu_only = s.gpus_per_worker == 0;
   if (cpu_only) {
     // CPU-only workers are counted in the CPU pool, in millicores.
     p.gpus_per_worker = static_cast<int>(WorkerCpuMillis(job));
     p.allowed_types = {kCpuPool};
     p.unit = "CPU millicores";
   } else {
-    p.gpus_per_worker = spec->gpus_per_worker;
-    p.allowed_types = EligibleProducts(gpus, TemplateOf(job));
+    p.gpus_per_worker = s.gpus_per_worker;
+    const json& pod_template = TemplateOf(job);
+    const std::string template_key = pod_template.dump();
+    auto known = context.products_by_template.find(template_key);
+    if (known == context.products_by_template.end()) {
+      known =
+          context.products_by_template.emplace(template_key, EligibleProducts(gpus, pod_template))
+              .first;
+    }
+    p.allowed_types = known->second;
     // No eligible node at all: a type no inventory has, so that the job gets nothing (an
     // empty list would mean every type).
     if (p.allowed_types.empty()) p.allowed_types = {"(no eligible node)"};
   }
-  if (spec->suspend) return std::nullopt;  // holds nothing and wants nothing
-  if (std::optional<int> cap = KueueCap(job, *spec)) {
+  if (s.suspend) return std::nullopt;  // holds nothing and wants nothing
+  if (std::optional<int> cap = KueueCap(job, s)) {
     // Waiting for Kueue: no GPUs; admitted: no more workers than Kueue admitted.
     if (*cap <= 0) return std::nullopt;
     p.max_workers = std::min(p.max_workers, *cap);
@@ -453,23 +490,20 @@ std::optional<policy::PolicyJob> Reconciler::PolicyJobOf(const json& job,
   }
   // The job's own policy when its manifest names one (the API server defaults it only inside a
   // given spec.elasticity); otherwise the operator's --policy decides it.
-  if (Obj(Obj(job, "spec"), "elasticity").contains("policy")) p.policy = spec->elasticity.policy;
-  p.cooldown_seconds = spec->elasticity.cooldown_seconds;
+  if (Obj(Obj(job, "spec"), "elasticity").contains("policy")) p.policy = s.elasticity.policy;
+  p.cooldown_seconds = s.elasticity.cooldown_seconds;
   p.arrival_time = UnixSeconds(Obj(job, "metadata").value("creationTimestamp", ""));
   if (std::isnan(p.arrival_time)) p.arrival_time = 0;
   const double last = UnixSeconds(Obj(status, "lastResize").value("time", ""));
   p.last_resize_time = std::isnan(last) ? p.arrival_time : last;
   p.resize_pause_seconds = Obj(status, "lastResize").value("pauseSeconds", 0.0);
   // What it holds: its live pods, by the product of the node they are bound to.
-  const std::string name = Obj(job, "metadata").value("name", "");
-  const std::string ns = Obj(job, "metadata").value("namespace", "");
-  for (const json& pod : pods_.List([&](const json& pod) {
-         return Obj(pod, "metadata").value("namespace", "") == ns &&
-                Obj(Obj(pod, "metadata"), "labels").value(kJobLabel, "") == name;
-       })) {
-    const PodLife life = PodLifeOf(pod);
+  auto own = context.pods_by_job->find(p.id);
+  if (own == context.pods_by_job->end()) return p;
+  for (const std::shared_ptr<const json>& pod : own->second) {
+    const PodLife life = PodLifeOf(*pod);
     if (life != PodLife::kStarting && life != PodLife::kRunning) continue;
-    const std::string node = Obj(pod, "spec").value("nodeName", "");
+    const std::string node = Obj(*pod, "spec").value("nodeName", "");
     // A pod the scheduler has not bound yet is the job's too: without it, a job whose pods
     // are bound one by one would look smaller than it is and lose its newest pods.
     if (node.empty()) {
@@ -486,14 +520,49 @@ std::optional<policy::PolicyJob> Reconciler::PolicyJobOf(const json& job,
   return p;
 }
 
-Reconciler::Desired Reconciler::DesiredWorkers(const std::string& key, const ClusterGpus& gpus) {
+std::shared_ptr<const Reconciler::ClusterView> Reconciler::View() {
+  std::lock_guard<std::mutex> lock(view_mu_);
+  const uint64_t jobs_version = jobs_.version();
+  const uint64_t pods_version = pods_.version();
+  const uint64_t nodes_version = nodes_.version();
+  const uint64_t workloads_version = workloads_ != nullptr ? workloads_->version() : 0;
+  if (view_ && view_->jobs_version == jobs_version && view_->pods_version == pods_version &&
+      view_->nodes_version == nodes_version && view_->workloads_version == workloads_version &&
+      Clock::now() - view_->made < kViewMaxAge) {
+    return view_;
+  }
+  view_ = MakeView(jobs_version, pods_version, nodes_version, workloads_version);
+  return view_;
+}
+
+std::shared_ptr<const Reconciler::ClusterView> Reconciler::MakeView(uint64_t jobs_version,
+                                                                    uint64_t pods_version,
+                                                                    uint64_t nodes_version,
+                                                                    uint64_t workloads_version) {
+  auto view = std::make_shared<ClusterView>();
+  view->jobs_version = jobs_version;
+  view->pods_version = pods_version;
+  view->nodes_version = nodes_version;
+  view->workloads_version = workloads_version;
+  view->made = Clock::now();
+  // Shared with the caches, not copied.
+  const std::vector<std::shared_ptr<const json>> all_pods = pods_.Snapshot();
+  view->gpus = CountGpus(nodes_.Snapshot(), all_pods);
+  for (const std::shared_ptr<const json>& pod : all_pods) {
+    const json& meta = Obj(*pod, "metadata");
+    const json& labels = Obj(meta, "labels");
+    auto label = labels.find(kJobLabel);
+    if (label == labels.end() || !label->is_string()) continue;
+    view->pods_by_job[meta.value("namespace", "") + "/" + label->get<std::string>()].push_back(pod);
+  }
+  PolicyContext context{&view->pods_by_job, {}};
   std::vector<policy::PolicyJob> jobs;
-  std::optional<json> mine_job = jobs_.Get(key);
-  for (const json& job : jobs_.List()) {
-    std::optional<policy::PolicyJob> p = PolicyJobOf(job, gpus);
+  for (const std::shared_ptr<const json>& job : jobs_.Snapshot()) {
+    std::optional<policy::PolicyJob> p = PolicyJobOf(*job, view->gpus, context);
     if (p) jobs.push_back(std::move(*p));
   }
   policy::GpuInventory inventory;
+  const ClusterGpus& gpus = view->gpus;
   for (const auto& [product, count] : gpus.products) {
     auto held = gpus.held_by_others.find(product);
     inventory.gpus[product] =
@@ -506,31 +575,61 @@ Reconciler::Desired Reconciler::DesiredWorkers(const std::string& key, const Clu
         std::max<int64_t>(0, millis - (held == gpus.cpu_held_by_others.end() ? 0 : held->second));
   }
   inventory.gpus[kCpuPool] = static_cast<int>(std::min<int64_t>(cpu, 1 << 30));
-  auto decision = policy_->Decide(jobs, inventory, NowUnix());
-  if (!decision.ok()) return {0, decision.status().message(), {}};
-  const policy::JobDecision* mine = decision->Find(key);
+  view->decision = policy_->Decide(jobs, inventory, NowUnix());
+  return view;
+}
+
+Reconciler::Desired Reconciler::DesiredWorkers(const Pass& p, const ClusterView& view) {
+  if (!view.decision.ok()) return {0, view.decision.status().message(), {}};
+  const policy::JobDecision* mine = view.decision->Find(p.key);
   if (mine == nullptr) return {0, "not scheduled", {}};
   Desired out{policy::TotalWorkers(mine->workers), mine->reason, mine->workers};
   // The policy counts GPUs by product across the cluster; the scheduler places a pod only on
   // a node its template allows, with room on that node.
-  if (mine_job) {
-    Result<JobSpec> spec = JobSpecOf(*mine_job);
-    if (spec.ok()) {
-      const int fit = EligibleWorkers(gpus, TemplateOf(*mine_job), spec->gpus_per_worker,
-                                      WorkerCpuMillis(*mine_job));
-      if (out.workers > fit) {
-        out.workers = fit;
-        out.reason += "; " + std::to_string(fit) +
-                      " fit on the nodes its nodeSelector, affinity and tolerations allow";
-      }
-    }
+  const int64_t cpu_millis = WorkerCpuMillis(p.job);
+  const std::string fit_key = TemplateOf(p.job).dump() + '\n' +
+                              std::to_string(p.spec.gpus_per_worker) + '\n' +
+                              std::to_string(cpu_millis);
+  std::optional<int> known;
+  {
+    std::lock_guard<std::mutex> lock(view.fit_mu);
+    auto it = view.fit.find(fit_key);
+    if (it != view.fit.end()) known = it->second;
+  }
+  const int fit =
+      known ? *known
+            : EligibleWorkers(view.gpus, TemplateOf(p.job), p.spec.gpus_per_worker, cpu_millis);
+  if (!known) {
+    std::lock_guard<std::mutex> lock(view.fit_mu);
+    view.fit.emplace(fit_key, fit);
+  }
+  if (out.workers > fit) {
+    out.workers = fit;
+    out.reason += "; " + std::to_string(fit) +
+                  " fit on the nodes its nodeSelector, affinity and tolerations allow";
   }
   return out;
 }
 
 Status Reconciler::PatchStatus(const json& job, const json& status) {
-  if (Comparable(status) == Comparable(Obj(job, "status"))) return Status::Ok();
+  json wanted = Comparable(status);
+  if (wanted == Comparable(Obj(job, "status"))) return Status::Ok();
   const json& meta = job.at("metadata");
+  const std::string key = ObjectKey(job);
+  const std::string uid = meta.value("uid", "");
+  const std::string version = meta.value("resourceVersion", "");
+  {
+    // The cache has not seen this operator's last write yet: the job is still at the version
+    // that write was made over, so the API server holds what was written (a change by anyone
+    // else would have moved the version). Writing the same status again would only cost a
+    // request, for each job, each time its pods change before its own write comes back.
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = written_.find(key);
+    if (!version.empty() && it != written_.end() && it->second.uid == uid &&
+        it->second.over_version == version && it->second.status == wanted) {
+      return Status::Ok();
+    }
+  }
   // The whole status each time, so fields that no longer apply are cleared (null deletes).
   json patch_status = status;
   for (const auto& [k, v] : Obj(job, "status").items()) {
@@ -538,6 +637,10 @@ Status Reconciler::PatchStatus(const json& job, const json& status) {
   }
   auto r = client_.PatchStatus(kube::kVirtualFlowJobs, meta.value("namespace", ""),
                                meta.value("name", ""), json{{"status", patch_status}});
+  if (r.ok() && !version.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    written_[key] = WrittenStatus{uid, version, std::move(wanted)};
+  }
   return r.status();
 }
 
@@ -590,7 +693,7 @@ Result<ReconcileResult> Reconciler::Reconcile(const std::string& key) {
   if (!found || Obj(*found, "metadata").contains("deletionTimestamp")) return Forget(key);
   Pass p(key, std::move(*found));
   Begin(p);
-  Result<JobSpec> spec = JobSpecOf(p.job);
+  Result<JobSpec> spec = *CachedSpecOf(p.job);
   if (spec.ok()) {
     // What the CRD's schema cannot check about the pod template.
     if (Status t = ValidateTemplate(p.job); !t.ok()) spec = t;
@@ -698,6 +801,8 @@ Result<ReconcileResult> Reconciler::Forget(const std::string& key) {
   failures_seen_.erase(key);
   checkpoint_failures_seen_.erase(key);
   times_.erase(key);
+  specs_.erase(key);
+  written_.erase(key);
   if (hooks_.on_job_gone) hooks_.on_job_gone(key);
   return ReconcileResult{};
 }
@@ -729,17 +834,18 @@ Status Reconciler::FailInvalidSpec(Pass& p, const Status& why) {
 }
 
 Status Reconciler::Observe(Pass& p) {
-  const std::vector<json> nodes = nodes_.List();
-  const std::vector<json> all_pods = pods_.List();
-  p.gpus = CountGpus(nodes, all_pods);
-  if (hooks_.on_inventory) hooks_.on_inventory(p.gpus);
-  for (const json& pod : all_pods) {
-    if (OwnedBy(pod, p.ns, p.name, p.uid)) p.pods.push_back(pod);
+  p.cluster = View();
+  if (hooks_.on_inventory) hooks_.on_inventory(p.gpus());
+  auto labelled = p.cluster->pods_by_job.find(p.key);
+  if (labelled != p.cluster->pods_by_job.end()) {
+    for (const std::shared_ptr<const json>& pod : labelled->second) {
+      if (OwnedBy(*pod, p.ns, p.name, p.uid)) p.pods.push_back(*pod);
+    }
   }
   for (const json& pod : p.pods) p.by_name[PodName(pod)] = &pod;
 
   VF_ASSIGN_OR_RETURN(p.view, coordinator_.GetJob(p.key));
-  Desired desired = DesiredWorkers(p.key, p.gpus);
+  Desired desired = DesiredWorkers(p, *p.cluster);
   p.desired = desired.workers;
   p.policy_reason = std::move(desired.reason);
   p.allocation = std::move(desired.allocation);
@@ -863,7 +969,8 @@ Result<Reconciler::Next> Reconciler::Suspend(Pass& p, ReconcileResult& result) {
     times_[p.key].start.clear();
   }
   int stopping = 0;
-  for (const json& pod : pods_.List()) {
+  for (const std::shared_ptr<const json>& shared : pods_.Snapshot()) {
+    const json& pod = *shared;
     if (!OwnedBy(pod, p.ns, p.name, p.uid)) continue;
     const PodLife life = PodLifeOf(pod);
     if (life == PodLife::kTerminating) {
@@ -1131,8 +1238,8 @@ policy::MembershipInput Reconciler::MembershipInputOf(const Pass& p) const {
     const std::string node = Obj(pod, "spec").value("nodeName", "");
     // A GPU job's pod needs a schedulable node with GPUs; a CPU-only job's any schedulable one.
     w.on_schedulable_node =
-        node.empty() || (p.spec.gpus_per_worker > 0 ? p.gpus.node_product.count(node) != 0
-                                                    : p.gpus.nodes.count(node) != 0);
+        node.empty() || (p.spec.gpus_per_worker > 0 ? p.gpus().node_product.count(node) != 0
+                                                    : p.gpus().nodes.count(node) != 0);
     const double created = UnixSeconds(Obj(pod, "metadata").value("creationTimestamp", ""));
     w.age_seconds = std::isnan(created) ? 0 : now_unix - created;
     in.workers.push_back(w);
@@ -1222,7 +1329,8 @@ Status Reconciler::ReconcilePods(Pass& p) {
   int live = 0;
   std::vector<const json*> spare;  // live pods outside the plan
   if (!p.finishing) VF_RETURN_IF_ERROR(DeleteEndedPods(p, live, spare));
-  live += PendingCreations(p);
+  p.unseen = PendingCreations(p);
+  live += p.unseen;
   if (p.finishing) return Status::Ok();
   VF_RETURN_IF_ERROR(DeleteSurplusPods(p, live, spare));
   return CreateMissingPods(p, live);
@@ -1325,7 +1433,7 @@ Status Reconciler::CreateMissingPods(Pass& p, int live) {
   // A template that names a product itself keeps it.
   const bool own_product = Obj(TemplateOf(p.job), "nodeSelector").contains(kGpuProductLabel);
   std::vector<std::string> pins =
-      own_product ? std::vector<std::string>{} : ProductsToPin(p.allocation, p.pods, p.gpus);
+      own_product ? std::vector<std::string>{} : ProductsToPin(p.allocation, p.pods, p.gpus());
   size_t next_pin = 0;
   while (live < p.desired) {
     const std::string pod_name = p.name + "-worker-" + RandomSuffix();
@@ -1392,8 +1500,9 @@ json Reconciler::WorkerCounts(const Pass& p) const {
         break;  // finished, or left after acknowledging a plan
     }
   }
-  // Created this pass, not in the cache yet.
-  pending += p.created;
+  // Created, this pass or an earlier one, and not in the cache yet: a pass that runs before
+  // the cache shows them says what the one that created them said.
+  pending += p.created + p.unseen;
   return {{"pending", pending},
           {"joining", joining},
           {"training", training},
@@ -1453,7 +1562,7 @@ void Reconciler::SetPhase(Pass& p, bool all_switched) {
   }
   p.status["phase"] = phase;
   p.status["message"] = message;
-  const bool has_pods = !p.pods.empty() || p.created > 0;
+  const bool has_pods = !p.pods.empty() || p.created > 0 || p.unseen > 0;
   const json& old = p.old_conditions;
   json conditions = json::array();
   SetCondition(conditions, old, "Created", has_pods, has_pods ? "PodsCreated" : "WaitingForGPUs",

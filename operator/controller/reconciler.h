@@ -178,11 +178,48 @@ class Reconciler {
     std::string reason;
     policy::Allocation allocation;
   };
-  Desired DesiredWorkers(const std::string& key, const ClusterGpus& gpus);
+  // What every reconcile reads of the whole cluster: the GPU inventory, every job's pods and
+  // the policy's decision for every job. Computed once per version of the caches (and at most
+  // kViewMaxAge ago, as the policy's cooldowns count time), not once per reconcile: with a
+  // thousand jobs, deciding for all of them on each reconcile of each one is quadratic.
+  // Immutable once made but for `fit`, a memo guarded by fit_mu; shared by the passes that use
+  // it, on any thread.
+  struct ClusterView {
+    uint64_t jobs_version = 0;
+    uint64_t pods_version = 0;
+    uint64_t nodes_version = 0;
+    uint64_t workloads_version = 0;
+    std::chrono::steady_clock::time_point made;
+    ClusterGpus gpus;
+    // "namespace/job name" -> the pods that carry the job's label.
+    std::map<std::string, std::vector<std::shared_ptr<const nlohmann::json>>> pods_by_job;
+    Result<policy::Decision> decision = policy::Decision{};
+    // EligibleWorkers by template (dumped), GPUs and millicores a worker: what each reconcile
+    // asks of its own job, over every node, made once per view and template.
+    mutable std::mutex fit_mu;
+    mutable std::map<std::string, int> fit;
+  };
+  static constexpr auto kViewMaxAge = std::chrono::seconds(1);
+  std::shared_ptr<const ClusterView> View();
+  std::shared_ptr<const ClusterView> MakeView(uint64_t jobs_version, uint64_t pods_version,
+                                              uint64_t nodes_version, uint64_t workloads_version);
+  // What the view's decision gives the job of the pass, within what fits on the nodes its
+  // template allows.
+  Desired DesiredWorkers(const Pass& p, const ClusterView& view);
+  // What the policy needs to know of every job, computed once per view rather than once per
+  // job: each job's pods, and the GPU products each distinct pod template may use.
+  struct PolicyContext {
+    const std::map<std::string, std::vector<std::shared_ptr<const nlohmann::json>>>* pods_by_job;
+    // The template (dumped) -> EligibleProducts of it.
+    std::map<std::string, std::vector<std::string>> products_by_template;
+  };
   // A job as the policy sees it; nothing for a job that has ended, is being deleted or does not
   // parse.
-  std::optional<policy::PolicyJob> PolicyJobOf(const nlohmann::json& job,
-                                               const ClusterGpus& gpus) const;
+  std::optional<policy::PolicyJob> PolicyJobOf(const nlohmann::json& job, const ClusterGpus& gpus,
+                                               PolicyContext& context);
+  // JobSpecOf(job), parsed once per version of the job: every reconcile reads every job's spec
+  // for the policy, and parsing a thousand specs each time would cost more than the rest.
+  std::shared_ptr<const Result<JobSpec>> CachedSpecOf(const nlohmann::json& job);
   Status PatchStatus(const nlohmann::json& job, const nlohmann::json& status);
   // Records an Event on the job. A repeat of one already recorded (same job, type, reason and
   // message) increments that Event's count and moves its lastTimestamp, as client-go's event
@@ -221,6 +258,25 @@ class Reconciler {
     std::string completion;
   };
   std::map<std::string, Times> times_;
+  // Job key -> the UID and resourceVersion a spec was parsed from, and the result. Value type.
+  struct ParsedSpec {
+    std::string uid;
+    std::string resource_version;
+    std::shared_ptr<const Result<JobSpec>> spec;
+  };
+  std::map<std::string, ParsedSpec> specs_;
+  // Job key -> the last status this operator wrote (without transition times), and the UID and
+  // resourceVersion of the job it was written over. Value type.
+  struct WrittenStatus {
+    std::string uid;
+    std::string over_version;
+    nlohmann::json status;
+  };
+  std::map<std::string, WrittenStatus> written_;
+  // The newest ClusterView; view_mu_ is held while one is made, so that one thread makes it and
+  // the others wait for it rather than make it too. Taken before mu_, never after.
+  std::mutex view_mu_;
+  std::shared_ptr<const ClusterView> view_;
   // Events recorded, for aggregating repeats: job UID, type, reason and message -> the Event's
   // namespace, name and count. Bounded (the oldest series is forgotten first), as client-go's.
   struct EventSeries {

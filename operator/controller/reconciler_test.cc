@@ -68,6 +68,11 @@ class FakeApi {
     std::lock_guard<std::mutex> lock(mu_);
     return event_patches_;
   }
+  // The methods of the requests for the job's token Secret, in order.
+  std::vector<std::string> token_requests() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return token_requests_;
+  }
   // While set, pod creation is refused as a ResourceQuota refuses it: 403 Forbidden naming the
   // pod.
   void RefusePods(bool refuse) {
@@ -86,6 +91,23 @@ class FakeApi {
     if (r.method == "GET" && lists_.count(path) != 0) {
       json list = {{"metadata", {{"resourceVersion", "1"}}}, {"items", lists_.at(path)}};
       c.Respond(200, list.dump());
+      return;
+    }
+    const bool token_post = r.method == "POST" && path == "/api/v1/namespaces/team/secrets" &&
+                            r.body.find("\"mnist-vf-token\"") != std::string::npos;
+    if (token_post || path == "/api/v1/namespaces/team/secrets/mnist-vf-token") {
+      std::lock_guard<std::mutex> lock(mu_);
+      token_requests_.push_back(r.method);
+    }
+    if (token_post) {
+      // The job's token Secret exists here, as GET says.
+      const json exists = {{"kind", "Status"},
+                           {"apiVersion", "v1"},
+                           {"status", "Failure"},
+                           {"reason", "AlreadyExists"},
+                           {"message", "secrets \"mnist-vf-token\" already exists"},
+                           {"code", 409}};
+      c.Respond(409, exists.dump());
       return;
     }
     if (r.method == "GET" && path == "/api/v1/namespaces/team/secrets/mnist-vf-token") {
@@ -133,6 +155,7 @@ class FakeApi {
   std::vector<json> pods_;
   std::vector<json> secrets_;
   std::vector<std::string> events_;
+  std::vector<std::string> token_requests_;
   std::vector<std::pair<std::string, json>> deletions_;
   std::vector<std::pair<std::string, json>> event_patches_;
   bool refuse_pods_ = false;
@@ -250,6 +273,35 @@ TEST_F(ReconcilerTest, CreatesThePodsThePolicyWantsWithTheSpecsGpus) {
   const json status = api_->status_patches().back();
   EXPECT_EQ(status["phase"], "Pending");
   EXPECT_EQ(status["desiredWorkers"], 2);
+}
+
+TEST_F(ReconcilerTest, ANewJobsTokenSecretIsCreatedWithoutAskingFirst) {
+  // A job with no status is new to this operator: the Secret is created at once (here it
+  // exists, so it is read after the 409).
+  Start({EpochJob()}, {}, {GpuNode("gpu-a", 2)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_EQ(api_->token_requests(), (std::vector<std::string>{"POST", "GET"}));
+}
+
+TEST_F(ReconcilerTest, AJobWithAStatusHasItsTokenSecretReadFirst) {
+  // After an operator restart the Secret most likely exists: one GET, no POST.
+  json job = EpochJob();
+  job["status"] = {{"phase", "Pending"}};
+  Start({job}, {}, {GpuNode("gpu-a", 2)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_EQ(api_->token_requests(), (std::vector<std::string>{"GET"}));
+}
+
+TEST_F(ReconcilerTest, AStatusTheCacheHasNotSeenYetIsNotWrittenTwice) {
+  // The fake's cache never sees the reconciler's writes: the job stays at resourceVersion 7,
+  // as a job does between a status write and its watch event.
+  json job = EpochJob();
+  job["metadata"]["resourceVersion"] = "7";
+  Start({job}, {}, {GpuNode("gpu-a", 2)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  ASSERT_EQ(api_->status_patches().size(), 1u);
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_EQ(api_->status_patches().size(), 1u);
 }
 
 TEST_F(ReconcilerTest, EachWorkerPodGetsACredentialOfItsOwnThatTheCoordinatorAccepts) {

@@ -340,10 +340,12 @@ json FinalCheckpointLocation(const json& job, const JobSpec& spec) {
 }
 
 PodLife PodLifeOf(const json& pod) {
-  const std::string phase = pod.value("status", json::object()).value("phase", "");
+  // ObjectAt, not value(): this runs for every pod of every job the policy looks at, and a
+  // copy of a pod's status and metadata costs more than the rest of it.
+  const std::string phase = ObjectAt(pod, "status").value("phase", "");
   if (phase == "Succeeded") return PodLife::kSucceeded;
   if (phase == "Failed") return PodLife::kFailed;
-  if (pod.value("metadata", json::object()).contains("deletionTimestamp")) {
+  if (ObjectAt(pod, "metadata").contains("deletionTimestamp")) {
     return PodLife::kTerminating;
   }
   if (phase == "Running") return PodLife::kRunning;

@@ -510,6 +510,12 @@ class ControlPlane:
         except ValueError:
             return text
 
+    def stream(self, path, timeout=None):
+        """GET PATH as the admin user and return the open response, unread: a watch to read
+        line by line (one JSON event a line). The caller closes it."""
+        req = urllib.request.Request(self.server + path, headers={"Accept": "application/json"})
+        return urllib.request.urlopen(req, context=self._ssl, timeout=timeout)
+
     def get(self, path):
         """GET PATH, or None when it does not exist."""
         try:
