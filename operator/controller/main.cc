@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -21,6 +22,8 @@
 #include <string>
 #include <thread>
 #include <utility>
+
+#include <nlohmann/json.hpp>
 
 #include "agent/http/listener.h"
 #include "agent/metrics/http_exporter.h"
@@ -63,6 +66,12 @@ struct OperatorFlags {
   std::string agent_image = "virtualflow/agent:0.1.0";
   std::string policy = "elastic";
   int64_t agent_metrics_port = 9090;
+  bool network_policy = true;
+  // NetworkPolicy peers admitted to the workers' metrics port, as JSON; the chart's default.
+  std::string network_policy_metrics_from =
+      R"([{"namespaceSelector": {}, "podSelector": {"matchLabels": )"
+      R"({"app.kubernetes.io/name": "prometheus"}}}])";
+  nlohmann::json metrics_from;  // parsed
   int64_t workers = 2;
   double join_batch = vf::policy::kJoinBatchSeconds;
   double lease_duration = 15;
@@ -165,6 +174,14 @@ std::optional<int> ParseFlags(int argc, char** argv, OperatorFlags& f) {
                  "port of each agent's /metrics (0 picks a free one; -1 none)")
       ->transform(vf::Base10Integer())
       ->capture_default_str();
+  app.add_flag("--network-policy", f.network_policy,
+               "give each job a NetworkPolicy that admits only the job's own pods\n"
+               "to its workers (default true; --network-policy=false: none, for a\n"
+               "cluster whose CNI ignores NetworkPolicies)");
+  app.add_option("--network-policy-metrics-from", f.network_policy_metrics_from,
+                 "JSON array of NetworkPolicy peers admitted to the workers'\n"
+                 "--agent-metrics-port")
+      ->capture_default_str();
   app.add_option("--workers", f.workers, "jobs reconciled at once")
       ->transform(vf::Base10Integer())
       ->capture_default_str();
@@ -208,6 +225,14 @@ std::optional<int> ParseFlags(int argc, char** argv, OperatorFlags& f) {
         std::string("--coordinator-url must start with ") +
         (f.coordinator_tls ? "https:// (TLS is on)" : "http:// (--coordinator-tls=false)") +
         ", got '" + f.coordinator_url + "'");
+  }
+  f.metrics_from = nlohmann::json::parse(f.network_policy_metrics_from, nullptr, false);
+  if (!f.metrics_from.is_array() ||
+      !std::all_of(f.metrics_from.begin(), f.metrics_from.end(),
+                   [](const nlohmann::json& peer) { return peer.is_object(); })) {
+    return usage(
+        "--network-policy-metrics-from must be a JSON array of NetworkPolicy peers, got '" +
+        f.network_policy_metrics_from + "'");
   }
   if (f.identity.empty()) {
     char host[256] = {};
@@ -358,6 +383,9 @@ vf::controller::ControllerOptions MakeControllerOptions(const OperatorFlags& f,
   options.reconciler.pods.coordinator_ca = coordinator_ca;
   options.reconciler.pods.default_image = f.agent_image;
   options.reconciler.pods.metrics_port = static_cast<int>(f.agent_metrics_port);
+  if (f.network_policy) {
+    options.reconciler.network_policy = vf::controller::NetworkPolicySettings{f.metrics_from};
+  }
   vf::ReportControllerMetrics(options, metrics);
   return options;
 }

@@ -176,22 +176,24 @@ json Comparable(json status) {
 
 }  // namespace
 
-Result<std::unique_ptr<Reconciler>> Reconciler::Create(kube::Client& client, const Informer& jobs,
-                                                       const Informer& pods, const Informer& nodes,
-                                                       Coordinator& coordinator,
-                                                       ReconcilerOptions options,
-                                                       ReconcilerHooks hooks,
-                                                       const Informer* workloads) {
+Result<std::unique_ptr<Reconciler>> Reconciler::Create(
+    kube::Client& client, const Informer& jobs, const Informer& pods, const Informer& nodes,
+    Coordinator& coordinator, ReconcilerOptions options, ReconcilerHooks hooks,
+    const Informer* workloads, const Informer* network_policies) {
+  if (options.network_policy && network_policies == nullptr) {
+    return InvalidArgument("NetworkPolicies per job need an informer of NetworkPolicies");
+  }
   policy::PolicyOptions popts;
   popts.cooldown_seconds = 0;  // each job's own cooldown (spec.elasticity) applies
   VF_ASSIGN_OR_RETURN(auto policy, policy::CreatePolicy(options.policy, popts));
-  return std::unique_ptr<Reconciler>(new Reconciler(client, jobs, pods, nodes, workloads,
-                                                    coordinator, std::move(options),
-                                                    std::move(hooks), std::move(policy)));
+  return std::unique_ptr<Reconciler>(
+      new Reconciler(client, jobs, pods, nodes, workloads, network_policies, coordinator,
+                     std::move(options), std::move(hooks), std::move(policy)));
 }
 
 Reconciler::Reconciler(kube::Client& client, const Informer& jobs, const Informer& pods,
-                       const Informer& nodes, const Informer* workloads, Coordinator& coordinator,
+                       const Informer& nodes, const Informer* workloads,
+                       const Informer* network_policies, Coordinator& coordinator,
                        ReconcilerOptions options, ReconcilerHooks hooks,
                        std::unique_ptr<policy::Policy> policy)
     : client_(client),
@@ -199,6 +201,7 @@ Reconciler::Reconciler(kube::Client& client, const Informer& jobs, const Informe
       pods_(pods),
       nodes_(nodes),
       workloads_(workloads),
+      network_policies_(network_policies),
       coordinator_(coordinator),
       options_(std::move(options)),
       hooks_(std::move(hooks)),
@@ -633,6 +636,8 @@ Result<ReconcileResult> Reconciler::Advance(Pass& p) {
   VF_RETURN_IF_ERROR(doing("FailedTokenSecret", token.status()));
   VF_RETURN_IF_ERROR(doing("CoordinatorRefusedJob",
                            EnsureCoordinatorJob(p.key, p.job, *token, p.spec.Fingerprint())));
+  // Before any pod: a worker is never reachable by other pods while its job's policy is due.
+  VF_RETURN_IF_ERROR(doing("FailedNetworkPolicy", EnsureNetworkPolicy(p)));
   // Every live worker plus a replacement for each (a dead member stays registered until a plan
   // without it is out); only pods the operator created hold credentials to register with.
   VF_RETURN_IF_ERROR(coordinator_.SetWorkerLimit(
@@ -695,6 +700,7 @@ Result<ReconcileResult> Reconciler::Forget(const std::string& key) {
   std::lock_guard<std::mutex> lock(mu_);
   registered_.erase(key);
   expected_.erase(key);
+  policies_created_.erase(key);
   failures_seen_.erase(key);
   checkpoint_failures_seen_.erase(key);
   times_.erase(key);
@@ -726,6 +732,57 @@ Status Reconciler::FailInvalidSpec(Pass& p, const Status& why) {
   StampTimes(p);
   if (p.old_status.value("phase", "") != "Failed") Event(p.job, true, "InvalidSpec", why.message());
   return PatchStatus(p.job, p.status);
+}
+
+Status Reconciler::EnsureNetworkPolicy(Pass& p) {
+  if (!options_.network_policy) return Status::Ok();
+  const json want = BuildNetworkPolicy(p.job, options_.pods.metrics_port, *options_.network_policy);
+  const std::string name = NetworkPolicyName(p.name);
+  const std::string where = "NetworkPolicy " + p.ns + "/" + name;
+  std::optional<json> have = network_policies_->Get(p.ns + "/" + name);
+  if (!have) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = policies_created_.find(p.key);
+      if (it != policies_created_.end() && it->second.first == p.uid &&
+          Clock::now() - it->second.second < kExpectationTimeout) {
+        return Status::Ok();  // created; the cache has not seen it yet
+      }
+    }
+    kube::ApiResult<json> created = client_.Create(kube::kNetworkPolicies, p.ns, want);
+    if (created.reason() == kube::Reason::kAlreadyExists) {
+      // The cache holds every policy with the operator's label: this one is someone else's.
+      return FailedPrecondition(where + " exists and is not the operator's (no label " +
+                                kManagedByLabel + "=" + kManagedBy +
+                                "); rename or delete it so that the job's pods can be isolated");
+    }
+    if (!created.ok()) return created.status().WithContext(where);
+    std::lock_guard<std::mutex> lock(mu_);
+    policies_created_[p.key] = {p.uid, Clock::now()};
+    return Status::Ok();
+  }
+  const json& meta = Obj(*have, "metadata");
+  // An earlier job's of the same name, being collected: made again once it is gone.
+  if (meta.contains("deletionTimestamp")) return Status::Ok();
+  json labels = Obj(meta, "labels");
+  const json& want_meta = want.at("metadata");
+  bool same = Obj(*have, "spec") == want.at("spec") &&
+              meta.value("ownerReferences", json::array()) == want_meta.at("ownerReferences");
+  for (const auto& [k, v] : want_meta.at("labels").items()) {
+    same = same && labels.value(k, "") == v;
+    labels[k] = v;
+  }
+  if (same) return Status::Ok();
+  // Changed by someone, or an earlier job's: written back whole, at the version read (a
+  // conflict retries the job with a fresher cache).
+  json updated = *have;
+  updated["spec"] = want.at("spec");
+  updated["metadata"]["labels"] = labels;
+  updated["metadata"]["ownerReferences"] = want_meta.at("ownerReferences");
+  kube::ApiResult<json> replaced = client_.Replace(kube::kNetworkPolicies, p.ns, updated);
+  if (!replaced.ok()) return replaced.status().WithContext(where);
+  std::fprintf(stderr, "virtualflow-operator: %s: %s restored\n", p.key.c_str(), where.c_str());
+  return Status::Ok();
 }
 
 Status Reconciler::Observe(Pass& p) {

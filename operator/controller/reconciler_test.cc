@@ -5,10 +5,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stop_token>
 #include <string>
 #include <thread>
@@ -31,13 +33,15 @@ constexpr char kKey[] = "team/mnist";
 constexpr char kUid[] = "u-1";
 
 // Lists the objects it was given, holds watches open, answers the token Secret, and records
-// status patches, created pods, events and deletions. Thread-safe.
+// status patches, created pods, events, deletions and writes of NetworkPolicies. Thread-safe.
 class FakeApi {
  public:
-  FakeApi(std::vector<json> jobs, std::vector<json> pods, std::vector<json> nodes)
+  FakeApi(std::vector<json> jobs, std::vector<json> pods, std::vector<json> nodes,
+          std::vector<json> policies = {})
       : lists_{{"/apis/virtualflow.io/v1alpha1/virtualflowjobs", std::move(jobs)},
                {"/api/v1/pods", std::move(pods)},
-               {"/api/v1/nodes", std::move(nodes)}},
+               {"/api/v1/nodes", std::move(nodes)},
+               {"/apis/networking.k8s.io/v1/networkpolicies", std::move(policies)}},
         server_(
             [this](const Request& r, Connection& c, std::stop_token stop) { Serve(r, c, stop); }) {}
 
@@ -57,6 +61,25 @@ class FakeApi {
   std::vector<std::string> event_reasons() {
     std::lock_guard<std::mutex> lock(mu_);
     return events_;
+  }
+  // Method and path of every POST and PUT, in order.
+  std::vector<std::string> writes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return writes_;
+  }
+  // Body of every POST (created) and PUT (replaced) of a NetworkPolicy.
+  std::vector<json> created_policies() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return created_policies_;
+  }
+  std::vector<json> replaced_policies() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return replaced_policies_;
+  }
+  // While set, creating a NetworkPolicy answers 409 AlreadyExists, as for a name already taken.
+  void PolicyNameTaken(bool taken) {
+    std::lock_guard<std::mutex> lock(mu_);
+    policy_name_taken_ = taken;
   }
   // Path and body of every DELETE.
   std::vector<std::pair<std::string, json>> deletions() {
@@ -97,7 +120,23 @@ class FakeApi {
     }
     std::lock_guard<std::mutex> lock(mu_);
     const json body = r.body.empty() ? json() : json::parse(r.body);
-    if (r.method == "PATCH" && path.ends_with("/status")) {
+    if (r.method == "POST" || r.method == "PUT") writes_.push_back(r.method + " " + path);
+    constexpr char kPolicies[] = "/apis/networking.k8s.io/v1/namespaces/team/networkpolicies";
+    if (r.method == "POST" && path == kPolicies && policy_name_taken_) {
+      const json taken = {{"kind", "Status"},
+                          {"apiVersion", "v1"},
+                          {"status", "Failure"},
+                          {"message", "networkpolicies \"mnist-vf-workers\" already exists"},
+                          {"reason", "AlreadyExists"},
+                          {"code", 409}};
+      c.Respond(409, taken.dump());
+      return;
+    }
+    if (r.method == "POST" && path == kPolicies) {
+      created_policies_.push_back(body);
+    } else if (r.method == "PUT" && path.starts_with(kPolicies)) {
+      replaced_policies_.push_back(body);
+    } else if (r.method == "PATCH" && path.ends_with("/status")) {
       patches_.push_back(body["status"]);
     } else if (r.method == "POST" && path == "/api/v1/namespaces/team/pods" && refuse_pods_) {
       const std::string name = body["metadata"].value("name", "");
@@ -135,7 +174,11 @@ class FakeApi {
   std::vector<std::string> events_;
   std::vector<std::pair<std::string, json>> deletions_;
   std::vector<std::pair<std::string, json>> event_patches_;
+  std::vector<std::string> writes_;
+  std::vector<json> created_policies_;
+  std::vector<json> replaced_policies_;
   bool refuse_pods_ = false;
+  bool policy_name_taken_ = false;
   FakeServer server_;  // last: it stops serving before the rest goes away
 };
 
@@ -183,8 +226,13 @@ json RunningPod(const std::string& name) {
 // Informers over the fake API server, a coordinator and the reconciler under test.
 class ReconcilerTest : public testing::Test {
  protected:
-  void Start(std::vector<json> jobs, std::vector<json> pods, std::vector<json> nodes) {
-    api_ = std::make_unique<FakeApi>(std::move(jobs), std::move(pods), std::move(nodes));
+  // With `network_policy`, the reconciler keeps each job's NetworkPolicy, starting from
+  // `policies` in the API server.
+  void Start(std::vector<json> jobs, std::vector<json> pods, std::vector<json> nodes,
+             std::optional<NetworkPolicySettings> network_policy = std::nullopt,
+             std::vector<json> policies = {}) {
+    api_ = std::make_unique<FakeApi>(std::move(jobs), std::move(pods), std::move(nodes),
+                                     std::move(policies));
     kube::Config config;
     config.server = api_->url();
     client_ = kube::Client::Create(config).value();
@@ -193,12 +241,15 @@ class ReconcilerTest : public testing::Test {
     nodes_ = NewInformer(kube::kNodes);
     ReconcilerOptions options;
     options.pods.coordinator_url = "http://operator:7070";
-    reconciler_ =
-        Reconciler::Create(*client_, *jobs_, *pods_, *nodes_, coordinator_, options).value();
+    options.network_policy = std::move(network_policy);
+    if (options.network_policy) policies_ = NewInformer(kube::kNetworkPolicies);
+    reconciler_ = Reconciler::Create(*client_, *jobs_, *pods_, *nodes_, coordinator_, options, {},
+                                     nullptr, policies_.get())
+                      .value();
   }
 
   void TearDown() override {
-    for (Informer* i : {jobs_.get(), pods_.get(), nodes_.get()}) {
+    for (Informer* i : {jobs_.get(), pods_.get(), nodes_.get(), policies_.get()}) {
       if (i != nullptr) i->Stop();
     }
   }
@@ -225,6 +276,7 @@ class ReconcilerTest : public testing::Test {
   std::unique_ptr<Informer> jobs_;
   std::unique_ptr<Informer> pods_;
   std::unique_ptr<Informer> nodes_;
+  std::unique_ptr<Informer> policies_;
   Coordinator coordinator_;
   std::unique_ptr<Reconciler> reconciler_;
 };
@@ -282,6 +334,99 @@ TEST_F(ReconcilerTest, EachWorkerPodGetsACredentialOfItsOwnThatTheCoordinatorAcc
   }
   EXPECT_EQ(coordinator_.RegisterWorker(kKey, "w-4", view.fingerprint, view.build, true).code(),
             StatusCode::kFailedPrecondition);
+}
+
+// ---------------------------------------------------------------- the job's NetworkPolicy
+
+const json kScrapers =
+    json::array({{{"namespaceSelector", json::object()},
+                  {"podSelector", {{"matchLabels", {{"app.kubernetes.io/name", "prometheus"}}}}}}});
+
+TEST_F(ReconcilerTest, EachJobGetsANetworkPolicyThatAdmitsOnlyItsOwnPodsBeforeItHasAny) {
+  Start({EpochJob()}, {}, {GpuNode("gpu-a", 4)}, NetworkPolicySettings{kScrapers});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  const std::vector<json> policies = api_->created_policies();
+  ASSERT_EQ(policies.size(), 1u);
+  const json& policy = policies[0];
+  EXPECT_EQ(policy["metadata"]["name"], "mnist-vf-workers");
+  EXPECT_EQ(policy["metadata"]["namespace"], "team");
+  // Owned by the job, so that it goes with it.
+  ASSERT_EQ(policy["metadata"]["ownerReferences"].size(), 1u);
+  EXPECT_EQ(policy["metadata"]["ownerReferences"][0]["uid"], kUid);
+  EXPECT_EQ(policy["metadata"]["ownerReferences"][0]["kind"], "VirtualFlowJob");
+  EXPECT_EQ(policy["metadata"]["ownerReferences"][0]["controller"], true);
+  EXPECT_EQ(policy["metadata"]["labels"][kManagedByLabel], kManagedBy);
+  // It selects the job's worker pods by the labels they carry...
+  const json own = {{"matchLabels", {{kJobLabel, "mnist"}, {kManagedByLabel, kManagedBy}}}};
+  EXPECT_EQ(policy["spec"]["podSelector"], own);
+  const json pod_labels = api_->created_pods().at(0)["metadata"]["labels"];
+  EXPECT_EQ(pod_labels[kJobLabel], "mnist");
+  EXPECT_EQ(pod_labels[kManagedByLabel], kManagedBy);
+  EXPECT_EQ(policy["spec"]["policyTypes"], json({"Ingress"}));
+  // ... admits on every port only the pods of the same job, in the job's namespace (no
+  // namespaceSelector) ...
+  const json& ingress = policy["spec"]["ingress"];
+  ASSERT_EQ(ingress.size(), 2u);
+  EXPECT_EQ(ingress[0], json({{"from", {{{"podSelector", own}}}}}));
+  // ... and the scrapers on the metrics port only.
+  EXPECT_EQ(ingress[1]["ports"], json({{{"port", 9090}, {"protocol", "TCP"}}}));
+  EXPECT_EQ(ingress[1]["from"], kScrapers);
+  // Made before the first pod.
+  const std::vector<std::string> writes = api_->writes();
+  const auto first_policy = std::find(writes.begin(), writes.end(),
+                                      "POST /apis/networking.k8s.io/v1/namespaces/team/"
+                                      "networkpolicies");
+  const auto first_pod =
+      std::find(writes.begin(), writes.end(), "POST /api/v1/namespaces/team/pods");
+  ASSERT_NE(first_pod, writes.end());
+  EXPECT_LT(first_policy, first_pod);
+  // The cache has not seen it yet: it is not made twice.
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_EQ(api_->created_policies().size(), 1u);
+}
+
+TEST_F(ReconcilerTest, AChangedNetworkPolicyIsWrittenBackAtTheVersionRead) {
+  json changed = BuildNetworkPolicy(EpochJob(), 9090, NetworkPolicySettings{kScrapers});
+  changed["metadata"]["resourceVersion"] = "7";
+  changed["spec"]["ingress"] = json::array({json::object()});  // someone let everyone in
+  Start({EpochJob()}, {}, {GpuNode("gpu-a", 4)}, NetworkPolicySettings{kScrapers}, {changed});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_TRUE(api_->created_policies().empty());
+  const std::vector<json> replaced = api_->replaced_policies();
+  ASSERT_EQ(replaced.size(), 1u);
+  EXPECT_EQ(replaced[0]["metadata"]["resourceVersion"], "7");
+  EXPECT_EQ(replaced[0]["spec"],
+            BuildNetworkPolicy(EpochJob(), 9090, NetworkPolicySettings{kScrapers})["spec"]);
+}
+
+TEST_F(ReconcilerTest, ANetworkPolicyAsBuiltIsLeftAlone) {
+  json same = BuildNetworkPolicy(EpochJob(), 9090, NetworkPolicySettings{kScrapers});
+  same["metadata"]["resourceVersion"] = "7";
+  Start({EpochJob()}, {}, {GpuNode("gpu-a", 4)}, NetworkPolicySettings{kScrapers}, {same});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_TRUE(api_->created_policies().empty());
+  EXPECT_TRUE(api_->replaced_policies().empty());
+  EXPECT_EQ(api_->created_pods().size(), 2u);
+}
+
+TEST_F(ReconcilerTest, APolicyOfTheJobsNameThatIsNotTheOperatorsBlocksTheJobAndSaysSo) {
+  Start({EpochJob()}, {}, {GpuNode("gpu-a", 4)}, NetworkPolicySettings{kScrapers});
+  api_->PolicyNameTaken(true);
+  Result<ReconcileResult> r = reconciler_->Reconcile(kKey);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("team/mnist-vf-workers exists and is not the operator's"),
+            std::string::npos)
+      << r.status().message();
+  EXPECT_EQ(api_->event_reasons(), (std::vector<std::string>{"FailedNetworkPolicy"}));
+  EXPECT_TRUE(api_->created_pods().empty());  // no pod that the policy would not isolate
+}
+
+TEST_F(ReconcilerTest, WithoutNetworkPoliciesNoneIsMade) {
+  Start({EpochJob()}, {}, {GpuNode("gpu-a", 4)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_EQ(api_->created_pods().size(), 2u);
+  EXPECT_TRUE(api_->created_policies().empty());
 }
 
 TEST_F(ReconcilerTest, EpochJobLengthIsUnknownUntilAnAgentReportsIt) {

@@ -57,6 +57,26 @@ nlohmann::json BuildCredentialSecret(const nlohmann::json& job, const nlohmann::
                                      const std::string& credential,
                                      const std::string& coordinator_ca = "");
 
+// The job's NetworkPolicy (BuildNetworkPolicy): "<job>-vf-workers". "-vf-workers" ends no pod's
+// or Secret's name the operator makes.
+std::string NetworkPolicyName(const std::string& job_name);
+
+// Who may reach a job's worker pods besides the job's own pods. Value type.
+struct NetworkPolicySettings {
+  // NetworkPolicy peers (networking.k8s.io/v1 NetworkPolicyPeer objects) admitted to the
+  // workers' metrics port, e.g. the Prometheus pods; an empty array admits none.
+  nlohmann::json metrics_from = nlohmann::json::array();
+};
+
+// The NetworkPolicy that isolates `job`'s worker pods: it selects them (kJobLabel and
+// kManagedByLabel, as BuildWorkerPod sets them) and admits, on every port, only pods with the
+// same two labels in the job's namespace (Gloo, NCCL and state transfer pick their ports at run
+// time), and on the metrics port `metrics_port` (when > 0) the peers of `settings`. Owned by the
+// job (a controller reference), so that it goes with the job. Ingress only: workers still dial
+// the coordinator and their data.
+nlohmann::json BuildNetworkPolicy(const nlohmann::json& job, int metrics_port,
+                                  const NetworkPolicySettings& settings);
+
 // An owner reference to `job` (controller, blocks owner deletion), so that deleting the job
 // deletes what it owns.
 nlohmann::json OwnerReference(const nlohmann::json& job);

@@ -92,6 +92,26 @@ TEST(WorkerPodTest, TheCredentialSecretIsThePodsOwnAndGoesWithIt) {
   EXPECT_NE(CredentialSecretName("a-worker-x"), TokenSecretName("a-worker-x"));
 }
 
+TEST(WorkerPodTest, TheNetworkPolicyAdmitsScrapersOnlyOnAKnownMetricsPort) {
+  const json scrapers = json::array({{{"podSelector", json::object()}}});
+  // No fixed port (0 picks a free one, -1 serves none), or no scrapers: no rule for them.
+  for (int port : {0, -1}) {
+    const json policy = BuildNetworkPolicy(Job(), port, NetworkPolicySettings{scrapers});
+    EXPECT_EQ(policy["spec"]["ingress"].size(), 1u) << port;
+  }
+  EXPECT_EQ(BuildNetworkPolicy(Job(), 9090, NetworkPolicySettings{})["spec"]["ingress"].size(), 1u);
+  const json policy = BuildNetworkPolicy(Job(), 9102, NetworkPolicySettings{scrapers});
+  ASSERT_EQ(policy["spec"]["ingress"].size(), 2u);
+  EXPECT_EQ(policy["spec"]["ingress"][1]["ports"][0]["port"], 9102);
+  // The job's pods are admitted on every port: Gloo's and state transfer's are picked at run
+  // time.
+  EXPECT_FALSE(policy["spec"]["ingress"][0].contains("ports"));
+  // Its name is the job's own, and no pod or Secret the operator makes takes it.
+  EXPECT_EQ(policy["metadata"]["name"], NetworkPolicyName("mnist"));
+  EXPECT_NE(NetworkPolicyName("a"), TokenSecretName("a"));
+  EXPECT_NE(NetworkPolicyName("a-worker-x"), CredentialSecretName("a-worker-x"));
+}
+
 TEST(WorkerPodTest, WithTlsTheCoordinatorsCaIsInTheCredentialSecretAndMounted) {
   PodSettings s;
   s.coordinator_url = "https://op.ops.svc:7070";

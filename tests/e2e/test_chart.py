@@ -129,6 +129,11 @@ JOB_RIGHTS = [
     ("create", "pods", ""), ("delete", "pods", ""),
     ("get", "secrets", ""), ("create", "secrets", ""),
     ("create", "events", ""), ("patch", "events", ""),
+    # Each job's NetworkPolicy: mirrored, created, written back when changed.
+    ("list", "networkpolicies.networking.k8s.io", ""),
+    ("watch", "networkpolicies.networking.k8s.io", ""),
+    ("create", "networkpolicies.networking.k8s.io", ""),
+    ("update", "networkpolicies.networking.k8s.io", ""),
     # Kueue admission: a job's Workload, and its Finished condition.
     ("get", "workloads.kueue.x-k8s.io", ""), ("list", "workloads.kueue.x-k8s.io", ""),
     ("watch", "workloads.kueue.x-k8s.io", ""), ("create", "workloads.kueue.x-k8s.io", ""),
@@ -153,6 +158,9 @@ DENIED = [
     ("list", "secrets", ""), ("watch", "secrets", ""), ("update", "secrets", ""),
     ("delete", "secrets", ""),
     ("get", "events", ""), ("list", "events", ""), ("delete", "events", ""),
+    # A job's NetworkPolicy goes with the job (its owner reference), never by the operator.
+    ("delete", "networkpolicies.networking.k8s.io", ""),
+    ("patch", "networkpolicies.networking.k8s.io", ""),
     ("create", "nodes", ""), ("update", "nodes", ""), ("patch", "nodes", ""),
     ("delete", "nodes", ""), ("patch", "nodes", "status"),
     ("create", "deployments.apps", ""), ("list", "deployments.apps", ""),
@@ -419,7 +427,12 @@ class ChartFilesTest(unittest.TestCase):
             "--http-listen=0.0.0.0:8080",
             "--agent-image=virtualflow/agent:" + APP_VERSION,
             "--agent-metrics-port=9090",
-            "--policy=elastic"])
+            "--policy=elastic",
+            "--network-policy=true",
+            "--network-policy-metrics-from=" + json.dumps(
+                [{"namespaceSelector": {},
+                  "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}],
+                separators=(",", ":"), sort_keys=True)])
         env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
         self.assertEqual(env, {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"})
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
@@ -471,6 +484,12 @@ class ChartFilesTest(unittest.TestCase):
         self.assertIn("--coordinator-url=http://virtualflow-operator.%s.svc:7070" % NS, args)
         self.assertIn("--coordinator-tls=false", args)
         self.assertFalse([a for a in args if a.startswith("--coordinator-tls-secret")])
+        # No NetworkPolicies: none per job either.
+        self.assertIn("--network-policy=false", args)
+        self.assertFalse([a for a in args if a.startswith("--network-policy-metrics-from")])
+        args = self.find(self.objects("--set", "networkPolicy.perJob=false"), "Deployment")[
+            "spec"]["template"]["spec"]["containers"][0]["args"]
+        self.assertIn("--network-policy=false", args)
 
         objs = self.objects(*dict(VALUE_SETS)["single-replica"])
         args = self.find(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -531,10 +550,25 @@ class ChartFilesTest(unittest.TestCase):
         peer = policies[(NS, OPERATOR)]["spec"]["ingress"][0]["from"][0]
         self.assertEqual(peer["namespaceSelector"],
                          {"matchLabels": {"kubernetes.io/metadata.name": "team-a"}})
+        # The namespace's base isolates every worker pod and admits only the scrapers, on the
+        # metrics port: each job's own policy, which the operator makes, admits the job's pods.
         workers = policies[("team-a", OPERATOR + "-workers")]["spec"]
         self.assertTrue(selects(workers["podSelector"], worker))
+        [metrics_rule] = workers["ingress"]
+        self.assertEqual(metrics_rule["ports"], [{"port": 9102, "protocol": "TCP"}])
+        self.assertFalse(selects(metrics_rule["from"][0]["podSelector"], worker))
+        # Without policies per job, the base admits the namespace's worker pods on every port.
+        objs = self.objects(*dict(VALUE_SETS)["one-namespace"], "--set", "networkPolicy.perJob=false")
+        workers = [p for p in self.find(objs, "NetworkPolicy")
+                   if p["metadata"]["namespace"] == "team-a"][0]["spec"]
+        self.assertEqual(len(workers["ingress"]), 2)
+        self.assertNotIn("ports", workers["ingress"][0])
         self.assertTrue(selects(workers["ingress"][0]["from"][0]["podSelector"], worker))
-        self.assertEqual(workers["ingress"][1]["ports"], [{"port": 9102, "protocol": "TCP"}])
+        self.assertEqual(workers["ingress"][1]["ports"], [{"port": 9090, "protocol": "TCP"}])
+        # Nor the rights to make them.
+        rules = self.find(objs, "Role")
+        self.assertFalse([r for role in rules for r in role["rules"]
+                          if "networkpolicies" in r["resources"]])
 
         objs = self.objects("--set", "networkPolicy.jobNamespaces={a,b}")
         self.assertEqual(sorted(p["metadata"]["namespace"] for p in
@@ -961,10 +995,11 @@ class ChartInstallTest(ControlPlaneTestCase):
             self.assertTrue(args[args.index("--coordinator") + 1].startswith("https://"))
 
     def check_network_policies(self, pods, namespace):
-        """The installed NetworkPolicies select the labels the operator really put on its
-        worker pods. Whether a CNI enforces them is not tested: this suite's pod network (the
-        pod runner's network namespaces on one bridge) has no NetworkPolicy enforcement, and
-        no CNI plugin runs here (docs/security.md)."""
+        """The installed NetworkPolicies, and the job's own that the operator made with the
+        chart's rights, select the labels the operator really put on its worker pods. Whether a
+        CNI enforces them is not tested: this suite's pod network (the pod runner's network
+        namespaces on one bridge) has no NetworkPolicy enforcement, and no CNI plugin runs here
+        (docs/security.md)."""
         path = "/apis/networking.k8s.io/v1/namespaces/%s/networkpolicies/%s"
         operator = self.cp.get(path % (NS, OPERATOR))
         workers = self.cp.get(path % (namespace, OPERATOR + "-workers"))
@@ -979,22 +1014,37 @@ class ChartInstallTest(ControlPlaneTestCase):
         [peer] = coordinator_rule["from"]
         self.assertEqual(peer["namespaceSelector"], {})
         stranger = {"app": "curl", "app.kubernetes.io/managed-by": "Helm"}
+        # The job's own policy: made before its pods, owned by the job.
+        job = self.cp.get("/apis/virtualflow.io/v1alpha1/namespaces/%s/virtualflowjobs/"
+                          "fashion-mnist" % namespace)
+        own = self.cp.get(path % (namespace, "fashion-mnist-vf-workers"))
+        self.assertIsNotNone(own, "the operator made no NetworkPolicy for the job")
+        self.assertEqual([(o["kind"], o["uid"]) for o in own["metadata"]["ownerReferences"]],
+                         [("VirtualFlowJob", job["metadata"]["uid"])])
+        [own_peers, own_metrics] = own["spec"]["ingress"]
+        self.assertNotIn("namespaceSelector", own_peers["from"][0])
+        self.assertNotIn("ports", own_peers)
+        # Another job's worker pods carry the same labels but for the job's name.
+        another = dict(pods[0]["metadata"]["labels"], **{"virtualflow.io/job": "another"})
         for pod in pods:
             labels = pod["metadata"]["labels"]
             self.assertTrue(selects(peer["podSelector"], labels), labels)
             self.assertTrue(selects(workers["spec"]["podSelector"], labels), labels)
-            self.assertTrue(selects(workers["spec"]["ingress"][0]["from"][0]["podSelector"],
-                                    labels), labels)
-            self.assertNotIn("namespaceSelector", workers["spec"]["ingress"][0]["from"][0])
+            self.assertTrue(selects(own["spec"]["podSelector"], labels), labels)
+            self.assertTrue(selects(own_peers["from"][0]["podSelector"], labels), labels)
+        for other in (stranger, operator_pod["metadata"]["labels"], another):
+            self.assertFalse(selects(own["spec"]["podSelector"], other), other)
+            self.assertFalse(selects(own_peers["from"][0]["podSelector"], other), other)
         for other in (stranger, operator_pod["metadata"]["labels"]):
             self.assertFalse(selects(peer["podSelector"], other), other)
-            self.assertFalse(selects(workers["spec"]["ingress"][0]["from"][0]["podSelector"],
-                                     other), other)
-        # The scrapers reach the workers' metrics port, the one the pods name "metrics".
-        metrics_rule = workers["spec"]["ingress"][1]
-        self.assertEqual(metrics_rule["ports"][0]["port"], 9090)
-        self.assertTrue(selects(metrics_rule["from"][0]["podSelector"],
-                                {"app.kubernetes.io/name": "prometheus"}))
+        # The namespace's base admits no worker pod, only the scrapers on the workers' metrics
+        # port (the one the pods name "metrics"); so does the job's policy.
+        [metrics_rule] = workers["spec"]["ingress"]
+        for rule in (metrics_rule, own_metrics):
+            self.assertEqual(rule["ports"], [{"port": 9090, "protocol": "TCP"}])
+            self.assertTrue(selects(rule["from"][0]["podSelector"],
+                                    {"app.kubernetes.io/name": "prometheus"}))
+            self.assertFalse(selects(rule["from"][0]["podSelector"], another))
 
     def test_service_account_can_do_exactly_what_the_operator_needs(self):
         self.assertEqual(self.install.returncode, 0, self.install.stderr)
