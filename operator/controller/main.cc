@@ -29,6 +29,7 @@
 #include "agent/metrics/http_exporter.h"
 #include "operator/controller/controller.h"
 #include "operator/controller/coordinator_tls.h"
+#include "operator/controller/job_key.h"
 #include "operator/coordinator/server.h"
 #include "operator/kube/client.h"
 #include "operator/kube/config.h"
@@ -62,6 +63,7 @@ struct OperatorFlags {
   std::string coordinator_url;
   bool coordinator_tls = true;
   std::string tls_secret = vf::controller::kDefaultTlsSecret;
+  std::string job_key_secret = vf::controller::kDefaultJobKeySecret;
   std::string http_listen = "0.0.0.0:8080";
   std::string agent_image = "virtualflow/agent:0.1.0";
   std::string policy = "elastic";
@@ -160,6 +162,11 @@ std::optional<int> ParseFlags(int argc, char** argv, OperatorFlags& f) {
                  "Secret in the operator's namespace ($POD_NAMESPACE, else\n"
                  "--leader-election-namespace) holding the coordinator's CA and\n"
                  "certificate; created when missing, renewed before expiry")
+      ->capture_default_str();
+  app.add_option("--job-key-secret", f.job_key_secret,
+                 "Secret in the operator's namespace holding the key every job's\n"
+                 "secret (and so every worker's credential) is derived from;\n"
+                 "created when missing, never replaced")
       ->capture_default_str();
   app.add_option("--http-listen", f.http_listen, "HOST:PORT for /metrics, /healthz and /readyz")
       ->capture_default_str();
@@ -373,6 +380,7 @@ auto StartMetricsServer(vf::OperatorMetrics& metrics, const OperatorFlags& f,
 vf::controller::ControllerOptions MakeControllerOptions(const OperatorFlags& f,
                                                         const std::string& coordinator_url,
                                                         const std::string& coordinator_ca,
+                                                        const std::string& job_key,
                                                         vf::OperatorMetrics& metrics) {
   vf::controller::ControllerOptions options;
   options.ns = f.ns;
@@ -381,6 +389,7 @@ vf::controller::ControllerOptions MakeControllerOptions(const OperatorFlags& f,
   options.reconciler.join_batch_seconds = f.join_batch;
   options.reconciler.pods.coordinator_url = coordinator_url;
   options.reconciler.pods.coordinator_ca = coordinator_ca;
+  options.reconciler.job_key = job_key;
   options.reconciler.pods.default_image = f.agent_image;
   options.reconciler.pods.metrics_port = static_cast<int>(f.agent_metrics_port);
   if (f.network_policy) {
@@ -460,6 +469,12 @@ int main(int argc, char** argv) {
   auto clients = ConnectToApiServer(flags, metrics);
   if (!clients.ok()) return vf::UsageError(kProgram, clients.status().message());
 
+  // Every replica reads the same key, so a restart or a new leader derives the same job secrets.
+  auto job_key = vf::controller::EnsureJobKey(*clients->main, flags.lease_ns, flags.job_key_secret);
+  if (!job_key.ok()) {
+    std::fprintf(stderr, "virtualflow-operator: error: %s\n", job_key.status().message().c_str());
+    return kExitFailed;
+  }
   CoordinatorTlsState tls;
   if (flags.coordinator_tls) {
     auto started = StartCoordinatorTls(flags, *clients->main, process_stop.get_token());
@@ -493,7 +508,7 @@ int main(int argc, char** argv) {
 
   // The controller, alone or while leading, until a signal or lost leadership.
   vf::controller::ControllerOptions options =
-      MakeControllerOptions(flags, coordinator_url, tls.ca, metrics);
+      MakeControllerOptions(flags, coordinator_url, tls.ca, *job_key, metrics);
   options.reconciler.fault = *fault;
   options.reconciler.build = test_build;
   if (!test_build.empty()) {

@@ -1,6 +1,5 @@
 #include "operator/controller/reconciler.h"
 
-#include <openssl/evp.h>
 #include <openssl/rand.h>
 
 #include <algorithm>
@@ -13,6 +12,7 @@
 #include <utility>
 
 #include "operator/controller/inventory.h"
+#include "operator/controller/job_key.h"
 #include "operator/controller/job_spec.h"
 #include "operator/policy/membership.h"
 #include "runtime/job/spec.h"
@@ -27,14 +27,6 @@ namespace {
 constexpr auto kExpectationTimeout = std::chrono::seconds(60);
 
 std::string OwnBuild() { return std::string("virtualflow ") + VF_VERSION; }
-
-Result<std::string> RandomToken() {
-  unsigned char bytes[32];
-  if (RAND_bytes(bytes, sizeof(bytes)) != 1) return Internal("no random bytes for a job token");
-  std::ostringstream s;
-  for (unsigned char b : bytes) s << std::hex << std::setw(2) << std::setfill('0') << int{b};
-  return s.str();
-}
 
 std::string RandomSuffix() {
   static constexpr char kAlphabet[] = "bcdfghjklmnpqrstvwxz2456789";
@@ -180,6 +172,10 @@ Result<std::unique_ptr<Reconciler>> Reconciler::Create(
     kube::Client& client, const Informer& jobs, const Informer& pods, const Informer& nodes,
     Coordinator& coordinator, ReconcilerOptions options, ReconcilerHooks hooks,
     const Informer* workloads, const Informer* network_policies) {
+  if (options.job_key.size() < kMinJobKeyBytes) {
+    return InvalidArgument("the job key must be at least " + std::to_string(kMinJobKeyBytes) +
+                           " bytes");
+  }
   if (options.network_policy && network_policies == nullptr) {
     return InvalidArgument("NetworkPolicies per job need an informer of NetworkPolicies");
   }
@@ -219,61 +215,8 @@ Reconciler::~Reconciler() {
   if (options_.fault.armed("state-transfer")) coordinator_.ObserveKeySets(nullptr);
 }
 
-Result<std::string> Reconciler::EnsureToken(const json& job) {
-  const json& meta = job.at("metadata");
-  const std::string uid = meta.value("uid", "");
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = tokens_.find(uid);
-    if (it != tokens_.end()) return it->second;
-  }
-  const std::string ns = meta.value("namespace", "");
-  const std::string secret_name = TokenSecretName(meta.value("name", ""));
-  auto read = [&](const json& secret) -> Result<std::string> {
-    // A Secret left over from an earlier job of the same name belongs to that job.
-    bool ours = false;
-    for (const json& ref : Obj(secret, "metadata").value("ownerReferences", json::array())) {
-      ours = ours || ref.value("uid", "") == uid;
-    }
-    if (!ours) {
-      return FailedPrecondition("Secret " + ns + "/" + secret_name +
-                                " exists but is not owned by this job");
-    }
-    const std::string encoded = Obj(secret, "data").value(kTokenKey, "");
-    if (encoded.empty()) return FailedPrecondition("Secret " + secret_name + " has no token");
-    return encoded;  // compared and used base64-encoded: see below
-  };
-  std::string encoded;
-  kube::ApiResult<json> got = client_.Get(kube::kSecrets, ns, secret_name);
-  if (got.ok()) {
-    VF_ASSIGN_OR_RETURN(encoded, read(*got));
-  } else if (got.reason() == kube::Reason::kNotFound) {
-    VF_ASSIGN_OR_RETURN(const std::string token, RandomToken());
-    json secret = {
-        {"metadata",
-         {{"name", secret_name},
-          {"labels", {{kJobLabel, meta.value("name", "")}, {kManagedByLabel, kManagedBy}}},
-          {"ownerReferences", {OwnerReference(job)}}}},
-        {"type", "Opaque"},
-        {"stringData", {{kTokenKey, token}}}};
-    kube::ApiResult<json> created = client_.Create(kube::kSecrets, ns, secret);
-    if (!created.ok()) return created.status();
-    VF_ASSIGN_OR_RETURN(encoded, read(*created));
-  } else {
-    return got.status();
-  }
-  // Secret data is base64; OpenSSL decodes it (padding comes back as trailing zero bytes).
-  std::string token(encoded.size(), '\0');
-  const int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(token.data()),
-                                reinterpret_cast<const unsigned char*>(encoded.data()),
-                                static_cast<int>(encoded.size()));
-  if (n < 0) return FailedPrecondition("Secret " + secret_name + " holds invalid base64");
-  token.resize(static_cast<size_t>(n));
-  while (!token.empty() && token.back() == '\0') token.pop_back();
-  if (token.empty()) return FailedPrecondition("Secret " + secret_name + " holds an empty token");
-  std::lock_guard<std::mutex> lock(mu_);
-  tokens_[uid] = token;
-  return token;
+Result<std::string> Reconciler::JobSecret(const json& job) const {
+  return DeriveJobSecret(options_.job_key, Obj(job, "metadata").value("uid", ""));
 }
 
 Status Reconciler::EnsureCoordinatorJob(const std::string& key, const json& job,
@@ -632,8 +575,8 @@ Result<ReconcileResult> Reconciler::Advance(Pass& p) {
   VF_ASSIGN_OR_RETURN(const Next after_deadline, EnforceDeadline(p, deadline));
   if (after_deadline == Next::kDone) return ReconcileResult{};
 
-  Result<std::string> token = EnsureToken(p.job);
-  VF_RETURN_IF_ERROR(doing("FailedTokenSecret", token.status()));
+  Result<std::string> token = JobSecret(p.job);
+  VF_RETURN_IF_ERROR(doing("FailedJobSecret", token.status()));
   VF_RETURN_IF_ERROR(doing("CoordinatorRefusedJob",
                            EnsureCoordinatorJob(p.key, p.job, *token, p.spec.Fingerprint())));
   // Before any pod: a worker is never reachable by other pods while its job's policy is due.
@@ -1396,7 +1339,7 @@ Status Reconciler::CreateMissingPods(Pass& p, int live) {
       p.failed_pod = pod_name;
       return r.status();
     }
-    VF_ASSIGN_OR_RETURN(const std::string job_secret, EnsureToken(p.job));
+    VF_ASSIGN_OR_RETURN(const std::string job_secret, JobSecret(p.job));
     VF_RETURN_IF_ERROR(CreateWorkerCredential(client_, p.job, p.ns, pod_name, job_secret,
                                               options_.pods.coordinator_ca,
                                               r.ok() ? *r : json(nullptr)));

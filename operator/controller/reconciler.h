@@ -57,6 +57,8 @@ struct ReconcilerOptions {
   double join_batch_seconds = policy::kJoinBatchSeconds;
   // The build the coordinator expects of a new job's workers; empty: this operator's own.
   std::string build;
+  // The key every job's secret is derived from (job_key.h); at least kMinJobKeyBytes.
+  std::string job_key;
   // Each job gets a NetworkPolicy that admits only its own pods to its workers
   // (BuildNetworkPolicy), kept as built: made again when deleted, restored when changed. Unset:
   // none (a cluster whose CNI ignores NetworkPolicies).
@@ -108,7 +110,9 @@ class Reconciler {
   void RecordBlocked(Pass& p, const Status& error);
   // A spec the parser rejects fails the job, with the parser's one-line error as the message.
   Status FailInvalidSpec(Pass& p, const Status& why);
-  Result<std::string> EnsureToken(const nlohmann::json& job);
+  // The job's secret, from which each worker's credential is derived: DeriveJobSecret of the
+  // job's UID with options_.job_key. Nothing is read or kept per job.
+  Result<std::string> JobSecret(const nlohmann::json& job) const;
   Status EnsureCoordinatorJob(const std::string& key, const nlohmann::json& job,
                               const std::string& token, const std::string& fingerprint);
   // With options_.network_policy: creates the job's NetworkPolicy when the cache has none, and
@@ -218,8 +222,6 @@ class Reconciler {
   // policy created but not yet in the cache is not created again.
   std::map<std::string, std::pair<std::string, std::chrono::steady_clock::time_point>>
       policies_created_;
-  // Job UID -> its coordinator token, once read or created.
-  std::map<std::string, std::string> tokens_;
   // Job key -> UID of the incarnation registered with the coordinator.
   std::map<std::string, std::string> registered_;
   // Job key -> failed pods already counted and reported.

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "operator/controller/job_key.h"
 #include "operator/controller/job_spec.h"
 #include "operator/kube/client.h"
 #include "operator/kube/test_util.h"
@@ -31,8 +32,9 @@ using nlohmann::json;
 
 constexpr char kKey[] = "team/mnist";
 constexpr char kUid[] = "u-1";
+constexpr char kJobKey[] = "0123456789abcdef0123456789abcdef";
 
-// Lists the objects it was given, holds watches open, answers the token Secret, and records
+// Lists the objects it was given, holds watches open, and records
 // status patches, created pods, events, deletions and writes of NetworkPolicies. Thread-safe.
 class FakeApi {
  public:
@@ -81,6 +83,11 @@ class FakeApi {
     std::lock_guard<std::mutex> lock(mu_);
     policy_name_taken_ = taken;
   }
+  // Path of every GET of a Secret (there should be none: a job's secret is derived).
+  std::vector<std::string> secret_reads() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return secret_reads_;
+  }
   // Path and body of every DELETE.
   std::vector<std::pair<std::string, json>> deletions() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -111,11 +118,10 @@ class FakeApi {
       c.Respond(200, list.dump());
       return;
     }
-    if (r.method == "GET" && path == "/api/v1/namespaces/team/secrets/mnist-vf-token") {
-      const json secret = {
-          {"metadata", {{"name", "mnist-vf-token"}, {"ownerReferences", {{{"uid", kUid}}}}}},
-          {"data", {{"token", "c2VjcmV0"}}}};  // "secret"
-      c.Respond(200, secret.dump());
+    if (r.method == "GET" && path.starts_with("/api/v1/namespaces/team/secrets/")) {
+      std::lock_guard<std::mutex> lock(mu_);
+      secret_reads_.push_back(path);
+      c.Respond(404, R"({"kind": "Status", "reason": "NotFound", "code": 404})");
       return;
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -175,6 +181,7 @@ class FakeApi {
   std::vector<std::pair<std::string, json>> deletions_;
   std::vector<std::pair<std::string, json>> event_patches_;
   std::vector<std::string> writes_;
+  std::vector<std::string> secret_reads_;
   std::vector<json> created_policies_;
   std::vector<json> replaced_policies_;
   bool refuse_pods_ = false;
@@ -241,6 +248,7 @@ class ReconcilerTest : public testing::Test {
     nodes_ = NewInformer(kube::kNodes);
     ReconcilerOptions options;
     options.pods.coordinator_url = "http://operator:7070";
+    options.job_key = kJobKey;
     options.network_policy = std::move(network_policy);
     if (options.network_policy) policies_ = NewInformer(kube::kNetworkPolicies);
     reconciler_ = Reconciler::Create(*client_, *jobs_, *pods_, *nodes_, coordinator_, options, {},
@@ -316,13 +324,14 @@ TEST_F(ReconcilerTest, EachWorkerPodGetsACredentialOfItsOwnThatTheCoordinatorAcc
     EXPECT_EQ(secrets[i]["metadata"]["name"], pod + "-vf-credential");
     EXPECT_EQ(pods[i]["spec"]["volumes"][0]["secret"]["secretName"], pod + "-vf-credential");
     const std::string credential = secrets[i]["stringData"]["token"];
-    // Derived from the job's secret (the fake's Secret holds "secret").
-    EXPECT_EQ(credential, WorkerCredential("secret", pod).value());
+    // Derived from the job's secret, which is derived from the operator's key and the job's UID.
+    EXPECT_EQ(credential, WorkerCredential(DeriveJobSecret(kJobKey, kUid).value(), pod).value());
     EXPECT_TRUE(coordinator_.CheckCredential(kKey, pod, credential).ok());
     const std::string other = pods[1 - i]["metadata"]["name"];
     EXPECT_EQ(coordinator_.CheckCredential(kKey, other, credential).code(),
               StatusCode::kUnauthenticated);
   }
+  EXPECT_EQ(api_->secret_reads(), std::vector<std::string>{});
   // replicas.max is 2: the coordinator registers at most twice that (live workers and their
   // replacements).
   const JobView view = coordinator_.GetJob(kKey).value();
@@ -427,6 +436,34 @@ TEST_F(ReconcilerTest, WithoutNetworkPoliciesNoneIsMade) {
   ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
   EXPECT_EQ(api_->created_pods().size(), 2u);
   EXPECT_TRUE(api_->created_policies().empty());
+}
+
+TEST_F(ReconcilerTest, AnotherReconcilerWithTheSameKeyDerivesTheSameCredentials) {
+  // An operator restarted (or its standby leading) reads the same key: the workers' credentials
+  // still hold, without any Secret of the job's being read.
+  Start({EpochJob()}, {}, {GpuNode("gpu-a", 4)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  const std::vector<json> secrets = api_->created_secrets();
+  ASSERT_EQ(secrets.size(), 2u);
+  Coordinator restarted;
+  ReconcilerOptions options;
+  options.job_key = kJobKey;
+  auto again = Reconciler::Create(*client_, *jobs_, *pods_, *nodes_, restarted, options).value();
+  ASSERT_TRUE(again->Reconcile(kKey).ok());
+  for (const json& secret : secrets) {
+    const std::string pod = secret["metadata"]["ownerReferences"][0]["name"];
+    const std::string credential = secret["stringData"]["token"];
+    EXPECT_TRUE(restarted.CheckCredential(kKey, pod, credential).ok()) << pod;
+  }
+}
+
+TEST_F(ReconcilerTest, AReconcilerWithoutAKeyIsRefused) {
+  Start({}, {}, {});
+  ReconcilerOptions options;
+  options.job_key = "short";
+  EXPECT_EQ(
+      Reconciler::Create(*client_, *jobs_, *pods_, *nodes_, coordinator_, options).status().code(),
+      StatusCode::kInvalidArgument);
 }
 
 TEST_F(ReconcilerTest, EpochJobLengthIsUnknownUntilAnAgentReportsIt) {

@@ -9,9 +9,6 @@ namespace vf::controller {
 
 using nlohmann::json;
 
-std::string TokenSecretName(const std::string& job_name) { return job_name + "-vf-token"; }
-
-// "-vf-credential" never ends a job's "-vf-token", so the two never share a name.
 std::string CredentialSecretName(const std::string& pod_name) {
   return pod_name + "-vf-credential";
 }

@@ -41,9 +41,6 @@ inline constexpr char kShmVolume[] = "vf-shm";
 // The CPU a worker of a CPU-only job requests when its template says nothing.
 inline constexpr char kDefaultWorkerCpu[] = "1";
 
-// The name of the Secret that holds a job's secret, from which the operator derives each
-// worker's credential (WorkerCredential). No pod mounts it.
-std::string TokenSecretName(const std::string& job_name);
 // The name of the Secret that holds the credential of the worker in pod `pod_name`: one Secret
 // per pod, so that a node's kubelet (which may read only the Secrets of its own pods) never
 // holds another worker's credential, and so that the Secret goes with its pod.

@@ -127,7 +127,8 @@ JOB_RIGHTS = [
     ("patch", "virtualflowjobs.virtualflow.io", "status"),
     ("get", "pods", ""), ("list", "pods", ""), ("watch", "pods", ""),
     ("create", "pods", ""), ("delete", "pods", ""),
-    ("get", "secrets", ""), ("create", "secrets", ""),
+    # Each worker's credential Secret; a job's secret is derived, never read from its namespace.
+    ("create", "secrets", ""),
     ("create", "events", ""), ("patch", "events", ""),
     # Each job's NetworkPolicy: mirrored, created, written back when changed.
     ("list", "networkpolicies.networking.k8s.io", ""),
@@ -155,7 +156,8 @@ DENIED = [
     ("update", "pods", ""), ("patch", "pods", ""), ("deletecollection", "pods", ""),
     ("update", "pods", "status"), ("create", "pods", "exec"), ("create", "pods", "eviction"),
     ("get", "pods", "log"),
-    ("list", "secrets", ""), ("watch", "secrets", ""), ("update", "secrets", ""),
+    ("get", "secrets", ""), ("list", "secrets", ""), ("watch", "secrets", ""),
+    ("update", "secrets", ""),
     ("delete", "secrets", ""),
     ("get", "events", ""), ("list", "events", ""), ("delete", "events", ""),
     # A job's NetworkPolicy goes with the job (its owner reference), never by the operator.
@@ -396,15 +398,16 @@ class ChartFilesTest(unittest.TestCase):
             "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "NetworkPolicy",
             "PodMonitor", "Role", "Role", "RoleBinding", "RoleBinding", "Service",
             "ServiceAccount", "ServiceMonitor"])
-        # TLS's Role stays; the Lease's goes.
+        # The operator's Secrets' Role stays; the Lease's goes.
         self.assertEqual(kinds(self.objects(*dict(VALUE_SETS)["single-replica"])), [
             "ClusterRole", "ClusterRoleBinding", "Deployment", "NetworkPolicy", "Role",
             "RoleBinding", "Service", "ServiceAccount"])
         self.assertEqual(kinds(self.objects(*dict(VALUE_SETS)["own-account"])), [
             "Deployment", "NetworkPolicy", "Service"])
+        # The job key's Role stays without TLS.
         self.assertEqual(kinds(self.objects(*dict(VALUE_SETS)["plain"])), [
-            "ClusterRole", "ClusterRoleBinding", "Deployment", "Role", "RoleBinding", "Service",
-            "ServiceAccount"])
+            "ClusterRole", "ClusterRoleBinding", "Deployment", "Role", "Role", "RoleBinding",
+            "RoleBinding", "Service", "ServiceAccount"])
 
     def test_operator_deployment(self):
         objs = self.objects()
@@ -424,6 +427,7 @@ class ChartFilesTest(unittest.TestCase):
             "--coordinator-url=https://virtualflow-operator.%s.svc:7070" % NS,
             "--coordinator-tls=true",
             "--coordinator-tls-secret=virtualflow-coordinator-tls",
+            "--job-key-secret=virtualflow-job-key",
             "--http-listen=0.0.0.0:8080",
             "--agent-image=virtualflow/agent:" + APP_VERSION,
             "--agent-metrics-port=9090",
@@ -465,6 +469,7 @@ class ChartFilesTest(unittest.TestCase):
         args = container["args"]
         self.assertIn("--coordinator-url=https://vf-virtualflow-operator.ops.svc:9000", args)
         self.assertIn("--coordinator-tls-secret=vf-virtualflow-coordinator-tls", args)
+        self.assertIn("--job-key-secret=vf-virtualflow-job-key", args)
         self.assertIn("--coordinator-listen=0.0.0.0:9000", args)
         self.assertIn("--http-listen=0.0.0.0:9001", args)
         self.assertIn("--agent-image=virtualflow/agent@sha256:" + "ab" * 32, args)
@@ -484,6 +489,7 @@ class ChartFilesTest(unittest.TestCase):
         self.assertIn("--coordinator-url=http://virtualflow-operator.%s.svc:7070" % NS, args)
         self.assertIn("--coordinator-tls=false", args)
         self.assertFalse([a for a in args if a.startswith("--coordinator-tls-secret")])
+        self.assertIn("--job-key-secret=virtualflow-job-key", args)  # with or without TLS
         # No NetworkPolicies: none per job either.
         self.assertIn("--network-policy=false", args)
         self.assertFalse([a for a in args if a.startswith("--network-policy-metrics-from")])
@@ -597,7 +603,8 @@ class ChartFilesTest(unittest.TestCase):
         lease = {("coordination.k8s.io", "leases", "create", ()),
                  ("coordination.k8s.io", "leases", "get", ("virtualflow-operator",)),
                  ("coordination.k8s.io", "leases", "update", ("virtualflow-operator",))}
-        tls = {("", "secrets", "create", ()),
+        own = {("", "secrets", "create", ()),
+               ("", "secrets", "get", ("virtualflow-job-key",)),
                ("", "secrets", "get", ("virtualflow-coordinator-tls",)),
                ("", "secrets", "update", ("virtualflow-coordinator-tls",))}
 
@@ -606,7 +613,7 @@ class ChartFilesTest(unittest.TestCase):
         roles = {r["metadata"]["name"]: r for r in self.find(objs, "Role")}
         self.assertEqual({r["metadata"]["namespace"] for r in roles.values()}, {NS})
         self.assertEqual(rights(roles[OPERATOR + "-leader-election"]["rules"]), lease)
-        self.assertEqual(rights(roles[OPERATOR + "-coordinator-tls"]["rules"]), tls)
+        self.assertEqual(rights(roles[OPERATOR + "-secrets"]["rules"]), own)
         for binding in [self.find(objs, "ClusterRoleBinding")] + self.find(objs, "RoleBinding"):
             self.assertEqual(binding["subjects"], [{"kind": "ServiceAccount", "name": OPERATOR,
                                                     "namespace": NS}])
@@ -617,7 +624,13 @@ class ChartFilesTest(unittest.TestCase):
         roles = {}
         for r in self.find(objs, "Role"):
             roles.setdefault(r["metadata"]["namespace"], set()).update(rights(r["rules"]))
-        self.assertEqual(roles, {"team-a": jobs, NS: lease | tls})
+        self.assertEqual(roles, {"team-a": jobs, NS: lease | own})
+        # Without TLS, only the job key.
+        roles = {r["metadata"]["name"]: r for r in self.find(
+            self.objects("--set", "coordinator.tls.enabled=false"), "Role")}
+        self.assertEqual(rights(roles[OPERATOR + "-secrets"]["rules"]),
+                         {("", "secrets", "create", ()),
+                          ("", "secrets", "get", ("virtualflow-job-key",))})
 
     def test_bad_values_fail_with_a_message_naming_the_value(self):
         for name, args, expected in BAD_VALUES:
@@ -956,7 +969,8 @@ class ChartInstallTest(ControlPlaneTestCase):
         self.assertIn("vf_operator_is_leader 1",
                       http_get(self.operators[first][1] + "/metrics")[1])
 
-        # A job: the leader creates its token Secret and worker pods and writes its status.
+        # A job: the leader creates its NetworkPolicy, worker pods and their credential Secrets
+        # and writes its status.
         pods = self.run_job("team-b")
         container = pods[0]["spec"]["containers"][0]
         self.assertIs(pods[0]["spec"]["automountServiceAccountToken"], False)
@@ -965,6 +979,12 @@ class ChartInstallTest(ControlPlaneTestCase):
                       container["ports"])
         self.check_coordinator_tls(pods)
         self.check_network_policies(pods, "team-b")
+        # The job's secret is derived from the key in the operator's namespace: nothing of the
+        # job's holds it.
+        key = self.cp.get("/api/v1/namespaces/%s/secrets/virtualflow-job-key" % NS)
+        self.assertIsNotNone(key, "no job key Secret")
+        self.assertEqual(sorted(key["data"]), ["key"])
+        self.assertIsNone(self.cp.get("/api/v1/namespaces/team-b/secrets/fashion-mnist-vf-token"))
 
         # The leader stops (a rolling update, a drained node): it gives the Lease up and the
         # standby leads.
@@ -1070,6 +1090,15 @@ class ChartInstallTest(ControlPlaneTestCase):
         self.assertFalse(self.can_i("update", "secrets", name=tls, namespace="kube-system"))
         self.assertFalse(self.can_i("delete", "secrets", name=tls))
         self.assertFalse(self.can_i("list", "secrets", namespace="kube-system"))
+        # The job key: read by name in the release namespace, never rewritten; no Secret of any
+        # other namespace can be read, a job's included.
+        self.assertTrue(self.can_i("get", "secrets", name="virtualflow-job-key"))
+        self.assertFalse(self.can_i("update", "secrets", name="virtualflow-job-key"))
+        for namespace in ("team-a", "kube-system"):
+            self.assertFalse(self.can_i("get", "secrets", namespace=namespace,
+                                        name="virtualflow-job-key"))
+            self.assertFalse(self.can_i("get", "secrets", namespace=namespace,
+                                        name="fashion-mnist-vf-token"))
         self.assertFalse(self.can_i("delete", "nodes"))
 
         # Nothing else: the complete list of what the account may do.
@@ -1079,6 +1108,7 @@ class ChartInstallTest(ControlPlaneTestCase):
         in_release[("leases.coordination.k8s.io", ())] = {"create"}
         in_release[("leases.coordination.k8s.io", ("virtualflow-operator",))] = {"get", "update"}
         in_release[("secrets", ("virtualflow-coordinator-tls",))] = {"get", "update"}
+        in_release[("secrets", ("virtualflow-job-key",))] = {"get"}
         self.assertEqual(self.rights_list(NS), in_release)
 
     def test_watch_namespace_limits_the_rights_to_that_namespace(self):
@@ -1092,7 +1122,7 @@ class ChartInstallTest(ControlPlaneTestCase):
                     self.assertTrue(self.can_i(verb, resource, sub, "team-a", account=account))
                     self.assertEqual(self.can_i(verb, resource, sub, "team-b", account=account),
                                      everywhere)
-                    # The TLS Secret is created in the operator's own namespace.
+                    # The operator's own Secrets are created in its own namespace.
                     tls = (verb, resource) == ("create", "secrets")
                     self.assertEqual(self.can_i(verb, resource, sub, "vf-team-system",
                                                 account=account), everywhere or tls)
@@ -1102,15 +1132,16 @@ class ChartInstallTest(ControlPlaneTestCase):
                                        "vf-team-system", "virtualflow-operator", account=account))
             self.assertEqual(self.rights_list("team-b", account),
                              self.expected_list(INVENTORY_RIGHTS))
-            # No Secret outside team-a but its own TLS Secret; no pods outside team-a.
-            for namespace in ("kube-system", "team-b", "default"):
+            # No Secret read anywhere but its own two by name, not even in team-a; no pods
+            # outside team-a.
+            for namespace in ("kube-system", "team-a", "team-b", "default"):
                 self.assertFalse(self.can_i("get", "secrets", namespace=namespace,
                                             account=account))
-                self.assertFalse(self.can_i("create", "pods", namespace=namespace,
-                                            account=account))
-            self.assertTrue(self.can_i("get", "secrets", namespace="vf-team-system",
-                                       name="vf-team-virtualflow-coordinator-tls",
-                                       account=account))
+                self.assertEqual(self.can_i("create", "pods", namespace=namespace,
+                                            account=account), namespace == "team-a")
+            for own in ("vf-team-virtualflow-coordinator-tls", "vf-team-virtualflow-job-key"):
+                self.assertTrue(self.can_i("get", "secrets", namespace="vf-team-system",
+                                           name=own, account=account))
             self.assertEqual(self.rights_list("team-a", account),
                              self.expected_list(JOB_RIGHTS + NODE_RIGHTS))
             # The operator's own pod passes Pod Security there too.

@@ -1,7 +1,8 @@
 """The operator (virtualflow-operator) against a real control plane: `kubectl apply` of a
 VirtualFlowJob runs it on fake GPU nodes through the real scheduler and the pod runner; the job
 grows when a node is added, shrinks on cordon and drain, survives pod deletion and an operator
-restart, and ends with the weights of a local static run; each job's NetworkPolicy selects its
+restart (their credentials derived again from the operator's key), and ends with the weights of
+a local static run; each job's NetworkPolicy selects its
 own worker pods and not another job's, and is made again when deleted and restored when changed;
 deleting the job collects its pods, Secrets and NetworkPolicy; a quota that refuses its pods is a condition and one counted Event on it; an operator
 that loses its Lease stops acting; jobs competing for too few GPUs share them within their
@@ -352,8 +353,10 @@ class OperatorTest(OperatorTestCase):
         self.reset_nodes(("gpu-g", 2))
         self.apply(job_manifest(name, steps=5000, delay_ms=8))
         self.wait_workers(name, 2)
-        secret = "/api/v1/namespaces/%s/secrets/%s-vf-token" % (NS, name)
-        self.assertIsNotNone(self.cp.get(secret))
+        # No Secret of the job's holds its secret: the operator derives it from its key (in the
+        # Secret virtualflow-job-key of its own namespace, here "default").
+        self.assertIsNone(self.cp.get("/api/v1/namespaces/%s/secrets/%s-vf-token" % (NS, name)))
+        self.assertIsNotNone(self.cp.get("/api/v1/namespaces/default/secrets/virtualflow-job-key"))
         # Each worker pod has a credential Secret of its own, owned by the pod.
         credentials = ["/api/v1/namespaces/%s/secrets/%s-vf-credential" % (NS, pod)
                        for pod in (p["metadata"]["name"] for p in self.pods(name))]
@@ -383,8 +386,7 @@ class OperatorTest(OperatorTestCase):
         # The garbage collector follows the owner references (it may take it a while to learn
         # about a new custom resource type).
         self.cp.wait_for("pods, Secrets and the NetworkPolicy to be collected",
-                         lambda: not self.pods(name) and self.cp.get(secret) is None and
-                         all(self.cp.get(path) is None for path in credentials) and
+                         lambda: not self.pods(name) and all(self.cp.get(path) is None for path in credentials) and
                          self.network_policy(name) is None, timeout=120)
 
     def test_5a_pods_a_quota_refuses_are_a_condition_and_one_counted_event(self):

@@ -96,6 +96,11 @@ networkPolicy.perJob), else "" (which `if` reads as false).
 {{- if and .Values.networkPolicy.enabled .Values.networkPolicy.perJob }}true{{ end }}
 {{- end }}
 
+{{/* The Secret holding the key every job's secret is derived from, in the release namespace. */}}
+{{- define "virtualflow.jobKeySecretName" -}}
+{{- printf "%s-job-key" (include "virtualflow.fullname" .) }}
+{{- end }}
+
 {{/* The namespaces whose worker pods get a NetworkPolicy. */}}
 {{- define "virtualflow.jobNamespaces" -}}
 {{- if .Values.networkPolicy.jobNamespaces }}
@@ -145,10 +150,11 @@ namespace, each with watchNamespace) do not collide.
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch, create, delete]
-# The per-job coordinator token: created once, read back; never listed.
+# Each worker pod's credential Secret: created once, owned by its pod. Never read, listed or
+# changed: a job's secret is derived from the job key in the release namespace.
 - apiGroups: [""]
   resources: [secrets]
-  verbs: [get, create]
+  verbs: [create]
 # An Event for every resize.
 - apiGroups: [""]
   resources: [events]
