@@ -49,6 +49,17 @@ Controller::Controller(kube::Client& client, Coordinator& coordinator, Controlle
         if (!job.empty()) queue_.Add(meta.value("namespace", "") + "/" + job);
         EnqueueAllJobs();
       });
+  if (options_.reconciler.network_policy) {
+    // A job's policy deleted or changed by someone queues the job, which puts it back.
+    network_policies_ = std::make_unique<Informer>(
+        client_, kube::kNetworkPolicies, options_.ns, ours,
+        [this](const json& before, const json& after) {
+          const json& o = after.is_null() ? before : after;
+          const json meta = o.value("metadata", json::object());
+          const std::string job = meta.value("labels", json::object()).value(kJobLabel, "");
+          if (!job.empty()) queue_.Add(meta.value("namespace", "") + "/" + job);
+        });
+  }
 }
 
 void Controller::WatchWorkloadsFor(const json& job) {
@@ -131,15 +142,18 @@ void Controller::WatchCoordinator(std::stop_token stop) {
 }
 
 Status Controller::Run(std::stop_token stop) {
-  VF_ASSIGN_OR_RETURN(reconciler_,
-                      Reconciler::Create(client_, *jobs_, *pods_, *nodes_, coordinator_,
-                                         options_.reconciler, options_.hooks, workloads_.get()));
+  VF_ASSIGN_OR_RETURN(
+      reconciler_,
+      Reconciler::Create(client_, *jobs_, *pods_, *nodes_, coordinator_, options_.reconciler,
+                         options_.hooks, workloads_.get(), network_policies_.get()));
   jobs_->Start();
   pods_->Start();
   nodes_->Start();
+  if (network_policies_) network_policies_->Start();
   std::stop_callback shutdown(stop, [this] { queue_.ShutDown(); });
-  const bool ready =
-      jobs_->WaitForSync(stop) && pods_->WaitForSync(stop) && nodes_->WaitForSync(stop);
+  const bool ready = jobs_->WaitForSync(stop) && pods_->WaitForSync(stop) &&
+                     nodes_->WaitForSync(stop) &&
+                     (!network_policies_ || network_policies_->WaitForSync(stop));
   std::vector<std::jthread> threads;
   if (ready) {
     std::fprintf(stderr, "virtualflow-operator: caches synced; reconciling\n");
@@ -163,6 +177,7 @@ Status Controller::Run(std::stop_token stop) {
   pods_->Stop();
   nodes_->Stop();
   workloads_->Stop();
+  if (network_policies_) network_policies_->Stop();
   return Status::Ok();
 }
 

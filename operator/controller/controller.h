@@ -1,5 +1,5 @@
-// The VirtualFlowJob controller: informers for jobs, pods, nodes (and Kueue's Workloads once a job
-// names a queue), a rate-limited work queue,
+// The VirtualFlowJob controller: informers for jobs, pods, nodes, the operator's NetworkPolicies
+// (and Kueue's Workloads once a job names a queue), a rate-limited work queue,
 // worker threads running the reconciler, and a watcher that queues a job whenever its agents
 // tell the coordinator something. Runs while its stop token allows.
 #pragma once
@@ -64,6 +64,8 @@ class Controller {
   std::unique_ptr<Informer> pods_;
   std::unique_ptr<Informer> nodes_;
   std::unique_ptr<Informer> workloads_;
+  // The operator's NetworkPolicies, with options_.reconciler.network_policy; else null.
+  std::unique_ptr<Informer> network_policies_;
   std::once_flag workloads_started_;
   std::unique_ptr<Reconciler> reconciler_;
   std::atomic<bool> synced_{false};

@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -22,10 +23,13 @@
 #include <thread>
 #include <utility>
 
+#include <nlohmann/json.hpp>
+
 #include "agent/http/listener.h"
 #include "agent/metrics/http_exporter.h"
 #include "operator/controller/controller.h"
 #include "operator/controller/coordinator_tls.h"
+#include "operator/controller/job_key.h"
 #include "operator/coordinator/server.h"
 #include "operator/kube/client.h"
 #include "operator/kube/config.h"
@@ -59,10 +63,17 @@ struct OperatorFlags {
   std::string coordinator_url;
   bool coordinator_tls = true;
   std::string tls_secret = vf::controller::kDefaultTlsSecret;
+  std::string job_key_secret = vf::controller::kDefaultJobKeySecret;
   std::string http_listen = "0.0.0.0:8080";
   std::string agent_image = "virtualflow/agent:0.1.0";
   std::string policy = "elastic";
   int64_t agent_metrics_port = 9090;
+  bool network_policy = true;
+  // NetworkPolicy peers admitted to the workers' metrics port, as JSON; the chart's default.
+  std::string network_policy_metrics_from =
+      R"([{"namespaceSelector": {}, "podSelector": {"matchLabels": )"
+      R"({"app.kubernetes.io/name": "prometheus"}}}])";
+  nlohmann::json metrics_from;  // parsed
   // Jobs reconciled at once. A new job's reconcile is ~7 API round trips one after the other
   // (token Secret, each pod and its credential Secret, an Event, the status), so it is the
   // latency of the API server, not the operator's CPU, that one worker waits on: 16 keep a
@@ -160,6 +171,11 @@ std::optional<int> ParseFlags(int argc, char** argv, OperatorFlags& f) {
                  "--leader-election-namespace) holding the coordinator's CA and\n"
                  "certificate; created when missing, renewed before expiry")
       ->capture_default_str();
+  app.add_option("--job-key-secret", f.job_key_secret,
+                 "Secret in the operator's namespace holding the key every job's\n"
+                 "secret (and so every worker's credential) is derived from;\n"
+                 "created when missing, never replaced")
+      ->capture_default_str();
   app.add_option("--http-listen", f.http_listen, "HOST:PORT for /metrics, /healthz and /readyz")
       ->capture_default_str();
   app.add_option("--agent-image", f.agent_image,
@@ -172,6 +188,14 @@ std::optional<int> ParseFlags(int argc, char** argv, OperatorFlags& f) {
   app.add_option("--agent-metrics-port", f.agent_metrics_port,
                  "port of each agent's /metrics (0 picks a free one; -1 none)")
       ->transform(vf::Base10Integer())
+      ->capture_default_str();
+  app.add_flag("--network-policy", f.network_policy,
+               "give each job a NetworkPolicy that admits only the job's own pods\n"
+               "to its workers (default true; --network-policy=false: none, for a\n"
+               "cluster whose CNI ignores NetworkPolicies)");
+  app.add_option("--network-policy-metrics-from", f.network_policy_metrics_from,
+                 "JSON array of NetworkPolicy peers admitted to the workers'\n"
+                 "--agent-metrics-port")
       ->capture_default_str();
   app.add_option("--workers", f.workers, "jobs reconciled at once")
       ->transform(vf::Base10Integer())
@@ -216,6 +240,14 @@ std::optional<int> ParseFlags(int argc, char** argv, OperatorFlags& f) {
         std::string("--coordinator-url must start with ") +
         (f.coordinator_tls ? "https:// (TLS is on)" : "http:// (--coordinator-tls=false)") +
         ", got '" + f.coordinator_url + "'");
+  }
+  f.metrics_from = nlohmann::json::parse(f.network_policy_metrics_from, nullptr, false);
+  if (!f.metrics_from.is_array() ||
+      !std::all_of(f.metrics_from.begin(), f.metrics_from.end(),
+                   [](const nlohmann::json& peer) { return peer.is_object(); })) {
+    return usage(
+        "--network-policy-metrics-from must be a JSON array of NetworkPolicy peers, got '" +
+        f.network_policy_metrics_from + "'");
   }
   if (f.identity.empty()) {
     char host[256] = {};
@@ -356,6 +388,7 @@ auto StartMetricsServer(vf::OperatorMetrics& metrics, const OperatorFlags& f,
 vf::controller::ControllerOptions MakeControllerOptions(const OperatorFlags& f,
                                                         const std::string& coordinator_url,
                                                         const std::string& coordinator_ca,
+                                                        const std::string& job_key,
                                                         vf::OperatorMetrics& metrics) {
   vf::controller::ControllerOptions options;
   options.ns = f.ns;
@@ -364,8 +397,12 @@ vf::controller::ControllerOptions MakeControllerOptions(const OperatorFlags& f,
   options.reconciler.join_batch_seconds = f.join_batch;
   options.reconciler.pods.coordinator_url = coordinator_url;
   options.reconciler.pods.coordinator_ca = coordinator_ca;
+  options.reconciler.job_key = job_key;
   options.reconciler.pods.default_image = f.agent_image;
   options.reconciler.pods.metrics_port = static_cast<int>(f.agent_metrics_port);
+  if (f.network_policy) {
+    options.reconciler.network_policy = vf::controller::NetworkPolicySettings{f.metrics_from};
+  }
   vf::ReportControllerMetrics(options, metrics);
   return options;
 }
@@ -440,6 +477,12 @@ int main(int argc, char** argv) {
   auto clients = ConnectToApiServer(flags, metrics);
   if (!clients.ok()) return vf::UsageError(kProgram, clients.status().message());
 
+  // Every replica reads the same key, so a restart or a new leader derives the same job secrets.
+  auto job_key = vf::controller::EnsureJobKey(*clients->main, flags.lease_ns, flags.job_key_secret);
+  if (!job_key.ok()) {
+    std::fprintf(stderr, "virtualflow-operator: error: %s\n", job_key.status().message().c_str());
+    return kExitFailed;
+  }
   CoordinatorTlsState tls;
   if (flags.coordinator_tls) {
     auto started = StartCoordinatorTls(flags, *clients->main, process_stop.get_token());
@@ -473,7 +516,7 @@ int main(int argc, char** argv) {
 
   // The controller, alone or while leading, until a signal or lost leadership.
   vf::controller::ControllerOptions options =
-      MakeControllerOptions(flags, coordinator_url, tls.ca, metrics);
+      MakeControllerOptions(flags, coordinator_url, tls.ca, *job_key, metrics);
   options.reconciler.fault = *fault;
   options.reconciler.build = test_build;
   if (!test_build.empty()) {

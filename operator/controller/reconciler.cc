@@ -1,6 +1,5 @@
 #include "operator/controller/reconciler.h"
 
-#include <openssl/evp.h>
 #include <openssl/rand.h>
 
 #include <algorithm>
@@ -13,6 +12,7 @@
 #include <utility>
 
 #include "operator/controller/inventory.h"
+#include "operator/controller/job_key.h"
 #include "operator/controller/job_spec.h"
 #include "operator/policy/membership.h"
 #include "runtime/job/spec.h"
@@ -27,14 +27,6 @@ namespace {
 constexpr auto kExpectationTimeout = std::chrono::seconds(60);
 
 std::string OwnBuild() { return std::string("virtualflow ") + VF_VERSION; }
-
-Result<std::string> RandomToken() {
-  unsigned char bytes[32];
-  if (RAND_bytes(bytes, sizeof(bytes)) != 1) return Internal("no random bytes for a job token");
-  std::ostringstream s;
-  for (unsigned char b : bytes) s << std::hex << std::setw(2) << std::setfill('0') << int{b};
-  return s.str();
-}
 
 std::string RandomSuffix() {
   static constexpr char kAlphabet[] = "bcdfghjklmnpqrstvwxz2456789";
@@ -176,22 +168,28 @@ json Comparable(json status) {
 
 }  // namespace
 
-Result<std::unique_ptr<Reconciler>> Reconciler::Create(kube::Client& client, const Informer& jobs,
-                                                       const Informer& pods, const Informer& nodes,
-                                                       Coordinator& coordinator,
-                                                       ReconcilerOptions options,
-                                                       ReconcilerHooks hooks,
-                                                       const Informer* workloads) {
+Result<std::unique_ptr<Reconciler>> Reconciler::Create(
+    kube::Client& client, const Informer& jobs, const Informer& pods, const Informer& nodes,
+    Coordinator& coordinator, ReconcilerOptions options, ReconcilerHooks hooks,
+    const Informer* workloads, const Informer* network_policies) {
+  if (options.job_key.size() < kMinJobKeyBytes) {
+    return InvalidArgument("the job key must be at least " + std::to_string(kMinJobKeyBytes) +
+                           " bytes");
+  }
+  if (options.network_policy && network_policies == nullptr) {
+    return InvalidArgument("NetworkPolicies per job need an informer of NetworkPolicies");
+  }
   policy::PolicyOptions popts;
   popts.cooldown_seconds = 0;  // each job's own cooldown (spec.elasticity) applies
   VF_ASSIGN_OR_RETURN(auto policy, policy::CreatePolicy(options.policy, popts));
-  return std::unique_ptr<Reconciler>(new Reconciler(client, jobs, pods, nodes, workloads,
-                                                    coordinator, std::move(options),
-                                                    std::move(hooks), std::move(policy)));
+  return std::unique_ptr<Reconciler>(
+      new Reconciler(client, jobs, pods, nodes, workloads, network_policies, coordinator,
+                     std::move(options), std::move(hooks), std::move(policy)));
 }
 
 Reconciler::Reconciler(kube::Client& client, const Informer& jobs, const Informer& pods,
-                       const Informer& nodes, const Informer* workloads, Coordinator& coordinator,
+                       const Informer& nodes, const Informer* workloads,
+                       const Informer* network_policies, Coordinator& coordinator,
                        ReconcilerOptions options, ReconcilerHooks hooks,
                        std::unique_ptr<policy::Policy> policy)
     : client_(client),
@@ -199,6 +197,7 @@ Reconciler::Reconciler(kube::Client& client, const Informer& jobs, const Informe
       pods_(pods),
       nodes_(nodes),
       workloads_(workloads),
+      network_policies_(network_policies),
       coordinator_(coordinator),
       options_(std::move(options)),
       hooks_(std::move(hooks)),
@@ -216,65 +215,8 @@ Reconciler::~Reconciler() {
   if (options_.fault.armed("state-transfer")) coordinator_.ObserveKeySets(nullptr);
 }
 
-Result<std::string> Reconciler::EnsureToken(const json& job) {
-  const json& meta = job.at("metadata");
-  const std::string uid = meta.value("uid", "");
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = tokens_.find(uid);
-    if (it != tokens_.end()) return it->second;
-  }
-  const std::string ns = meta.value("namespace", "");
-  const std::string secret_name = TokenSecretName(meta.value("name", ""));
-  auto read = [&](const json& secret) -> Result<std::string> {
-    // A Secret left over from an earlier job of the same name belongs to that job.
-    bool ours = false;
-    for (const json& ref : Obj(secret, "metadata").value("ownerReferences", json::array())) {
-      ours = ours || ref.value("uid", "") == uid;
-    }
-    if (!ours) {
-      return FailedPrecondition("Secret " + ns + "/" + secret_name +
-                                " exists but is not owned by this job");
-    }
-    const std::string encoded = Obj(secret, "data").value(kTokenKey, "");
-    if (encoded.empty()) return FailedPrecondition("Secret " + secret_name + " has no token");
-    return encoded;  // compared and used base64-encoded: see below
-  };
-  VF_ASSIGN_OR_RETURN(const std::string new_token, RandomToken());  // used if created
-  auto create = [&]() -> kube::ApiResult<json> {
-    json secret = {
-        {"metadata",
-         {{"name", secret_name},
-          {"labels", {{kJobLabel, meta.value("name", "")}, {kManagedByLabel, kManagedBy}}},
-          {"ownerReferences", {OwnerReference(job)}}}},
-        {"type", "Opaque"},
-        {"stringData", {{kTokenKey, new_token}}}};
-    return client_.Create(kube::kSecrets, ns, secret);
-  };
-  // A job this operator has never written a status for is new: its Secret is created without
-  // asking first (one request, not two, for each of a thousand new jobs). One that has a
-  // status (an operator restart) most likely has its Secret: read first.
-  const bool fresh = Obj(job, "status").empty();
-  kube::ApiResult<json> got = fresh ? create() : client_.Get(kube::kSecrets, ns, secret_name);
-  if (fresh && got.reason() == kube::Reason::kAlreadyExists) {
-    got = client_.Get(kube::kSecrets, ns, secret_name);
-  } else if (!fresh && got.reason() == kube::Reason::kNotFound) {
-    got = create();
-  }
-  if (!got.ok()) return got.status();
-  VF_ASSIGN_OR_RETURN(const std::string encoded, read(*got));
-  // Secret data is base64; OpenSSL decodes it (padding comes back as trailing zero bytes).
-  std::string token(encoded.size(), '\0');
-  const int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(token.data()),
-                                reinterpret_cast<const unsigned char*>(encoded.data()),
-                                static_cast<int>(encoded.size()));
-  if (n < 0) return FailedPrecondition("Secret " + secret_name + " holds invalid base64");
-  token.resize(static_cast<size_t>(n));
-  while (!token.empty() && token.back() == '\0') token.pop_back();
-  if (token.empty()) return FailedPrecondition("Secret " + secret_name + " holds an empty token");
-  std::lock_guard<std::mutex> lock(mu_);
-  tokens_[uid] = token;
-  return token;
+Result<std::string> Reconciler::JobSecret(const json& job) const {
+  return DeriveJobSecret(options_.job_key, Obj(job, "metadata").value("uid", ""));
 }
 
 Status Reconciler::EnsureCoordinatorJob(const std::string& key, const json& job,
@@ -732,10 +674,12 @@ Result<ReconcileResult> Reconciler::Advance(Pass& p) {
   VF_ASSIGN_OR_RETURN(const Next after_deadline, EnforceDeadline(p, deadline));
   if (after_deadline == Next::kDone) return ReconcileResult{};
 
-  Result<std::string> token = EnsureToken(p.job);
-  VF_RETURN_IF_ERROR(doing("FailedTokenSecret", token.status()));
+  Result<std::string> token = JobSecret(p.job);
+  VF_RETURN_IF_ERROR(doing("FailedJobSecret", token.status()));
   VF_RETURN_IF_ERROR(doing("CoordinatorRefusedJob",
                            EnsureCoordinatorJob(p.key, p.job, *token, p.spec.Fingerprint())));
+  // Before any pod: a worker is never reachable by other pods while its job's policy is due.
+  VF_RETURN_IF_ERROR(doing("FailedNetworkPolicy", EnsureNetworkPolicy(p)));
   // Every live worker plus a replacement for each (a dead member stays registered until a plan
   // without it is out); only pods the operator created hold credentials to register with.
   VF_RETURN_IF_ERROR(coordinator_.SetWorkerLimit(
@@ -798,6 +742,7 @@ Result<ReconcileResult> Reconciler::Forget(const std::string& key) {
   std::lock_guard<std::mutex> lock(mu_);
   registered_.erase(key);
   expected_.erase(key);
+  policies_created_.erase(key);
   failures_seen_.erase(key);
   checkpoint_failures_seen_.erase(key);
   times_.erase(key);
@@ -831,6 +776,57 @@ Status Reconciler::FailInvalidSpec(Pass& p, const Status& why) {
   StampTimes(p);
   if (p.old_status.value("phase", "") != "Failed") Event(p.job, true, "InvalidSpec", why.message());
   return PatchStatus(p.job, p.status);
+}
+
+Status Reconciler::EnsureNetworkPolicy(Pass& p) {
+  if (!options_.network_policy) return Status::Ok();
+  const json want = BuildNetworkPolicy(p.job, options_.pods.metrics_port, *options_.network_policy);
+  const std::string name = NetworkPolicyName(p.name);
+  const std::string where = "NetworkPolicy " + p.ns + "/" + name;
+  std::optional<json> have = network_policies_->Get(p.ns + "/" + name);
+  if (!have) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = policies_created_.find(p.key);
+      if (it != policies_created_.end() && it->second.first == p.uid &&
+          Clock::now() - it->second.second < kExpectationTimeout) {
+        return Status::Ok();  // created; the cache has not seen it yet
+      }
+    }
+    kube::ApiResult<json> created = client_.Create(kube::kNetworkPolicies, p.ns, want);
+    if (created.reason() == kube::Reason::kAlreadyExists) {
+      // The cache holds every policy with the operator's label: this one is someone else's.
+      return FailedPrecondition(where + " exists and is not the operator's (no label " +
+                                kManagedByLabel + "=" + kManagedBy +
+                                "); rename or delete it so that the job's pods can be isolated");
+    }
+    if (!created.ok()) return created.status().WithContext(where);
+    std::lock_guard<std::mutex> lock(mu_);
+    policies_created_[p.key] = {p.uid, Clock::now()};
+    return Status::Ok();
+  }
+  const json& meta = Obj(*have, "metadata");
+  // An earlier job's of the same name, being collected: made again once it is gone.
+  if (meta.contains("deletionTimestamp")) return Status::Ok();
+  json labels = Obj(meta, "labels");
+  const json& want_meta = want.at("metadata");
+  bool same = Obj(*have, "spec") == want.at("spec") &&
+              meta.value("ownerReferences", json::array()) == want_meta.at("ownerReferences");
+  for (const auto& [k, v] : want_meta.at("labels").items()) {
+    same = same && labels.value(k, "") == v;
+    labels[k] = v;
+  }
+  if (same) return Status::Ok();
+  // Changed by someone, or an earlier job's: written back whole, at the version read (a
+  // conflict retries the job with a fresher cache).
+  json updated = *have;
+  updated["spec"] = want.at("spec");
+  updated["metadata"]["labels"] = labels;
+  updated["metadata"]["ownerReferences"] = want_meta.at("ownerReferences");
+  kube::ApiResult<json> replaced = client_.Replace(kube::kNetworkPolicies, p.ns, updated);
+  if (!replaced.ok()) return replaced.status().WithContext(where);
+  std::fprintf(stderr, "virtualflow-operator: %s: %s restored\n", p.key.c_str(), where.c_str());
+  return Status::Ok();
 }
 
 Status Reconciler::Observe(Pass& p) {
@@ -1447,7 +1443,7 @@ Status Reconciler::CreateMissingPods(Pass& p, int live) {
       p.failed_pod = pod_name;
       return r.status();
     }
-    VF_ASSIGN_OR_RETURN(const std::string job_secret, EnsureToken(p.job));
+    VF_ASSIGN_OR_RETURN(const std::string job_secret, JobSecret(p.job));
     VF_RETURN_IF_ERROR(CreateWorkerCredential(client_, p.job, p.ns, pod_name, job_secret,
                                               options_.pods.coordinator_ca,
                                               r.ok() ? *r : json(nullptr)));

@@ -1,7 +1,8 @@
 // The VirtualFlowJob reconciler: level-triggered, by key. Each call reads the job, its pods and
 // the cluster's nodes from the informer caches and the job's membership from the coordinator,
-// and moves the world one step toward what the job asks for: the token Secret, worker pods
-// (created and deleted), the next membership plan, and the status subresource.
+// and moves the world one step toward what the job asks for: its NetworkPolicy, worker pods
+// (created and deleted) and their credential Secrets, the next membership plan, and the status
+// subresource.
 #pragma once
 
 #include <chrono>
@@ -56,6 +57,12 @@ struct ReconcilerOptions {
   double join_batch_seconds = policy::kJoinBatchSeconds;
   // The build the coordinator expects of a new job's workers; empty: this operator's own.
   std::string build;
+  // The key every job's secret is derived from (job_key.h); at least kMinJobKeyBytes.
+  std::string job_key;
+  // Each job gets a NetworkPolicy that admits only its own pods to its workers
+  // (BuildNetworkPolicy), kept as built: made again when deleted, restored when changed. Unset:
+  // none (a cluster whose CNI ignores NetworkPolicies).
+  std::optional<NetworkPolicySettings> network_policy;
   // Test-only: the phase at which the operator kills itself (fault.h).
   OperatorFault fault;
 };
@@ -67,12 +74,12 @@ class Reconciler {
  public:
   // Everything passed in must outlive the reconciler. `workloads` mirrors Kueue's Workloads
   // (null: jobs with a queue label wait, saying that the operator does not watch Workloads).
-  static Result<std::unique_ptr<Reconciler>> Create(kube::Client& client, const Informer& jobs,
-                                                    const Informer& pods, const Informer& nodes,
-                                                    Coordinator& coordinator,
-                                                    ReconcilerOptions options,
-                                                    ReconcilerHooks hooks = {},
-                                                    const Informer* workloads = nullptr);
+  // `network_policies` mirrors the NetworkPolicies labelled kManagedByLabel=kManagedBy; it is
+  // required with options.network_policy.
+  static Result<std::unique_ptr<Reconciler>> Create(
+      kube::Client& client, const Informer& jobs, const Informer& pods, const Informer& nodes,
+      Coordinator& coordinator, ReconcilerOptions options, ReconcilerHooks hooks = {},
+      const Informer* workloads = nullptr, const Informer* network_policies = nullptr);
 
   ~Reconciler();
   Reconciler(const Reconciler&) = delete;
@@ -83,8 +90,8 @@ class Reconciler {
 
  private:
   Reconciler(kube::Client& client, const Informer& jobs, const Informer& pods,
-             const Informer& nodes, const Informer* workloads, Coordinator& coordinator,
-             ReconcilerOptions options, ReconcilerHooks hooks,
+             const Informer& nodes, const Informer* workloads, const Informer* network_policies,
+             Coordinator& coordinator, ReconcilerOptions options, ReconcilerHooks hooks,
              std::unique_ptr<policy::Policy> policy);
 
   // One reconcile of one job, and whether a step ended it.
@@ -103,9 +110,16 @@ class Reconciler {
   void RecordBlocked(Pass& p, const Status& error);
   // A spec the parser rejects fails the job, with the parser's one-line error as the message.
   Status FailInvalidSpec(Pass& p, const Status& why);
-  Result<std::string> EnsureToken(const nlohmann::json& job);
+  // The job's secret, from which each worker's credential is derived: DeriveJobSecret of the
+  // job's UID with options_.job_key. Nothing is read or kept per job.
+  Result<std::string> JobSecret(const nlohmann::json& job) const;
   Status EnsureCoordinatorJob(const std::string& key, const nlohmann::json& job,
                               const std::string& token, const std::string& fingerprint);
+  // With options_.network_policy: creates the job's NetworkPolicy when the cache has none, and
+  // writes it back as BuildNetworkPolicy makes it when its spec, labels or owner differ. A
+  // policy of that name that is not the operator's (no kManagedByLabel) is left alone, and the
+  // job says so.
+  Status EnsureNetworkPolicy(Pass& p);
   // Reads the job's pods, the cluster's GPUs, the coordinator's view and the policy's decision.
   Status Observe(Pass& p);
   // Kueue (kueue.h), for a job with a queue label: creates its Workload when it has none and
@@ -232,6 +246,7 @@ class Reconciler {
   const Informer& pods_;
   const Informer& nodes_;
   const Informer* const workloads_;
+  const Informer* const network_policies_;
   Coordinator& coordinator_;
   const ReconcilerOptions options_;
   const ReconcilerHooks hooks_;
@@ -240,8 +255,10 @@ class Reconciler {
   std::mutex mu_;
   // Pods created but not yet seen in the cache, by job key: name -> when created.
   std::map<std::string, std::map<std::string, std::chrono::steady_clock::time_point>> expected_;
-  // Job UID -> its coordinator token, once read or created.
-  std::map<std::string, std::string> tokens_;
+  // Job key -> the UID of the job whose NetworkPolicy this operator created, and when: a
+  // policy created but not yet in the cache is not created again.
+  std::map<std::string, std::pair<std::string, std::chrono::steady_clock::time_point>>
+      policies_created_;
   // Job key -> UID of the incarnation registered with the coordinator.
   std::map<std::string, std::string> registered_;
   // Job key -> failed pods already counted and reported.

@@ -5,15 +5,18 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stop_token>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "operator/controller/job_key.h"
 #include "operator/controller/job_spec.h"
 #include "operator/kube/client.h"
 #include "operator/kube/test_util.h"
@@ -29,15 +32,18 @@ using nlohmann::json;
 
 constexpr char kKey[] = "team/mnist";
 constexpr char kUid[] = "u-1";
+constexpr char kJobKey[] = "0123456789abcdef0123456789abcdef";
 
-// Lists the objects it was given, holds watches open, answers the token Secret, and records
-// status patches, created pods, events and deletions. Thread-safe.
+// Lists the objects it was given, holds watches open, and records
+// status patches, created pods, events, deletions and writes of NetworkPolicies. Thread-safe.
 class FakeApi {
  public:
-  FakeApi(std::vector<json> jobs, std::vector<json> pods, std::vector<json> nodes)
+  FakeApi(std::vector<json> jobs, std::vector<json> pods, std::vector<json> nodes,
+          std::vector<json> policies = {})
       : lists_{{"/apis/virtualflow.io/v1alpha1/virtualflowjobs", std::move(jobs)},
                {"/api/v1/pods", std::move(pods)},
-               {"/api/v1/nodes", std::move(nodes)}},
+               {"/api/v1/nodes", std::move(nodes)},
+               {"/apis/networking.k8s.io/v1/networkpolicies", std::move(policies)}},
         server_(
             [this](const Request& r, Connection& c, std::stop_token stop) { Serve(r, c, stop); }) {}
 
@@ -58,6 +64,30 @@ class FakeApi {
     std::lock_guard<std::mutex> lock(mu_);
     return events_;
   }
+  // Method and path of every POST and PUT, in order.
+  std::vector<std::string> writes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return writes_;
+  }
+  // Body of every POST (created) and PUT (replaced) of a NetworkPolicy.
+  std::vector<json> created_policies() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return created_policies_;
+  }
+  std::vector<json> replaced_policies() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return replaced_policies_;
+  }
+  // While set, creating a NetworkPolicy answers 409 AlreadyExists, as for a name already taken.
+  void PolicyNameTaken(bool taken) {
+    std::lock_guard<std::mutex> lock(mu_);
+    policy_name_taken_ = taken;
+  }
+  // Path of every GET of a Secret (there should be none: a job's secret is derived).
+  std::vector<std::string> secret_reads() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return secret_reads_;
+  }
   // Path and body of every DELETE.
   std::vector<std::pair<std::string, json>> deletions() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -67,11 +97,6 @@ class FakeApi {
   std::vector<std::pair<std::string, json>> event_patches() {
     std::lock_guard<std::mutex> lock(mu_);
     return event_patches_;
-  }
-  // The methods of the requests for the job's token Secret, in order.
-  std::vector<std::string> token_requests() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return token_requests_;
   }
   // While set, pod creation is refused as a ResourceQuota refuses it: 403 Forbidden naming the
   // pod.
@@ -93,33 +118,31 @@ class FakeApi {
       c.Respond(200, list.dump());
       return;
     }
-    const bool token_post = r.method == "POST" && path == "/api/v1/namespaces/team/secrets" &&
-                            r.body.find("\"mnist-vf-token\"") != std::string::npos;
-    if (token_post || path == "/api/v1/namespaces/team/secrets/mnist-vf-token") {
+    if (r.method == "GET" && path.starts_with("/api/v1/namespaces/team/secrets/")) {
       std::lock_guard<std::mutex> lock(mu_);
-      token_requests_.push_back(r.method);
-    }
-    if (token_post) {
-      // The job's token Secret exists here, as GET says.
-      const json exists = {{"kind", "Status"},
-                           {"apiVersion", "v1"},
-                           {"status", "Failure"},
-                           {"reason", "AlreadyExists"},
-                           {"message", "secrets \"mnist-vf-token\" already exists"},
-                           {"code", 409}};
-      c.Respond(409, exists.dump());
-      return;
-    }
-    if (r.method == "GET" && path == "/api/v1/namespaces/team/secrets/mnist-vf-token") {
-      const json secret = {
-          {"metadata", {{"name", "mnist-vf-token"}, {"ownerReferences", {{{"uid", kUid}}}}}},
-          {"data", {{"token", "c2VjcmV0"}}}};  // "secret"
-      c.Respond(200, secret.dump());
+      secret_reads_.push_back(path);
+      c.Respond(404, R"({"kind": "Status", "reason": "NotFound", "code": 404})");
       return;
     }
     std::lock_guard<std::mutex> lock(mu_);
     const json body = r.body.empty() ? json() : json::parse(r.body);
-    if (r.method == "PATCH" && path.ends_with("/status")) {
+    if (r.method == "POST" || r.method == "PUT") writes_.push_back(r.method + " " + path);
+    constexpr char kPolicies[] = "/apis/networking.k8s.io/v1/namespaces/team/networkpolicies";
+    if (r.method == "POST" && path == kPolicies && policy_name_taken_) {
+      const json taken = {{"kind", "Status"},
+                          {"apiVersion", "v1"},
+                          {"status", "Failure"},
+                          {"message", "networkpolicies \"mnist-vf-workers\" already exists"},
+                          {"reason", "AlreadyExists"},
+                          {"code", 409}};
+      c.Respond(409, taken.dump());
+      return;
+    }
+    if (r.method == "POST" && path == kPolicies) {
+      created_policies_.push_back(body);
+    } else if (r.method == "PUT" && path.starts_with(kPolicies)) {
+      replaced_policies_.push_back(body);
+    } else if (r.method == "PATCH" && path.ends_with("/status")) {
       patches_.push_back(body["status"]);
     } else if (r.method == "POST" && path == "/api/v1/namespaces/team/pods" && refuse_pods_) {
       const std::string name = body["metadata"].value("name", "");
@@ -155,10 +178,14 @@ class FakeApi {
   std::vector<json> pods_;
   std::vector<json> secrets_;
   std::vector<std::string> events_;
-  std::vector<std::string> token_requests_;
   std::vector<std::pair<std::string, json>> deletions_;
   std::vector<std::pair<std::string, json>> event_patches_;
+  std::vector<std::string> writes_;
+  std::vector<std::string> secret_reads_;
+  std::vector<json> created_policies_;
+  std::vector<json> replaced_policies_;
   bool refuse_pods_ = false;
+  bool policy_name_taken_ = false;
   FakeServer server_;  // last: it stops serving before the rest goes away
 };
 
@@ -206,8 +233,13 @@ json RunningPod(const std::string& name) {
 // Informers over the fake API server, a coordinator and the reconciler under test.
 class ReconcilerTest : public testing::Test {
  protected:
-  void Start(std::vector<json> jobs, std::vector<json> pods, std::vector<json> nodes) {
-    api_ = std::make_unique<FakeApi>(std::move(jobs), std::move(pods), std::move(nodes));
+  // With `network_policy`, the reconciler keeps each job's NetworkPolicy, starting from
+  // `policies` in the API server.
+  void Start(std::vector<json> jobs, std::vector<json> pods, std::vector<json> nodes,
+             std::optional<NetworkPolicySettings> network_policy = std::nullopt,
+             std::vector<json> policies = {}) {
+    api_ = std::make_unique<FakeApi>(std::move(jobs), std::move(pods), std::move(nodes),
+                                     std::move(policies));
     kube::Config config;
     config.server = api_->url();
     client_ = kube::Client::Create(config).value();
@@ -216,12 +248,16 @@ class ReconcilerTest : public testing::Test {
     nodes_ = NewInformer(kube::kNodes);
     ReconcilerOptions options;
     options.pods.coordinator_url = "http://operator:7070";
-    reconciler_ =
-        Reconciler::Create(*client_, *jobs_, *pods_, *nodes_, coordinator_, options).value();
+    options.job_key = kJobKey;
+    options.network_policy = std::move(network_policy);
+    if (options.network_policy) policies_ = NewInformer(kube::kNetworkPolicies);
+    reconciler_ = Reconciler::Create(*client_, *jobs_, *pods_, *nodes_, coordinator_, options, {},
+                                     nullptr, policies_.get())
+                      .value();
   }
 
   void TearDown() override {
-    for (Informer* i : {jobs_.get(), pods_.get(), nodes_.get()}) {
+    for (Informer* i : {jobs_.get(), pods_.get(), nodes_.get(), policies_.get()}) {
       if (i != nullptr) i->Stop();
     }
   }
@@ -248,6 +284,7 @@ class ReconcilerTest : public testing::Test {
   std::unique_ptr<Informer> jobs_;
   std::unique_ptr<Informer> pods_;
   std::unique_ptr<Informer> nodes_;
+  std::unique_ptr<Informer> policies_;
   Coordinator coordinator_;
   std::unique_ptr<Reconciler> reconciler_;
 };
@@ -275,23 +312,6 @@ TEST_F(ReconcilerTest, CreatesThePodsThePolicyWantsWithTheSpecsGpus) {
   EXPECT_EQ(status["desiredWorkers"], 2);
 }
 
-TEST_F(ReconcilerTest, ANewJobsTokenSecretIsCreatedWithoutAskingFirst) {
-  // A job with no status is new to this operator: the Secret is created at once (here it
-  // exists, so it is read after the 409).
-  Start({EpochJob()}, {}, {GpuNode("gpu-a", 2)});
-  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
-  EXPECT_EQ(api_->token_requests(), (std::vector<std::string>{"POST", "GET"}));
-}
-
-TEST_F(ReconcilerTest, AJobWithAStatusHasItsTokenSecretReadFirst) {
-  // After an operator restart the Secret most likely exists: one GET, no POST.
-  json job = EpochJob();
-  job["status"] = {{"phase", "Pending"}};
-  Start({job}, {}, {GpuNode("gpu-a", 2)});
-  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
-  EXPECT_EQ(api_->token_requests(), (std::vector<std::string>{"GET"}));
-}
-
 TEST_F(ReconcilerTest, AStatusTheCacheHasNotSeenYetIsNotWrittenTwice) {
   // The fake's cache never sees the reconciler's writes: the job stays at resourceVersion 7,
   // as a job does between a status write and its watch event.
@@ -316,13 +336,14 @@ TEST_F(ReconcilerTest, EachWorkerPodGetsACredentialOfItsOwnThatTheCoordinatorAcc
     EXPECT_EQ(secrets[i]["metadata"]["name"], pod + "-vf-credential");
     EXPECT_EQ(pods[i]["spec"]["volumes"][0]["secret"]["secretName"], pod + "-vf-credential");
     const std::string credential = secrets[i]["stringData"]["token"];
-    // Derived from the job's secret (the fake's Secret holds "secret").
-    EXPECT_EQ(credential, WorkerCredential("secret", pod).value());
+    // Derived from the job's secret, which is derived from the operator's key and the job's UID.
+    EXPECT_EQ(credential, WorkerCredential(DeriveJobSecret(kJobKey, kUid).value(), pod).value());
     EXPECT_TRUE(coordinator_.CheckCredential(kKey, pod, credential).ok());
     const std::string other = pods[1 - i]["metadata"]["name"];
     EXPECT_EQ(coordinator_.CheckCredential(kKey, other, credential).code(),
               StatusCode::kUnauthenticated);
   }
+  EXPECT_EQ(api_->secret_reads(), std::vector<std::string>{});
   // replicas.max is 2: the coordinator registers at most twice that (live workers and their
   // replacements).
   const JobView view = coordinator_.GetJob(kKey).value();
@@ -334,6 +355,127 @@ TEST_F(ReconcilerTest, EachWorkerPodGetsACredentialOfItsOwnThatTheCoordinatorAcc
   }
   EXPECT_EQ(coordinator_.RegisterWorker(kKey, "w-4", view.fingerprint, view.build, true).code(),
             StatusCode::kFailedPrecondition);
+}
+
+// ---------------------------------------------------------------- the job's NetworkPolicy
+
+const json kScrapers =
+    json::array({{{"namespaceSelector", json::object()},
+                  {"podSelector", {{"matchLabels", {{"app.kubernetes.io/name", "prometheus"}}}}}}});
+
+TEST_F(ReconcilerTest, EachJobGetsANetworkPolicyThatAdmitsOnlyItsOwnPodsBeforeItHasAny) {
+  Start({EpochJob()}, {}, {GpuNode("gpu-a", 4)}, NetworkPolicySettings{kScrapers});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  const std::vector<json> policies = api_->created_policies();
+  ASSERT_EQ(policies.size(), 1u);
+  const json& policy = policies[0];
+  EXPECT_EQ(policy["metadata"]["name"], "mnist-vf-workers");
+  EXPECT_EQ(policy["metadata"]["namespace"], "team");
+  // Owned by the job, so that it goes with it.
+  ASSERT_EQ(policy["metadata"]["ownerReferences"].size(), 1u);
+  EXPECT_EQ(policy["metadata"]["ownerReferences"][0]["uid"], kUid);
+  EXPECT_EQ(policy["metadata"]["ownerReferences"][0]["kind"], "VirtualFlowJob");
+  EXPECT_EQ(policy["metadata"]["ownerReferences"][0]["controller"], true);
+  EXPECT_EQ(policy["metadata"]["labels"][kManagedByLabel], kManagedBy);
+  // It selects the job's worker pods by the labels they carry...
+  const json own = {{"matchLabels", {{kJobLabel, "mnist"}, {kManagedByLabel, kManagedBy}}}};
+  EXPECT_EQ(policy["spec"]["podSelector"], own);
+  const json pod_labels = api_->created_pods().at(0)["metadata"]["labels"];
+  EXPECT_EQ(pod_labels[kJobLabel], "mnist");
+  EXPECT_EQ(pod_labels[kManagedByLabel], kManagedBy);
+  EXPECT_EQ(policy["spec"]["policyTypes"], json({"Ingress"}));
+  // ... admits on every port only the pods of the same job, in the job's namespace (no
+  // namespaceSelector) ...
+  const json& ingress = policy["spec"]["ingress"];
+  ASSERT_EQ(ingress.size(), 2u);
+  EXPECT_EQ(ingress[0], json({{"from", {{{"podSelector", own}}}}}));
+  // ... and the scrapers on the metrics port only.
+  EXPECT_EQ(ingress[1]["ports"], json({{{"port", 9090}, {"protocol", "TCP"}}}));
+  EXPECT_EQ(ingress[1]["from"], kScrapers);
+  // Made before the first pod.
+  const std::vector<std::string> writes = api_->writes();
+  const auto first_policy = std::find(writes.begin(), writes.end(),
+                                      "POST /apis/networking.k8s.io/v1/namespaces/team/"
+                                      "networkpolicies");
+  const auto first_pod =
+      std::find(writes.begin(), writes.end(), "POST /api/v1/namespaces/team/pods");
+  ASSERT_NE(first_pod, writes.end());
+  EXPECT_LT(first_policy, first_pod);
+  // The cache has not seen it yet: it is not made twice.
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_EQ(api_->created_policies().size(), 1u);
+}
+
+TEST_F(ReconcilerTest, AChangedNetworkPolicyIsWrittenBackAtTheVersionRead) {
+  json changed = BuildNetworkPolicy(EpochJob(), 9090, NetworkPolicySettings{kScrapers});
+  changed["metadata"]["resourceVersion"] = "7";
+  changed["spec"]["ingress"] = json::array({json::object()});  // someone let everyone in
+  Start({EpochJob()}, {}, {GpuNode("gpu-a", 4)}, NetworkPolicySettings{kScrapers}, {changed});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_TRUE(api_->created_policies().empty());
+  const std::vector<json> replaced = api_->replaced_policies();
+  ASSERT_EQ(replaced.size(), 1u);
+  EXPECT_EQ(replaced[0]["metadata"]["resourceVersion"], "7");
+  EXPECT_EQ(replaced[0]["spec"],
+            BuildNetworkPolicy(EpochJob(), 9090, NetworkPolicySettings{kScrapers})["spec"]);
+}
+
+TEST_F(ReconcilerTest, ANetworkPolicyAsBuiltIsLeftAlone) {
+  json same = BuildNetworkPolicy(EpochJob(), 9090, NetworkPolicySettings{kScrapers});
+  same["metadata"]["resourceVersion"] = "7";
+  Start({EpochJob()}, {}, {GpuNode("gpu-a", 4)}, NetworkPolicySettings{kScrapers}, {same});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_TRUE(api_->created_policies().empty());
+  EXPECT_TRUE(api_->replaced_policies().empty());
+  EXPECT_EQ(api_->created_pods().size(), 2u);
+}
+
+TEST_F(ReconcilerTest, APolicyOfTheJobsNameThatIsNotTheOperatorsBlocksTheJobAndSaysSo) {
+  Start({EpochJob()}, {}, {GpuNode("gpu-a", 4)}, NetworkPolicySettings{kScrapers});
+  api_->PolicyNameTaken(true);
+  Result<ReconcileResult> r = reconciler_->Reconcile(kKey);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("team/mnist-vf-workers exists and is not the operator's"),
+            std::string::npos)
+      << r.status().message();
+  EXPECT_EQ(api_->event_reasons(), (std::vector<std::string>{"FailedNetworkPolicy"}));
+  EXPECT_TRUE(api_->created_pods().empty());  // no pod that the policy would not isolate
+}
+
+TEST_F(ReconcilerTest, WithoutNetworkPoliciesNoneIsMade) {
+  Start({EpochJob()}, {}, {GpuNode("gpu-a", 4)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_EQ(api_->created_pods().size(), 2u);
+  EXPECT_TRUE(api_->created_policies().empty());
+}
+
+TEST_F(ReconcilerTest, AnotherReconcilerWithTheSameKeyDerivesTheSameCredentials) {
+  // An operator restarted (or its standby leading) reads the same key: the workers' credentials
+  // still hold, without any Secret of the job's being read.
+  Start({EpochJob()}, {}, {GpuNode("gpu-a", 4)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  const std::vector<json> secrets = api_->created_secrets();
+  ASSERT_EQ(secrets.size(), 2u);
+  Coordinator restarted;
+  ReconcilerOptions options;
+  options.job_key = kJobKey;
+  auto again = Reconciler::Create(*client_, *jobs_, *pods_, *nodes_, restarted, options).value();
+  ASSERT_TRUE(again->Reconcile(kKey).ok());
+  for (const json& secret : secrets) {
+    const std::string pod = secret["metadata"]["ownerReferences"][0]["name"];
+    const std::string credential = secret["stringData"]["token"];
+    EXPECT_TRUE(restarted.CheckCredential(kKey, pod, credential).ok()) << pod;
+  }
+}
+
+TEST_F(ReconcilerTest, AReconcilerWithoutAKeyIsRefused) {
+  Start({}, {}, {});
+  ReconcilerOptions options;
+  options.job_key = "short";
+  EXPECT_EQ(
+      Reconciler::Create(*client_, *jobs_, *pods_, *nodes_, coordinator_, options).status().code(),
+      StatusCode::kInvalidArgument);
 }
 
 TEST_F(ReconcilerTest, EpochJobLengthIsUnknownUntilAnAgentReportsIt) {

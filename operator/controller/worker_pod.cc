@@ -9,9 +9,6 @@ namespace vf::controller {
 
 using nlohmann::json;
 
-std::string TokenSecretName(const std::string& job_name) { return job_name + "-vf-token"; }
-
-// "-vf-credential" never ends a job's "-vf-token", so the two never share a name.
 std::string CredentialSecretName(const std::string& pod_name) {
   return pod_name + "-vf-credential";
 }
@@ -37,6 +34,28 @@ json BuildCredentialSecret(const json& job, const json& pod, const std::string& 
             {"ownerReferences", {owner}}}},
           {"type", "Opaque"},
           {"stringData", data}};
+}
+
+std::string NetworkPolicyName(const std::string& job_name) { return job_name + "-vf-workers"; }
+
+json BuildNetworkPolicy(const json& job, int metrics_port, const NetworkPolicySettings& settings) {
+  const json& meta = job.at("metadata");
+  const std::string name = meta.value("name", "");
+  const json workers = {{"matchLabels", {{kJobLabel, name}, {kManagedByLabel, kManagedBy}}}};
+  // A peer with a podSelector and no namespaceSelector is a pod of the policy's own namespace.
+  json ingress = json::array({{{"from", {{{"podSelector", workers}}}}}});
+  if (metrics_port > 0 && settings.metrics_from.is_array() && !settings.metrics_from.empty()) {
+    ingress.push_back({{"ports", {{{"port", metrics_port}, {"protocol", "TCP"}}}},
+                       {"from", settings.metrics_from}});
+  }
+  return {{"apiVersion", "networking.k8s.io/v1"},
+          {"kind", "NetworkPolicy"},
+          {"metadata",
+           {{"name", NetworkPolicyName(name)},
+            {"namespace", meta.value("namespace", "")},
+            {"labels", {{kJobLabel, name}, {kManagedByLabel, kManagedBy}}},
+            {"ownerReferences", {OwnerReference(job)}}}},
+          {"spec", {{"podSelector", workers}, {"policyTypes", {"Ingress"}}, {"ingress", ingress}}}};
 }
 
 json OwnerReference(const json& job) {

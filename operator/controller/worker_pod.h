@@ -41,9 +41,6 @@ inline constexpr char kShmVolume[] = "vf-shm";
 // The CPU a worker of a CPU-only job requests when its template says nothing.
 inline constexpr char kDefaultWorkerCpu[] = "1";
 
-// The name of the Secret that holds a job's secret, from which the operator derives each
-// worker's credential (WorkerCredential). No pod mounts it.
-std::string TokenSecretName(const std::string& job_name);
 // The name of the Secret that holds the credential of the worker in pod `pod_name`: one Secret
 // per pod, so that a node's kubelet (which may read only the Secrets of its own pods) never
 // holds another worker's credential, and so that the Secret goes with its pod.
@@ -56,6 +53,26 @@ std::string CredentialSecretName(const std::string& pod_name);
 nlohmann::json BuildCredentialSecret(const nlohmann::json& job, const nlohmann::json& pod,
                                      const std::string& credential,
                                      const std::string& coordinator_ca = "");
+
+// The job's NetworkPolicy (BuildNetworkPolicy): "<job>-vf-workers". "-vf-workers" ends no pod's
+// or Secret's name the operator makes.
+std::string NetworkPolicyName(const std::string& job_name);
+
+// Who may reach a job's worker pods besides the job's own pods. Value type.
+struct NetworkPolicySettings {
+  // NetworkPolicy peers (networking.k8s.io/v1 NetworkPolicyPeer objects) admitted to the
+  // workers' metrics port, e.g. the Prometheus pods; an empty array admits none.
+  nlohmann::json metrics_from = nlohmann::json::array();
+};
+
+// The NetworkPolicy that isolates `job`'s worker pods: it selects them (kJobLabel and
+// kManagedByLabel, as BuildWorkerPod sets them) and admits, on every port, only pods with the
+// same two labels in the job's namespace (Gloo, NCCL and state transfer pick their ports at run
+// time), and on the metrics port `metrics_port` (when > 0) the peers of `settings`. Owned by the
+// job (a controller reference), so that it goes with the job. Ingress only: workers still dial
+// the coordinator and their data.
+nlohmann::json BuildNetworkPolicy(const nlohmann::json& job, int metrics_port,
+                                  const NetworkPolicySettings& settings);
 
 // An owner reference to `job` (controller, blocks owner deletion), so that deleting the job
 // deletes what it owns.

@@ -88,8 +88,25 @@ TEST(WorkerPodTest, TheCredentialSecretIsThePodsOwnAndGoesWithIt) {
   EXPECT_FALSE(owner.contains("controller"));
   EXPECT_FALSE(owner.contains("blockOwnerDeletion"));
   EXPECT_EQ(secret["stringData"][kTokenKey], "c0ffee");
-  // A pod's Secret never shares a name with a job's, whatever the job is called.
-  EXPECT_NE(CredentialSecretName("a-worker-x"), TokenSecretName("a-worker-x"));
+}
+
+TEST(WorkerPodTest, TheNetworkPolicyAdmitsScrapersOnlyOnAKnownMetricsPort) {
+  const json scrapers = json::array({{{"podSelector", json::object()}}});
+  // No fixed port (0 picks a free one, -1 serves none), or no scrapers: no rule for them.
+  for (int port : {0, -1}) {
+    const json policy = BuildNetworkPolicy(Job(), port, NetworkPolicySettings{scrapers});
+    EXPECT_EQ(policy["spec"]["ingress"].size(), 1u) << port;
+  }
+  EXPECT_EQ(BuildNetworkPolicy(Job(), 9090, NetworkPolicySettings{})["spec"]["ingress"].size(), 1u);
+  const json policy = BuildNetworkPolicy(Job(), 9102, NetworkPolicySettings{scrapers});
+  ASSERT_EQ(policy["spec"]["ingress"].size(), 2u);
+  EXPECT_EQ(policy["spec"]["ingress"][1]["ports"][0]["port"], 9102);
+  // The job's pods are admitted on every port: Gloo's and state transfer's are picked at run
+  // time.
+  EXPECT_FALSE(policy["spec"]["ingress"][0].contains("ports"));
+  // Its name is the job's own, and no pod or Secret the operator makes takes it.
+  EXPECT_EQ(policy["metadata"]["name"], NetworkPolicyName("mnist"));
+  EXPECT_NE(NetworkPolicyName("a-worker-x"), CredentialSecretName("a-worker-x"));
 }
 
 TEST(WorkerPodTest, WithTlsTheCoordinatorsCaIsInTheCredentialSecretAndMounted) {

@@ -32,6 +32,9 @@ inline constexpr Resource kSecrets{"", "v1", "secrets", "Secret", true};
 inline constexpr Resource kConfigMaps{"", "v1", "configmaps", "ConfigMap", true};
 inline constexpr Resource kServiceAccounts{"", "v1", "serviceaccounts", "ServiceAccount", true};
 inline constexpr Resource kEvents{"", "v1", "events", "Event", true};
+// Each job's NetworkPolicy (operator/controller/worker_pod.h).
+inline constexpr Resource kNetworkPolicies{"networking.k8s.io", "v1", "networkpolicies",
+                                           "NetworkPolicy", true};
 inline constexpr Resource kLeases{"coordination.k8s.io", "v1", "leases", "Lease", true};
 inline constexpr Resource kVirtualFlowJobs{"virtualflow.io", "v1alpha1", "virtualflowjobs",
                                            "VirtualFlowJob", true};

@@ -127,8 +127,14 @@ JOB_RIGHTS = [
     ("patch", "virtualflowjobs.virtualflow.io", "status"),
     ("get", "pods", ""), ("list", "pods", ""), ("watch", "pods", ""),
     ("create", "pods", ""), ("delete", "pods", ""),
-    ("get", "secrets", ""), ("create", "secrets", ""),
+    # Each worker's credential Secret; a job's secret is derived, never read from its namespace.
+    ("create", "secrets", ""),
     ("create", "events", ""), ("patch", "events", ""),
+    # Each job's NetworkPolicy: mirrored, created, written back when changed.
+    ("list", "networkpolicies.networking.k8s.io", ""),
+    ("watch", "networkpolicies.networking.k8s.io", ""),
+    ("create", "networkpolicies.networking.k8s.io", ""),
+    ("update", "networkpolicies.networking.k8s.io", ""),
     # Kueue admission: a job's Workload, and its Finished condition.
     ("get", "workloads.kueue.x-k8s.io", ""), ("list", "workloads.kueue.x-k8s.io", ""),
     ("watch", "workloads.kueue.x-k8s.io", ""), ("create", "workloads.kueue.x-k8s.io", ""),
@@ -150,9 +156,13 @@ DENIED = [
     ("update", "pods", ""), ("patch", "pods", ""), ("deletecollection", "pods", ""),
     ("update", "pods", "status"), ("create", "pods", "exec"), ("create", "pods", "eviction"),
     ("get", "pods", "log"),
-    ("list", "secrets", ""), ("watch", "secrets", ""), ("update", "secrets", ""),
+    ("get", "secrets", ""), ("list", "secrets", ""), ("watch", "secrets", ""),
+    ("update", "secrets", ""),
     ("delete", "secrets", ""),
     ("get", "events", ""), ("list", "events", ""), ("delete", "events", ""),
+    # A job's NetworkPolicy goes with the job (its owner reference), never by the operator.
+    ("delete", "networkpolicies.networking.k8s.io", ""),
+    ("patch", "networkpolicies.networking.k8s.io", ""),
     ("create", "nodes", ""), ("update", "nodes", ""), ("patch", "nodes", ""),
     ("delete", "nodes", ""), ("patch", "nodes", "status"),
     ("create", "deployments.apps", ""), ("list", "deployments.apps", ""),
@@ -388,15 +398,16 @@ class ChartFilesTest(unittest.TestCase):
             "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "NetworkPolicy",
             "PodMonitor", "Role", "Role", "RoleBinding", "RoleBinding", "Service",
             "ServiceAccount", "ServiceMonitor"])
-        # TLS's Role stays; the Lease's goes.
+        # The operator's Secrets' Role stays; the Lease's goes.
         self.assertEqual(kinds(self.objects(*dict(VALUE_SETS)["single-replica"])), [
             "ClusterRole", "ClusterRoleBinding", "Deployment", "NetworkPolicy", "Role",
             "RoleBinding", "Service", "ServiceAccount"])
         self.assertEqual(kinds(self.objects(*dict(VALUE_SETS)["own-account"])), [
             "Deployment", "NetworkPolicy", "Service"])
+        # The job key's Role stays without TLS.
         self.assertEqual(kinds(self.objects(*dict(VALUE_SETS)["plain"])), [
-            "ClusterRole", "ClusterRoleBinding", "Deployment", "Role", "RoleBinding", "Service",
-            "ServiceAccount"])
+            "ClusterRole", "ClusterRoleBinding", "Deployment", "Role", "Role", "RoleBinding",
+            "RoleBinding", "Service", "ServiceAccount"])
 
     def test_operator_deployment(self):
         objs = self.objects()
@@ -416,10 +427,16 @@ class ChartFilesTest(unittest.TestCase):
             "--coordinator-url=https://virtualflow-operator.%s.svc:7070" % NS,
             "--coordinator-tls=true",
             "--coordinator-tls-secret=virtualflow-coordinator-tls",
+            "--job-key-secret=virtualflow-job-key",
             "--http-listen=0.0.0.0:8080",
             "--agent-image=virtualflow/agent:" + APP_VERSION,
             "--agent-metrics-port=9090",
-            "--policy=elastic"])
+            "--policy=elastic",
+            "--network-policy=true",
+            "--network-policy-metrics-from=" + json.dumps(
+                [{"namespaceSelector": {},
+                  "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}],
+                separators=(",", ":"), sort_keys=True)])
         env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
         self.assertEqual(env, {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"})
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
@@ -452,6 +469,7 @@ class ChartFilesTest(unittest.TestCase):
         args = container["args"]
         self.assertIn("--coordinator-url=https://vf-virtualflow-operator.ops.svc:9000", args)
         self.assertIn("--coordinator-tls-secret=vf-virtualflow-coordinator-tls", args)
+        self.assertIn("--job-key-secret=vf-virtualflow-job-key", args)
         self.assertIn("--coordinator-listen=0.0.0.0:9000", args)
         self.assertIn("--http-listen=0.0.0.0:9001", args)
         self.assertIn("--agent-image=virtualflow/agent@sha256:" + "ab" * 32, args)
@@ -471,6 +489,13 @@ class ChartFilesTest(unittest.TestCase):
         self.assertIn("--coordinator-url=http://virtualflow-operator.%s.svc:7070" % NS, args)
         self.assertIn("--coordinator-tls=false", args)
         self.assertFalse([a for a in args if a.startswith("--coordinator-tls-secret")])
+        self.assertIn("--job-key-secret=virtualflow-job-key", args)  # with or without TLS
+        # No NetworkPolicies: none per job either.
+        self.assertIn("--network-policy=false", args)
+        self.assertFalse([a for a in args if a.startswith("--network-policy-metrics-from")])
+        args = self.find(self.objects("--set", "networkPolicy.perJob=false"), "Deployment")[
+            "spec"]["template"]["spec"]["containers"][0]["args"]
+        self.assertIn("--network-policy=false", args)
 
         objs = self.objects(*dict(VALUE_SETS)["single-replica"])
         args = self.find(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -531,10 +556,25 @@ class ChartFilesTest(unittest.TestCase):
         peer = policies[(NS, OPERATOR)]["spec"]["ingress"][0]["from"][0]
         self.assertEqual(peer["namespaceSelector"],
                          {"matchLabels": {"kubernetes.io/metadata.name": "team-a"}})
+        # The namespace's base isolates every worker pod and admits only the scrapers, on the
+        # metrics port: each job's own policy, which the operator makes, admits the job's pods.
         workers = policies[("team-a", OPERATOR + "-workers")]["spec"]
         self.assertTrue(selects(workers["podSelector"], worker))
+        [metrics_rule] = workers["ingress"]
+        self.assertEqual(metrics_rule["ports"], [{"port": 9102, "protocol": "TCP"}])
+        self.assertFalse(selects(metrics_rule["from"][0]["podSelector"], worker))
+        # Without policies per job, the base admits the namespace's worker pods on every port.
+        objs = self.objects(*dict(VALUE_SETS)["one-namespace"], "--set", "networkPolicy.perJob=false")
+        workers = [p for p in self.find(objs, "NetworkPolicy")
+                   if p["metadata"]["namespace"] == "team-a"][0]["spec"]
+        self.assertEqual(len(workers["ingress"]), 2)
+        self.assertNotIn("ports", workers["ingress"][0])
         self.assertTrue(selects(workers["ingress"][0]["from"][0]["podSelector"], worker))
-        self.assertEqual(workers["ingress"][1]["ports"], [{"port": 9102, "protocol": "TCP"}])
+        self.assertEqual(workers["ingress"][1]["ports"], [{"port": 9090, "protocol": "TCP"}])
+        # Nor the rights to make them.
+        rules = self.find(objs, "Role")
+        self.assertFalse([r for role in rules for r in role["rules"]
+                          if "networkpolicies" in r["resources"]])
 
         objs = self.objects("--set", "networkPolicy.jobNamespaces={a,b}")
         self.assertEqual(sorted(p["metadata"]["namespace"] for p in
@@ -563,7 +603,8 @@ class ChartFilesTest(unittest.TestCase):
         lease = {("coordination.k8s.io", "leases", "create", ()),
                  ("coordination.k8s.io", "leases", "get", ("virtualflow-operator",)),
                  ("coordination.k8s.io", "leases", "update", ("virtualflow-operator",))}
-        tls = {("", "secrets", "create", ()),
+        own = {("", "secrets", "create", ()),
+               ("", "secrets", "get", ("virtualflow-job-key",)),
                ("", "secrets", "get", ("virtualflow-coordinator-tls",)),
                ("", "secrets", "update", ("virtualflow-coordinator-tls",))}
 
@@ -572,7 +613,7 @@ class ChartFilesTest(unittest.TestCase):
         roles = {r["metadata"]["name"]: r for r in self.find(objs, "Role")}
         self.assertEqual({r["metadata"]["namespace"] for r in roles.values()}, {NS})
         self.assertEqual(rights(roles[OPERATOR + "-leader-election"]["rules"]), lease)
-        self.assertEqual(rights(roles[OPERATOR + "-coordinator-tls"]["rules"]), tls)
+        self.assertEqual(rights(roles[OPERATOR + "-secrets"]["rules"]), own)
         for binding in [self.find(objs, "ClusterRoleBinding")] + self.find(objs, "RoleBinding"):
             self.assertEqual(binding["subjects"], [{"kind": "ServiceAccount", "name": OPERATOR,
                                                     "namespace": NS}])
@@ -583,7 +624,13 @@ class ChartFilesTest(unittest.TestCase):
         roles = {}
         for r in self.find(objs, "Role"):
             roles.setdefault(r["metadata"]["namespace"], set()).update(rights(r["rules"]))
-        self.assertEqual(roles, {"team-a": jobs, NS: lease | tls})
+        self.assertEqual(roles, {"team-a": jobs, NS: lease | own})
+        # Without TLS, only the job key.
+        roles = {r["metadata"]["name"]: r for r in self.find(
+            self.objects("--set", "coordinator.tls.enabled=false"), "Role")}
+        self.assertEqual(rights(roles[OPERATOR + "-secrets"]["rules"]),
+                         {("", "secrets", "create", ()),
+                          ("", "secrets", "get", ("virtualflow-job-key",))})
 
     def test_bad_values_fail_with_a_message_naming_the_value(self):
         for name, args, expected in BAD_VALUES:
@@ -922,7 +969,8 @@ class ChartInstallTest(ControlPlaneTestCase):
         self.assertIn("vf_operator_is_leader 1",
                       http_get(self.operators[first][1] + "/metrics")[1])
 
-        # A job: the leader creates its token Secret and worker pods and writes its status.
+        # A job: the leader creates its NetworkPolicy, worker pods and their credential Secrets
+        # and writes its status.
         pods = self.run_job("team-b")
         container = pods[0]["spec"]["containers"][0]
         self.assertIs(pods[0]["spec"]["automountServiceAccountToken"], False)
@@ -931,6 +979,12 @@ class ChartInstallTest(ControlPlaneTestCase):
                       container["ports"])
         self.check_coordinator_tls(pods)
         self.check_network_policies(pods, "team-b")
+        # The job's secret is derived from the key in the operator's namespace: nothing of the
+        # job's holds it.
+        key = self.cp.get("/api/v1/namespaces/%s/secrets/virtualflow-job-key" % NS)
+        self.assertIsNotNone(key, "no job key Secret")
+        self.assertEqual(sorted(key["data"]), ["key"])
+        self.assertIsNone(self.cp.get("/api/v1/namespaces/team-b/secrets/fashion-mnist-vf-token"))
 
         # The leader stops (a rolling update, a drained node): it gives the Lease up and the
         # standby leads.
@@ -961,10 +1015,11 @@ class ChartInstallTest(ControlPlaneTestCase):
             self.assertTrue(args[args.index("--coordinator") + 1].startswith("https://"))
 
     def check_network_policies(self, pods, namespace):
-        """The installed NetworkPolicies select the labels the operator really put on its
-        worker pods. Whether a CNI enforces them is not tested: this suite's pod network (the
-        pod runner's network namespaces on one bridge) has no NetworkPolicy enforcement, and
-        no CNI plugin runs here (docs/security.md)."""
+        """The installed NetworkPolicies, and the job's own that the operator made with the
+        chart's rights, select the labels the operator really put on its worker pods. Whether a
+        CNI enforces them is not tested: this suite's pod network (the pod runner's network
+        namespaces on one bridge) has no NetworkPolicy enforcement, and no CNI plugin runs here
+        (docs/security.md)."""
         path = "/apis/networking.k8s.io/v1/namespaces/%s/networkpolicies/%s"
         operator = self.cp.get(path % (NS, OPERATOR))
         workers = self.cp.get(path % (namespace, OPERATOR + "-workers"))
@@ -979,22 +1034,37 @@ class ChartInstallTest(ControlPlaneTestCase):
         [peer] = coordinator_rule["from"]
         self.assertEqual(peer["namespaceSelector"], {})
         stranger = {"app": "curl", "app.kubernetes.io/managed-by": "Helm"}
+        # The job's own policy: made before its pods, owned by the job.
+        job = self.cp.get("/apis/virtualflow.io/v1alpha1/namespaces/%s/virtualflowjobs/"
+                          "fashion-mnist" % namespace)
+        own = self.cp.get(path % (namespace, "fashion-mnist-vf-workers"))
+        self.assertIsNotNone(own, "the operator made no NetworkPolicy for the job")
+        self.assertEqual([(o["kind"], o["uid"]) for o in own["metadata"]["ownerReferences"]],
+                         [("VirtualFlowJob", job["metadata"]["uid"])])
+        [own_peers, own_metrics] = own["spec"]["ingress"]
+        self.assertNotIn("namespaceSelector", own_peers["from"][0])
+        self.assertNotIn("ports", own_peers)
+        # Another job's worker pods carry the same labels but for the job's name.
+        another = dict(pods[0]["metadata"]["labels"], **{"virtualflow.io/job": "another"})
         for pod in pods:
             labels = pod["metadata"]["labels"]
             self.assertTrue(selects(peer["podSelector"], labels), labels)
             self.assertTrue(selects(workers["spec"]["podSelector"], labels), labels)
-            self.assertTrue(selects(workers["spec"]["ingress"][0]["from"][0]["podSelector"],
-                                    labels), labels)
-            self.assertNotIn("namespaceSelector", workers["spec"]["ingress"][0]["from"][0])
+            self.assertTrue(selects(own["spec"]["podSelector"], labels), labels)
+            self.assertTrue(selects(own_peers["from"][0]["podSelector"], labels), labels)
+        for other in (stranger, operator_pod["metadata"]["labels"], another):
+            self.assertFalse(selects(own["spec"]["podSelector"], other), other)
+            self.assertFalse(selects(own_peers["from"][0]["podSelector"], other), other)
         for other in (stranger, operator_pod["metadata"]["labels"]):
             self.assertFalse(selects(peer["podSelector"], other), other)
-            self.assertFalse(selects(workers["spec"]["ingress"][0]["from"][0]["podSelector"],
-                                     other), other)
-        # The scrapers reach the workers' metrics port, the one the pods name "metrics".
-        metrics_rule = workers["spec"]["ingress"][1]
-        self.assertEqual(metrics_rule["ports"][0]["port"], 9090)
-        self.assertTrue(selects(metrics_rule["from"][0]["podSelector"],
-                                {"app.kubernetes.io/name": "prometheus"}))
+        # The namespace's base admits no worker pod, only the scrapers on the workers' metrics
+        # port (the one the pods name "metrics"); so does the job's policy.
+        [metrics_rule] = workers["spec"]["ingress"]
+        for rule in (metrics_rule, own_metrics):
+            self.assertEqual(rule["ports"], [{"port": 9090, "protocol": "TCP"}])
+            self.assertTrue(selects(rule["from"][0]["podSelector"],
+                                    {"app.kubernetes.io/name": "prometheus"}))
+            self.assertFalse(selects(rule["from"][0]["podSelector"], another))
 
     def test_service_account_can_do_exactly_what_the_operator_needs(self):
         self.assertEqual(self.install.returncode, 0, self.install.stderr)
@@ -1020,6 +1090,15 @@ class ChartInstallTest(ControlPlaneTestCase):
         self.assertFalse(self.can_i("update", "secrets", name=tls, namespace="kube-system"))
         self.assertFalse(self.can_i("delete", "secrets", name=tls))
         self.assertFalse(self.can_i("list", "secrets", namespace="kube-system"))
+        # The job key: read by name in the release namespace, never rewritten; no Secret of any
+        # other namespace can be read, a job's included.
+        self.assertTrue(self.can_i("get", "secrets", name="virtualflow-job-key"))
+        self.assertFalse(self.can_i("update", "secrets", name="virtualflow-job-key"))
+        for namespace in ("team-a", "kube-system"):
+            self.assertFalse(self.can_i("get", "secrets", namespace=namespace,
+                                        name="virtualflow-job-key"))
+            self.assertFalse(self.can_i("get", "secrets", namespace=namespace,
+                                        name="fashion-mnist-vf-token"))
         self.assertFalse(self.can_i("delete", "nodes"))
 
         # Nothing else: the complete list of what the account may do.
@@ -1029,6 +1108,7 @@ class ChartInstallTest(ControlPlaneTestCase):
         in_release[("leases.coordination.k8s.io", ())] = {"create"}
         in_release[("leases.coordination.k8s.io", ("virtualflow-operator",))] = {"get", "update"}
         in_release[("secrets", ("virtualflow-coordinator-tls",))] = {"get", "update"}
+        in_release[("secrets", ("virtualflow-job-key",))] = {"get"}
         self.assertEqual(self.rights_list(NS), in_release)
 
     def test_watch_namespace_limits_the_rights_to_that_namespace(self):
@@ -1042,7 +1122,7 @@ class ChartInstallTest(ControlPlaneTestCase):
                     self.assertTrue(self.can_i(verb, resource, sub, "team-a", account=account))
                     self.assertEqual(self.can_i(verb, resource, sub, "team-b", account=account),
                                      everywhere)
-                    # The TLS Secret is created in the operator's own namespace.
+                    # The operator's own Secrets are created in its own namespace.
                     tls = (verb, resource) == ("create", "secrets")
                     self.assertEqual(self.can_i(verb, resource, sub, "vf-team-system",
                                                 account=account), everywhere or tls)
@@ -1052,15 +1132,16 @@ class ChartInstallTest(ControlPlaneTestCase):
                                        "vf-team-system", "virtualflow-operator", account=account))
             self.assertEqual(self.rights_list("team-b", account),
                              self.expected_list(INVENTORY_RIGHTS))
-            # No Secret outside team-a but its own TLS Secret; no pods outside team-a.
-            for namespace in ("kube-system", "team-b", "default"):
+            # No Secret read anywhere but its own two by name, not even in team-a; no pods
+            # outside team-a.
+            for namespace in ("kube-system", "team-a", "team-b", "default"):
                 self.assertFalse(self.can_i("get", "secrets", namespace=namespace,
                                             account=account))
-                self.assertFalse(self.can_i("create", "pods", namespace=namespace,
-                                            account=account))
-            self.assertTrue(self.can_i("get", "secrets", namespace="vf-team-system",
-                                       name="vf-team-virtualflow-coordinator-tls",
-                                       account=account))
+                self.assertEqual(self.can_i("create", "pods", namespace=namespace,
+                                            account=account), namespace == "team-a")
+            for own in ("vf-team-virtualflow-coordinator-tls", "vf-team-virtualflow-job-key"):
+                self.assertTrue(self.can_i("get", "secrets", namespace="vf-team-system",
+                                           name=own, account=account))
             self.assertEqual(self.rights_list("team-a", account),
                              self.expected_list(JOB_RIGHTS + NODE_RIGHTS))
             # The operator's own pod passes Pod Security there too.

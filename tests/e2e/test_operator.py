@@ -1,8 +1,10 @@
 """The operator (virtualflow-operator) against a real control plane: `kubectl apply` of a
 VirtualFlowJob runs it on fake GPU nodes through the real scheduler and the pod runner; the job
 grows when a node is added, shrinks on cordon and drain, survives pod deletion and an operator
-restart, and ends with the weights of a local static run; deleting the job collects its pods and
-Secret; a quota that refuses its pods is a condition and one counted Event on it; an operator
+restart (their credentials derived again from the operator's key), and ends with the weights of
+a local static run; each job's NetworkPolicy selects its
+own worker pods and not another job's, and is made again when deleted and restored when changed;
+deleting the job collects its pods, Secrets and NetworkPolicy; a quota that refuses its pods is a condition and one counted Event on it; an operator
 that loses its Lease stops acting; jobs competing for too few GPUs share them within their
 bounds and the one that cannot start says why; a suspended job has no pods and, resumed, ends with
 the weights of an uninterrupted run; a crash-looping worker fails its job past spec.runPolicy's
@@ -25,6 +27,7 @@ import urllib.error
 import urllib.request
 
 from controlplane import Component, ControlPlaneTestCase, free_port
+from test_chart import selects
 
 SOURCE_DIR = os.environ.get("VF_SOURCE_DIR",
                             os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
@@ -181,6 +184,11 @@ class OperatorTestCase(ControlPlaneTestCase):
     def wait_succeeded(self, name, timeout=600):
         return self.wait_status(name, "Succeeded", lambda s: s.get("phase") == "Succeeded", timeout)
 
+    def network_policy(self, name):
+        """The NetworkPolicy the operator keeps for job NAME, or None."""
+        return self.cp.get("/apis/networking.k8s.io/v1/namespaces/%s/networkpolicies/%s-vf-workers"
+                           % (self.ns, name))
+
     def delete_job(self, name):
         self.cp.kubectl("delete", "vfj", "-n", self.ns, name, "--wait=false")
 
@@ -325,6 +333,18 @@ class OperatorTest(OperatorTestCase):
         self.assertEqual(running["reason"], "WaitingForGPUs")
         self.assertIn("waiting", running["message"])
         self.assertEqual(self.pods("share-c"), [])
+        # Each job's NetworkPolicy lets in its own worker pods and not the other job's (their
+        # real labels); whether a CNI enforces it, this suite's pod network cannot show: it runs
+        # no CNI plugin (docs/security.md).
+        for own, other in (("share-a", "share-b"), ("share-b", "share-a")):
+            policy = self.network_policy(own)["spec"]
+            admitted = policy["ingress"][0]["from"][0]["podSelector"]
+            for pod in self.pods(own):
+                self.assertTrue(selects(policy["podSelector"], pod["metadata"]["labels"]))
+                self.assertTrue(selects(admitted, pod["metadata"]["labels"]))
+            for pod in self.pods(other):
+                self.assertFalse(selects(policy["podSelector"], pod["metadata"]["labels"]))
+                self.assertFalse(selects(admitted, pod["metadata"]["labels"]))
         for name in ("share-a", "share-b", "share-c"):
             self.delete_job(name)
 
@@ -333,20 +353,41 @@ class OperatorTest(OperatorTestCase):
         self.reset_nodes(("gpu-g", 2))
         self.apply(job_manifest(name, steps=5000, delay_ms=8))
         self.wait_workers(name, 2)
-        secret = "/api/v1/namespaces/%s/secrets/%s-vf-token" % (NS, name)
-        self.assertIsNotNone(self.cp.get(secret))
+        # No Secret of the job's holds its secret: the operator derives it from its key (in the
+        # Secret virtualflow-job-key of its own namespace, here "default").
+        self.assertIsNone(self.cp.get("/api/v1/namespaces/%s/secrets/%s-vf-token" % (NS, name)))
+        self.assertIsNotNone(self.cp.get("/api/v1/namespaces/default/secrets/virtualflow-job-key"))
         # Each worker pod has a credential Secret of its own, owned by the pod.
         credentials = ["/api/v1/namespaces/%s/secrets/%s-vf-credential" % (NS, pod)
                        for pod in (p["metadata"]["name"] for p in self.pods(name))]
         for path in credentials:
             owners = self.cp.get(path)["metadata"]["ownerReferences"]
             self.assertEqual([o["kind"] for o in owners], ["Pod"])
+        # The job's NetworkPolicy, owned by the job, written once and left alone since.
+        uid = self.job(name)["metadata"]["uid"]
+        policy = self.network_policy(name)
+        self.assertEqual([(o["kind"], o["uid"]) for o in policy["metadata"]["ownerReferences"]],
+                         [("VirtualFlowJob", uid)])
+        self.assertEqual(policy["metadata"]["generation"], 1)
+        built = policy["spec"]
+        # Deleted, it is made again; changed, it is written back as it was.
+        self.cp.request("DELETE", "/apis/networking.k8s.io/v1/namespaces/%s/networkpolicies/"
+                        "%s-vf-workers" % (NS, name))
+        policy = self.cp.wait_for("the NetworkPolicy to be made again", lambda: (
+            lambda p: p if p and p["metadata"]["uid"] != policy["metadata"]["uid"] else None)(
+                self.network_policy(name)))
+        self.assertEqual(policy["spec"], built)
+        self.cp.request("PATCH", "/apis/networking.k8s.io/v1/namespaces/%s/networkpolicies/"
+                        "%s-vf-workers" % (NS, name), {"spec": {"ingress": [{}]}},
+                        content_type="application/merge-patch+json")
+        self.cp.wait_for("the NetworkPolicy to be restored",
+                         lambda: self.network_policy(name)["spec"] == built)
         self.delete_job(name)
         # The garbage collector follows the owner references (it may take it a while to learn
         # about a new custom resource type).
-        self.cp.wait_for("pods and Secrets to be collected",
-                         lambda: not self.pods(name) and self.cp.get(secret) is None and
-                         all(self.cp.get(path) is None for path in credentials), timeout=120)
+        self.cp.wait_for("pods, Secrets and the NetworkPolicy to be collected",
+                         lambda: not self.pods(name) and all(self.cp.get(path) is None for path in credentials) and
+                         self.network_policy(name) is None, timeout=120)
 
     def test_5a_pods_a_quota_refuses_are_a_condition_and_one_counted_event(self):
         """A real ResourceQuota rejection at pod creation blocks the job: the job says so in a

@@ -88,6 +88,19 @@ namespace.
 {{- default (printf "%s-coordinator-tls" (include "virtualflow.fullname" .)) .Values.coordinator.tls.secretName }}
 {{- end }}
 
+{{/*
+"true" when the operator gives each job a NetworkPolicy of its own (networkPolicy.enabled and
+networkPolicy.perJob), else "" (which `if` reads as false).
+*/}}
+{{- define "virtualflow.perJobNetworkPolicy" -}}
+{{- if and .Values.networkPolicy.enabled .Values.networkPolicy.perJob }}true{{ end }}
+{{- end }}
+
+{{/* The Secret holding the key every job's secret is derived from, in the release namespace. */}}
+{{- define "virtualflow.jobKeySecretName" -}}
+{{- printf "%s-job-key" (include "virtualflow.fullname" .) }}
+{{- end }}
+
 {{/* The namespaces whose worker pods get a NetworkPolicy. */}}
 {{- define "virtualflow.jobNamespaces" -}}
 {{- if .Values.networkPolicy.jobNamespaces }}
@@ -137,14 +150,22 @@ namespace, each with watchNamespace) do not collide.
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch, create, delete]
-# The per-job coordinator token: created once, read back; never listed.
+# Each worker pod's credential Secret: created once, owned by its pod. Never read, listed or
+# changed: a job's secret is derived from the job key in the release namespace.
 - apiGroups: [""]
   resources: [secrets]
-  verbs: [get, create]
+  verbs: [create]
 # An Event for every resize.
 - apiGroups: [""]
   resources: [events]
   verbs: [create, patch]
+{{- if include "virtualflow.perJobNetworkPolicy" . }}
+# Each job's NetworkPolicy: mirrored (list, watch), created before the job's first pod, written
+# back when someone changed it. Never deleted: the garbage collector follows its owner reference.
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [list, watch, create, update]
+{{- end }}
 # Kueue admission (jobs labelled kueue.x-k8s.io/queue-name): the job's Workload, created once
 # and mirrored; marked Finished through its status when the job ends. Never deleted (the
 # garbage collector follows its owner reference), never changed otherwise. Harmless where
