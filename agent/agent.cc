@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <thread>
@@ -120,6 +122,8 @@ class Agent::Impl {
   // again once (a periodic report must not hold up training; the next one tries again), or
   // until `deadline` when it is later.
   Status Send(const Report& r, Clock::time_point deadline = Clock::time_point::min());
+  // Writes the final report to the termination message file, if there is one.
+  void LeaveFinalReport(const Report& final) const;
   void Progress(int64_t step, double loss, bool force);
   // A leaving worker (asked to, or excluded by a plan) whose leave request or acknowledgement
   // failed: when the coordinator does not know the job (forgotten_), it leaves anyway, as
@@ -411,6 +415,27 @@ void Agent::Impl::Failed(int64_t step, const Status& error) {
   switch_started_ = Clock::now();
 }
 
+void Agent::Impl::LeaveFinalReport(const Report& final) const {
+  const std::string& path = o_.termination_message_path;
+  if (path.empty()) return;
+  Report r = final;
+  r.total_steps = total_steps_;
+  r.checkpoint_step = checkpoint_step_;
+  const std::string message = protocol::FinalReportMessage(o_.worker, r);
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  bool written = f != nullptr;
+  if (f != nullptr) {
+    written = std::fwrite(message.data(), 1, message.size(), f) == message.size();
+    written = std::fclose(f) == 0 && written;
+  }
+  if (!written) {
+    // Not fatal: the coordinator still gets the report; only an operator restart in between
+    // would then lose it.
+    std::fprintf(stderr, "virtualflow-agent: %s: warning: final report not left in %s: %s\n",
+                 o_.worker.c_str(), path.c_str(), std::strerror(errno));
+  }
+}
+
 Status Agent::Impl::Finish(Report final) {
   // The controller learns the outcome from this report (a pod has no result file). It repeats
   // the last progress report's rates, so whoever shows progress from the newest report keeps
@@ -421,7 +446,10 @@ Status Agent::Impl::Finish(Report final) {
   final.pause_seconds = last_progress_.pause_seconds;
   final.has_state = true;
   final.finished = true;
-  // The outcome must not be lost to a coordinator that is briefly away (an operator restart).
+  // The outcome must not be lost to a coordinator that is briefly away (an operator restart),
+  // nor with one that received it and went before the job's status said so: it is left in the
+  // pod first (the termination message, which the kubelet keeps in the pod's status).
+  LeaveFinalReport(final);
   const auto deadline = Clock::now() + o_.timeout;
   Status sent = Send(final, deadline);
   while (sent.code() == StatusCode::kUnavailable && Clock::now() < deadline) {

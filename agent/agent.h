@@ -85,6 +85,11 @@ struct AgentOptions {
   // The address this worker's communicator listens on, which its peers dial: the pod's own
   // address on Kubernetes (VF_POD_IP), loopback when every worker runs on one machine.
   std::string host = "127.0.0.1";
+  // Where the final report is also written before it is sent: the container's
+  // terminationMessagePath on Kubernetes (VF_TERMINATION_MESSAGE_PATH), so that the outcome
+  // outlives the coordinator that received it (an operator killed before it wrote the job's
+  // status reads it back from the Succeeded pod). Empty: nowhere (local runs).
+  std::string termination_message_path;
 };
 
 // This worker's part in the next step. Valid until the next call of Next or Failed.

@@ -56,8 +56,10 @@ int main(int argc, char** argv) {
       "environment variable. Without --job, the manifest itself (YAML or JSON) is read from the "
       "VF_JOB_SPEC\n"
       "environment variable, which is how the operator hands it to pods. VF_VNODE_DELAY_MS\n"
-      "sets --vnode-delay-ms from a pod's environment. SIGTERM makes the worker leave\n"
-      "gracefully at the next step boundary.",
+      "sets --vnode-delay-ms from a pod's environment. Rank 0 of the final plan also writes\n"
+      "its final report to $VF_TERMINATION_MESSAGE_PATH when set (the container's\n"
+      "terminationMessagePath). SIGTERM makes the worker leave gracefully at the next step\n"
+      "boundary.",
       "virtualflow-agent");
   app.footer(
       "Exit status: 0 finished or left; 1 this worker failed; 2 usage; 3 the job cannot go on.");
@@ -117,6 +119,10 @@ int main(int argc, char** argv) {
   if (const char* ca = std::getenv("VF_COORDINATOR_CA_FILE");
       o.ca_file.empty() && ca != nullptr && *ca != '\0') {
     o.ca_file = ca;
+  }
+  // The container's terminationMessagePath, which the operator names for it.
+  if (const char* path = std::getenv("VF_TERMINATION_MESSAGE_PATH"); path != nullptr) {
+    o.termination_message_path = path;
   }
   if (const char* ip = std::getenv("VF_POD_IP");
       app.count("--host") == 0 && ip != nullptr && *ip != '\0') {

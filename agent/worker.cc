@@ -143,6 +143,7 @@ Status BuiltinWorker::Start() {
   ao.build = BuildId();
   ao.timeout = std::chrono::milliseconds(static_cast<int64_t>(o_.timeout * 1000));
   ao.report_interval = o_.report_interval;
+  ao.termination_message_path = o_.termination_message_path;
   ao.metrics_port = o_.metrics_port;
   ao.host = o_.host;
   ao.gpu = UseGpu(&no_gpu);

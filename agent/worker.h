@@ -31,6 +31,7 @@ struct WorkerOptions {
   double vnode_delay_ms = 0.0;     // fixed extra milliseconds per virtual node (the same)
   double report_interval = 1.0;    // seconds between progress reports to the coordinator
   int metrics_port = -1;           // serve /metrics on this port (0: any free one; < 0: none)
+  std::string termination_message_path;  // AgentOptions::termination_message_path
 };
 
 // Exit codes of virtualflow-agent.

@@ -177,4 +177,28 @@ Result<Report> ReportFromJson(const json& object) {
   return r;
 }
 
+std::string FinalReportMessage(const std::string& worker, const Report& report) {
+  Report r = report;
+  r.finished = true;
+  r.checkpoint_error.clear();  // the final checkpoint was written, or nothing is reported
+  return Dump({{"kind", kFinalReportKind}, {"worker", worker}, {"report", ReportToJson(r)}});
+}
+
+Result<std::pair<std::string, Report>> FinalReportFromMessage(std::string_view message) {
+  Result<json> parsed = ParseObject(message);
+  if (!parsed.ok()) return NotFound("not a final report");
+  const json& object = *parsed;
+  const auto kind = object.find("kind");
+  if (kind == object.end() || !kind->is_string() || kind->get<std::string>() != kFinalReportKind) {
+    return NotFound("not a final report");
+  }
+  VF_ASSIGN_OR_RETURN(std::string worker, StringField(object, "worker"));
+  const auto body = object.find("report");
+  if (body == object.end()) return InvalidArgument("final report: field 'report' is missing");
+  Result<Report> report = ReportFromJson(*body);
+  if (!report.ok()) return InvalidArgument("final report: " + report.status().message());
+  if (!report->finished) return InvalidArgument("final report: 'finished' is not true");
+  return std::make_pair(std::move(worker), std::move(report).value());
+}
+
 }  // namespace vf::protocol

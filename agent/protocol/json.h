@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -42,5 +43,16 @@ Result<Plan> PlanFromJson(const nlohmann::json& json);
 // working.
 nlohmann::json ReportToJson(const Report& report);
 Result<Report> ReportFromJson(const nlohmann::json& json);
+
+// The final report as a worker leaves it in its container's termination message (the kubelet
+// keeps at most 4096 bytes of it in the pod's status: this is a few hundred), so that the
+// outcome of a job outlives the coordinator that received it: {"kind":
+// "VirtualFlowFinalReport", "worker": ..., "report": {ReportToJson, finished true}}.
+inline constexpr std::string_view kFinalReportKind = "VirtualFlowFinalReport";
+std::string FinalReportMessage(const std::string& worker, const Report& report);
+// The worker and report of a termination message FinalReportMessage wrote. kNotFound for any
+// other message (a log tail, another program's words); kInvalidArgument naming the field for a
+// final report that is malformed or not finished.
+Result<std::pair<std::string, Report>> FinalReportFromMessage(std::string_view message);
 
 }  // namespace vf::protocol

@@ -143,5 +143,40 @@ TEST(ProtocolJson, DeeplyNestedBodiesAreRefused) {
   EXPECT_NE(parsed.status().message().find("deeper"), std::string::npos);
 }
 
+TEST(ProtocolJson, AFinalReportLeftAsATerminationMessageReadsBack) {
+  Report r;
+  r.epoch = 4;
+  r.step = 600;
+  r.loss = 0.25;
+  r.has_state = true;
+  r.weights_sha256 = std::string(64, 'c');
+  r.test_accuracy = 0.5;
+  r.total_steps = 600;
+  const std::string message = FinalReportMessage("job-worker-a", r);
+  EXPECT_LT(message.size(), 1024u);  // the kubelet keeps 4096 bytes
+  auto back = FinalReportFromMessage(message);
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->first, "job-worker-a");
+  EXPECT_TRUE(back->second.finished);  // written as finished whatever the caller set
+  EXPECT_EQ(back->second.step, 600);
+  EXPECT_EQ(back->second.epoch, 4);
+  EXPECT_EQ(back->second.weights_sha256, std::string(64, 'c'));
+  EXPECT_EQ(back->second.test_accuracy, 0.5);
+}
+
+TEST(ProtocolJson, AnotherTerminationMessageIsNoFinalReport) {
+  for (const char* other :
+       {"", "Error: out of memory\n", "[1, 2]", "{\"kind\": \"Other\"}", "{\"kind\": 7}"}) {
+    EXPECT_EQ(FinalReportFromMessage(other).status().code(), StatusCode::kNotFound) << other;
+  }
+  const json unfinished = {
+      {"kind", kFinalReportKind}, {"worker", "w"}, {"report", ReportToJson({})}};
+  auto back = FinalReportFromMessage(Dump(unfinished));
+  EXPECT_EQ(back.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(back.status().message().find("finished"), std::string::npos);
+  const json bad = {{"kind", kFinalReportKind}, {"worker", "w"}, {"report", {{"epoch", "x"}}}};
+  EXPECT_EQ(FinalReportFromMessage(Dump(bad)).status().code(), StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace vf::protocol

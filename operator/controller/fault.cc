@@ -14,7 +14,8 @@ Result<OperatorFault> OperatorFault::Parse(const std::string& phase) {
   if (std::find(std::begin(kOperatorFaultPhases), std::end(kOperatorFaultPhases), phase) ==
       std::end(kOperatorFaultPhases)) {
     return InvalidArgument("VF_FAULT_OPERATOR_EXIT_AT: no such phase '" + phase +
-                           "' (joiners-warming, plan-published, state-transfer, acks-pending)");
+                           "' (joiners-warming, plan-published, state-transfer, acks-pending, "
+                           "final-report)");
   }
   return OperatorFault(phase);
 }

@@ -1,8 +1,7 @@
-// Fault injection for tests: lets a test kill the operator at a phase of a resize it cannot hit
-// reliably from outside, as the agent's
-// VF_FAULT_INJECT (agent/fault.h) does for workers. A fake of `kill -9` at that instant: the
-// process SIGKILLs itself, so nothing is flushed or released (its Lease runs out as after a
-// crash). Unset in production.
+// Fault injection for tests: lets a test kill the operator at a phase of a resize (or of the end
+// of a job) it cannot hit reliably from outside, as the agent's VF_FAULT_INJECT (agent/fault.h)
+// does for workers. A fake of `kill -9` at that instant: the process SIGKILLs itself, so nothing
+// is flushed or released (its Lease runs out as after a crash). Unset in production.
 #pragma once
 
 #include <string>
@@ -22,9 +21,12 @@ namespace vf::controller {
 //                    reached its coordinator: the members are meeting to send them the state;
 //   acks-pending     a plan without a worker that is leaving (its pod deleted, its node
 //                    drained) was just published: its acknowledgement is pending; or a pass
-//                    sees a worker that asked to leave and has not acknowledged such a plan.
-inline constexpr std::string_view kOperatorFaultPhases[] = {"joiners-warming", "plan-published",
-                                                            "state-transfer", "acks-pending"};
+//                    sees a worker that asked to leave and has not acknowledged such a plan;
+// and at the end of a job:
+//   final-report     rank 0's final report reached the coordinator (rank 0 may have exited)
+//                    and the job's status does not say Succeeded yet.
+inline constexpr std::string_view kOperatorFaultPhases[] = {
+    "joiners-warming", "plan-published", "state-transfer", "acks-pending", "final-report"};
 
 // Parsed once from VF_FAULT_OPERATOR_EXIT_AT=<phase>. Thread-safe (immutable).
 class OperatorFault {

@@ -7,10 +7,12 @@
 #include <cstdio>
 #include <ctime>
 #include <iomanip>
+#include <optional>
 #include <sstream>
 #include <tuple>
 #include <utility>
 
+#include "agent/protocol/json.h"
 #include "operator/controller/inventory.h"
 #include "operator/controller/job_key.h"
 #include "operator/controller/job_spec.h"
@@ -328,6 +330,42 @@ bool OwnedBy(const json& pod, const std::string& ns, const std::string& name,
 }
 
 std::string PodName(const json& pod) { return Obj(pod, "metadata").value("name", ""); }
+
+// The final report a member sent the coordinator, if one has.
+std::optional<Report> FinalReportOfCoordinator(const JobView& view) {
+  for (const auto& [worker, info] : view.workers) {
+    if (info.last_report.finished) return info.last_report;
+  }
+  return std::nullopt;
+}
+
+// The final report a worker that finished the job left in its Succeeded pod's termination
+// message (protocol::FinalReportMessage), if one did. A message that names another worker than
+// its pod, or is malformed, is not taken (and said so on stderr).
+std::optional<Report> FinalReportOfPods(const std::string& key, const std::vector<json>& pods) {
+  for (const json& pod : pods) {
+    if (PodLifeOf(pod) != PodLife::kSucceeded) continue;
+    const json& statuses = Obj(pod, "status").value("containerStatuses", json::array());
+    if (!statuses.is_array() || statuses.empty() || !statuses[0].is_object()) continue;
+    const json terminated = Obj(Obj(statuses[0], "state"), "terminated");
+    const json message = terminated.value("message", json());
+    if (!message.is_string()) continue;
+    auto found = protocol::FinalReportFromMessage(message.get<std::string>());
+    if (found.ok() && found->first == PodName(pod)) {
+      std::fprintf(stderr,
+                   "virtualflow-operator: %s: the outcome is read from pod %s's termination "
+                   "message (the coordinator that received it is gone)\n",
+                   key.c_str(), PodName(pod).c_str());
+      return std::move(found->second);
+    }
+    if (found.status().code() != StatusCode::kNotFound) {
+      std::fprintf(stderr, "virtualflow-operator: %s: pod %s: termination message not taken: %s\n",
+                   key.c_str(), PodName(pod).c_str(),
+                   found.ok() ? "it names another worker" : found.status().message().c_str());
+    }
+  }
+  return std::nullopt;
+}
 
 // What the members' latest reports say about the job's progress under plan `epoch`. Value type.
 struct Progress {
@@ -856,10 +894,17 @@ Status Reconciler::Observe(Pass& p) {
 }
 
 Result<Reconciler::Next> Reconciler::RecordSuccess(Pass& p) {
-  // Rank 0's final report carries the outcome.
-  for (const auto& [worker, info] : p.view.workers) {
-    const Report& r = info.last_report;
-    if (!r.finished) continue;
+  // Rank 0's final report carries the outcome: from the coordinator, or, when the coordinator
+  // that received it went before the status said so (an operator killed then), from the
+  // termination message rank 0 left in its pod, which outlives any operator.
+  std::optional<Report> final = FinalReportOfCoordinator(p.view);
+  if (final) {
+    options_.fault.At("final-report", p.key);
+  } else {
+    final = FinalReportOfPods(p.key, p.pods);
+  }
+  if (final) {
+    const Report& r = *final;
     json& status = p.status;
     status["phase"] = "Succeeded";
     StampTimes(p);

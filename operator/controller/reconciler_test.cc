@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "agent/protocol/json.h"
 #include "operator/controller/job_key.h"
 #include "operator/controller/job_spec.h"
 #include "operator/kube/client.h"
@@ -746,6 +747,59 @@ TEST_F(ReconcilerTest, CompletionTimeIsSetOnceWhenTheJobSucceeds) {
       EXPECT_FALSE(patch.contains("completionTime")) << patch;
     }
   }
+}
+
+json SucceededPod(const std::string& name, const std::string& message) {
+  json pod = RunningPod(name);
+  pod["status"] = {{"phase", "Succeeded"},
+                   {"containerStatuses",
+                    {{{"state", {{"terminated", {{"exitCode", 0}, {"reason", "Completed"}}}}}}}}};
+  if (!message.empty()) {
+    pod["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = message;
+  }
+  return pod;
+}
+
+// An operator killed after rank 0's final report reached its coordinator and before it wrote
+// the status: the new one (a new, empty coordinator) reads the outcome rank 0 left in its pod.
+TEST_F(ReconcilerTest, AFinalReportLeftInASucceededPodEndsTheJobAfterARestart) {
+  Report final;
+  final.epoch = 1;
+  final.step = 25;
+  final.loss = 0.5;
+  final.test_accuracy = 0.75;
+  final.weights_sha256 = std::string(64, 'b');
+  const json status = {{"phase", "Running"},
+                       {"startTime", SecondsAgo(60)},
+                       {"epoch", 1},
+                       {"assignment",
+                        {{{"worker", "mnist-worker-a"}, {"rank", 0}, {"virtualNodes", {0, 1}}},
+                         {{"worker", "mnist-worker-b"}, {"rank", 1}, {"virtualNodes", {2, 3}}}}}};
+  Start({StepJob(nullptr, status)},
+        {SucceededPod("mnist-worker-a", protocol::FinalReportMessage("mnist-worker-a", final)),
+         SucceededPod("mnist-worker-b", "")},
+        {GpuNode("gpu-a", 2)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  const json done = api_->status_patches().back();
+  ASSERT_EQ(done["phase"], "Succeeded") << done;
+  EXPECT_EQ(done["weightsSha256"], std::string(64, 'b'));
+  EXPECT_EQ(done["step"], 25);
+  EXPECT_EQ(done["testAccuracy"], 0.75);
+  EXPECT_TRUE(api_->created_pods().empty());  // no worker is started again
+  EXPECT_TRUE(api_->deletions().empty());
+  EXPECT_EQ(api_->event_reasons().back(), "Succeeded");
+}
+
+TEST_F(ReconcilerTest, ATerminationMessageThatIsNoFinalReportOfItsPodIsNotTaken) {
+  Report final;
+  final.step = 25;
+  final.weights_sha256 = std::string(64, 'b');
+  Start({StepJob(nullptr, {{"phase", "Running"}, {"startTime", SecondsAgo(60)}})},
+        {SucceededPod("mnist-worker-a", "{\"kind\": \"something else\"}"),
+         SucceededPod("mnist-worker-b", protocol::FinalReportMessage("mnist-worker-x", final))},
+        {GpuNode("gpu-a", 2)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  for (const json& patch : api_->status_patches()) EXPECT_NE(patch.value("phase", ""), "Succeeded");
 }
 
 // ---------------------------------------------------------------- errors and Events

@@ -98,9 +98,9 @@ json MergeObjects(json base, const json& over) {
 // are the template's to set.
 bool IsOperatorEnv(const std::string& name) {
   static const std::set<std::string> kOwned = {
-      "VF_JOB_SPEC", "VF_JOB",       "VF_COORDINATOR",        "VF_JOB_ID",
-      "VF_WORKER",   "VF_JOB_TOKEN", "VF_JOB_TOKEN_FILE",     "VF_METRICS_PORT",
-      "VF_RESULT",   "VF_POD_IP",    "VF_COORDINATOR_CA_FILE"};
+      "VF_JOB_SPEC", "VF_JOB",       "VF_COORDINATOR",         "VF_JOB_ID",
+      "VF_WORKER",   "VF_JOB_TOKEN", "VF_JOB_TOKEN_FILE",      "VF_METRICS_PORT",
+      "VF_RESULT",   "VF_POD_IP",    "VF_COORDINATOR_CA_FILE", "VF_TERMINATION_MESSAGE_PATH"};
   return kOwned.count(name) != 0;
 }
 
@@ -125,6 +125,7 @@ void SetProgram(json& container, const json& job, const JobSpec& spec, const std
   }
   env.push_back(EnvValue("VF_JOB_SPEC", AgentManifest(job).dump()));
   env.push_back(EnvField("VF_POD_IP", "status.podIP"));
+  env.push_back(EnvValue("VF_TERMINATION_MESSAGE_PATH", kTerminationMessagePath));
   if (spec.worker_template.user_program()) {
     container["command"] = spec.worker_template.command;
     if (!spec.worker_template.args.empty()) container["args"] = spec.worker_template.args;
@@ -211,6 +212,7 @@ json Container(const json& job, const JobSpec& spec, const std::string& pod_name
                                                {"runAsNonRoot", true},
                                                {"seccompProfile", {{"type", "RuntimeDefault"}}}},
                                               tmpl.value("securityContext", json::object()));
+  container["terminationMessagePath"] = kTerminationMessagePath;
   container["terminationMessagePolicy"] = "FallbackToLogsOnError";
   SetProbes(container, settings.metrics_port);
   return container;

@@ -35,6 +35,11 @@ struct PodSettings {
 inline constexpr char kTokenDir[] = "/var/run/virtualflow";
 inline constexpr char kTokenFile[] = "/var/run/virtualflow/token";
 inline constexpr char kCaFile[] = "/var/run/virtualflow/ca.crt";
+// Where a worker that finished the job leaves its final report (the container's
+// terminationMessagePath, the kubelet's default; the worker finds it in
+// VF_TERMINATION_MESSAGE_PATH): the kubelet copies it into the pod's status, where a restarted
+// operator that had not recorded the outcome yet reads it (FinalReportOfPod).
+inline constexpr char kTerminationMessagePath[] = "/dev/termination-log";
 // Volume names the operator owns; a template may not use them.
 inline constexpr char kTokenVolume[] = "vf-token";
 inline constexpr char kShmVolume[] = "vf-shm";

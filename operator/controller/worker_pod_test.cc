@@ -50,7 +50,7 @@ TEST(WorkerPodTest, BuildsAPodTheAgentCanRun) {
       "mnist-worker-abc", "--token-file",   kTokenFile, "--metrics-port", "9090"};
   EXPECT_EQ(args, want);
   // The template's env first, then the operator's.
-  ASSERT_EQ(c["env"].size(), 3u);
+  ASSERT_EQ(c["env"].size(), 4u);
   EXPECT_EQ(c["env"][0]["name"], "X");
   EXPECT_EQ(c["env"][1]["name"], "VF_JOB_SPEC");
   json manifest = json::parse(c["env"][1]["value"].get<std::string>());
@@ -58,6 +58,10 @@ TEST(WorkerPodTest, BuildsAPodTheAgentCanRun) {
   EXPECT_FALSE(manifest.contains("status"));
   EXPECT_EQ(c["env"][2]["name"], "VF_POD_IP");
   EXPECT_EQ(c["env"][2]["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP");
+  // Where the agent leaves its final report: the container's termination message.
+  EXPECT_EQ(c["env"][3]["name"], "VF_TERMINATION_MESSAGE_PATH");
+  EXPECT_EQ(c["env"][3]["value"], kTerminationMessagePath);
+  EXPECT_EQ(c["terminationMessagePath"], kTerminationMessagePath);
   // The worker's own credential is a file from the pod's own Secret, never an environment
   // variable, and never the job's secret.
   const json& volumes = pod["spec"]["volumes"];
@@ -217,6 +221,7 @@ TEST(WorkerPodTest, AUserProgramGetsTheJobInItsEnvironment) {
   EXPECT_EQ(env["VF_JOB_TOKEN_FILE"], kTokenFile);
   EXPECT_EQ(env["VF_METRICS_PORT"], "9090");
   EXPECT_EQ(env["VF_POD_IP"], "(ref)");
+  EXPECT_EQ(env["VF_TERMINATION_MESSAGE_PATH"], kTerminationMessagePath);
   EXPECT_EQ(env["VF_VNODE_DELAY_MS"], "8");
   EXPECT_EQ(env["X"], "1");
   EXPECT_EQ(env.count("VF_JOB_TOKEN"), 0u);

@@ -436,7 +436,8 @@ NB_MODULE(_core, m) {
           [](Worker* self, const std::string& coordinator, const std::string& job_id,
              const std::string& worker, const std::string& token, const std::string& fingerprint,
              const std::string& build, double timeout, double report_interval, int metrics_port,
-             const std::string& host, const std::string& ca_file) {
+             const std::string& host, const std::string& ca_file,
+             const std::string& termination_message_path) {
             agent::AgentOptions o;
             o.coordinator_url = coordinator;
             o.job_id = job_id;
@@ -449,12 +450,14 @@ NB_MODULE(_core, m) {
             o.metrics_port = metrics_port;
             o.host = host;
             o.ca_file = ca_file;
+            o.termination_message_path = termination_message_path;
             new (self) Worker(o);
           },
           nb::arg("coordinator"), nb::arg("job_id"), nb::arg("worker"), nb::arg("token"),
           nb::arg("fingerprint"), nb::arg("build"), nb::arg("timeout") = 60.0,
           nb::arg("report_interval") = 1.0, nb::arg("metrics_port") = -1,
-          nb::arg("host") = "127.0.0.1", nb::arg("ca_file") = "")
+          nb::arg("host") = "127.0.0.1", nb::arg("ca_file") = "",
+          nb::arg("termination_message_path") = "")
       .def("ready", &Worker::Ready)
       .def("next", &Worker::Next, nb::arg("holder"))
       .def("configure_reducer", &Worker::ConfigureReducer, nb::arg("mode"), nb::arg("sizes"),

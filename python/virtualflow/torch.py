@@ -414,6 +414,8 @@ class Job:
             host=env.get("VF_POD_IP") or "127.0.0.1",
             # The operator's CA, when the coordinator serves https (the operator mounts it).
             ca_file=env.get("VF_COORDINATOR_CA_FILE", ""),
+            # Where the final report is left for an operator restarted before it recorded it.
+            termination_message_path=env.get("VF_TERMINATION_MESSAGE_PATH", ""),
         )
         self._holder: _Holder | None = None
         self._membership: Any = None

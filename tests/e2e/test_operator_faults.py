@@ -1,9 +1,11 @@
 """Faults around a running VirtualFlowJob on a real control plane, each ending with the weights
-of a local static run: the operator killed (SIGKILL) at every phase of a resize and started again; an operator upgraded (a newer build) under a running
+of a local static run: the operator killed (SIGKILL) at every phase of a resize and started
+again, and killed during the final report; an operator upgraded (a newer build) under a running
 job; a worker pod that hangs (SIGSTOP) in a 3-worker job. One control plane for the class."""
 
 import concurrent.futures
 import copy
+import json
 import os
 import signal
 import unittest
@@ -202,6 +204,61 @@ class OperatorFaultsTest(OperatorTestCase):
         self.wait_killed_at("acks-pending")
         self.start_operator(identity="operator-plain")
         status = self.wait_succeeded(name)
+        self.assertEqual(status["weightsSha256"], self.static_sha())
+        self.delete_job(name)
+
+    def wait_pods_ended(self, name: str, timeout: float = 120) -> list[dict[str, Any]]:
+        """Waits, with no operator running, for every pod of job NAME to succeed."""
+        def ended() -> Any:
+            pods = self.pods(name)
+            done = pods and all(p["status"].get("phase") == "Succeeded" for p in pods)
+            return pods if done else None
+        return self.cp.wait_for("the pods of %s to succeed" % name, ended, timeout=timeout)
+
+    def rank_0_message(self, pods: list[dict[str, Any]]) -> dict[str, Any]:
+        """The final report a pod left in its termination message (the only one that did)."""
+        reports = []
+        for pod in pods:
+            terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+            if "VirtualFlowFinalReport" in terminated.get("message", ""):
+                reports.append(json.loads(terminated["message"]))
+        self.assertEqual(len(reports), 1, [p["status"] for p in pods])
+        return reports[0]
+
+    def finish_after_a_final_report_kill(self, name: str) -> dict[str, Any]:
+        """With the operator armed at final-report for job NAME: waits for it to die there (the
+        coordinator holds rank 0's report, the status does not say Succeeded), then for the
+        workers to end (rank 0 exits once its report is accepted), then starts a plain
+        operator, which reads the outcome from rank 0's pod. No pod is started again. Returns
+        the job's final status."""
+        self.wait_killed_at("final-report", timeout=600)
+        self.assertNotEqual(self.status_quiet(name).get("phase"), "Succeeded")
+        pods = self.wait_pods_ended(name)
+        report = self.rank_0_message(pods)["report"]
+        self.assertTrue(report["finished"])
+        uids = sorted(p["metadata"]["uid"] for p in pods)
+        self.start_operator(identity="operator-after-final-report")
+        status = self.wait_succeeded(name, timeout=120)
+        self.assertEqual(status["weightsSha256"], report["weightsSha256"])
+        self.assertIn("the outcome is read from pod", self.operator.tail(100))
+        self.assertEqual(sorted(p["metadata"]["uid"] for p in self.pods(name)), uids,
+                         "workers were started again")
+        return status
+
+    def test_4_operator_killed_during_the_final_report(self) -> None:
+        """The operator killed after rank 0's final report reached its coordinator and before
+        the job's status said Succeeded (rank 0 exits once its report is accepted): the report
+        rank 0 left in its pod's termination message ends the job under the next operator,
+        with the weights of a static run."""
+        name = "final"
+        self.reset_nodes(("gpu-f", 2))
+        self.stop_operator()
+        self.start_faulted("final-report")
+        # Unpaced: nothing happens before the end. The workers give up on a coordinator that
+        # went mid-answer after 15 s rather than a minute.
+        self.apply(with_timeout(faults_manifest(name, delay_ms=0), 15))
+        status = self.finish_after_a_final_report_kill(name)
+        self.assertEqual(status["step"], STEPS)
         self.assertEqual(status["weightsSha256"], self.static_sha())
         self.delete_job(name)
 

@@ -153,7 +153,9 @@ json ExitedStatus(const PodFacts& pod, const ContainerRun& run, const ContainerE
                      {"startedAt", Time(run.started_at)},
                      {"finishedAt", Time(exit.finished_at)}};
   if (exit.signal != 0) terminated["signal"] = exit.signal;
-  if (code != 0) {
+  if (!exit.termination_message.empty()) {
+    terminated["message"] = SanitizeUtf8(exit.termination_message);
+  } else if (code != 0) {
     std::string message = TerminationMessage(exit.log_tail);
     if (!message.empty()) terminated["message"] = std::move(message);
   }

@@ -35,6 +35,8 @@ struct ContainerExit {
   int signal = 0;     // the signal that killed it, 0 when it exited
   TimePoint finished_at;
   std::string log_tail;  // the end of its log, for the message of a failure
+  // What it wrote to its terminationMessagePath (at most 4096 bytes); "" when nothing.
+  std::string termination_message;
 };
 
 // The bytes of the termination message: the last 80 lines and at most 2048 bytes of
@@ -54,7 +56,9 @@ nlohmann::json RunningStatus(const PodFacts& pod, const ContainerRun& run, TimeP
 
 // The status of a pod whose container ended (restartPolicy Never): Succeeded for exit 0,
 // Failed otherwise; state.terminated with exitCode, signal, reason Completed / Error, startedAt,
-// finishedAt, and the termination message when the exit code is not 0.
+// finishedAt, and the message: what the container wrote to its terminationMessagePath, else,
+// when the exit code is not 0, the end of its log (as FallbackToLogsOnError, for every
+// container).
 nlohmann::json ExitedStatus(const PodFacts& pod, const ContainerRun& run,
                             const ContainerExit& exit);
 

@@ -86,6 +86,22 @@ TEST(ExitedStatusTest, NonZeroExitFailsWithTheLogTailAsMessage) {
   EXPECT_EQ(t["message"], "loading\nboom: out of cheese\n");
 }
 
+TEST(ExitedStatusTest, WhatTheContainerWroteToItsTerminationMessagePathIsTheMessage) {
+  ContainerExit exit;
+  exit.finished_at = At(1700000010);
+  exit.log_tail = "all good\n";
+  exit.termination_message = "{\"kind\": \"VirtualFlowFinalReport\"}";
+  json s = ExitedStatus(Facts(), ContainerRun{7, At(1700000001)}, exit);
+  EXPECT_EQ(s["phase"], "Succeeded");
+  EXPECT_EQ(s["containerStatuses"][0]["state"]["terminated"]["message"],
+            "{\"kind\": \"VirtualFlowFinalReport\"}");
+  // It wins over the log tail of a failure too.
+  exit.exit_code = 1;
+  exit.termination_message = "disk full";
+  s = ExitedStatus(Facts(), ContainerRun{7, At(1700000001)}, exit);
+  EXPECT_EQ(s["containerStatuses"][0]["state"]["terminated"]["message"], "disk full");
+}
+
 TEST(ExitedStatusTest, KilledBySignalReports128PlusSignal) {
   ContainerExit exit;
   exit.signal = 9;

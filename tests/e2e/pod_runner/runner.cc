@@ -105,6 +105,7 @@ struct PodRunner::Pod {
   std::string state_dir;                   // its volumes' directory (RunnerOptions::state_dir)
   VolumeState volumes;                     // what was made on the host for its volumes
   std::vector<std::string> mount_targets;  // where its process has volumes mounted
+  std::string termination_message;         // the file its terminationMessagePath shows; "": none
 
   // The status to write; written when written_gen catches up with desired_gen.
   json desired;
@@ -295,6 +296,10 @@ void PodRunner::Start(Pod& pod) {
     return CannotRun(pod,
                      "the container mounts volumes, which needs a mount namespace: run "
                      "vf-pod-runner as root");
+  }
+  if (options_.mount_namespaces) {
+    AddTerminationMessage(*plan, *container, pod.state_dir);
+    pod.termination_message = plan->termination_message;
   }
   Result<LaunchSpec> spec = Command(pod, *container, *env);
   if (!spec.ok()) return CannotRun(pod, spec.status().message());
@@ -492,6 +497,9 @@ void PodRunner::Collect(Pod& pod) {
   result.signal = exit->signal;
   result.finished_at = std::chrono::system_clock::now();
   result.log_tail = ReadLogTail(pod.log_path, pod.process->log_offset(), kLogTailBytes);
+  if (!pod.termination_message.empty()) {
+    result.termination_message = ReadTerminationMessage(pod.termination_message);
+  }
   SetStatus(pod, ExitedStatus(pod.facts, pod.run, result));
   Release(pod);
   const int code = ReportedExitCode(result);

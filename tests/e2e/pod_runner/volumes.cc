@@ -26,6 +26,8 @@ using nlohmann::json;
 constexpr int kDefaultMode = 0644;  // the API's defaultMode default, 420
 // The projected volume the ServiceAccount admission plugin adds to every pod, and where.
 constexpr std::string_view kServiceAccountVolume = "kube-api-access-";
+constexpr char kDefaultTerminationMessagePath[] = "/dev/termination-log";
+constexpr size_t kMaxTerminationMessageBytes = 4096;  // what the kubelet keeps of the file
 
 std::string Errno() { return std::strerror(errno); }
 
@@ -331,6 +333,27 @@ Result<VolumePlan> PlanVolumes(const json& pod, const json& container, const Vol
   return plan;
 }
 
+void AddTerminationMessage(VolumePlan& plan, const json& container, const std::string& pod_dir) {
+  std::string target = StringAt(container, {"terminationMessagePath"});
+  if (target.empty() && Field(container, "terminationMessagePath") == nullptr) {
+    target = kDefaultTerminationMessagePath;  // the API server's default
+  }
+  if (target.empty() || target.front() != '/') return;
+  for (const BindMount& m : plan.mounts) {
+    if (m.target == target) return;  // a volume mounted there wins
+  }
+  plan.termination_message = pod_dir + "/termination-log";
+  plan.mounts.push_back({plan.termination_message, target, false});
+}
+
+std::string ReadTerminationMessage(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string out(kMaxTerminationMessageBytes, '\0');
+  in.read(out.data(), static_cast<std::streamsize>(out.size()));
+  out.resize(static_cast<size_t>(std::max<std::streamsize>(in.gcount(), 0)));
+  return out;
+}
+
 std::vector<std::string> MissingDirs(const std::string& path,
                                      const std::function<bool(const std::string&)>& exists) {
   std::vector<std::string> out;
@@ -442,6 +465,22 @@ Status MakeTarget(const BindMount& m, VolumeState& state) {
   return Status::Ok();
 }
 
+// The termination message file, empty and writable by the container, and its mount point. A
+// missing mount point is made and left on the host, not recorded for removal: the same path
+// (/dev/termination-log) is every pod's, including those of other runners on the machine, and
+// removing a file that is a mount point in another mount namespace would unmount it there.
+Status PrepareTerminationMessage(const BindMount& m) {
+  VF_RETURN_IF_ERROR(MakeDirs(m.source.substr(0, m.source.rfind('/')), nullptr));
+  VF_RETURN_IF_ERROR(WriteFile(m.source, "", 0666));
+  if (Exists(m.target)) return Status::Ok();
+  const size_t slash = m.target.rfind('/');
+  if (slash > 0) VF_RETURN_IF_ERROR(MakeDirs(m.target.substr(0, slash), nullptr));
+  const int fd = open(m.target.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return Internal("cannot create " + m.target + ": " + Errno());
+  close(fd);
+  return Status::Ok();
+}
+
 bool Kept(const std::string& path, const std::vector<std::string>& keep) {
   for (const auto& k : keep) {
     if (k == path || (k.size() > path.size() && k.starts_with(path) && k[path.size()] == '/')) {
@@ -459,7 +498,13 @@ Status Prepare(const VolumePlan& plan, VolumeState& state) {
   }
   for (const std::string& dir : plan.sub_path_dirs) VF_RETURN_IF_ERROR(MakeDirs(dir, nullptr));
   for (const BindMount& m : plan.mounts) {
-    if (Status s = MakeTarget(m, state); !s.ok()) return s.WithContext("mount point " + m.target);
+    Status made = Status::Ok();
+    if (m.source == plan.termination_message) {
+      made = PrepareTerminationMessage(m);
+    } else {
+      made = MakeTarget(m, state);
+    }
+    if (!made.ok()) return made.WithContext("mount point " + m.target);
   }
   return Status::Ok();
 }

@@ -62,6 +62,9 @@ struct VolumePlan {
   // Directories inside volumes that subPath mounts need (made when missing, as the kubelet
   // does).
   std::vector<std::string> sub_path_dirs;
+  // The file on the host that holds the container's termination message (AddTerminationMessage);
+  // "" when none is mounted.
+  std::string termination_message;
 };
 
 // The plan for `container` of `pod`, with the pod's own volumes under `pod_dir` (the pod's
@@ -75,6 +78,17 @@ struct VolumePlan {
 Result<VolumePlan> PlanVolumes(const nlohmann::json& pod, const nlohmann::json& container,
                                const VolumeLookups& lookups, const std::string& pod_dir,
                                const EnvContext& context);
+
+// Adds the container's termination message to `plan` as the kubelet does: an empty file of the
+// pod's (<pod_dir>/termination-log) bind-mounted at the container's terminationMessagePath
+// (default /dev/termination-log), which the runner reads when the process ends
+// (ReadTerminationMessage). A path that is empty or not absolute adds nothing.
+void AddTerminationMessage(VolumePlan& plan, const nlohmann::json& container,
+                           const std::string& pod_dir);
+
+// What the kubelet reports of a termination message file: its first 4096 bytes ("" when it is
+// missing or empty).
+std::string ReadTerminationMessage(const std::string& path);
 
 // Whether `name` is the service account token volume the API server adds to every pod
 // (kube-api-access-*, a projected volume). PlanVolumes leaves it and its mount out: the

@@ -230,6 +230,27 @@ TEST(PlanVolumesTest, ParentsAreMountedBeforeChildren) {
   EXPECT_EQ(plan->mounts[1].target, "/data/inner");
 }
 
+TEST(AddTerminationMessageTest, APodFileIsMountedAtTheContainersPath) {
+  VolumePlan plan;
+  AddTerminationMessage(plan, Container(json::array()), kPodDir);  // the API server's default
+  EXPECT_EQ(plan.termination_message, std::string(kPodDir) + "/termination-log");
+  ASSERT_EQ(plan.mounts.size(), 1U);
+  EXPECT_EQ(plan.mounts[0], (BindMount{plan.termination_message, "/dev/termination-log", false}));
+
+  VolumePlan custom;
+  json container = Container(json::array());
+  container["terminationMessagePath"] = "/var/log/outcome";
+  AddTerminationMessage(custom, container, kPodDir);
+  ASSERT_EQ(custom.mounts.size(), 1U);
+  EXPECT_EQ(custom.mounts[0].target, "/var/log/outcome");
+
+  VolumePlan none;
+  container["terminationMessagePath"] = "relative";
+  AddTerminationMessage(none, container, kPodDir);
+  EXPECT_TRUE(none.mounts.empty());
+  EXPECT_TRUE(none.termination_message.empty());
+}
+
 TEST(ParseQuantityTest, BinaryAndDecimalSuffixes) {
   EXPECT_EQ(*ParseQuantity("1500"), 1500);
   EXPECT_EQ(*ParseQuantity("64Mi"), 64 * 1024 * 1024);
@@ -283,6 +304,29 @@ TEST_F(PrepareTest, MakesFilesAndMountPointsAndCleanupRemovesThem) {
   const auto left = Cleanup(state, {});
   EXPECT_TRUE(left.empty());
   EXPECT_FALSE(Exists(dir_ + "/host"));
+  EXPECT_FALSE(Exists(dir_ + "/pod"));
+}
+
+TEST_F(PrepareTest, TheTerminationMessageFileIsMadeEmptyAndItsMountPointIsLeft) {
+  VolumePlan plan;
+  json container = Container(json::array());
+  container["terminationMessagePath"] = dir_ + "/dev/termination-log";
+  AddTerminationMessage(plan, container, dir_ + "/pod");
+  VolumeState state;
+  state.pod_dir = dir_ + "/pod";
+  ASSERT_TRUE(Prepare(plan, state).ok());
+  EXPECT_TRUE(Exists(dir_ + "/pod/termination-log"));
+  EXPECT_EQ(ReadTerminationMessage(plan.termination_message), "");
+  EXPECT_TRUE(Exists(dir_ + "/dev/termination-log"));
+  {
+    std::ofstream out(plan.termination_message);
+    out << std::string(5000, 'x');
+  }
+  EXPECT_EQ(ReadTerminationMessage(plan.termination_message), std::string(4096, 'x'));
+  EXPECT_EQ(ReadTerminationMessage(dir_ + "/missing"), "");
+  Cleanup(state, {});
+  // Other runners' pods may have it mounted: removing it would unmount it there.
+  EXPECT_TRUE(Exists(dir_ + "/dev/termination-log"));
   EXPECT_FALSE(Exists(dir_ + "/pod"));
 }
 
