@@ -1,16 +1,23 @@
 """Storage faults: a checkpoint that cannot be written (a full file system, a read-only one) is
 said and retried, training goes on, and the run ends with the weights of an undisturbed run;
 only final weights that cannot be saved fail the job, saying so. The faults are real: a small
-tmpfs filled up (ENOSPC) or remounted read-only (EROFS), which needs root and mount(2)."""
+tmpfs filled up (ENOSPC) or remounted read-only (EROFS), which needs root and mount(2). Both for
+the built-in MLP and the PyTorch CNN (examples/torch/cnn.py), which also survives a member that
+stops answering (SIGSTOP) with the weights of an undisturbed run."""
 
+import concurrent.futures
 import os
+import signal
 import subprocess
 import tempfile
 import textwrap
 import threading
+import time
 import unittest
 
 from harness import SOURCE_DIR, VF, VfTestCase, read_state, vf, write
+from test_elastic import Background
+from test_torch import Background as TorchBackground
 
 PYTHON = os.environ.get("VF_PYTHON", "")
 
@@ -21,6 +28,49 @@ TMPFS_SIZE = "256k"
 FILLER_BYTES = 248 * 1024  # leaves too little room for one checkpoint
 STEPS = 120
 EVERY = 5
+# The CNN's checkpoint (its parameters, BatchNorm's buffers and the momentum slots) is 2.3 MB:
+# a 6 MiB tmpfs holds two (the old file and the new one while it is renamed in), and the filler
+# leaves it 1 MiB.
+CNN_TMPFS_SIZE = "6m"
+CNN_FILLER_BYTES = 5 * 1024 * 1024
+CNN = os.path.join(SOURCE_DIR, "examples", "torch", "cnn.py")
+
+
+def cnn_job(path, steps, checkpoint=None):
+    """The CNN example as a short job: 6 virtual nodes of 16 samples, so that 3 workers hold 2
+    each; with CHECKPOINT = (path, every) it checkpoints there."""
+    text = textwrap.dedent("""\
+        apiVersion: virtualflow.io/v1alpha1
+        kind: VirtualFlowJob
+        metadata: {name: torch-faults}
+        spec:
+          virtualNodes: 6
+          globalBatchSize: 96
+          replicas: {min: 1, max: 3}
+          steps: %d
+          seed: 11
+          elasticity: {policy: elastic, cooldownSeconds: 0}
+          template:
+            command: [python3, %s]
+        """) % (steps, CNN)
+    if checkpoint:
+        text += "  checkpoint: {path: %s, everySteps: %d}\n" % checkpoint
+    return write(path, text)
+
+
+def python_on_path():
+    """os.environ's PATH with the Python environment that has PyTorch first (the workers'
+    python3), as `source .../bin/activate` would make it; returns the old PATH."""
+    old = os.environ["PATH"]
+    os.environ["PATH"] = os.path.dirname(PYTHON) + os.pathsep + old
+    return old
+
+
+def reference_meanwhile(job, workers):
+    """A static, unpaced `vf run` of JOB on WORKERS workers, started now in a thread of its own
+    so that it runs while the faulted run trains; .result() is its Run."""
+    return concurrent.futures.ThreadPoolExecutor(1).submit(
+        vf, "run", job, "--workers", str(workers), "--progress-interval", "0")
 
 
 def mount_tmpfs(path):
@@ -57,14 +107,24 @@ class CheckpointFaultTest(VfTestCase):
         self.assertSucceeded(straight)
 
         job, ckpt = self.checkpoint_job("full.yaml")
-        filler = os.path.join(self.mnt, "filler")
-        with open(filler, "wb") as f:
-            f.write(b"\0" * FILLER_BYTES)
         # Paced (a sleep per virtual node; the weights do not change) so that the space freed
         # after the first failure is there long before the last step.
+        sha = self.run_on_a_full_disk(job, FILLER_BYTES, EVERY, "--vnode-delay-ms", "10")
+        self.assertEqual(sha, straight.summary["weights_sha256"])
+        self.assertEqual(read_state(ckpt)["step"], STEPS)
+
+    def run_on_a_full_disk(self, job, filler_bytes, every, *args):
+        """`vf run JOB --workers 2 ARGS` with the tmpfs filled up but FILLER_BYTES: the first
+        checkpoint (at step EVERY) must fail for want of space; the filler is removed then (the
+        operator of the disk makes room), and a later one must be written again. Returns the
+        run's weights_sha256."""
+        filler = os.path.join(self.mnt, "filler")
+        with open(filler, "wb") as f:
+            f.write(b"\0" * filler_bytes)
         proc = subprocess.Popen([VF, "run", job, "--workers", "2", "--progress-interval", "0",
-                                 "--vnode-delay-ms", "10"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                 *args],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                cwd=SOURCE_DIR)
         stderr = []
         freed = threading.Event()
 
@@ -72,7 +132,7 @@ class CheckpointFaultTest(VfTestCase):
             for line in proc.stderr:
                 stderr.append(line)
                 if "not written" in line and not freed.is_set():
-                    os.remove(filler)  # the operator of the disk makes room
+                    os.remove(filler)
                     freed.set()
 
         reader = threading.Thread(target=read, daemon=True)
@@ -80,16 +140,39 @@ class CheckpointFaultTest(VfTestCase):
         stdout = proc.stdout.read()  # stderr is the reader's alone
         proc.wait(timeout=600)
         reader.join(60)
+        proc.stdout.close()
+        proc.stderr.close()
         text = "".join(stderr)
         self.assertEqual(proc.returncode, 0, "vf failed:\n%s\n%s" % (stdout, text))
         self.assertTrue(freed.is_set(), "no checkpoint failure was reported:\n" + text)
         # The first checkpoint found the disk full.
-        self.assertIn("vf: warning: checkpoint at step %d not written" % EVERY, text)
+        self.assertIn("vf: warning: checkpoint at step %d not written" % every, text)
         self.assertIn("No space left on device", text)
         self.assertIn("vf: checkpoint written again at step", text)
         sha = [l.split()[-1] for l in stdout.splitlines() if l.startswith("weights sha256")]
-        self.assertEqual(sha, [straight.summary["weights_sha256"]])
-        self.assertEqual(read_state(ckpt)["step"], STEPS)
+        self.assertEqual(len(sha), 1, stdout)
+        return sha[0]
+
+    @unittest.skipUnless(PYTHON, "no Python environment with PyTorch (scripts/setup-python.sh)")
+    def test_cnn_full_disk_is_retried_and_the_run_keeps_its_weights(self):
+        """The PyTorch library under the same fault: the CNN's first checkpoint finds the disk
+        full, training goes on, a later one is written, and the weights are those of a run
+        without checkpoints."""
+        old_path = python_on_path()
+        try:
+            subprocess.run(["mount", "-o", "remount,size=" + CNN_TMPFS_SIZE, self.mnt],
+                           check=True)
+            steps, every = 12, 3
+            straight = reference_meanwhile(cnn_job(os.path.join(self.tmp, "cnn.yaml"), steps), 2)
+            ckpt = os.path.join(self.mnt, "cnn.ckpt")
+            job = cnn_job(os.path.join(self.tmp, "cnn-full.yaml"), steps, (ckpt, every))
+            sha = self.run_on_a_full_disk(job, CNN_FILLER_BYTES, every, "--vnode-delay-ms", "40")
+            reference = straight.result(timeout=600)
+            self.assertSucceeded(reference)
+            self.assertEqual(sha, reference.summary["weights_sha256"])
+            self.assertTrue(os.path.exists(ckpt))
+        finally:
+            os.environ["PATH"] = old_path
 
     def test_final_weights_that_cannot_be_saved_fail_the_job_saying_so(self):
         job, ckpt = self.checkpoint_job("readonly.yaml")
@@ -133,6 +216,70 @@ class CheckpointFaultTest(VfTestCase):
         last = [l for l in run.stderr.splitlines() if l.strip()][-1]
         self.assertIn("the final weights could not be saved", last)
         self.assertIn("Read-only file system", last)
+
+
+class TorchBackgroundRun(Background):
+    """`vf run` of a PyTorch job in the background: its workers are python3 processes, found
+    by VF_WORKER in their environment."""
+    workers = TorchBackground.workers
+
+
+@unittest.skipUnless(PYTHON, "no Python environment with PyTorch (scripts/setup-python.sh)")
+class TorchHungMemberTest(VfTestCase):
+    def setUp(self):
+        super().setUp()
+        self._path = python_on_path()
+
+    def tearDown(self):
+        os.environ["PATH"] = self._path
+        super().tearDown()
+
+    def test_cnn_stopped_member_is_left_out_with_the_weights_of_an_undisturbed_run(self):
+        """kill -STOP of one of 3 CNN workers (a hung or partitioned member), as
+        integration.elastic's test_stopped_member_is_left_out_with_identical_weights does for
+        the MLP: the survivors' collective times out, the next plan goes on without it, and the
+        run ends with the weights of a static run."""
+        job = cnn_job(os.path.join(self.tmp, "hung.yaml"), 40)
+        expected = reference_meanwhile(job, 2)
+        # Paced so that the 3 workers train together well before the end. A collective timeout
+        # past the coordinator's 10 s of silence, as the MLP's test has it, but 30 s rather
+        # than 20: until the first step, starting the workers (3 Python processes importing
+        # PyTorch and loading the data) counts against the run's stall limit, 3 x --timeout,
+        # and took over 60 s on a 2-core machine busy with other builds.
+        bg = TorchBackgroundRun(self.tmp, job, "--workers", "3", "--vnode-delay-ms", "60",
+                                "--timeout", "30", progress="0.2")
+        bg.info()
+        deadline = time.monotonic() + 240
+        while True:
+            self.assertIsNone(bg.proc.poll(), "vf run ended before 3 workers trained together")
+            if bg.plan_members() == {"worker-0", "worker-1", "worker-2"}:
+                break
+            self.assertLess(time.monotonic(), deadline, "3 workers never trained together")
+            time.sleep(0.2)
+        # Stopped once the 3 have trained a step together, not while they still meet: the
+        # stall the stop causes must be the only one the run sees.
+        self.assertTrue(bg.wait_for_step(bg.step() + 1), "".join(bg.out))
+        victim = bg.workers()["worker-2"]
+        os.kill(victim, signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 120
+            while "worker-2" in bg.plan_members():
+                self.assertLess(time.monotonic(), deadline, "the stopped worker stayed a member")
+                self.assertIsNone(bg.proc.poll(), "vf run ended while a worker was stopped")
+                time.sleep(0.5)
+        finally:
+            try:
+                os.kill(victim, signal.SIGCONT)
+            except ProcessLookupError:
+                pass  # the run wound down and stopped it already
+        code, out, err, summary = bg.wait()
+        self.assertEqual(code, 0, out + err)
+        silent = [r for r in summary["resizes"] if "worker-2 stopped answering" in r["reason"]]
+        self.assertEqual(len(silent), 1, out)
+        self.assertEqual((silent[0]["from"], silent[0]["to"]), (3, 2))
+        reference = expected.result(timeout=600)
+        self.assertSucceeded(reference)
+        self.assertEqual(summary["weights_sha256"], reference.summary["weights_sha256"])
 
 
 if __name__ == "__main__":
