@@ -339,12 +339,15 @@ std::optional<Report> FinalReportOfCoordinator(const JobView& view) {
   return std::nullopt;
 }
 
-// The final report a worker that finished the job left in its Succeeded pod's termination
-// message (protocol::FinalReportMessage), if one did. A message that names another worker than
-// its pod, or is malformed, is not taken (and said so on stderr).
+// The final report a worker that finished the job left in its pod's termination message
+// (protocol::FinalReportMessage), if one did. Its container has ended, usually with exit code
+// 0; a worker that crashed after leaving the report (a fault while its process shut down) had
+// finished all the same: the report is written after the final weights were saved. A message
+// that names another worker than its pod, or is malformed, is not taken (and said so on stderr).
 std::optional<Report> FinalReportOfPods(const std::string& key, const std::vector<json>& pods) {
   for (const json& pod : pods) {
-    if (PodLifeOf(pod) != PodLife::kSucceeded) continue;
+    const PodLife life = PodLifeOf(pod);
+    if (life != PodLife::kSucceeded && life != PodLife::kFailed) continue;
     const json& statuses = Obj(pod, "status").value("containerStatuses", json::array());
     if (!statuses.is_array() || statuses.empty() || !statuses[0].is_object()) continue;
     const json terminated = Obj(Obj(statuses[0], "state"), "terminated");

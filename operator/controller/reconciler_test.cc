@@ -790,6 +790,25 @@ TEST_F(ReconcilerTest, AFinalReportLeftInASucceededPodEndsTheJobAfterARestart) {
   EXPECT_EQ(api_->event_reasons().back(), "Succeeded");
 }
 
+// The report is left after the final weights were saved: a crash on the way out changes
+// nothing of the outcome.
+TEST_F(ReconcilerTest, AFinalReportLeftByAWorkerThatCrashedOnItsWayOutEndsTheJob) {
+  Report final;
+  final.step = 25;
+  final.weights_sha256 = std::string(64, 'c');
+  json crashed =
+      SucceededPod("mnist-worker-a", protocol::FinalReportMessage("mnist-worker-a", final));
+  crashed["status"]["phase"] = "Failed";
+  crashed["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] = 139;
+  Start({StepJob(nullptr, {{"phase", "Running"}, {"startTime", SecondsAgo(60)}})}, {crashed},
+        {GpuNode("gpu-a", 1)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  const json done = api_->status_patches().back();
+  ASSERT_EQ(done["phase"], "Succeeded") << done;
+  EXPECT_EQ(done["weightsSha256"], std::string(64, 'c'));
+  EXPECT_TRUE(api_->created_pods().empty());
+}
+
 TEST_F(ReconcilerTest, ATerminationMessageThatIsNoFinalReportOfItsPodIsNotTaken) {
   Report final;
   final.step = 25;
