@@ -7,15 +7,11 @@ import concurrent.futures
 import copy
 import json
 import os
-import shutil
 import signal
-import subprocess
-import tempfile
 import unittest
 from typing import Any
 
-from test_operator import BIN_DIR, NS, SOURCE_DIR, OperatorTestCase, job_manifest, local_sha
-from test_torch_job import DATASET, PYTHON, cnn_manifest
+from test_operator import NS, OperatorTestCase, job_manifest, local_sha
 
 FAULT_ENV = "VF_FAULT_OPERATOR_EXIT_AT"
 BUILD_ENV = "VF_TEST_OPERATOR_BUILD"
@@ -45,49 +41,7 @@ def faults_manifest(name: str, delay_ms: int) -> dict[str, Any]:
     return job_manifest(name, steps=STEPS, delay_ms=delay_ms)
 
 
-# The CNN's job: short, paced so that a joiner (a Python process importing PyTorch) is ready
-# well before the end; its workers give up on a lost rendezvous after 15 s (VF_TIMEOUT).
-CNN_STEPS = 40
-CNN_DELAY_MS = 100
-
-
-def cnn_faults_manifest(name: str, checkpoint_dir: str, delay_ms: int) -> dict[str, Any]:
-    """The CNN example (examples/torch/cnn.py) as a job of CNN_STEPS steps reading the host's
-    Fashion-MNIST, checkpointing into CHECKPOINT_DIR."""
-    manifest = cnn_manifest(name, NS, DATASET, os.path.join(checkpoint_dir, name + ".ckpt"),
-                            delay_ms=delay_ms)
-    manifest["spec"]["steps"] = CNN_STEPS
-    manifest["spec"]["template"]["env"].append({"name": "VF_TIMEOUT", "value": "15"})
-    return manifest
-
-
-def cnn_local_sha(manifest: dict[str, Any], workers: int) -> str:
-    """weights_sha256 of a static, unpaced `vf run` of MANIFEST's training on WORKERS workers
-    (the checkpoint in a directory of its own: not part of the training math)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        manifest = copy.deepcopy(manifest)
-        manifest["spec"]["checkpoint"]["path"] = os.path.join(tmp, "cnn.ckpt")
-        manifest["spec"]["template"]["env"] = [
-            e for e in manifest["spec"]["template"]["env"] if e["name"] != "VF_VNODE_DELAY_MS"]
-        path = os.path.join(tmp, "job.json")
-        with open(path, "w") as f:
-            json.dump(manifest, f)
-        summary = os.path.join(tmp, "summary.json")
-        env = dict(os.environ, PATH=os.path.dirname(PYTHON) + os.pathsep + os.environ["PATH"])
-        run = subprocess.run([os.path.join(BIN_DIR, "vf"), "run", path, "--workers", str(workers),
-                              "--progress-interval", "0", "--summary-json", summary],
-                             capture_output=True, text=True, timeout=900, env=env,
-                             cwd=SOURCE_DIR)
-        if run.returncode != 0:
-            raise AssertionError("local run failed:\n%s\n%s" % (run.stdout, run.stderr))
-        with open(summary) as f:
-            return str(json.load(f)["weights_sha256"])
-
-
 class OperatorFaultsTest(OperatorTestCase):
-    # The PyTorch environment's python3 for the CNN's pods, after the agent.
-    pod_path = [BIN_DIR] + ([os.path.dirname(PYTHON)] if PYTHON else [])
-
     @classmethod
     def setUpClass(cls) -> None:
         super().setUpClass()
@@ -306,34 +260,6 @@ class OperatorFaultsTest(OperatorTestCase):
         status = self.finish_after_a_final_report_kill(name)
         self.assertEqual(status["step"], STEPS)
         self.assertEqual(status["weightsSha256"], self.static_sha())
-        self.delete_job(name)
-
-    @unittest.skipUnless(PYTHON, "no Python environment with PyTorch (scripts/setup-python.sh)")
-    def test_5_cnn_survives_the_operator_killed_at_a_resize_and_during_the_final_report(
-            self) -> None:
-        """The PyTorch CNN as the job: the operator killed as it publishes the plan that takes
-        a joiner in, then during the final report; the job ends with the weights of a static
-        `vf run`, read by the last operator from rank 0's pod."""
-        name = "cnn-faults"
-        checkpoints = tempfile.mkdtemp(prefix="vf-e2e-cnn-")
-        self.addCleanup(shutil.rmtree, checkpoints, True)
-        manifest = cnn_faults_manifest(name, checkpoints, CNN_DELAY_MS)
-        static = concurrent.futures.ThreadPoolExecutor(1).submit(cnn_local_sha, manifest, 2)
-        self.reset_nodes(("gpu-c1", 1))
-        self.stop_operator()
-        self.start_faulted("plan-published")
-        self.apply(manifest)
-        self.wait_workers(name, 1, timeout=240)
-        self.wait_step(name, 3)
-        # A node joins: its worker warms up and the next plan takes it in.
-        self.cp.add_gpu_node("gpu-c2", gpus=1)
-        self.wait_killed_at("plan-published", timeout=240)
-        grown = self.status_quiet(name)
-        self.assertEqual(grown["workers"], 2, grown)
-        self.start_faulted("final-report")
-        status = self.finish_after_a_final_report_kill(name)
-        self.assertEqual(status["step"], CNN_STEPS)
-        self.assertEqual(status["weightsSha256"], static.result(timeout=600))
         self.delete_job(name)
 
 
