@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -185,12 +186,12 @@ class Worker {
   }
 
   void Ready() {
-    Check(Released([&] { return agent_->Ready(); }));
+    Check(Released([&] { return Live().Ready(); }));
   }
 
   std::optional<MembershipView> Next(nb::object holder) {
     auto state = std::make_shared<PyStateHolder>(std::move(holder));
-    std::optional<agent::Membership> m = Take(Released([&] { return agent_->Next(*state); }));
+    std::optional<agent::Membership> m = Take(Released([&] { return Live().Next(*state); }));
     if (!m) {
       comm_ = nullptr;
       return std::nullopt;
@@ -231,7 +232,7 @@ class Worker {
     Check(CheckSize(mean_grad.shape(0)));
     Reducer* reducer = RequireReducer();
     Communicator* comm = RequireComm();
-    const int64_t header[1] = {agent_->latest_epoch()};
+    const int64_t header[1] = {Live().latest_epoch()};
     float* mean = mean_grad.data();
     ReduceResult r = Take(Released([&] { return reducer->Finish(*comm, header, mean); }));
     const int64_t agreed = r.header_extra.size() == 1 ? r.header_extra[0] : 0;
@@ -250,20 +251,20 @@ class Worker {
     o.samples = samples;
     o.agreed_epoch = agreed_epoch;
     o.last_step = last_step;
-    Check(Released([&] { return agent_->Completed(step, o); }));
+    Check(Released([&] { return Live().Completed(step, o); }));
   }
 
   void Failed(int64_t step, const std::string& message) {
     comm_ = nullptr;
     nb::gil_scoped_release release;
-    agent_->Failed(step, Unavailable(message));
+    Live().Failed(step, Unavailable(message));
   }
 
   // How a checkpoint write went ("" for success): the agent reports a failure until a later
   // write succeeds.
   void CheckpointWritten(int64_t step, const std::string& error) {
     nb::gil_scoped_release release;
-    agent_->CheckpointWritten(step, error.empty() ? Status::Ok() : Internal(error));
+    Live().CheckpointWritten(step, error.empty() ? Status::Ok() : Internal(error));
   }
 
   // Rank 0's final report; false if it could not be delivered.
@@ -275,7 +276,7 @@ class Worker {
     final.weights_sha256 = weights_sha256;
     final.test_accuracy = test_accuracy;
     nb::gil_scoped_release release;
-    return agent_->Finish(final).ok();
+    return Live().Finish(final).ok();
   }
 
   // Every member's `value`, in rank order (the check mode's parameter hashes).
@@ -287,8 +288,20 @@ class Worker {
     return all;
   }
 
-  int64_t latest_epoch() const { return agent_->latest_epoch(); }
-  void set_total_steps(int64_t total) { agent_->set_total_steps(total); }
+  int64_t latest_epoch() const { return Live().latest_epoch(); }
+
+  // Ends the agent now: its plan watcher's thread, its metrics endpoint and its communicator
+  // stop here rather than whenever Python frees this object, which at interpreter exit can be
+  // after the libraries under them (cpprest's thread pool) are gone, and a thread still polling
+  // a coordinator that went away then crashes the process. Idempotent.
+  void Close() {
+    comm_ = nullptr;  // the agent's
+    Released([&] {
+      agent_.reset();
+      return 0;
+    });
+  }
+  void set_total_steps(int64_t total) { Live().set_total_steps(total); }
 
  private:
   Status CheckSize(size_t n) const {
@@ -303,6 +316,14 @@ class Worker {
   Communicator* RequireComm() {
     if (comm_ == nullptr) Raise(FailedPrecondition("this worker is in no membership plan now"));
     return comm_;
+  }
+
+  // The agent, or an error once close() has run (a C++ exception: this may run without the GIL;
+  // nanobind raises it as RuntimeError).
+  agent::Agent& Live() const {
+    if (!agent_)
+      throw std::runtime_error("virtualflow: this worker is closed (job.finish() ended it)");
+    return *agent_;
   }
 
   std::unique_ptr<agent::Agent> agent_;
@@ -477,6 +498,7 @@ NB_MODULE(_core, m) {
            nb::arg("weights_sha256"), nb::arg("test_accuracy"))
       .def("all_gather", &Worker::AllGather, nb::arg("value"))
       .def("set_total_steps", &Worker::set_total_steps, nb::arg("total_steps"))
+      .def("close", &Worker::Close)
       .def_prop_ro("latest_epoch", &Worker::latest_epoch);
 
   m.def(

@@ -25,6 +25,7 @@ resizes and after lost workers.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import io
@@ -417,6 +418,9 @@ class Job:
             # Where the final report is left for an operator restarted before it recorded it.
             termination_message_path=env.get("VF_TERMINATION_MESSAGE_PATH", ""),
         )
+        # The agent's threads (its plan watcher polls the coordinator) stop before the
+        # interpreter finalizes, whatever ends the script: finish() closes it, and so does exit.
+        atexit.register(self._worker.close)
         self._holder: _Holder | None = None
         self._membership: Any = None
         self._params: list[torch.nn.Parameter] = []
@@ -506,7 +510,8 @@ class Job:
 
     def finish(self, *, test_accuracy: float | None = None, test_loss: float | None = None) -> None:
         """Ends this worker's part after the last step: rank 0 reports the outcome (the weights'
-        SHA-256 and, if given, the test accuracy) and every worker writes its result file."""
+        SHA-256 and, if given, the test accuracy), every worker writes its result file, and the
+        worker's agent is closed (its threads stop; the job's other calls fail after this)."""
         if self._finished:
             return
         self._finished = True
@@ -543,6 +548,7 @@ class Job:
             with open(tmp, "w", encoding="utf-8") as f:
                 json.dump(result, f, indent=2)
             os.replace(tmp, self._result_path)
+        self._worker.close()
 
     # Steps --------------------------------------------------------------------------------
     def _prepare(self, state: State, dataset_size: int) -> None:
