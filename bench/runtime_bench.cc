@@ -70,18 +70,21 @@ struct Setup {
   Reduction reduction = Reduction::kExact;
   int steps = 20;   // per measurement
   int repeats = 5;  // measurements; the median is reported
+  DeviceTuning tuning;
 };
 
 // `kind` is cpu or cuda (main checks it).
-std::unique_ptr<Device> MakeDevice(const std::string& kind) {
-  return kind == "cuda" ? Check(CreateCudaDevice(0)) : CreateCpuDevice(1);
+std::unique_ptr<Device> MakeDevice(const std::string& kind, const DeviceTuning& tuning = {}) {
+  auto device = kind == "cuda" ? Check(CreateCudaDevice(0)) : CreateCpuDevice(1);
+  device->Tune(tuning);
+  return device;
 }
 
 // One worker running all of a job's virtual nodes, ready to be timed.
 class Worker {
  public:
   Worker(const JobSpec& job, const Dataset& train, const Setup& setup)
-      : device_(MakeDevice(setup.device)),
+      : device_(MakeDevice(setup.device, setup.tuning)),
         comm_(CreateLocalCommunicator()),
         executor_(Check(Executor::Create(job, *device_, train))),
         all_(static_cast<size_t>(job.virtual_nodes)) {
@@ -102,6 +105,7 @@ class Worker {
 
   // Largest Device::MemoryInUse() seen after a run.
   size_t peak_device_bytes() const { return peak_device_bytes_; }
+  std::string weights_sha256() const { return executor_->WeightsSha256(); }
 
  private:
   std::unique_ptr<Device> device_;
@@ -144,6 +148,53 @@ int VnodeOverhead(const Dataset& train, const Setup& setup, int virtual_nodes,
                 static_cast<long long>(micro), 1e3 * Median(t1), 1e3 * Median(tv), Median(ratio));
   }
   return 0;
+}
+
+// The device's optional speed-ups (DeviceTuning), each measured by turning it off: one worker
+// runs the same job under every configuration, round by round, and the final weights of all of
+// them must be the same bits (a speed-up may change how work is issued, never its results).
+int Tuning(const Dataset& train, const Setup& setup, int virtual_nodes, int64_t global_batch) {
+  struct Config {
+    const char* name;
+    DeviceTuning tuning;
+  };
+  const std::vector<Config> configs = {
+      {"all on", {}},
+      {"without record (CUDA graphs)", {.record_nodes = false}},
+      {"without fused-fold", {.record_nodes = false, .fused_fold = false}},
+      {"without pinned-staging", {.pinned_staging = false}},
+      {"all off", {.record_nodes = false, .fused_fold = false, .pinned_staging = false}},
+  };
+  std::printf(
+      "device tuning: one worker on %s, %s reduction, V=%d, global batch %lld (micro-batch "
+      "%lld); configurations alternate, %d rounds of %d steps each, medians\n",
+      MakeDevice(setup.device)->Name().c_str(), ReductionName(setup.reduction), virtual_nodes,
+      static_cast<long long>(global_batch), static_cast<long long>(global_batch / virtual_nodes),
+      setup.repeats, setup.steps);
+  const JobSpec job = MlpJob(virtual_nodes, global_batch, setup.reduction);
+  std::vector<std::unique_ptr<Worker>> workers;
+  for (const Config& c : configs) {
+    Setup s = setup;
+    s.tuning = c.tuning;
+    workers.push_back(std::make_unique<Worker>(job, train, s));
+  }
+  std::vector<std::vector<double>> times(configs.size()), ratios(configs.size());
+  for (int r = 0; r < setup.repeats; ++r) {
+    for (size_t i = 0; i < configs.size(); ++i) times[i].push_back(workers[i]->Run(setup.steps));
+    for (size_t i = 0; i < configs.size(); ++i)
+      ratios[i].push_back(times[i].back() / times[0].back());
+  }
+  std::printf("%-30s %12s %16s\n", "configuration", "ms/step", "vs all on");
+  for (size_t i = 0; i < configs.size(); ++i) {
+    std::printf("%-30s %12.3f %16.3f\n", configs[i].name, 1e3 * Median(times[i]),
+                Median(ratios[i]));
+  }
+  const std::string sha = workers[0]->weights_sha256();
+  bool same = true;
+  for (const auto& w : workers) same = same && w->weights_sha256() == sha;
+  std::printf("final weights: %s (%s)\n", same ? "the same bits in every configuration" : "DIFFER",
+              sha.substr(0, 16).c_str());
+  return same ? 0 : 1;
 }
 
 // The reference MLP's matrix products, as a step runs them, on one device: forward, then
@@ -464,6 +515,8 @@ constexpr char kBenchmarks[] =
     "  reduction         Gloo workers: exact vs fast reduction, alone and in a whole step\n"
     "  memory            peak memory at the same micro-batch as the global batch grows 16x\n"
     "  throughput        samples per second of one worker at --global-batch and --virtual-nodes\n"
+    "  tuning            the device's optional speed-ups, each turned off, against all on, at\n"
+    "                    --global-batch and --virtual-nodes; checks the weights stay the same\n"
     "  products          the MLP's matrix products alone: V micro-batches vs 1 batch, and\n"
     "                    whether one product over stacked micro-batches keeps each row's bits\n"
     "  checkpoint-write  seconds to write a checkpoint like --checkpoint\n";
@@ -493,7 +546,7 @@ int main(int argc, char** argv) {
       ->transform(Base10Integer())
       ->capture_default_str();
   app.add_option("--device", device,
-                 "cpu or cuda, for vnode-overhead, products, memory and throughput")
+                 "cpu or cuda, for vnode-overhead, products, memory, throughput and tuning")
       ->capture_default_str();
   app.add_option("--reduction", reduction, "exact or fast, for vnode-overhead and throughput")
       ->capture_default_str();
@@ -509,7 +562,7 @@ int main(int argc, char** argv) {
   app.add_option("--micro-batch", micro_batch,
                  "memory: the micro-batch held fixed (default 32 on cpu, 256 on cuda)")
       ->transform(Base10Integer());
-  app.add_option("--global-batch", global_batch, "throughput: the global batch")
+  app.add_option("--global-batch", global_batch, "throughput, tuning: the global batch")
       ->transform(Base10Integer())
       ->capture_default_str();
   app.add_option("--dataset", dataset,
@@ -520,7 +573,7 @@ int main(int argc, char** argv) {
   if (auto exit_code = ParseCommandLine(app, "vf-bench", argc, argv)) return *exit_code;
   const std::vector<std::string> known = {"vnode-overhead", "reduction", "memory",
                                           "throughput",     "products",  "checkpoint-write",
-                                          "memory-child"};
+                                          "memory-child",   "tuning"};
   if (std::find(known.begin(), known.end(), cmd) == known.end()) {
     std::fprintf(stderr, "vf-bench: error: unknown benchmark '%s' (see --help)\n", cmd.c_str());
     return 2;
@@ -579,12 +632,13 @@ int main(int argc, char** argv) {
   if (cmd == "products") {
     return Products(setup, static_cast<int>(virtual_nodes), micro_batch_list);
   }
-  if (cmd == "throughput") {
+  if (cmd == "throughput" || cmd == "tuning") {
     if (global_batch % virtual_nodes != 0) {
       std::fprintf(stderr,
                    "vf-bench: error: --global-batch must be a multiple of --virtual-nodes\n");
       return 2;
     }
+    if (cmd == "tuning") return Tuning(train, setup, static_cast<int>(virtual_nodes), global_batch);
     return Throughput(train, setup, static_cast<int>(virtual_nodes), global_batch);
   }
   if (cmd == "reduction") {

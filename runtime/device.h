@@ -4,8 +4,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
+#include <utility>
 
 #include "runtime/status.h"
 
@@ -39,6 +43,33 @@ struct AdamWUpdate {
   float bias_correction2 = 1.f;
 };
 
+// A bucket's scale exponent meaning "not chosen yet": its fold only measures the maximum.
+inline constexpr int32_t kNoExponent = INT32_MIN;
+
+// One bucket of a virtual node's exact fold (see Device::FoldBuckets): the range
+// [offset, offset + size) of the gradient and its fixed-point exponent (kNoExponent: none yet).
+struct FoldBucket {
+  uint64_t offset = 0;
+  uint64_t size = 0;
+  int32_t exponent = kNoExponent;
+  int32_t unused = 0;  // explicit padding: the struct is copied to devices as bytes
+};
+
+// The same bucket table twice: in host memory (for a device that loops over it on the host) and
+// in the device's memory (for one kernel over every bucket). The owner keeps both equal.
+struct FoldPlan {
+  std::span<const FoldBucket> host;
+  const FoldBucket* device = nullptr;
+};
+
+// Optional speed-ups of a device, all on by default. Each changes how work is issued, never its
+// results; turning one off is for measuring what it brings (vf-bench --device-tuning).
+struct DeviceTuning {
+  bool record_nodes = true;    // Record(): replay recorded work (a GPU: CUDA graphs)
+  bool fused_fold = true;      // FoldBuckets(): one pass over all buckets, not one per bucket
+  bool pinned_staging = true;  // AllocateStaging(): page-locked host memory (a GPU: async copies)
+};
+
 // A compute device. All pointers passed to the math functions point to this device's memory.
 // All matrices are row-major. Kernels must be deterministic: the same inputs give bitwise the
 // same outputs on every call (no atomics or thread-count-dependent summation orders).
@@ -61,6 +92,26 @@ class Device {
   virtual void FillInt64(int64_t* x, int64_t value, size_t n) = 0;
   // Waits until all queued work on the device is done.
   virtual void Synchronize() = 0;
+  // Host memory from which CopyFromHost may copy without waiting: the copy may still be reading
+  // it when the call returns, so the caller must not rewrite it before the device has waited
+  // (Synchronize, CopyToHost) since that copy. Zero-filled; freed with FreeStaging.
+  virtual Result<void*> AllocateStaging(size_t bytes) {
+    void* p = std::calloc(1, bytes == 0 ? 1 : bytes);
+    if (p == nullptr) return Internal("cannot allocate " + std::to_string(bytes) + " host bytes");
+    return p;
+  }
+  virtual void FreeStaging(void* ptr) noexcept { std::free(ptr); }
+  // Runs `work`, which only queues work on this device (no allocation, no copy to or from the
+  // host, no wait) on memory whose addresses stay valid. Equal keys must mean the same work with
+  // the same pointers; data behind the pointers may change. A device that can record queued
+  // work (a GPU: a CUDA graph) records it at a key's second use and from then on replays the
+  // recording: one launch instead of many, with the same results bit for bit. Free() forgets
+  // every recording. Errors from `work` are returned.
+  virtual Status Record(std::span<const uint64_t> key, const std::function<Status()>& work) {
+    (void)key;
+    return work();
+  }
+  virtual void Tune(const DeviceTuning& tuning) { (void)tuning; }
   // Bytes in use in the device's own memory now, as its driver counts them (a GPU: the whole
   // device, runtime context and library workspaces included). 0 for a device without memory of
   // its own; on the CPU the process's resident set is the measure.
@@ -114,6 +165,22 @@ class Device {
                                          int64_t* acc, uint32_t* max_bits, uint32_t* bad) {
     MaxAbsInto(x, n, max_bits);
     AccumulateFixedInto(x, n, exponent, limit, acc, bad);
+  }
+  // Every bucket of one virtual node's gradient: for bucket b of `plan`,
+  // MaxAbsAccumulateFixedInto(grad + offset, size, exponent, limit, acc + offset, max_bits + b,
+  // bad), or only MaxAbsInto(grad + offset, size, max_bits + b) when its exponent is
+  // kNoExponent. The default loops on the host; a GPU runs one kernel over plan.device.
+  virtual void FoldBuckets(const float* grad, const FoldPlan& plan, int64_t limit, int64_t* acc,
+                           uint32_t* max_bits, uint32_t* bad) {
+    for (size_t b = 0; b < plan.host.size(); ++b) {
+      const FoldBucket& k = plan.host[b];
+      if (k.exponent == kNoExponent) {
+        MaxAbsInto(grad + k.offset, k.size, max_bits + b);
+      } else {
+        MaxAbsAccumulateFixedInto(grad + k.offset, k.size, k.exponent, limit, acc + k.offset,
+                                  max_bits + b, bad);
+      }
+    }
   }
   // out[i] = float(double(acc[i]) * 2^-exponent * scale).
   virtual void FixedToFloat(const int64_t* acc, size_t n, int exponent, double scale,
@@ -170,6 +237,52 @@ class DeviceBuffer {
 
   void Reset() {
     if (device_ != nullptr && data_ != nullptr) device_->Free(data_);
+    device_ = nullptr;
+    data_ = nullptr;
+    count_ = 0;
+  }
+
+ private:
+  Device* device_ = nullptr;
+  T* data_ = nullptr;
+  size_t count_ = 0;
+};
+
+// Owns `count` elements of T in a device's staging memory (Device::AllocateStaging), host
+// memory that the device copies from without waiting. Move-only. Not thread-safe.
+template <typename T>
+class StagingBuffer {
+ public:
+  StagingBuffer() = default;
+  StagingBuffer(const StagingBuffer&) = delete;
+  StagingBuffer& operator=(const StagingBuffer&) = delete;
+  StagingBuffer(StagingBuffer&& o) noexcept { *this = std::move(o); }
+  StagingBuffer& operator=(StagingBuffer&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      std::swap(device_, o.device_);
+      std::swap(data_, o.data_);
+      std::swap(count_, o.count_);
+    }
+    return *this;
+  }
+  ~StagingBuffer() { Reset(); }
+
+  static Result<StagingBuffer> Create(Device& device, size_t count) {
+    StagingBuffer b;
+    auto p = device.AllocateStaging(count * sizeof(T));
+    if (!p.ok()) return p.status();
+    b.device_ = &device;
+    b.data_ = static_cast<T*>(*p);
+    b.count_ = count;
+    return b;
+  }
+
+  T* data() { return data_; }
+  size_t size() const { return count_; }
+
+  void Reset() {
+    if (device_ != nullptr && data_ != nullptr) device_->FreeStaging(data_);
     device_ = nullptr;
     data_ = nullptr;
     count_ = 0;

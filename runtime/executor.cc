@@ -152,28 +152,43 @@ TrainingState Executor::Snapshot() const {
   return s;
 }
 
-Status Executor::Stage(const Dataset& data, std::span<const int64_t> indices) {
+Status Executor::ReserveStaging(const Dataset& data, int batch, size_t slots) {
   const size_t per = data.sample_size();
-  const int batch = static_cast<int>(indices.size());
   if (batch > staged_capacity_) {
-    // Sized by the largest batch staged (the micro-batch, or an evaluation chunk).
+    // Sized by the largest batch staged (the micro-batch, or an evaluation chunk). Freeing
+    // staging memory waits for the copies that read it.
     const size_t values = static_cast<size_t>(batch) * per;
     VF_ASSIGN_OR_RETURN(x_, DeviceBuffer<float>::Create(device_, values));
     VF_ASSIGN_OR_RETURN(pixels_, DeviceBuffer<uint8_t>::Create(device_, values));
     VF_ASSIGN_OR_RETURN(y_, DeviceBuffer<int32_t>::Create(device_, static_cast<size_t>(batch)));
-    host_pixels_.resize(values);
-    host_y_.resize(static_cast<size_t>(batch));
+    staging_.clear();
     staged_capacity_ = batch;
   }
-  // The host only gathers the rows; the device converts them.
+  const size_t pixel_bytes = (static_cast<size_t>(staged_capacity_) * per + 3) / 4 * 4;
+  const size_t bytes = pixel_bytes + static_cast<size_t>(staged_capacity_) * sizeof(int32_t);
+  while (staging_.size() < slots) {
+    VF_ASSIGN_OR_RETURN(auto slot, StagingBuffer<uint8_t>::Create(device_, bytes));
+    staging_.push_back(std::move(slot));
+  }
+  return Status::Ok();
+}
+
+Status Executor::Stage(const Dataset& data, std::span<const int64_t> indices, size_t slot) {
+  const size_t per = data.sample_size();
+  const int batch = static_cast<int>(indices.size());
+  VF_RETURN_IF_ERROR(ReserveStaging(data, batch, slot + 1));
+  // The host only gathers the rows into the slot; the device converts them.
+  uint8_t* pixels = staging_[slot].data();
+  const size_t pixel_bytes = (static_cast<size_t>(staged_capacity_) * per + 3) / 4 * 4;
+  auto* labels = reinterpret_cast<int32_t*>(pixels + pixel_bytes);
   for (int i = 0; i < batch; ++i) {
     const uint8_t* src = data.images.data() + static_cast<size_t>(indices[i]) * per;
-    std::memcpy(host_pixels_.data() + static_cast<size_t>(i) * per, src, per);
-    host_y_[static_cast<size_t>(i)] = data.labels[static_cast<size_t>(indices[i])];
+    std::memcpy(pixels + static_cast<size_t>(i) * per, src, per);
+    labels[i] = data.labels[static_cast<size_t>(indices[i])];
   }
   const size_t values = static_cast<size_t>(batch) * per;
-  device_.CopyFromHost(pixels_.data(), host_pixels_.data(), values);
-  device_.CopyFromHost(y_.data(), host_y_.data(), static_cast<size_t>(batch) * sizeof(int32_t));
+  device_.CopyFromHost(pixels_.data(), pixels, values);
+  device_.CopyFromHost(y_.data(), labels, static_cast<size_t>(batch) * sizeof(int32_t));
   device_.NormalizePixels(pixels_.data(), values, 1.f / (255.f * kPixelStd), kPixelMean / kPixelStd,
                           x_.data());
   return Status::Ok();
@@ -205,12 +220,27 @@ Result<StepResult> Executor::Step(Communicator& comm, std::span<const int> local
     float* const sum = reducer_->sum_in_place();
     const GradientOutput output = sum != nullptr ? GradientOutput::kAdd : GradientOutput::kWrite;
     float* const grad = sum != nullptr ? sum : grad_.data();
+    // Staging first: a slot per node, allocated before any node's work is recorded.
+    VF_RETURN_IF_ERROR(ReserveStaging(train_, b, local_vnodes.size()));
     for (size_t k = 0; k < local_vnodes.size(); ++k) {
       sharder_.MicroBatch(step_, local_vnodes[k], &indices_);
-      VF_RETURN_IF_ERROR(Stage(train_, indices_));
-      VF_RETURN_IF_ERROR(model_->ForwardBackward(params_.data(), x_.data(), y_.data(), b, output,
-                                                 grad, node_stats_.data() + k));
-      if (sum == nullptr) VF_RETURN_IF_ERROR(reducer_->Add(grad));
+      VF_RETURN_IF_ERROR(Stage(train_, indices_, k));
+      LossStats* const stats = node_stats_.data() + k;
+      // The node's whole computation reads and writes fixed device buffers (the exact fold takes
+      // its exponents from the device), so a GPU records it once and replays it per node.
+      const uint64_t key[] = {reinterpret_cast<uintptr_t>(stats),
+                              reinterpret_cast<uintptr_t>(grad),
+                              reinterpret_cast<uintptr_t>(params_.data()),
+                              reinterpret_cast<uintptr_t>(x_.data()),
+                              reinterpret_cast<uintptr_t>(y_.data()),
+                              reinterpret_cast<uintptr_t>(reducer_.get()),
+                              static_cast<uint64_t>(b)};
+      const Status node = device_.Record(key, [&]() -> Status {
+        VF_RETURN_IF_ERROR(
+            model_->ForwardBackward(params_.data(), x_.data(), y_.data(), b, output, grad, stats));
+        return sum == nullptr ? reducer_->Add(grad) : Status::Ok();
+      });
+      VF_RETURN_IF_ERROR(node);
     }
     // Waits for the device (the copy comes after all the queued work).
     device_.CopyToHost(host_node_stats_.data(), node_stats_.data(),
@@ -255,7 +285,7 @@ Result<LossStats> Executor::Evaluate(const Dataset& data, int chunk) {
     const int64_t n = std::min<int64_t>(chunk, data.count - start);
     idx.resize(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) idx[static_cast<size_t>(i)] = start + i;
-    VF_RETURN_IF_ERROR(Stage(data, idx));
+    VF_RETURN_IF_ERROR(Stage(data, idx, 0));
     VF_ASSIGN_OR_RETURN(
         LossStats s, model_->Evaluate(params_.data(), x_.data(), y_.data(), static_cast<int>(n)));
     total.loss_sum += s.loss_sum;

@@ -97,8 +97,13 @@ class Executor {
  private:
   Executor(const JobSpec& job, Device& device, const Dataset& train);
   Status Init();
-  // Copies samples `indices` of `data` to the device as normalized floats and int32 labels.
-  Status Stage(const Dataset& data, std::span<const int64_t> indices);
+  // Copies samples `indices` of `data` to the device as normalized floats and int32 labels:
+  // gathers the samples at `indices` into staging slot `slot` and queues their copy and
+  // conversion into x_ and y_. A slot is rewritten only after the device has waited, so the
+  // step's nodes each get one and evaluation reuses slot 0.
+  Status Stage(const Dataset& data, std::span<const int64_t> indices, size_t slot);
+  // Makes `slots` staging slots of `batch` samples each (and x_, y_ for `batch`) available.
+  Status ReserveStaging(const Dataset& data, int batch, size_t slots);
 
   JobSpec job_;
   std::string fingerprint_;
@@ -119,8 +124,8 @@ class Executor {
   DeviceBuffer<int32_t> y_;
   int staged_capacity_ = 0;
   DeviceBuffer<uint8_t> pixels_;  // the staged batch's raw pixels, converted into x_
-  std::vector<uint8_t> host_pixels_;
-  std::vector<int32_t> host_y_;
+  // Per slot: `staged_capacity_` samples' pixels, then their labels as int32 (see Stage).
+  std::vector<StagingBuffer<uint8_t>> staging_;
   std::vector<int64_t> indices_;
   int64_t step_ = 0;
   int64_t optimizer_steps_ = 0;

@@ -38,6 +38,14 @@ class ExactReducer : public Reducer {
     // virtual nodes and read once in Finish.
     host_flags_.assign(buckets_.size() + 1, 0);
     VF_ASSIGN_OR_RETURN(flags_, DeviceBuffer<uint32_t>::Create(device_, host_flags_.size()));
+    // The bucket table of Add's fold, on the host and on the device; Begin refreshes the
+    // exponents of both. 24 bytes per bucket.
+    plan_.resize(buckets_.size());
+    for (size_t i = 0; i < buckets_.size(); ++i) {
+      plan_[i].offset = buckets_[i].offset;
+      plan_[i].size = buckets_[i].size;
+    }
+    VF_ASSIGN_OR_RETURN(device_plan_, DeviceBuffer<FoldBucket>::Create(device_, plan_.size()));
     return Status::Ok();
   }
 
@@ -45,6 +53,8 @@ class ExactReducer : public Reducer {
     device_.FillInt64(acc_.data(), 0, acc_.size());
     std::fill(host_flags_.begin(), host_flags_.end(), 0u);
     device_.CopyFromHost(flags_.data(), host_flags_.data(), host_flags_.size() * sizeof(uint32_t));
+    for (size_t i = 0; i < buckets_.size(); ++i) plan_[i].exponent = exponents_[i];
+    device_.CopyFromHost(device_plan_.data(), plan_.data(), plan_.size() * sizeof(FoldBucket));
     non_finite_ = false;
     overflow_ = false;
     loss_fixed_ = 0;
@@ -54,21 +64,12 @@ class ExactReducer : public Reducer {
 
   // Queues the node's work and returns: maxima and overflow stay on the device until Finish, so
   // a GPU runs a step's virtual nodes without waiting for the host between them. A NaN or an
-  // overflow spoils the sums of its bucket, which Finish then discards.
+  // overflow spoils the sums of its bucket, which Finish then discards. A bucket with no scale
+  // yet is only measured; the step is recomputed once the scale is agreed (see reducer.h).
+  // The exponents come from the table Begin wrote, so the same call serves every step.
   Status Add(const float* grad) override {
-    uint32_t* overflow_flag = flags_.data() + buckets_.size();
-    for (size_t i = 0; i < buckets_.size(); ++i) {
-      const GradientBucket& b = buckets_[i];
-      // With no scale yet the pass only measures; the step is recomputed once the scale is
-      // agreed (see reducer.h).
-      if (exponents_[i] == kUnsetExponent) {
-        device_.MaxAbsInto(grad + b.offset, b.size, flags_.data() + i);
-        continue;
-      }
-      device_.MaxAbsAccumulateFixedInto(grad + b.offset, b.size, exponents_[i], kFixedPointLimit,
-                                        acc_.data() + kHead + b.offset, flags_.data() + i,
-                                        overflow_flag);
-    }
+    device_.FoldBuckets(grad, FoldPlan{plan_, device_plan_.data()}, kFixedPointLimit,
+                        acc_.data() + kHead, flags_.data(), flags_.data() + buckets_.size());
     return Status::Ok();
   }
 
@@ -250,6 +251,8 @@ class ExactReducer : public Reducer {
   DeviceBuffer<float> gathered_;  // every rank's converted shard and header (see Combine)
   DeviceBuffer<uint32_t> flags_;  // per bucket: bits of max |gradient|; then overflow (Init)
   std::vector<uint32_t> host_flags_;
+  std::vector<FoldBucket> plan_;          // buckets and this step's exponents (Begin)
+  DeviceBuffer<FoldBucket> device_plan_;  // the same on the device
   bool non_finite_ = false;
   bool overflow_ = false;
   int64_t loss_fixed_ = 0;

@@ -43,7 +43,7 @@ struct GradientBucket {
 std::vector<GradientBucket> MakeBuckets(std::span<const size_t> tensor_sizes, size_t max_bucket);
 
 // Scale exponent meaning "not chosen yet".
-inline constexpr int32_t kUnsetExponent = INT32_MIN;
+inline constexpr int32_t kUnsetExponent = kNoExponent;
 // Largest |value * 2^e| one virtual node may contribute (the magic-number rounding is exact
 // below 2^51).
 inline constexpr int64_t kFixedPointLimit = int64_t{1} << 50;

@@ -642,6 +642,29 @@ TEST_F(CpuDeviceTest, OnePassMaxAndAccumulateEqualsTheTwoCalls) {
   EXPECT_EQ(acc, 1);
 }
 
+TEST_F(CpuDeviceTest, FoldBucketsFoldsEachBucketOrOnlyMeasuresAnUnsetOne) {
+  const std::vector<float> x = RandomFloats(3000, 720, -2.f, 2.f);
+  const std::vector<FoldBucket> plan = {
+      {0, 1000, 40, 0}, {1000, 0, 3, 0}, {1000, 1500, kNoExponent, 0}, {2500, 500, -7, 0}};
+  std::vector<int64_t> folded(x.size(), 3), expected(x.size(), 3);
+  std::vector<uint32_t> folded_max(plan.size(), 0), expected_max(plan.size(), 0);
+  uint32_t folded_bad = 0, expected_bad = 0;
+  device_->FoldBuckets(x.data(), FoldPlan{plan, plan.data()}, kLimit51, folded.data(),
+                       folded_max.data(), &folded_bad);
+  device_->MaxAbsAccumulateFixedInto(x.data(), 1000, 40, kLimit51, expected.data(),
+                                     &expected_max[0], &expected_bad);
+  device_->MaxAbsInto(x.data() + 1000, 1500, &expected_max[2]);
+  device_->MaxAbsAccumulateFixedInto(x.data() + 2500, 500, -7, kLimit51, expected.data() + 2500,
+                                     &expected_max[3], &expected_bad);
+  EXPECT_EQ(folded, expected);
+  EXPECT_EQ(folded_max, expected_max);
+  EXPECT_EQ(folded_max[1], 0u);
+  EXPECT_NE(folded_max[2], 0u);
+  EXPECT_EQ(folded_bad, 0u);
+  // The unset bucket's sums are untouched.
+  EXPECT_EQ(folded[1200], 3);
+}
+
 TEST_F(CpuDeviceTest, AccumulateFixedWithWideLimitHandlesValuesBeyondTwoToThe51) {
   const std::vector<float> x = {0x1p60f, -0x1p62f, 2.5f, -3.5f};
   std::vector<int64_t> acc(x.size(), 1);

@@ -1,6 +1,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -41,6 +42,14 @@ void CheckBlas(cublasStatus_t s, const char* what) {
 }
 
 void CheckLaunch(const char* kernel) { Check(cudaGetLastError(), kernel); }
+
+// As on the CPU: the largest double not above the integer limit, which elements are compared
+// with.
+double LimitAsDouble(int64_t limit) {
+  double lim = static_cast<double>(limit);
+  if (lim >= 0x1p63 || static_cast<int64_t>(lim) > limit) lim = std::nextafter(lim, 0.0);
+  return lim;
+}
 
 // ---------------------------------------------------------------- kernels
 
@@ -194,6 +203,47 @@ __global__ void AccumulateFixedKernel(const float* x, size_t n, double scale, do
   if (flagged) atomicOr(bad, 1u);
 }
 
+// Every bucket of a virtual node's exact fold in one launch (Device::FoldBuckets): block row y
+// serves bucket y, its blocks stride over the bucket, and each element is handled exactly as
+// MaxAbsBitsKernel and AccumulateFixedKernel handle it, so the results are theirs bit for bit.
+// The scale is computed here from the table's exponent (ldexp is exact, as std::ldexp), with the
+// clamp of CudaDevice::AccumulateFixedInto; the exponents change every step and the table, not
+// the launch, carries them, so a recorded launch serves every step.
+__global__ void FoldBucketsKernel(const float* x, const FoldBucket* buckets, double limit,
+                                  int64_t* acc, uint32_t* max_bits, uint32_t* bad) {
+  __shared__ uint32_t block_max[kThreads];
+  const FoldBucket bucket = buckets[blockIdx.y];
+  const bool fold = bucket.exponent != kNoExponent;
+  const double scale = fold ? ldexp(1.0, bucket.exponent < 1000 ? bucket.exponent : 1000) : 0.0;
+  const float* xb = x + bucket.offset;
+  int64_t* ab = acc + bucket.offset;
+  uint32_t best = 0;
+  bool flagged = false;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < bucket.size;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const float xi = xb[i];
+    best = max(best, __float_as_uint(xi) & 0x7fffffffu);
+    if (fold) {
+      const double v = __dmul_rn(static_cast<double>(xi), scale);
+      const bool ok = fabs(v) <= limit;
+      flagged |= !ok;
+      const long long q = ok ? __double2ll_rn(v) : 0;
+      ab[i] = static_cast<int64_t>(static_cast<unsigned long long>(ab[i]) +
+                                   static_cast<unsigned long long>(q));
+    }
+  }
+  block_max[threadIdx.x] = best;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s /= 2) {
+    if (static_cast<int>(threadIdx.x) < s) {
+      block_max[threadIdx.x] = max(block_max[threadIdx.x], block_max[threadIdx.x + s]);
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0 && block_max[0] != 0) atomicMax(max_bits + blockIdx.y, block_max[0]);
+  if (flagged) atomicOr(bad, 1u);
+}
+
 // out[i] = float((double(acc[i]) * unit) * scale): two IEEE multiplications and one rounding to
 // float, the CPU backend's exact operation order.
 __global__ void FixedToFloatKernel(const int64_t* acc, size_t n, double unit, double scale,
@@ -281,6 +331,7 @@ CudaDevice::~CudaDevice() {
   // Best effort: a failing teardown must not end the process.
   cudaSetDevice(ordinal_);
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  ForgetRecordings();
   cudaFree(word_);
   cudaFree(stats_);
   cudaFree(row_loss_);
@@ -305,9 +356,87 @@ Result<void*> CudaDevice::Allocate(size_t bytes) {
 
 void CudaDevice::Free(void* ptr) noexcept {
   if (ptr == nullptr) return;
-  // Work queued on the buffer must finish before its memory is reused.
+  // Work queued on the buffer must finish before its memory is reused, and no recording may
+  // name it afterwards.
   cudaStreamSynchronize(stream_);
+  ForgetRecordings();
   cudaFree(ptr);
+}
+
+Result<void*> CudaDevice::AllocateStaging(size_t bytes) {
+  if (!tuning_.pinned_staging) return Device::AllocateStaging(bytes);
+  void* p = nullptr;
+  const cudaError_t e = cudaHostAlloc(&p, bytes == 0 ? 1 : bytes, cudaHostAllocDefault);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // not sticky: clear it and report
+    return Internal(name_ + ": cannot allocate " + std::to_string(bytes) +
+                    " bytes of page-locked host memory: " + cudaGetErrorString(e));
+  }
+  std::memset(p, 0, bytes == 0 ? 1 : bytes);
+  return p;
+}
+
+void CudaDevice::FreeStaging(void* ptr) noexcept {
+  if (ptr == nullptr) return;
+  // A copy queued from this memory may still be reading it. The tuning may have changed since
+  // the allocation, so ask the driver which kind it is.
+  cudaStreamSynchronize(stream_);
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, ptr) == cudaSuccess &&
+      attributes.type == cudaMemoryTypeHost) {
+    cudaFreeHost(ptr);
+  } else {
+    cudaGetLastError();
+    Device::FreeStaging(ptr);
+  }
+}
+
+void CudaDevice::Tune(const DeviceTuning& tuning) {
+  tuning_ = tuning;
+  if (!tuning_.fused_fold) tuning_.record_nodes = false;
+  ForgetRecordings();
+}
+
+void CudaDevice::ForgetRecordings() noexcept {
+  for (auto& [key, exec] : recordings_) {
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+  }
+  recordings_.clear();
+}
+
+Status CudaDevice::Record(std::span<const uint64_t> key, const std::function<Status()>& work) {
+  if (!tuning_.record_nodes || capturing_) return work();
+  std::vector<uint64_t> k(key.begin(), key.end());
+  auto it = recordings_.find(k);
+  if (it == recordings_.end()) {
+    // The first use runs as is: the allocations and library set-up the work needs happen here,
+    // and a capture could not contain them.
+    recordings_.emplace(std::move(k), nullptr);
+    return work();
+  }
+  if (it->second == nullptr) {
+    Check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+          "cudaStreamBeginCapture");
+    capturing_ = true;
+    const Status s = work();
+    capturing_ = false;
+    cudaGraph_t graph = nullptr;
+    const cudaError_t e = cudaStreamEndCapture(stream_, &graph);
+    if (!s.ok()) {
+      // Nothing captured ran; the caller sees the error (the step fails).
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      cudaGetLastError();
+      return s;
+    }
+    Check(e, "cudaStreamEndCapture");
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t ie = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    Check(ie, "cudaGraphInstantiate");
+    it->second = exec;
+  }
+  Check(cudaGraphLaunch(it->second, stream_), "cudaGraphLaunch");
+  return Status::Ok();
 }
 
 void CudaDevice::CopyFromHost(void* dst, const void* src, size_t bytes) {
@@ -392,6 +521,9 @@ void CudaDevice::SumRows(const float* x, int rows, int cols, bool add, float* ou
 
 void CudaDevice::EnsureRowScratch(int rows) {
   if (rows <= row_capacity_) return;
+  if (capturing_) Die("SoftmaxCrossEntropy", "the row scratch grew while recording");
+  cudaStreamSynchronize(stream_);
+  ForgetRecordings();
   cudaFree(row_loss_);
   cudaFree(row_correct_);
   void* loss = nullptr;
@@ -455,9 +587,8 @@ void CudaDevice::AccumulateFixedInto(const float* x, size_t n, int exponent, int
   // As on the CPU: clamp the exponent (every non-zero float overflows anyway), and compare with
   // the largest double not above the integer limit.
   const double scale = std::ldexp(1.0, exponent < 1000 ? exponent : 1000);
-  double lim = static_cast<double>(limit);
-  if (lim >= 0x1p63 || static_cast<int64_t>(lim) > limit) lim = std::nextafter(lim, 0.0);
-  AccumulateFixedKernel<<<Blocks(n), kThreads, 0, stream_>>>(x, n, scale, lim, acc, bad);
+  AccumulateFixedKernel<<<Blocks(n), kThreads, 0, stream_>>>(x, n, scale, LimitAsDouble(limit), acc,
+                                                             bad);
   CheckLaunch("AccumulateFixed");
 }
 
@@ -469,6 +600,29 @@ bool CudaDevice::AccumulateFixed(const float* x, size_t n, int exponent, int64_t
   uint32_t bad = 0;
   CopyToHost(&bad, word_, sizeof(bad));
   return bad == 0;
+}
+
+void CudaDevice::FoldBuckets(const float* grad, const FoldPlan& plan, int64_t limit, int64_t* acc,
+                             uint32_t* max_bits, uint32_t* bad) {
+  if (!tuning_.fused_fold || plan.device == nullptr) {
+    if (capturing_) Die("FoldBuckets", "only the fused fold can be recorded");
+    Device::FoldBuckets(grad, plan, limit, acc, max_bits, bad);
+    return;
+  }
+  // A grid's second dimension holds at most 65535 block rows: more buckets take more launches.
+  constexpr size_t kMaxRows = 65535;
+  const double lim = LimitAsDouble(limit);
+  for (size_t first = 0; first < plan.host.size(); first += kMaxRows) {
+    const size_t rows = std::min(kMaxRows, plan.host.size() - first);
+    size_t largest = 0;
+    for (size_t b = first; b < first + rows; ++b)
+      largest = std::max<size_t>(largest, plan.host[b].size);
+    if (largest == 0) continue;
+    const dim3 grid(static_cast<unsigned>(Blocks(largest)), static_cast<unsigned>(rows));
+    FoldBucketsKernel<<<grid, kThreads, 0, stream_>>>(grad, plan.device + first, lim, acc,
+                                                      max_bits + first, bad);
+    CheckLaunch("FoldBuckets");
+  }
 }
 
 void CudaDevice::FixedToFloat(const int64_t* acc, size_t n, int exponent, double scale,

@@ -4,13 +4,16 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "runtime/device.h"
 
 // The CUDA types the header needs, declared as the CUDA headers do, so that users of this header
 // need no CUDA include path.
 struct CUstream_st;
+struct CUgraphExec_st;
 struct cublasContext;
 
 namespace vf {
@@ -44,6 +47,16 @@ class CudaDevice final : public Device {
   void FillInt64(int64_t* x, int64_t value, size_t n) override;
   void Synchronize() override;
   size_t MemoryInUse() override;
+  // Page-locked (pinned) host memory: copies from it are asynchronous DMA, where a copy from
+  // pageable memory can wait for the stream to drain first.
+  Result<void*> AllocateStaging(size_t bytes) override;
+  void FreeStaging(void* ptr) noexcept override;
+  // CUDA graphs: a key's first use runs as is (it may allocate: cuBLAS sets up, scratch grows),
+  // its second is captured from the stream and instantiated, later ones launch the graph.
+  Status Record(std::span<const uint64_t> key, const std::function<Status()>& work) override;
+  // Recording needs the fused fold, the only fold that reads its exponents from device memory:
+  // turning fused_fold off turns record_nodes off too.
+  void Tune(const DeviceTuning& tuning) override;
 
   void Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const float* a,
             const float* b, float beta, float* c) override;
@@ -63,6 +76,8 @@ class CudaDevice final : public Device {
   void MaxAbsInto(const float* x, size_t n, uint32_t* max_bits) override;
   void AccumulateFixedInto(const float* x, size_t n, int exponent, int64_t limit, int64_t* acc,
                            uint32_t* bad) override;
+  void FoldBuckets(const float* grad, const FoldPlan& plan, int64_t limit, int64_t* acc,
+                   uint32_t* max_bits, uint32_t* bad) override;
   void FixedToFloat(const int64_t* acc, size_t n, int exponent, double scale, float* out) override;
 
   void Axpy(float alpha, const float* x, float* y, size_t n) override;
@@ -75,6 +90,8 @@ class CudaDevice final : public Device {
  private:
   // Grows the per-row scratch of SoftmaxCrossEntropy to `rows` rows.
   void EnsureRowScratch(int rows);
+  // Destroys every recording: memory they name may have been freed.
+  void ForgetRecordings() noexcept;
 
   int ordinal_;
   std::string name_;
@@ -87,6 +104,10 @@ class CudaDevice final : public Device {
   double* row_loss_ = nullptr;
   int32_t* row_correct_ = nullptr;
   int row_capacity_ = 0;
+  DeviceTuning tuning_;
+  bool capturing_ = false;
+  // Record()'s graphs by key; null until the key's second use.
+  std::map<std::vector<uint64_t>, CUgraphExec_st*> recordings_;
 };
 
 }  // namespace vf

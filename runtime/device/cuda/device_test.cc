@@ -159,6 +159,133 @@ TEST_F(CudaDeviceTest, IntoFormsMatchTheCpuAndLeaveResultsOnTheDevice) {
   EXPECT_NE(Download(*gpu_, words)[1], 0u);
 }
 
+// A node's buckets with mixed scales: one unset (measured only), one empty, one that
+// overflows; the fused kernel against the CPU's per-bucket calls, and against the GPU's own
+// per-bucket calls with the fused fold tuned off.
+std::vector<FoldBucket> MixedBuckets() {
+  return {{0, 70000, 40, 0},      {70000, 1, 12, 0},
+          {70001, 0, 30, 0},      {70001, 5000, kNoExponent, 0},
+          {75001, 300000, 44, 0}, {375001, 999, -3, 0}};
+}
+
+TEST_F(CudaDeviceTest, FoldBucketsMatchesThePerBucketCallsBitForBit) {
+  const size_t n = 376000;
+  auto x = RandomFloats(n, 9, -3.f, 3.f);
+  x[70000] = 1e6f;  // 1e6 * 2^12 is beyond the limit below: that bucket overflows
+  x[76000] = -0.f;
+  const int64_t limit = int64_t{1} << 30;
+  std::vector<int64_t> start(n);
+  for (size_t i = 0; i < n; ++i) start[i] = static_cast<int64_t>(i) * 31 - 999;
+  const auto plan = MixedBuckets();
+  std::vector<int64_t> c_acc = start;
+  std::vector<uint32_t> c_max(plan.size(), 0);
+  uint32_t c_bad = 0;
+  cpu_->FoldBuckets(x.data(), FoldPlan{plan, plan.data()}, limit, c_acc.data(), c_max.data(),
+                    &c_bad);
+  EXPECT_NE(c_bad, 0u);
+  EXPECT_EQ(c_max[1], std::bit_cast<uint32_t>(1e6f));
+  EXPECT_EQ(c_max[2], 0u);
+  for (bool fused : {true, false}) {
+    DeviceTuning tuning;
+    tuning.fused_fold = fused;
+    gpu_->Tune(tuning);
+    auto g_x = Upload(*gpu_, x);
+    auto g_acc = Upload(*gpu_, start);
+    auto g_max = Upload(*gpu_, std::vector<uint32_t>(plan.size(), 0));
+    auto g_bad = Upload(*gpu_, std::vector<uint32_t>{0});
+    auto g_plan = Upload(*gpu_, plan);
+    gpu_->FoldBuckets(g_x.data(), FoldPlan{plan, g_plan.data()}, limit, g_acc.data(), g_max.data(),
+                      g_bad.data());
+    // The overflowing element's sum is unspecified (the CPU adds what its rounding gave).
+    auto g_sums = Download(*gpu_, g_acc);
+    g_sums[70000] = c_acc[70000];
+    EXPECT_EQ(g_sums, c_acc) << "fused " << fused;
+    EXPECT_EQ(Download(*gpu_, g_max), c_max) << "fused " << fused;
+    EXPECT_NE(Download(*gpu_, g_bad)[0], 0u) << "fused " << fused;
+  }
+  gpu_->Tune(DeviceTuning{});
+}
+
+TEST_F(CudaDeviceTest, FoldBucketsTakesMoreBucketsThanOneGridHolds) {
+  // 70,000 one-element buckets: more block rows than a grid's second dimension allows.
+  const size_t n = 70000;
+  const auto x = RandomFloats(n, 10, -1.f, 1.f);
+  std::vector<FoldBucket> plan(n);
+  for (size_t i = 0; i < n; ++i) plan[i] = {i, 1, static_cast<int32_t>(i % 50), 0};
+  std::vector<int64_t> c_acc(n, 0);
+  std::vector<uint32_t> c_max(n, 0);
+  uint32_t c_bad = 0;
+  cpu_->FoldBuckets(x.data(), FoldPlan{plan, plan.data()}, int64_t{1} << 50, c_acc.data(),
+                    c_max.data(), &c_bad);
+  auto g_x = Upload(*gpu_, x);
+  auto g_acc = Upload(*gpu_, std::vector<int64_t>(n, 0));
+  auto g_max = Upload(*gpu_, std::vector<uint32_t>(n, 0));
+  auto g_bad = Upload(*gpu_, std::vector<uint32_t>{0});
+  auto g_plan = Upload(*gpu_, plan);
+  gpu_->FoldBuckets(g_x.data(), FoldPlan{plan, g_plan.data()}, int64_t{1} << 50, g_acc.data(),
+                    g_max.data(), g_bad.data());
+  EXPECT_EQ(Download(*gpu_, g_acc), c_acc);
+  EXPECT_EQ(Download(*gpu_, g_max), c_max);
+  EXPECT_EQ(Download(*gpu_, g_bad)[0], c_bad);
+}
+
+TEST_F(CudaDeviceTest, RecordedWorkReplaysWithTheDataOfEachCall) {
+  // y = 0.5 * (y + 2x) + exact fold of y, recorded at the second call and replayed after that;
+  // x changes between calls, as a node's batch does. The CPU runs the same calls unrecorded.
+  const size_t n = 4099;
+  const std::vector<FoldBucket> plan = {{0, n, 30, 0}};
+  auto g_x = Upload(*gpu_, RandomFloats(n, 20));
+  auto g_y = Upload(*gpu_, RandomFloats(n, 21));
+  auto g_acc = Upload(*gpu_, std::vector<int64_t>(n, 0));
+  auto g_words = Upload(*gpu_, std::vector<uint32_t>{0, 0});
+  auto g_plan = Upload(*gpu_, plan);
+  std::vector<float> c_y = RandomFloats(n, 21);
+  std::vector<int64_t> c_acc(n, 0);
+  uint32_t c_words[2] = {0, 0};
+  const uint64_t key[] = {1, 2, 3};
+  for (uint32_t call = 0; call < 5; ++call) {
+    const auto x = RandomFloats(n, 100 + call);
+    gpu_->CopyFromHost(g_x.data(), x.data(), n * sizeof(float));
+    const Status s = gpu_->Record(key, [&]() -> Status {
+      gpu_->Axpy(2.f, g_x.data(), g_y.data(), n);
+      gpu_->Scale(g_y.data(), 0.5f, n);
+      gpu_->FoldBuckets(g_y.data(), FoldPlan{plan, g_plan.data()}, int64_t{1} << 50, g_acc.data(),
+                        g_words.data(), g_words.data() + 1);
+      return Status::Ok();
+    });
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    cpu_->Axpy(2.f, x.data(), c_y.data(), n);
+    cpu_->Scale(c_y.data(), 0.5f, n);
+    cpu_->FoldBuckets(c_y.data(), FoldPlan{plan, plan.data()}, int64_t{1} << 50, c_acc.data(),
+                      &c_words[0], &c_words[1]);
+    EXPECT_TRUE(SameBits(Download(*gpu_, g_y), c_y)) << "call " << call;
+    EXPECT_EQ(Download(*gpu_, g_acc), c_acc) << "call " << call;
+    EXPECT_EQ(Download(*gpu_, g_words), (std::vector<uint32_t>{c_words[0], c_words[1]}));
+  }
+  // A failing piece of work reports its error, recorded or not.
+  const uint64_t other[] = {9};
+  for (int call = 0; call < 3; ++call) {
+    EXPECT_EQ(gpu_->Record(other, [] { return Internal("no"); }).code(), StatusCode::kInternal);
+  }
+}
+
+TEST_F(CudaDeviceTest, StagingMemoryFeedsCopiesPinnedOrNot) {
+  for (bool pinned : {true, false}) {
+    DeviceTuning tuning;
+    tuning.pinned_staging = pinned;
+    gpu_->Tune(tuning);
+    auto staging = StagingBuffer<float>::Create(*gpu_, 1000);
+    ASSERT_TRUE(staging.ok()) << staging.status().ToString();
+    const auto x = RandomFloats(1000, 30);
+    std::memcpy(staging->data(), x.data(), x.size() * sizeof(float));
+    auto g = DeviceBuffer<float>::Create(*gpu_, x.size());
+    gpu_->CopyFromHost(g->data(), staging->data(), x.size() * sizeof(float));
+    EXPECT_TRUE(SameBits(Download(*gpu_, *g), x)) << "pinned " << pinned;
+    staging->Reset();
+  }
+  gpu_->Tune(DeviceTuning{});
+}
+
 TEST_F(CudaDeviceTest, NormalizePixelsMatchesTheCpuBitForBit) {
   std::vector<uint8_t> in(70001);
   for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<uint8_t>(i * 131 % 256);
