@@ -55,9 +55,10 @@ Status Executor::Init() {
   const size_t n = model_->parameter_count();
   VF_ASSIGN_OR_RETURN(params_, DeviceBuffer<float>::Create(device_, n));
   VF_ASSIGN_OR_RETURN(grad_, DeviceBuffer<float>::Create(device_, n));
+  // One slot per virtual node, and a last one that every node's recorded work writes to.
   VF_ASSIGN_OR_RETURN(node_stats_, DeviceBuffer<LossStats>::Create(
-                                       device_, static_cast<size_t>(job_.virtual_nodes)));
-  host_node_stats_.resize(node_stats_.size());
+                                       device_, static_cast<size_t>(job_.virtual_nodes) + 1));
+  host_node_stats_.resize(static_cast<size_t>(job_.virtual_nodes));
   slots_.clear();
   for (int i = 0; i < optimizer_->slot_count(); ++i) {
     VF_ASSIGN_OR_RETURN(auto slot, DeviceBuffer<float>::Create(device_, n));
@@ -225,9 +226,10 @@ Result<StepResult> Executor::Step(Communicator& comm, std::span<const int> local
     for (size_t k = 0; k < local_vnodes.size(); ++k) {
       sharder_.MicroBatch(step_, local_vnodes[k], &indices_);
       VF_RETURN_IF_ERROR(Stage(train_, indices_, k));
-      LossStats* const stats = node_stats_.data() + k;
       // The node's whole computation reads and writes fixed device buffers (the exact fold takes
-      // its exponents from the device), so a GPU records it once and replays it per node.
+      // its exponents from the device, the statistics go to one scratch slot), so a GPU records
+      // it once and replays it for every node; only the statistics' copy names the node.
+      LossStats* const stats = node_stats_.data() + job_.virtual_nodes;
       const uint64_t key[] = {reinterpret_cast<uintptr_t>(stats),
                               reinterpret_cast<uintptr_t>(grad),
                               reinterpret_cast<uintptr_t>(params_.data()),
@@ -236,11 +238,12 @@ Result<StepResult> Executor::Step(Communicator& comm, std::span<const int> local
                               reinterpret_cast<uintptr_t>(reducer_.get()),
                               static_cast<uint64_t>(b)};
       const Status node = device_.Record(key, [&]() -> Status {
-        VF_RETURN_IF_ERROR(
-            model_->ForwardBackward(params_.data(), x_.data(), y_.data(), b, output, grad, stats));
+        VF_RETURN_IF_ERROR(model_->ForwardBackward(params_.data(), x_.data(), y_.data(), b,
+                                                   output, grad, stats));
         return sum == nullptr ? reducer_->Add(grad) : Status::Ok();
       });
       VF_RETURN_IF_ERROR(node);
+      device_.Copy(node_stats_.data() + k, stats, sizeof(LossStats));
     }
     // Waits for the device (the copy comes after all the queued work).
     device_.CopyToHost(host_node_stats_.data(), node_stats_.data(),

@@ -76,8 +76,8 @@ TEST_F(CudaExecutorTest, ExactModeWeightsDoNotDependOnTheVirtualNodeOrder) {
 
 TEST_F(CudaExecutorTest, DeviceTuningNeverChangesTheWeights) {
   // CUDA graphs, the fused fold and pinned staging change how the work is issued: every
-  // combination trains to the same bits, in both reduction modes. With graphs, each node's
-  // first step runs unrecorded and the later ones replay a recording.
+  // combination trains to the same bits, in both reduction modes. With graphs, the first node
+  // runs unrecorded, the second is captured and every later one replays the recording.
   for (Reduction mode : {Reduction::kExact, Reduction::kFast}) {
     const JobSpec job = Job(mode);
     const std::vector<int> order = {0, 1, 2, 3, 4, 5, 6, 7};
@@ -99,7 +99,7 @@ TEST_F(CudaExecutorTest, DeviceTuningNeverChangesTheWeights) {
 }
 
 TEST_F(CudaExecutorTest, RecordedNodesFollowAChangingMapping) {
-  // Graphs are recorded per local node slot; a worker whose share changes from step to step
+  // One recording serves every node; a worker whose share and order change from step to step
   // (as at a resize) still trains to the weights of a static run.
   const JobSpec job = Job(Reduction::kExact);
   const TrainingState static_run = Train(job, *gpu_, {0, 1, 2, 3, 4, 5, 6, 7});
