@@ -19,6 +19,7 @@ namespace {
 constexpr int kThreads = 256;
 // Grid-stride loops: enough blocks to fill any current GPU, few enough to launch cheaply.
 constexpr int kMaxBlocks = 4096;
+constexpr size_t kBlasWorkspaceBytes = size_t{32} << 20;
 
 int Blocks(size_t n) {
   const size_t b = (n + kThreads - 1) / kThreads;
@@ -319,6 +320,12 @@ CudaDevice::CudaDevice(int ordinal) : ordinal_(ordinal) {
   // are then the same on every run on the same GPU model.
   CheckBlas(cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
   CheckBlas(cublasSetAtomicsMode(blas, CUBLAS_ATOMICS_NOT_ALLOWED), "cublasSetAtomicsMode");
+  // A workspace of our own, of the size cuBLAS's default pool has on Hopper: a product recorded
+  // into a CUDA graph (Record) then allocates nothing. Set after the stream, which resets it.
+  void* workspace = nullptr;
+  Check(cudaMalloc(&workspace, kBlasWorkspaceBytes), "cudaMalloc");
+  blas_workspace_ = workspace;
+  CheckBlas(cublasSetWorkspace(blas, workspace, kBlasWorkspaceBytes), "cublasSetWorkspace");
   void* word = nullptr;
   Check(cudaMalloc(&word, sizeof(uint32_t)), "cudaMalloc");
   word_ = static_cast<uint32_t*>(word);
@@ -337,6 +344,7 @@ CudaDevice::~CudaDevice() {
   cudaFree(row_loss_);
   cudaFree(row_correct_);
   if (blas_ != nullptr) cublasDestroy(blas_);
+  cudaFree(blas_workspace_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 

@@ -100,7 +100,8 @@ class CudaDevice final : public Device {
   // Device scratch: one word for MaxAbs and AccumulateFixed's flag, and per-row loss and
   // prediction flags for SoftmaxCrossEntropy.
   uint32_t* word_ = nullptr;
-  LossStats* stats_ = nullptr;  // SoftmaxCrossEntropy's statistics on their way to the host
+  LossStats* stats_ = nullptr;      // SoftmaxCrossEntropy's statistics on their way to the host
+  void* blas_workspace_ = nullptr;  // cuBLAS's workspace (see the constructor)
   double* row_loss_ = nullptr;
   int32_t* row_correct_ = nullptr;
   int row_capacity_ = 0;
