@@ -85,6 +85,8 @@ class Device {
   // Memory. Allocate returns zero-filled memory of at least `bytes` bytes (aligned to 64 bytes).
   virtual Result<void*> Allocate(size_t bytes) = 0;
   virtual void Free(void* ptr) noexcept = 0;
+  // From ordinary host memory the source has been read when the call returns, so the caller may
+  // reuse it at once; from staging memory (AllocateStaging) the copy may still be under way.
   virtual void CopyFromHost(void* dst, const void* src, size_t bytes) = 0;
   virtual void CopyToHost(void* dst, const void* src, size_t bytes) = 0;
   virtual void Copy(void* dst, const void* src, size_t bytes) = 0;

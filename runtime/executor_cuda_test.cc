@@ -8,7 +8,11 @@
 #include <string>
 #include <vector>
 
+#include <thread>
+
 #include "runtime/comm/communicator.h"
+#include "runtime/comm/staged/communicator.h"
+#include "runtime/comm/store.h"
 #include "runtime/device.h"
 #include "runtime/executor.h"
 
@@ -49,6 +53,39 @@ TrainingState Train(const JobSpec& job, Device& device, const std::vector<int>& 
     if (!s.ok()) break;
   }
   return (*ex)->Snapshot();
+}
+
+// Trains `job` on `ranks` workers sharing GPU 0: threads, each with a CUDA device object of its
+// own (its own stream and cuBLAS handle), joined by Gloo through host copies (NCCL refuses two
+// ranks on one GPU), rank r running the virtual nodes v with v % ranks == r. Returns each
+// rank's final state.
+std::vector<TrainingState> TrainOnRanks(const JobSpec& job, int ranks) {
+  MemoryStore store;
+  std::vector<TrainingState> states(static_cast<size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < ranks; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto gpu = CreateCudaDevice(0);
+      ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
+      auto gloo = CreateGlooCommunicator(store, rank, ranks, CommOptions{});
+      ASSERT_TRUE(gloo.ok()) << gloo.status().ToString();
+      StagedCommunicator comm(**gpu, std::move(*gloo));
+      auto data = LoadJobDataset(job);
+      ASSERT_TRUE(data.ok()) << data.status().ToString();
+      auto ex = Executor::Create(job, **gpu, data->train);
+      ASSERT_TRUE(ex.ok()) << ex.status().ToString();
+      ASSERT_TRUE((*ex)->InitializeFresh().ok());
+      std::vector<int> mine;
+      for (int v = rank; v < job.virtual_nodes; v += ranks) mine.push_back(v);
+      while ((*ex)->step() < (*ex)->total_steps()) {
+        auto s = (*ex)->Step(comm, mine);
+        ASSERT_TRUE(s.ok()) << "rank " << rank << ": " << s.status().ToString();
+      }
+      states[static_cast<size_t>(rank)] = (*ex)->Snapshot();
+    });
+  }
+  for (auto& t : threads) t.join();
+  return states;
 }
 
 class CudaExecutorTest : public ::testing::Test {
@@ -117,6 +154,19 @@ TEST_F(CudaExecutorTest, RecordedNodesFollowAChangingMapping) {
     ASSERT_TRUE(s.ok()) << s.status().ToString();
   }
   EXPECT_TRUE((*ex)->Snapshot().parameters == static_run.parameters);
+}
+
+TEST_F(CudaExecutorTest, ExactModeWeightsAreTheSameOnOneTwoAndThreeWorkersSharingTheGpu) {
+  const JobSpec job = Job(Reduction::kExact);
+  const TrainingState alone = Train(job, *gpu_, {0, 1, 2, 3, 4, 5, 6, 7});
+  for (int ranks : {2, 3}) {
+    const std::vector<TrainingState> states = TrainOnRanks(job, ranks);
+    for (const TrainingState& s : states) {
+      EXPECT_EQ(s.step, 30) << ranks << " workers";
+      EXPECT_TRUE(s.parameters == alone.parameters) << ranks << " workers";
+      EXPECT_TRUE(s.optimizer_slots == alone.optimizer_slots) << ranks << " workers";
+    }
+  }
 }
 
 TEST_F(CudaExecutorTest, FastModeOnTheGpuFollowsTheCpu) {
