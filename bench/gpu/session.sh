@@ -14,6 +14,10 @@
 #      (bench/torch/bench.py overhead --device cuda), and each bench/torch/gpu_*.patch given in
 #      $VF_GPU_AB_PATCHES measured by `bench.py ab` (the library without the change vs with it).
 #
+# VF_GPU_STAGES names the parts to run (default: all of them): build (A, and C's tests),
+# pytest, torchtests, resize, tuning, runtime, overhead, ab. Without `build`, nothing C++ runs:
+# the PyTorch parts need only .gpu-py/.
+#
 # It needs .gpu-deps/ (bench/gpu/bundle.sh) and .gpu-py/ (bench/gpu/bundle_python.sh), made on a
 # machine with the Debian packages and carried along. Logs: $OUT/logs.tgz (rewritten after each
 # stage, so a run cut short still returns what it did) and $OUT/summary.txt.
@@ -29,6 +33,8 @@ mkdir -p "$final"
 t0=$(date +%s)
 deadline=$((t0 + ${VF_SESSION_SECONDS:-440}))
 
+stages=" ${VF_GPU_STAGES:-build pytest torchtests resize tuning runtime overhead ab} "
+want() { [[ "$stages" == *" $1 "* ]]; }
 say() { echo "[$(($(date +%s) - t0)) s] $*" | tee -a "$work/session.log"; }
 left() { echo $((deadline - $(date +%s))); }
 # budget CAP RESERVE: seconds for a stage, at most CAP, leaving RESERVE for the stages after it.
@@ -62,11 +68,12 @@ fi
 (source .gpu-py/env.sh) || exit 1
 
 # A. The build, in the background (before env.sh: its libraries are not the machine's CMake's).
-(
+cpp=
+want build && (
   OUT="$work/cpp" VF_GPU_ARCHS=90 timeout "$(budget 240 150)" bench/gpu/run.sh --no-test --no-bench
   echo "run.sh rc $?"
 ) >"$work/cpp-build.out" 2>&1 &
-cpp=$!
+want build && cpp=$!
 
 # shellcheck disable=SC1091
 source .gpu-py/env.sh
@@ -74,10 +81,13 @@ python3 -c 'import torch; print("torch", torch.__version__, "CUDA", torch.versio
   2>&1 | tee -a "$work/session.log"
 
 # B. The PyTorch library on the GPU.
+if want pytest; then
 say "B: python unit tests"
 # From the root: in python/ the source package (without _core) would shadow the built one.
 timeout 60 python3 -m pytest -q -p no:cacheprovider python/tests >"$work/pytest.out" 2>&1
 say "B: pytest rc $?: $(tail -n 1 "$work/pytest.out")"
+fi
+if want torchtests; then
 say "B: the examples' same weights and the CNN's resizes, on CUDA"
 (
   cd tests/integration &&
@@ -89,6 +99,8 @@ say "B: the examples' same weights and the CNN's resizes, on CUDA"
 ) >"$work/torch-tests.out" 2>&1
 say "B: test_torch rc $?: $(grep -E '^(OK|FAILED)' "$work/torch-tests.out" | tail -n 1)"
 grep -E ' \.\.\. (ok|FAIL|ERROR|skipped)' "$work/torch-tests.out" | tee -a "$work/session.log"
+fi
+if want resize; then
 say "B: the resize test's schedule, every line timed"
 cat >"$work/resize.yaml" <<'EOF'
 apiVersion: virtualflow.io/v1alpha1
@@ -107,8 +119,10 @@ EOF
 CNN_DEVICE=cuda timeout "$(budget 60 220)" vf run "$work/resize.yaml" --capacity 0:2,4:3,14:1,22:2 \
   --vnode-delay-ms 60 --progress-interval 0.5 2>&1 | timed >"$work/resize-timed.out"
 grep -E "resize at|error" "$work/resize-timed.out" | tee -a "$work/session.log"
+fi
 pack
 
+if want build; then
 wait "$cpp"
 say "A: $(grep -E 'run.sh rc|build failed|built:' "$work/cpp-build.out" | tr '\n' ' ')"
 
@@ -119,10 +133,11 @@ ctest --test-dir build-gpu -j 4 --output-on-failure -R '(cuda_device_test|execut
 say "C: ctest rc $?: $(grep -E 'tests passed|tests failed' "$work/ctest-gpu.log")"
 grep -E "Passed|Failed|Skipped|Not Run" "$work/ctest-gpu.log" | grep -E "Test +#" | sed 's/^ *//' >>"$work/session.log"
 pack
+fi
 
 # D. Timings, one at a time.
 bin=build-gpu/bin
-if [ -x "$bin/vf-bench" ]; then
+if [ -x "$bin/vf-bench" ] && want tuning; then
   for red in exact fast; do
     say "D: device tuning, $red"
     timeout "$(budget 60 150)" "$bin/vf-bench" tuning --device cuda --reduction "$red" \
@@ -132,6 +147,8 @@ if [ -x "$bin/vf-bench" ]; then
     tail -n 7 "$work/tuning-$red.out" | tee -a "$work/session.log"
   done
   pack
+fi
+if [ -x "$bin/vf-bench" ] && want runtime; then
   say "D: runtime benchmarks"
   OUT="$work/cpp" VF_GPU_TORCH_MODES=eager timeout "$(budget 150 140)" \
     bench/gpu/run.sh --skip-build --no-test --quick >"$work/cpp-bench.out" 2>&1
@@ -139,13 +156,15 @@ if [ -x "$bin/vf-bench" ]; then
   cat "$work/cpp/summary.txt" 2>/dev/null | tee -a "$work/session.log"
   pack
 fi
+if want overhead; then
 say "D: CNN through virtualflow.torch against plain PyTorch, on the GPU"
 timeout "$(budget 90 50)" python3 bench/torch/bench.py overhead --device cuda --vf .gpu-py/bin/vf \
   --repeats 3 --steps 30 --warmup 5 --out "$work/torch-overhead.json" >"$work/torch-overhead.out" 2>&1
 say "D: bench.py rc $?"
 tail -n 6 "$work/torch-overhead.out" | tee -a "$work/session.log"
 pack
-for patch in ${VF_GPU_AB_PATCHES:-}; do
+fi
+want ab && for patch in ${VF_GPU_AB_PATCHES:-}; do
   say "D: bench.py ab $patch"
   timeout "$(budget 70 5)" python3 bench/torch/bench.py ab --device cuda --vf .gpu-py/bin/vf \
     --patch "$patch" --repeats 2 --steps 30 --warmup 5 \
