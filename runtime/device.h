@@ -62,12 +62,14 @@ struct FoldPlan {
   const FoldBucket* device = nullptr;
 };
 
-// Optional speed-ups of a device, all on by default. Each changes how work is issued, never its
-// results; turning one off is for measuring what it brings (vf-bench --device-tuning).
+// Optional speed-ups of a device. Each changes how work is issued, never its results; the
+// defaults are what measured faster (docs/benchmarks.md, vf-bench tuning on an H100).
 struct DeviceTuning {
-  bool record_nodes = true;    // Record(): replay recorded work (a GPU: CUDA graphs)
-  bool fused_fold = true;      // FoldBuckets(): one pass over all buckets, not one per bucket
-  bool pinned_staging = true;  // AllocateStaging(): page-locked host memory (a GPU: async copies)
+  bool record_nodes = true;  // Record(): replay recorded work (a GPU: CUDA graphs)
+  bool fused_fold = true;    // FoldBuckets(): one pass over all buckets, not one per bucket
+  // AllocateStaging(): page-locked host memory (a GPU: copies without a bounce buffer). Off:
+  // on the H100 a step took 3% longer with it (samples of a 256-sample micro-batch).
+  bool pinned_staging = false;
 };
 
 // A compute device. All pointers passed to the math functions point to this device's memory.

@@ -119,16 +119,19 @@ TEST_F(CudaExecutorTest, DeviceTuningNeverChangesTheWeights) {
     const JobSpec job = Job(mode);
     const std::vector<int> order = {0, 1, 2, 3, 4, 5, 6, 7};
     gpu_->Tune(DeviceTuning{});
-    const TrainingState all_on = Train(job, *gpu_, order);
+    const TrainingState all_on = Train(job, *gpu_, order);  // the defaults
     DeviceTuning no_graphs;
     no_graphs.record_nodes = false;
     gpu_->Tune(no_graphs);
     const TrainingState without_graphs = Train(job, *gpu_, order);
+    gpu_->Tune(DeviceTuning{true, true, true});
+    const TrainingState pinned = Train(job, *gpu_, order);
     gpu_->Tune(DeviceTuning{false, false, false});
     const TrainingState all_off = Train(job, *gpu_, order);
     gpu_->Tune(DeviceTuning{});
     EXPECT_EQ(all_on.step, 30);
     EXPECT_TRUE(all_on.parameters == without_graphs.parameters) << ReductionName(mode);
+    EXPECT_TRUE(all_on.parameters == pinned.parameters) << ReductionName(mode);
     EXPECT_TRUE(all_on.parameters == all_off.parameters) << ReductionName(mode);
     EXPECT_TRUE(all_on.optimizer_slots == all_off.optimizer_slots) << ReductionName(mode);
     EXPECT_EQ(all_on.reducer_exponents, all_off.reducer_exponents);

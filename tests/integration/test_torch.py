@@ -149,7 +149,12 @@ class TorchTest(VfTestCase):
         # No cooldown: each change of the slots is followed as soon as the joiners are ready.
         job = self.example("cnn", 40, extra="  elasticity: {policy: elastic, cooldownSeconds: 0}\n")
         expected = self.elastic_reference(job)
-        run = self.run_ok(job, "--capacity", "0:2,4:3,14:1,22:2", "--vnode-delay-ms", "60")
+        # Each window must outlast a joiner's start: on the CPU here a step at 60 ms per node
+        # takes longer than a worker takes to start, but on an H100 a worker took 9 s to start
+        # (PyTorch's import, the CUDA context) while a step took 0.27 s, and the growth at step
+        # 4 was still waiting for its joiner when the slots went down at step 14.
+        delay = "250" if os.environ.get("CNN_DEVICE") == "cuda" else "60"
+        run = self.run_ok(job, "--capacity", "0:2,4:3,14:1,22:2", "--vnode-delay-ms", delay)
         self.assertGreaterEqual(len(run.summary["resizes"]), 3, run.stdout)
         self.assertEqual(run.summary["recoveries"], 0, run.stdout)
         self.assertEqual(run.summary["weights_sha256"], expected)
