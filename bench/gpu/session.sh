@@ -16,7 +16,8 @@
 #
 # VF_GPU_STAGES names the parts to run (default: all of them): build (A, and C's tests),
 # pytest, torchtests, resize, tuning, runtime, overhead, ab. Without `build`, nothing C++ runs:
-# the PyTorch parts need only .gpu-py/.
+# the PyTorch parts need only .gpu-py/. VF_GPU_TORCH_TESTS (test names), VF_GPU_CTEST (a ctest
+# regex) and VF_GPU_TORCH_BENCH_ARGS (bench.py's --repeats, --steps, --warmup) narrow the rest.
 #
 # It needs .gpu-deps/ (bench/gpu/bundle.sh) and .gpu-py/ (bench/gpu/bundle_python.sh), made on a
 # machine with the Debian packages and carried along. Logs: $OUT/logs.tgz (rewritten after each
@@ -37,6 +38,14 @@ stages=" ${VF_GPU_STAGES:-build pytest torchtests resize tuning runtime overhead
 want() { [[ "$stages" == *" $1 "* ]]; }
 say() { echo "[$(($(date +%s) - t0)) s] $*" | tee -a "$work/session.log"; }
 left() { echo $((deadline - $(date +%s))); }
+# need STAGE...: the seconds the wanted ones of these later stages take, roughly (the reserve a
+# stage leaves them).
+need() {
+  local total=0 st
+  declare -A typical=([build]=40 [resize]=30 [tuning]=10 [runtime]=60 [overhead]=50 [ab]=60)
+  for st; do want "$st" && total=$((total + ${typical[$st]:-30})); done
+  echo "$total"
+}
 # budget CAP RESERVE: seconds for a stage, at most CAP, leaving RESERVE for the stages after it.
 budget() {
   local b=$(($(left) - $2))
@@ -70,7 +79,7 @@ fi
 # A. The build, in the background (before env.sh: its libraries are not the machine's CMake's).
 cpp=
 want build && (
-  OUT="$work/cpp" VF_GPU_ARCHS=90 timeout "$(budget 240 150)" bench/gpu/run.sh --no-test --no-bench
+  OUT="$work/cpp" VF_GPU_ARCHS=90 timeout "$(budget 240 "$(need tuning runtime)")" bench/gpu/run.sh --no-test --no-bench
   echo "run.sh rc $?"
 ) >"$work/cpp-build.out" 2>&1 &
 want build && cpp=$!
@@ -93,9 +102,8 @@ say "B: the examples' same weights and the CNN's resizes, on CUDA"
   cd tests/integration &&
     CNN_DEVICE=cuda GPT_DEVICE=cuda VF_BIN_DIR="$root/.gpu-py/bin" VF_SOURCE_DIR="$root" \
       VF_PYTHON="$(command -v python3)" PYTHONDONTWRITEBYTECODE=1 \
-      timeout "$(budget 150 260)" python3 -m unittest -v \
-      test_torch.TorchTest.test_examples_train_to_the_same_weights_on_1_2_and_3_workers \
-      test_torch.TorchTest.test_cnn_resized_three_times_keeps_the_weights_of_a_static_run
+      timeout "$(budget 150 "$(need resize build tuning runtime overhead ab)")" python3 -m unittest -v \
+      ${VF_GPU_TORCH_TESTS:-test_torch.TorchTest.test_examples_train_to_the_same_weights_on_1_2_and_3_workers test_torch.TorchTest.test_cnn_resized_three_times_keeps_the_weights_of_a_static_run}
 ) >"$work/torch-tests.out" 2>&1
 say "B: test_torch rc $?: $(grep -E '^(OK|FAILED)' "$work/torch-tests.out" | tail -n 1)"
 grep -E ' \.\.\. (ok|FAIL|ERROR|skipped)' "$work/torch-tests.out" | tee -a "$work/session.log"
@@ -116,7 +124,7 @@ spec:
     command: [python3, examples/torch/cnn.py]
   elasticity: {policy: elastic, cooldownSeconds: 0}
 EOF
-CNN_DEVICE=cuda timeout "$(budget 60 220)" vf run "$work/resize.yaml" --capacity 0:2,4:3,14:1,22:2 \
+CNN_DEVICE=cuda timeout "$(budget 60 "$(need build tuning runtime overhead ab)")" vf run "$work/resize.yaml" --capacity 0:2,4:3,14:1,22:2 \
   --vnode-delay-ms 60 --progress-interval 0.5 2>&1 | timed >"$work/resize-timed.out"
 grep -E "resize at|error" "$work/resize-timed.out" | tee -a "$work/session.log"
 fi
@@ -128,7 +136,7 @@ say "A: $(grep -E 'run.sh rc|build failed|built:' "$work/cpp-build.out" | tr '\n
 
 # C. The GPU unit tests (the 100-communicator loop, ~1 minute, is left out for time).
 say "C: GPU unit tests"
-ctest --test-dir build-gpu -j 4 --output-on-failure -R '(cuda_device_test|executor_cuda_test|nccl_test)\.' \
+ctest --test-dir build-gpu -j 4 --output-on-failure -R "${VF_GPU_CTEST:-(cuda_device_test|executor_cuda_test|nccl_test)\.}" \
   -E 'CreatingAndDestroyingManyDoesNotLeak' --timeout 120 >"$work/ctest-gpu.log" 2>&1
 say "C: ctest rc $?: $(grep -E 'tests passed|tests failed' "$work/ctest-gpu.log")"
 grep -E "Passed|Failed|Skipped|Not Run" "$work/ctest-gpu.log" | grep -E "Test +#" | sed 's/^ *//' >>"$work/session.log"
@@ -140,7 +148,7 @@ bin=build-gpu/bin
 if [ -x "$bin/vf-bench" ] && want tuning; then
   for red in exact fast; do
     say "D: device tuning, $red"
-    timeout "$(budget 60 150)" "$bin/vf-bench" tuning --device cuda --reduction "$red" \
+    timeout "$(budget 60 "$(need runtime overhead ab)")" "$bin/vf-bench" tuning --device cuda --reduction "$red" \
       --global-batch 2048 --virtual-nodes 8 --dataset synthetic --steps 20 --repeats 3 \
       >"$work/tuning-$red.out" 2>&1
     say "D: rc $?"
@@ -150,7 +158,7 @@ if [ -x "$bin/vf-bench" ] && want tuning; then
 fi
 if [ -x "$bin/vf-bench" ] && want runtime; then
   say "D: runtime benchmarks"
-  OUT="$work/cpp" VF_GPU_TORCH_MODES=eager timeout "$(budget 150 140)" \
+  OUT="$work/cpp" VF_GPU_TORCH_MODES=eager timeout "$(budget 150 "$(need overhead ab)")" \
     bench/gpu/run.sh --skip-build --no-test --quick >"$work/cpp-bench.out" 2>&1
   say "D: run.sh rc $?"
   cat "$work/cpp/summary.txt" 2>/dev/null | tee -a "$work/session.log"
@@ -158,8 +166,8 @@ if [ -x "$bin/vf-bench" ] && want runtime; then
 fi
 if want overhead; then
 say "D: CNN through virtualflow.torch against plain PyTorch, on the GPU"
-timeout "$(budget 90 50)" python3 bench/torch/bench.py overhead --device cuda --vf .gpu-py/bin/vf \
-  --repeats 3 --steps 30 --warmup 5 --out "$work/torch-overhead.json" >"$work/torch-overhead.out" 2>&1
+timeout "$(budget 90 "$(need ab)")" python3 bench/torch/bench.py overhead --device cuda --vf .gpu-py/bin/vf \
+  ${VF_GPU_TORCH_BENCH_ARGS:---repeats 3 --steps 30 --warmup 5} --out "$work/torch-overhead.json" >"$work/torch-overhead.out" 2>&1
 say "D: bench.py rc $?"
 tail -n 6 "$work/torch-overhead.out" | tee -a "$work/session.log"
 pack
@@ -167,7 +175,7 @@ fi
 want ab && for patch in ${VF_GPU_AB_PATCHES:-}; do
   say "D: bench.py ab $patch"
   timeout "$(budget 70 5)" python3 bench/torch/bench.py ab --device cuda --vf .gpu-py/bin/vf \
-    --patch "$patch" --repeats 2 --steps 30 --warmup 5 \
+    --patch "$patch" ${VF_GPU_TORCH_BENCH_ARGS:---repeats 2 --steps 30 --warmup 5} \
     --out "$work/torch-ab-$(basename "$patch" .patch).json" >"$work/torch-ab-$(basename "$patch" .patch).out" 2>&1
   say "D: bench.py ab rc $?"
   grep -E "final weights|^ab " "$work/torch-ab-$(basename "$patch" .patch).out" | tee -a "$work/session.log"
