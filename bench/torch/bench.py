@@ -629,8 +629,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12,
                     help="timed steps per run (B=256; twice as many at smaller global batches)")
     ap.add_argument("--warmup", type=int, default=4, help="steps skipped before timing")
-    ap.add_argument("--patch", default=str(HERE / "gpu_per_node_ops.patch"),
-                    help="ab: the change to python/virtualflow/torch.py to measure")
+    ap.add_argument("--patch", default=str(HERE / "gpu_node_host.patch"),
+                    help="ab: the change to python/virtualflow/torch.py to measure (one that "
+                         "applies to the current torch.py; bench/torch/gpu_*.patch)")
     ap.add_argument("--shared-session", action="store_true",
                     help="leave VirtualFlow's workers and the plain loop in this session (torchrun "
                          "still gives each rank its own): shows the autogroup effect")

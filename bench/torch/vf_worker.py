@@ -110,7 +110,8 @@ def main() -> None:
                 rec.write(event="node", step=step.index, vnode=node.index, t=time.time(),
                           rank=job.rank, world=job.world_size)
             t1 = time.perf_counter()
-            idx = torch.tensor(node.indices, device=dev)
+            # as_tensor: a library before its indices were a tensor (bench.py ab) gave a list.
+            idx = torch.as_tensor(node.indices).to(dev)
             loss = F.cross_entropy(model(cnn.augment(x_train[idx])), y_train[idx])
             times["forward"] = times.get("forward", 0.0) + time.perf_counter() - t1
             node.backward(loss)

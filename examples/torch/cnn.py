@@ -114,7 +114,7 @@ def main() -> None:
     for step in job.steps(state, dataset_size=len(x_train)):
         model.train()
         for node in step.virtual_nodes():
-            idx = torch.tensor(node.indices, device=dev)
+            idx = node.indices.to(dev)
             loss = F.cross_entropy(model(augment(x_train[idx])), y_train[idx])
             node.backward(loss)
         opt.step()

@@ -123,7 +123,7 @@ def main() -> None:
     for step in job.steps(state, dataset_size=samples):
         model.train()
         for node in step.virtual_nodes():
-            x, y = windows(train, torch.tensor(node.indices, device=dev))
+            x, y = windows(train, node.indices.to(dev))
             loss = F.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))
             node.backward(loss)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -10,7 +10,7 @@ environment; the user's script stays ordinary PyTorch::
     state = vf.State(model=model, optimizer=opt)
     for step in job.steps(state, dataset_size=len(train_set)):
         for node in step.virtual_nodes():
-            x, y = collate(train_set, node.indices)
+            x, y = collate(train_set, node.indices)  # an int64 tensor
             node.backward(F.cross_entropy(model(x), y))
         opt.step()
         opt.zero_grad()
@@ -30,6 +30,7 @@ import contextlib
 import hashlib
 import io
 import json
+import operator
 import os
 import struct
 import sys
@@ -127,6 +128,10 @@ def _copy_all(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
     else:
         for d, s in zip(dst, src):
             d.copy_(s)
+
+
+# A node's loss until node.backward() gives it one (read only, never written in place).
+_NO_LOSS = torch.tensor(float("nan"))
 
 
 def _one_device(model: torch.nn.Module, tensors: list[torch.Tensor]) -> torch.device:
@@ -250,14 +255,15 @@ class _Holder:
 
 
 class Node:
-    """One virtual node of the current step on this worker."""
+    """One virtual node of the current step on this worker: its number and its sample indices
+    (`indices`, an int64 tensor on the CPU). Not thread-safe: the training thread's."""
 
-    def __init__(self, step: Step, vnode: int, indices: list[int]) -> None:
+    def __init__(self, step: Step, vnode: int, indices: torch.Tensor) -> None:
         self._step = step
         self.index = vnode
         self.indices = indices
         self._done = False
-        self._loss = torch.tensor(float("nan"))
+        self._loss = _NO_LOSS
 
     @property
     def seed(self) -> int:
@@ -426,8 +432,13 @@ class Job:
         self._params: list[torch.nn.Parameter] = []
         self._float_buffers: list[torch.Tensor] = []
         self._int_buffers: list[torch.Tensor] = []
+        # Where each step's nodes restart from: the buffers as the step began (filled per step).
+        self._start_floats: list[torch.Tensor] = []
+        self._start_ints: list[torch.Tensor] = []
         self._staging: _Staging | None = None
         self._device = torch.device("cpu")
+        # The generators a node's seed sets: the CPU's and, for a model on a GPU, that GPU's.
+        self._generators: list[torch.Generator] = [torch.default_generator]
         self._views: list[torch.Tensor] = []  # the current node's .grad views
         self._step: Step | None = None
         self._in_backward = False
@@ -583,6 +594,11 @@ class Job:
             if b.dtype != torch.float32:
                 raise MisuseError(f"buffer of dtype {b.dtype}: only float32 buffers are averaged")
         self._device = _one_device(model, self._params + self._float_buffers)
+        if self._device.type == "cuda":
+            index = self._device.index if self._device.index is not None else torch.cuda.current_device()
+            self._generators = [torch.default_generator, torch.cuda.default_generators[index]]
+        self._start_floats = [torch.empty_like(t) for t in self._float_buffers]
+        self._start_ints = [torch.empty_like(t) for t in self._int_buffers]
         tensors = self._params + self._float_buffers
         sizes = [t.numel() for t in tensors]
         self._staging = _Staging(self._device, tensors, len(self._params))
@@ -596,14 +612,8 @@ class Job:
         """Seeds the CPU's generator and, for a model on a GPU, that GPU's: what
         torch.manual_seed does to them, without visiting every other backend it knows (on a GPU
         that took a large share of a small node's time)."""
-        torch.default_generator.manual_seed(seed)
-        if self._device.type == "cuda":
-            index = self._device.index if self._device.index is not None else torch.cuda.current_device()
-            torch.cuda.default_generators[index].manual_seed(seed)
-
-    def _rng_devices(self) -> list[torch.device]:
-        """The devices whose generators a node's seed scope restores afterwards."""
-        return [] if self._device.type == "cpu" else [self._device]
+        for g in self._generators:
+            g.manual_seed(seed)
 
     def _grad_hook(self, _param: torch.Tensor) -> None:
         if self._step is not None and not self._in_backward:
@@ -638,12 +648,23 @@ class Job:
         if step.reduced:
             raise MisuseError(f"step {step.index + 1}'s virtual nodes were already run")
         # Every node starts from the step's buffers, also when the nodes are run again.
-        start_buffers = [t.detach().clone() for t in self._float_buffers]
-        start_ints = [t.detach().clone() for t in self._int_buffers]
+        start_buffers, start_ints = self._start_floats, self._start_ints
+        with torch.no_grad():
+            if start_buffers:
+                _copy_all(start_buffers, self._float_buffers)
+            if start_ints:
+                _copy_all(start_ints, self._int_buffers)
         while True:
             self._worker.begin()
             t0 = time.monotonic()
-            node_ints = yield from self._compute_nodes(step, start_buffers, start_ints)
+            # Every node seeds the generators itself; their states are saved once and restored
+            # when the nodes end, as a fork_rng around each node would leave them.
+            saved = [g.get_state() for g in self._generators]
+            try:
+                node_ints = yield from self._compute_nodes(step, start_buffers, start_ints)
+            finally:
+                for g, state in zip(self._generators, saved):
+                    g.set_state(state)
             compute = time.monotonic() - t0
             try:
                 redo, loss_sum, samples, agreed = self._worker.finish(staging.mean)
@@ -665,8 +686,8 @@ class Job:
                 continue
             break
         self._views = staging.publish_mean()
-        for t, view in zip(self._float_buffers, staging.buffer_views[0]):
-            t.copy_(view)
+        if self._float_buffers:
+            _copy_all(self._float_buffers, staging.buffer_views[0])
         for t, a in zip(self._int_buffers, node_ints):
             t.copy_(a)
         for p, view in zip(self._params, self._views):
@@ -684,12 +705,14 @@ class Job:
         nodes left them (they must agree: a counter like BatchNorm's num_batches_tracked).
 
         Per node it launches as few small operations as it can (one multi-tensor copy per
-        group of buffers, one snapshot of the integer buffers, compared once per step): on a GPU
-        a step of small nodes is bound by the host's time per launched operation."""
+        group of buffers, one snapshot of the integer buffers, compared once per step) and
+        runs as little Python as it can: on a GPU a step of small nodes is bound by the host."""
         staging = self._staging
         assert staging is not None
         b = int(self.spec["micro_batch"])
         floats, ints = self._float_buffers, self._int_buffers
+        # The integer buffers as flat views, taken once: a node's snapshot is then one cat.
+        flat_ints = [t.detach().view(-1) for t in ints] if all(t.is_contiguous() for t in ints) else None
         snapshots: list[torch.Tensor] = []
         for i, v in enumerate(self._membership.virtual_nodes):
             t0 = time.monotonic()
@@ -702,16 +725,17 @@ class Job:
             self._views = staging.param_views[slot]
             for p, view in zip(self._params, self._views):
                 p.grad = view
-            node = Node(step, v, self._sharder.indices(step.index, v))
-            with torch.random.fork_rng(devices=self._rng_devices()):
-                self._seed_generators(node.seed)
-                yield node
+            indices = torch.tensor(self._sharder.indices(step.index, v), dtype=torch.int64)
+            node = Node(step, v, indices)
+            self._seed_generators(node.seed)
+            yield node
             if not node._done:
                 raise MisuseError(
                     f"virtual node {v} of step {step.index + 1} ended without node.backward(loss)"
                 )
             if ints:
-                snapshots.append(torch.cat([t.detach().reshape(-1).to(torch.int64) for t in ints]))
+                parts = flat_ints if flat_ints is not None else [t.detach().reshape(-1) for t in ints]
+                snapshots.append(torch.cat(parts).to(torch.int64))
             if floats:
                 _copy_all(staging.buffer_views[slot], floats)
             staging.send(slot, node._loss)
@@ -746,6 +770,10 @@ class Job:
         finally:
             self._in_backward = False
         node._loss = loss.detach()  # read when the node's gradients reach the host
+        # Autograd accumulates into the .grad views in place, so each .grad is still its view;
+        # only where one was replaced (a .grad set to None in between, say) is it copied back.
+        if all(map(operator.is_, [p.grad for p in self._params], self._views)):
+            return
         for p, view in zip(self._params, self._views):
             if p.grad is not None and p.grad.data_ptr() != view.data_ptr():
                 view.copy_(p.grad)

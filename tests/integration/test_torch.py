@@ -204,8 +204,11 @@ MISUSE = textwrap.dedent("""\
         if MODE == "diverge" and worker == "worker-1" and step.index == 2:
             with torch.no_grad():
                 model.weight[0, 0] += 1.0
+        rng_before = torch.get_rng_state()
         for node in step.virtual_nodes():
-            idx = torch.tensor(node.indices)
+            assert node.indices.dtype == torch.int64 and node.indices.device.type == "cpu", node.indices
+            torch.rand(1)  # the node's own draw: the generator's state from before comes back
+            idx = node.indices
             loss = F.cross_entropy(model(x[idx]), y[idx])
             if MODE == "nan":
                 loss = loss * float("nan")
@@ -215,6 +218,7 @@ MISUSE = textwrap.dedent("""\
                 node.backward(loss)
             if MODE == "optimizer":
                 opt.step()
+        assert torch.equal(torch.get_rng_state(), rng_before), "the node loop moved the generator"
         opt.step()
         opt.zero_grad()
     job.finish()
