@@ -238,8 +238,8 @@ Result<StepResult> Executor::Step(Communicator& comm, std::span<const int> local
                               reinterpret_cast<uintptr_t>(reducer_.get()),
                               static_cast<uint64_t>(b)};
       const Status node = device_.Record(key, [&]() -> Status {
-        VF_RETURN_IF_ERROR(model_->ForwardBackward(params_.data(), x_.data(), y_.data(), b,
-                                                   output, grad, stats));
+        VF_RETURN_IF_ERROR(
+            model_->ForwardBackward(params_.data(), x_.data(), y_.data(), b, output, grad, stats));
         return sum == nullptr ? reducer_->Add(grad) : Status::Ok();
       });
       VF_RETURN_IF_ERROR(node);
