@@ -292,13 +292,20 @@ def bench_overhead(a: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
     steps = a.warmup + a.steps
     print(f"overhead: 1 worker, B=256, micro-batch 32, {a.steps} timed steps after {a.warmup}, "
           f"{a.repeats} rounds", flush=True)
-    v = interleaved(a.repeats, a.warmup, {
+    sides = {
         "vf": lambda: run_vf(a.vf, tmp, vnodes=8, batch=256, steps=steps, max_workers=1,
                              workers=1),
         "accum": lambda: run_plain(tmp, mode="accum", steps=steps),
         "whole": lambda: run_plain(tmp, mode="whole", steps=steps),
-    })
-    return [
+    }
+    if a.device == "cuda":
+        # virtualflow.init() turns on torch.use_deterministic_algorithms (bitwise identity
+        # needs it), which costs a GPU's kernels more than a CPU's: the same plain loop with it
+        # on separates that price from the library's own.
+        sides["accum_det"] = lambda: run_plain(tmp, mode="accum", steps=steps,
+                                               env_more={"VF_BENCH_DETERMINISTIC": "1"})
+    v = interleaved(a.repeats, a.warmup, sides)
+    rows = [
         {"bench": "overhead", "case": "1 worker, V=8 exact vs plain accumulation of 8 x 32",
          "baseline": "plain PyTorch, 8 micro-batches of 32, loss/8", "target": 1.05,
          **compare(v, "vf", "accum")},
@@ -306,6 +313,12 @@ def bench_overhead(a: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
          "baseline": "plain PyTorch, one batch of 256", "target": None,
          **compare(v, "vf", "whole")},
     ]
+    if "accum_det" in v:
+        rows.insert(1, {"bench": "overhead",
+                        "case": "1 worker, V=8 exact vs plain accumulation, deterministic",
+                        "baseline": "plain PyTorch, 8 x 32, use_deterministic_algorithms(True)",
+                        "target": None, **compare(v, "vf", "accum_det")})
+    return rows
 
 
 def bench_ddp(a: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:

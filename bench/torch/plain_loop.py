@@ -2,7 +2,9 @@
 """Plain PyTorch, one process: the example CNN trained with gradient accumulation over the
 micro-batches of each global batch (loss / micro-batches, one optimizer step), or on the whole
 global batch at once. Writes each step's start and end to $VF_BENCH_TIMES
-(with VF_BENCH_PROFILE=1 also each step's forward, backward and optimizer time)."""
+(with VF_BENCH_PROFILE=1 also each step's forward, backward and optimizer time). With
+VF_BENCH_DETERMINISTIC=1 it runs with torch.use_deterministic_algorithms(True), as
+virtualflow.init() does."""
 
 from __future__ import annotations
 
@@ -25,6 +27,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     a = ap.parse_args()
     threads = common.set_threads()
+    if os.environ.get("VF_BENCH_DETERMINISTIC", "") == "1":
+        # What virtualflow.init() turns on (bench.py overhead's like-for-like baseline).
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
     cnn = common.cnn_module(with_virtualflow=False)
     dev = cnn.device()
     x_train, y_train = (t.to(dev) for t in cnn.load("train"))
