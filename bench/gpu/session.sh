@@ -17,7 +17,8 @@
 # VF_GPU_STAGES names the parts to run (default: all of them): build (A, and C's tests),
 # pytest, torchtests, resize, tuning, runtime, overhead, ab. Without `build`, nothing C++ runs:
 # the PyTorch parts need only .gpu-py/. VF_GPU_TORCH_TESTS (test names), VF_GPU_CTEST (a ctest
-# regex) and VF_GPU_TORCH_BENCH_ARGS (bench.py's --repeats, --steps, --warmup) narrow the rest.
+# regex), VF_GPU_TORCH_BENCH_ARGS (bench.py's --repeats, --steps, --warmup; VF_GPU_AB_ARGS for ab
+# alone) narrow the rest.
 #
 # It needs .gpu-deps/ (bench/gpu/bundle.sh) and .gpu-py/ (bench/gpu/bundle_python.sh), made on a
 # machine with the Debian packages and carried along. Logs: $OUT/logs.tgz (rewritten after each
@@ -175,7 +176,7 @@ fi
 want ab && for patch in ${VF_GPU_AB_PATCHES:-}; do
   say "D: bench.py ab $patch"
   timeout "$(budget 70 5)" python3 bench/torch/bench.py ab --device cuda --vf .gpu-py/bin/vf \
-    --patch "$patch" ${VF_GPU_TORCH_BENCH_ARGS:---repeats 2 --steps 30 --warmup 5} \
+    --patch "$patch" ${VF_GPU_AB_ARGS:-${VF_GPU_TORCH_BENCH_ARGS:---repeats 2 --steps 30 --warmup 5}} \
     --out "$work/torch-ab-$(basename "$patch" .patch).json" >"$work/torch-ab-$(basename "$patch" .patch).out" 2>&1
   say "D: bench.py ab rc $?"
   grep -E "final weights|^ab " "$work/torch-ab-$(basename "$patch" .patch).out" | tee -a "$work/session.log"
