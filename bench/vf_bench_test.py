@@ -29,8 +29,8 @@ class VfBenchTest(unittest.TestCase):
     def test_help_lists_every_benchmark_and_option(self):
         rc, out, _ = run("--help")
         self.assertEqual(rc, 0)
-        for word in ["vnode-overhead", "reduction", "memory", "throughput", "products", "--device",
-                     "--micro-batches", "--reduction"]:
+        for word in ["vnode-overhead", "reduction", "memory", "throughput", "products", "tuning",
+                     "--device", "--micro-batches", "--reduction"]:
             self.assertIn(word, out)
 
     def test_no_benchmark_is_a_usage_error(self):
@@ -73,6 +73,18 @@ class VfBenchTest(unittest.TestCase):
         step = float(fields["ms_per_step"])
         self.assertGreater(rate, 0)
         self.assertAlmostEqual(rate * step / 1e3, 64, delta=0.5)
+
+    def test_tuning_times_each_configuration_and_checks_the_weights(self):
+        # On the CPU every configuration issues the same work (the speed-ups are a GPU's), so
+        # this checks the plumbing: five rows, the defaults at 1, the weights compared.
+        rc, out, err = run("tuning", "--virtual-nodes", "4", "--global-batch", "64", *TINY)
+        self.assertEqual(rc, 0, err)
+        rows = re.findall(r"^(\S.*?)\s+([\d.]+)\s+([\d.]+)$", out, re.M)
+        self.assertEqual([r[0] for r in rows],
+                         ["defaults", "without record (CUDA graphs)", "without fused-fold or record",
+                          "with pinned-staging", "none of them"])
+        self.assertEqual(rows[0][2], "1.000")
+        self.assertIn("final weights: the same bits in every configuration", out)
 
     def test_vnode_overhead_prints_a_ratio_per_micro_batch(self):
         rc, out, err = run("vnode-overhead", "--virtual-nodes", "4", "--micro-batches", "8,16",
