@@ -138,17 +138,24 @@ class TorchTest(VfTestCase):
                 self.assertEqual(len(set(digests.values())), 1, "weights differ: %s" % digests)
                 self.assertRegex(digests[1], r"^[0-9a-f]{64}$")
 
-    def elastic_reference(self, job):
-        # Unpaced: the delay only sleeps, which changes no weight, and a static run has no
-        # joiner to wait for.
-        run = self.run_ok(job, "--workers", "2")
-        self.assertEqual(run.summary["resizes"], [], "the reference run must be static")
-        return run.summary["weights_sha256"]
+    # The static run's weights, made once for the class: the resize and kill -9 tests train the
+    # same CNN for the same steps (the resize test's elasticity settings change no weight, and
+    # if they did its comparison would fail, as it should).
+    _reference: dict[int, str] = {}
+
+    def elastic_reference(self, steps):
+        if steps not in TorchTest._reference:
+            # Unpaced: the delay only sleeps, which changes no weight, and a static run has no
+            # joiner to wait for.
+            run = self.run_ok(self.example("cnn", steps), "--workers", "2")
+            self.assertEqual(run.summary["resizes"], [], "the reference run must be static")
+            TorchTest._reference[steps] = run.summary["weights_sha256"]
+        return TorchTest._reference[steps]
 
     def test_cnn_resized_three_times_keeps_the_weights_of_a_static_run(self):
         # No cooldown: each change of the slots is followed as soon as the joiners are ready.
+        expected = self.elastic_reference(40)
         job = self.example("cnn", 40, extra="  elasticity: {policy: elastic, cooldownSeconds: 0}\n")
-        expected = self.elastic_reference(job)
         # Each window must outlast a joiner's start: on the CPU here a step at 60 ms per node
         # takes longer than a worker takes to start, but on an H100 a worker took 9 s to start
         # (PyTorch's import, the CUDA context) while a step took 0.27 s, and the growth at step
@@ -160,8 +167,8 @@ class TorchTest(VfTestCase):
         self.assertEqual(run.summary["weights_sha256"], expected)
 
     def test_cnn_survives_two_kill_9_with_the_weights_of_a_static_run(self):
+        expected = self.elastic_reference(40)
         job = self.example("cnn", 40)
-        expected = self.elastic_reference(job)
         bg = Background([job, "--workers", "2", "--vnode-delay-ms", "60",
                          "--summary-json", os.path.join(self.tmp, "kill.json")])
         killed = []
