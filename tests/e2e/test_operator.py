@@ -155,14 +155,14 @@ class OperatorTestCase(ControlPlaneTestCase):
 
     # ------------------------------------------------------------------ pods that failed
 
-    def runner_log_size(self):
+    def runner_log_size(self) -> int:
         runner = self.cp.pod_runner if self.cp else None
         try:
             return os.path.getsize(runner.log_path) if runner else 0
         except OSError:
             return 0
 
-    def failed_pods(self, name=None, since=0):
+    def failed_pods(self, name: str = "", since: int = 0) -> list[tuple[str, str]]:
         """(pod, how it ended) for each pod (of job NAME, when given) whose process exited with
         a code other than 0 or was killed by a signal, as the pod runner's log says from byte
         SINCE on: deleted pods included, whose status is gone."""
@@ -183,7 +183,7 @@ class OperatorTestCase(ControlPlaneTestCase):
                 out.append((m.group(1), m.group(2)))
         return out
 
-    def failed_pod_logs(self, name=None, since=0, lines=40):
+    def failed_pod_logs(self, name: str = "", since: int = 0, lines: int = 40) -> str:
         """The end of the log of each pod failed_pods(NAME, SINCE) finds, under a line saying
         which pod and how it ended; "" when none did."""
         parts = []
@@ -199,7 +199,7 @@ class OperatorTestCase(ControlPlaneTestCase):
                 pod, how, self.runner_logs, tail))
         return "".join(parts)
 
-    def job_failed(self, name, status):
+    def job_failed(self, name: str, status: dict) -> AssertionError:
         """The AssertionError for job NAME found Failed with STATUS: its message and the end of
         the log of each of its pods that failed."""
         logs = self.failed_pod_logs(name)
