@@ -172,10 +172,17 @@ class ControlPlane:
 
     Attributes after start(): server (https://127.0.0.1:PORT), kubeconfig (admin kubeconfig
     path), ca_file, dir (the temporary directory with certificates, kubeconfigs and logs/),
-    ports (name -> port), bin (the tools' directory)."""
+    work_dir (where what must outlive the control plane goes: the pods' logs), ports (name ->
+    port), bin (the tools' directory).
 
-    def __init__(self, keep=None):
+    NAME names work_dir under $VF_E2E_WORK_DIR (ctest sets it to a directory of the test's own
+    in the build tree): $VF_E2E_WORK_DIR/NAME, emptied at start() and kept after stop(), so that
+    a failed run's pod logs can be read afterwards. Without VF_E2E_WORK_DIR, work_dir is dir."""
+
+    def __init__(self, keep=None, name="controlplane"):
         self.keep = keep if keep is not None else bool(os.environ.get("VF_E2E_KEEP"))
+        self.name = name
+        self.work_dir = None
         self.components = []
         self.dir = None
         self.server = None
@@ -206,6 +213,11 @@ class ControlPlane:
         self.dir = tempfile.mkdtemp(prefix="vf-e2e-")
         self.logs = os.path.join(self.dir, "logs")
         os.mkdir(self.logs)
+        self.work_dir = self.dir
+        if os.environ.get("VF_E2E_WORK_DIR"):
+            self.work_dir = os.path.join(os.environ["VF_E2E_WORK_DIR"], self.name)
+            shutil.rmtree(self.work_dir, ignore_errors=True)  # an earlier run's
+            os.makedirs(self.work_dir)
         self._stopped = False
         atexit.register(self.stop)
         _install_signal_handlers()
@@ -711,8 +723,9 @@ class ControlPlane:
         virtualflow.io/pod-runner=true, with the admin kubeconfig, and waits until it has listed
         the nodes and pods. PATH (a directory or a list of them; default: BIN_DIR) goes first on
         the PATH of the pods' commands, so that a pod whose command is `virtualflow-agent` runs
-        the freshly built one. Each container's output goes to LOG_DIR (default: pods/ in the
-        control plane's directory) as <namespace>_<pod>_<container>.log. The runner is a
+        the freshly built one. Each container's output goes to LOG_DIR (default: pods/ in
+        work_dir, which outlives the control plane under ctest) as
+        <namespace>_<pod>_<container>.log. The runner is a
         component like the others: it dies with the test, dump_logs() shows its log, and stop()
         stops it (and so every pod's process) first. Returns the Component.
 
@@ -730,7 +743,7 @@ class ControlPlane:
             path = [bin_dir]
         elif isinstance(path, str):
             path = [path]
-        self.pod_log_dir = log_dir or os.path.join(self.dir, "pods")
+        self.pod_log_dir = log_dir or os.path.join(self.work_dir, "pods")
         os.makedirs(self.pod_log_dir, exist_ok=True)
         log_path = os.path.join(self.logs, "pod-runner.log")
         offset = os.path.getsize(log_path) if os.path.exists(log_path) else 0  # a restart appends
@@ -966,7 +979,7 @@ class ControlPlaneTestCase(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.cp = ControlPlane().start()
+        cls.cp = ControlPlane(name=cls.__name__).start()
 
     @classmethod
     def tearDownClass(cls):

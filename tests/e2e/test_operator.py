@@ -15,6 +15,7 @@ import concurrent.futures
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import ssl
@@ -96,8 +97,8 @@ class OperatorTestCase(ControlPlaneTestCase):
         cls.cp.kubectl("apply", "-f", CRD_FILE, check=True)
         cls.cp.wait_for("virtualflowjobs to be served",
                         lambda: cls.cp.kubectl("get", "vfj", "-A").returncode == 0)
-        cls.runner_logs = os.path.join(cls.cp.dir, "pods")
-        os.makedirs(cls.runner_logs, exist_ok=True)
+        # The pods' logs outlive the control plane under ctest (controlplane.py, work_dir).
+        cls.runner_logs = os.path.join(cls.cp.work_dir, "pods")
         cls.cp.start_pod_runner(BIN_DIR, path=cls.pod_path, log_dir=cls.runner_logs)
         cls.coordinator_port = free_port()
         cls.operator = None
@@ -138,15 +139,72 @@ class OperatorTestCase(ControlPlaneTestCase):
     def run(self, result=None):
         result = result if result is not None else self.defaultTestResult()
         before = len(result.failures) + len(result.errors)
+        self.runner_log_offset = self.runner_log_size()
         out = super().run(result)
-        if self.operator and len(result.failures) + len(result.errors) > before:
-            sys.stderr.write("----- %s -----\n%s\n" % (self.operator.name,
-                                                       self.operator.tail(60)))
+        if len(result.failures) + len(result.errors) > before:
+            if self.operator:
+                sys.stderr.write("----- %s -----\n%s\n" % (self.operator.name,
+                                                           self.operator.tail(60)))
+            sys.stderr.write(self.failed_pod_logs(since=self.runner_log_offset) or
+                             "(no pod of this test failed)\n")
         return out
 
     def setUp(self):
         if self.operator is None or not self.operator.alive():
             self.start_operator()
+
+    # ------------------------------------------------------------------ pods that failed
+
+    def runner_log_size(self) -> int:
+        runner = self.cp.pod_runner if self.cp else None
+        try:
+            return os.path.getsize(runner.log_path) if runner else 0
+        except OSError:
+            return 0
+
+    def failed_pods(self, name: str = "", since: int = 0) -> list[tuple[str, str]]:
+        """(pod, how it ended) for each pod (of job NAME, when given) whose process exited with
+        a code other than 0 or was killed by a signal, as the pod runner's log says from byte
+        SINCE on: deleted pods included, whose status is gone."""
+        runner = self.cp.pod_runner
+        if runner is None:
+            return []
+        try:
+            with open(runner.log_path, "rb") as f:
+                f.seek(since)
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return []
+        prefix = "%s/%s-worker-" % (self.ns, name) if name else "%s/" % self.ns
+        out = []
+        for m in re.finditer(r"pod (\S+) \(pid \d+\) (exited with code (\d+)|was killed by "
+                             r"signal \d+)", text):
+            if m.group(1).startswith(prefix) and m.group(3) != "0":
+                out.append((m.group(1), m.group(2)))
+        return out
+
+    def failed_pod_logs(self, name: str = "", since: int = 0, lines: int = 40) -> str:
+        """The end of the log of each pod failed_pods(NAME, SINCE) finds, under a line saying
+        which pod and how it ended; "" when none did."""
+        parts = []
+        for pod, how in self.failed_pods(name, since):
+            ns, pod_name = pod.split("/", 1)
+            text = ""
+            for f in sorted(os.listdir(self.runner_logs)):
+                if f.startswith("%s_%s_" % (ns, pod_name)):
+                    with open(os.path.join(self.runner_logs, f), errors="replace") as log:
+                        text += log.read()
+            tail = "\n".join(text.splitlines()[-lines:]) or "(its log is empty)"
+            parts.append("----- pod %s %s; the end of its log (%s) -----\n%s\n" % (
+                pod, how, self.runner_logs, tail))
+        return "".join(parts)
+
+    def job_failed(self, name: str, status: dict) -> AssertionError:
+        """The AssertionError for job NAME found Failed with STATUS: its message and the end of
+        the log of each of its pods that failed."""
+        logs = self.failed_pod_logs(name)
+        return AssertionError("job %s failed: %s%s" % (
+            name, status.get("message"), "\n" + logs if logs else ""))
 
     def apply(self, manifest):
         self.cp.kubectl("apply", "-f", "-", input=json.dumps(manifest), check=True)
@@ -167,7 +225,7 @@ class OperatorTestCase(ControlPlaneTestCase):
             self.operator.check_alive()
             status = self.status(name)
             if status.get("phase") == "Failed":
-                raise AssertionError("job %s failed: %s" % (name, status.get("message")))
+                raise self.job_failed(name, status)
             return status if predicate(status) else None
         return self.cp.wait_for("job %s: %s" % (name, what), check, timeout=timeout)
 

@@ -1,17 +1,22 @@
 """Faults around a running VirtualFlowJob on a real control plane, each ending with the weights
 of a local static run: the operator killed (SIGKILL) at every phase of a resize and started
 again, and killed during the final report; an operator upgraded (a newer build) under a running
-job; a worker pod that hangs (SIGSTOP) in a 3-worker job. One control plane for the class."""
+job; a worker pod that hangs (SIGSTOP) in a 3-worker job; the PyTorch CNN with the operator
+killed at a resize and during the final report. One control plane for the class."""
 
 import concurrent.futures
 import copy
 import json
 import os
+import shutil
 import signal
+import subprocess
+import tempfile
 import unittest
 from typing import Any
 
-from test_operator import NS, OperatorTestCase, job_manifest, local_sha
+from test_operator import BIN_DIR, NS, SOURCE_DIR, OperatorTestCase, job_manifest, local_sha
+from test_torch_job import DATASET, PYTHON, cnn_manifest
 
 FAULT_ENV = "VF_FAULT_OPERATOR_EXIT_AT"
 BUILD_ENV = "VF_TEST_OPERATOR_BUILD"
@@ -41,7 +46,57 @@ def faults_manifest(name: str, delay_ms: int) -> dict[str, Any]:
     return job_manifest(name, steps=STEPS, delay_ms=delay_ms)
 
 
+# The CNN's job: a small batch (8 virtual nodes of 8 samples), so that a step's time is mostly
+# its pace, and paced so that its first worker alone trains for well over the time a joiner (a
+# Python process importing PyTorch) takes to be ready; its workers give up on a lost rendezvous
+# after 15 s (VF_TIMEOUT). Rank 0 evaluates on CNN_TEST_SAMPLES test images only: the test
+# compares weights, not accuracy.
+CNN_STEPS = 30
+CNN_BATCH = 64
+CNN_DELAY_MS = 150
+CNN_TEST_SAMPLES = 500
+
+
+def cnn_faults_manifest(name: str, checkpoint_dir: str, delay_ms: int) -> dict[str, Any]:
+    """The CNN example (examples/torch/cnn.py) as a job of CNN_STEPS steps of CNN_BATCH samples
+    reading the host's Fashion-MNIST, checkpointing into CHECKPOINT_DIR."""
+    manifest = cnn_manifest(name, NS, DATASET, os.path.join(checkpoint_dir, name + ".ckpt"),
+                            delay_ms=delay_ms)
+    manifest["spec"]["steps"] = CNN_STEPS
+    manifest["spec"]["globalBatchSize"] = CNN_BATCH
+    manifest["spec"]["template"]["env"] += [
+        {"name": "VF_TIMEOUT", "value": "15"},
+        {"name": "CNN_TEST_SAMPLES", "value": str(CNN_TEST_SAMPLES)}]
+    return manifest
+
+
+def cnn_local_sha(manifest: dict[str, Any], workers: int) -> str:
+    """weights_sha256 of a static, unpaced `vf run` of MANIFEST's training on WORKERS workers
+    (the checkpoint in a directory of its own: not part of the training math)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        manifest = copy.deepcopy(manifest)
+        manifest["spec"]["checkpoint"]["path"] = os.path.join(tmp, "cnn.ckpt")
+        manifest["spec"]["template"]["env"] = [
+            e for e in manifest["spec"]["template"]["env"] if e["name"] != "VF_VNODE_DELAY_MS"]
+        path = os.path.join(tmp, "job.json")
+        with open(path, "w") as f:
+            json.dump(manifest, f)
+        summary = os.path.join(tmp, "summary.json")
+        env = dict(os.environ, PATH=os.path.dirname(PYTHON) + os.pathsep + os.environ["PATH"])
+        run = subprocess.run([os.path.join(BIN_DIR, "vf"), "run", path, "--workers", str(workers),
+                              "--progress-interval", "0", "--summary-json", summary],
+                             capture_output=True, text=True, timeout=900, env=env,
+                             cwd=SOURCE_DIR)
+        if run.returncode != 0:
+            raise AssertionError("local run failed:\n%s\n%s" % (run.stdout, run.stderr))
+        with open(summary) as f:
+            return str(json.load(f)["weights_sha256"])
+
+
 class OperatorFaultsTest(OperatorTestCase):
+    # The PyTorch environment's python3 for the CNN's pods, after the agent.
+    pod_path = [BIN_DIR] + ([os.path.dirname(PYTHON)] if PYTHON else [])
+
     @classmethod
     def setUpClass(cls) -> None:
         super().setUpClass()
@@ -70,11 +125,16 @@ class OperatorFaultsTest(OperatorTestCase):
     def start_faulted(self, phase: str) -> Any:
         return self.start_operator_with("operator-at-" + phase, {FAULT_ENV: phase})
 
-    def wait_killed_at(self, phase: str, timeout: float = 120) -> None:
-        """Waits for the operator armed for PHASE to kill itself there."""
+    def wait_killed_at(self, phase: str, timeout: float = 120, name: str = "") -> None:
+        """Waits for the operator armed for PHASE to kill itself there; fails at once, with its
+        failed pods' logs, if job NAME (when given) fails meanwhile."""
         op = self.operator
-        self.cp.wait_for("the operator to be killed at " + phase, lambda: not op.alive(),
-                         timeout=timeout)
+
+        def killed() -> bool:
+            if name:
+                self.status_quiet(name)
+            return not op.alive()
+        self.cp.wait_for("the operator to be killed at " + phase, killed, timeout=timeout)
         self.assertEqual(op.proc.returncode, -signal.SIGKILL, op.tail(20))
         self.assertIn("killing the operator at " + phase, op.tail(20))
 
@@ -82,7 +142,7 @@ class OperatorFaultsTest(OperatorTestCase):
         """The job's status, failing on a Failed job, while no operator may be running."""
         status = self.status(name)
         if status.get("phase") == "Failed":
-            raise AssertionError("job %s failed: %s" % (name, status.get("message")))
+            raise self.job_failed(name, status)
         return status
 
     def stop_operator(self) -> None:
@@ -231,11 +291,21 @@ class OperatorFaultsTest(OperatorTestCase):
         workers to end (rank 0 exits once its report is accepted), then starts a plain
         operator, which reads the outcome from rank 0's pod. No pod is started again. Returns
         the job's final status."""
-        self.wait_killed_at("final-report", timeout=600)
+        self.wait_killed_at("final-report", timeout=600, name=name)
         self.assertNotEqual(self.status_quiet(name).get("phase"), "Succeeded")
         pods = self.wait_pods_ended(name)
-        report = self.rank_0_message(pods)["report"]
+        message = self.rank_0_message(pods)
+        report = message["report"]
         self.assertTrue(report["finished"])
+        # Rank 0 exits cleanly once its report is accepted, its coordinator gone or not (a
+        # Python rank 0 was once killed by SIGSEGV on its way out here).
+        rank_0 = message["worker"]
+        for pod in pods:
+            if pod["metadata"]["name"] == rank_0:
+                terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+                self.assertEqual((terminated.get("exitCode"), terminated.get("signal")), (0, None),
+                                 "rank 0 %s did not exit cleanly: %s\n%s" % (
+                                     rank_0, terminated, self.failed_pod_logs(name)))
         uids = sorted(p["metadata"]["uid"] for p in pods)
         self.start_operator(identity="operator-after-final-report")
         status = self.wait_succeeded(name, timeout=120)
@@ -260,6 +330,34 @@ class OperatorFaultsTest(OperatorTestCase):
         status = self.finish_after_a_final_report_kill(name)
         self.assertEqual(status["step"], STEPS)
         self.assertEqual(status["weightsSha256"], self.static_sha())
+        self.delete_job(name)
+
+    @unittest.skipUnless(PYTHON, "no Python environment with PyTorch (scripts/setup-python.sh)")
+    def test_5_cnn_survives_the_operator_killed_at_a_resize_and_during_the_final_report(
+            self) -> None:
+        """The PyTorch CNN as the job: the operator killed as it publishes the plan that takes
+        a joiner in, then during the final report; the job ends with the weights of a static
+        `vf run`, read by the last operator from rank 0's pod."""
+        name = "cnn-faults"
+        checkpoints = tempfile.mkdtemp(prefix="vf-e2e-cnn-")
+        self.addCleanup(shutil.rmtree, checkpoints, True)
+        manifest = cnn_faults_manifest(name, checkpoints, CNN_DELAY_MS)
+        static = concurrent.futures.ThreadPoolExecutor(1).submit(cnn_local_sha, manifest, 2)
+        self.reset_nodes(("gpu-c1", 1))
+        self.stop_operator()
+        self.start_faulted("plan-published")
+        self.apply(manifest)
+        self.wait_workers(name, 1, timeout=240)
+        self.wait_step(name, 3)
+        # A node joins: its worker warms up and the next plan takes it in.
+        self.cp.add_gpu_node("gpu-c2", gpus=1)
+        self.wait_killed_at("plan-published", timeout=240, name=name)
+        grown = self.status_quiet(name)
+        self.assertEqual(grown["workers"], 2, grown)
+        self.start_faulted("final-report")
+        status = self.finish_after_a_final_report_kill(name)
+        self.assertEqual(status["step"], CNN_STEPS)
+        self.assertEqual(status["weightsSha256"], static.result(timeout=600))
         self.delete_job(name)
 
 

@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
+#include <sstream>
 #include <utility>
 
 #include "operator/kube/config.h"
@@ -490,6 +492,68 @@ bool Kept(const std::string& path, const std::vector<std::string>& keep) {
   return false;
 }
 
+// A mount point as /proc/PID/mountinfo writes it: space, tab, newline and backslash as octal
+// escapes (\040, \011, \012, \134).
+std::string UnescapeMountField(const std::string& field) {
+  std::string out;
+  for (size_t i = 0; i < field.size(); ++i) {
+    if (field[i] == '\\' && i + 3 < field.size()) {
+      const std::string digits = field.substr(i + 1, 3);
+      if (std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '7'; })) {
+        out += static_cast<char>(std::stoi(digits, nullptr, 8));
+        i += 3;
+        continue;
+      }
+    }
+    out += field[i];
+  }
+  return out;
+}
+
+// The mount points of every mount namespace on this host, each namespace read once (from the
+// first of its processes whose mountinfo can be read). Every pod of every runner on the host
+// has a namespace of its own; this is how one runner sees another's pods' mounts, which share
+// the host's directories as mount points.
+std::vector<std::string> MountPointsOfEveryNamespace() {
+  std::set<std::string> namespaces;
+  std::set<std::string> points;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", error)) {
+    const std::string pid = entry.path().filename().string();
+    if (pid.empty() ||
+        !std::all_of(pid.begin(), pid.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      continue;
+    }
+    std::error_code link_error;
+    const std::string ns =
+        std::filesystem::read_symlink(entry.path() / "ns" / "mnt", link_error).string();
+    if (link_error || namespaces.count(ns) != 0) continue;
+    std::ifstream in(entry.path() / "mountinfo");
+    std::string line;
+    bool read = false;
+    while (std::getline(in, line)) {
+      read = true;
+      // "ID PARENT MAJOR:MINOR ROOT MOUNT-POINT OPTIONS ...", see proc(5).
+      std::istringstream fields(line);
+      std::string id, parent, device, root, point;
+      if (fields >> id >> parent >> device >> root >> point) {
+        points.insert(UnescapeMountField(point));
+      }
+    }
+    if (read) namespaces.insert(ns);
+  }
+  return {points.begin(), points.end()};
+}
+
+// Whether something is mounted at `path` or below it in some mount namespace on the host. The
+// kernel names mount points with symbolic links resolved (/var/run/x is /run/x), so the path is
+// resolved first.
+bool MountedAnywhere(const std::string& path, const std::vector<std::string>& mount_points) {
+  std::error_code error;
+  const std::filesystem::path resolved = std::filesystem::canonical(path, error);
+  return Kept(error ? path : resolved.string(), mount_points);
+}
+
 }  // namespace
 
 Status Prepare(const VolumePlan& plan, VolumeState& state) {
@@ -515,8 +579,13 @@ std::vector<std::string> RemoveCreated(std::vector<std::string> paths,
     return a.size() > b.size();  // a child is longer than its parent
   });
   std::vector<std::string> left;
+  // This runner knows which of its own pods use a path (`keep`); other runners' pods on this
+  // host may have it mounted too, and removing a directory unmounts it in every namespace that
+  // has a mount on it: their secrets and volumes would vanish under running processes.
+  const std::vector<std::string> mounted =
+      paths.empty() ? std::vector<std::string>() : MountPointsOfEveryNamespace();
   for (const std::string& path : paths) {
-    if (Kept(path, keep)) {
+    if (Kept(path, keep) || MountedAnywhere(path, mounted)) {
       left.push_back(path);
       continue;
     }

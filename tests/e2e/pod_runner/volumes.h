@@ -120,7 +120,8 @@ Status Prepare(const VolumePlan& plan, VolumeState& state);
 
 // Removes what Prepare made. Mount targets that are in `keep` or an ancestor of one (other pods
 // still mount there: removing a directory that is a mount point in another mount namespace
-// would unmount it there) are left and returned, for a later RemoveCreated. Directories are
+// would unmount it there), or that some mount namespace on the host has a mount on or below
+// (a pod of another runner), are left and returned, for a later RemoveCreated. Directories are
 // removed only when empty; errors are logged.
 std::vector<std::string> Cleanup(VolumeState& state, const std::vector<std::string>& keep);
 
@@ -134,7 +135,9 @@ void SaveState(const VolumeState& state);
 void RemoveStaleStates(const std::string& pods_dir);
 
 // Removes the paths (mount targets made for pods) that are not in `keep` nor an ancestor of one,
-// deepest first, directories only when empty; returns the ones left.
+// and that no mount namespace on the host has a mount on or below (read from /proc/*/mountinfo,
+// symbolic links in the paths resolved), deepest first, directories only when empty; returns
+// the ones left.
 std::vector<std::string> RemoveCreated(std::vector<std::string> paths,
                                        const std::vector<std::string>& keep);
 

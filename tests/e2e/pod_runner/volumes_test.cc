@@ -1,7 +1,10 @@
 #include "tests/e2e/pod_runner/volumes.h"
 
 #include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -340,6 +343,55 @@ TEST_F(PrepareTest, MountPointsAnotherPodUsesAreLeftUntilItEnds) {
   left = RemoveCreated(left, {});
   EXPECT_TRUE(left.empty());
   EXPECT_FALSE(Exists(dir_ + "/m"));
+}
+
+// A pod of another runner: a process in a mount namespace of its own with a bind mount on a
+// directory this runner made. Removing the directory would unmount it under that process.
+TEST_F(PrepareTest, AMountPointAProcessInAnotherNamespaceUsesIsLeftUntilItEnds) {
+  const std::string source = dir_ + "/secret";
+  const std::string target = dir_ + "/link/m";  // reached through a symbolic link, as /var/run
+  ASSERT_EQ(mkdir(source.c_str(), 0755), 0);
+  ASSERT_EQ(mkdir((dir_ + "/real").c_str(), 0755), 0);
+  ASSERT_EQ(mkdir((dir_ + "/real/m").c_str(), 0755), 0);
+  ASSERT_EQ(symlink((dir_ + "/real").c_str(), (dir_ + "/link").c_str()), 0);
+  std::ofstream(source + "/token") << "t";
+  int ready[2];
+  int done[2];
+  ASSERT_EQ(pipe(ready), 0);
+  ASSERT_EQ(pipe(done), 0);
+  const pid_t pod = fork();
+  ASSERT_GE(pod, 0);
+  if (pod == 0) {
+    char result = 'y';
+    if (unshare(CLONE_NEWNS) != 0) {
+      result = 's';  // no right to make a mount namespace here
+    } else if (mount(nullptr, "/", nullptr, MS_REC | MS_SLAVE, nullptr) != 0 ||
+               mount(source.c_str(), target.c_str(), nullptr, MS_BIND, nullptr) != 0) {
+      result = 'n';
+    }
+    (void)!write(ready[1], &result, 1);
+    char c = 0;
+    (void)!read(done[0], &c, 1);  // until the test has looked
+    _exit(std::ifstream(target + "/token").good() ? 0 : 1);
+  }
+  char result = 0;
+  ASSERT_EQ(read(ready[0], &result, 1), 1);
+  if (result == 's') {
+    (void)!write(done[1], "x", 1);
+    waitpid(pod, nullptr, 0);
+    GTEST_SKIP() << "no right to create a mount namespace";
+  }
+  ASSERT_EQ(result, 'y');
+  auto left = RemoveCreated({target}, {});
+  EXPECT_EQ(left, std::vector<std::string>{target});
+  EXPECT_TRUE(Exists(dir_ + "/real/m"));
+  ASSERT_EQ(write(done[1], "x", 1), 1);
+  int status = 0;
+  ASSERT_EQ(waitpid(pod, &status, 0), pod);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the mount went under the pod";
+  EXPECT_TRUE(RemoveCreated(left, {}).empty());
+  EXPECT_FALSE(Exists(dir_ + "/real/m"));
+  for (int fd : {ready[0], ready[1], done[0], done[1]}) close(fd);
 }
 
 TEST_F(PrepareTest, ANonEmptyMadeDirectoryStays) {
