@@ -201,32 +201,35 @@ class Device {
                          const AdamWUpdate& h) = 0;
 };
 
-// Owns `count` elements of T in a device's memory; frees them on destruction. Move-only.
-// Not thread-safe.
-template <typename T>
-class DeviceBuffer {
+// Where an OwnedBuffer's memory is: the device's own (Device::Allocate) or its staging memory
+// (Device::AllocateStaging: host memory the device copies from without waiting).
+enum class MemoryKind { kDevice, kStaging };
+
+// Owns `count` elements of T in a device's memory of kind `kKind`; frees them on destruction.
+// Move-only. Not thread-safe. Use it as DeviceBuffer<T> or StagingBuffer<T>.
+template <typename T, MemoryKind kKind>
+class OwnedBuffer {
  public:
-  DeviceBuffer() = default;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+  OwnedBuffer() = default;
+  OwnedBuffer(const OwnedBuffer&) = delete;
+  OwnedBuffer& operator=(const OwnedBuffer&) = delete;
+  OwnedBuffer(OwnedBuffer&& o) noexcept { *this = std::move(o); }
+  OwnedBuffer& operator=(OwnedBuffer&& o) noexcept {
     if (this != &o) {
       Reset();
-      device_ = o.device_;
-      data_ = o.data_;
-      count_ = o.count_;
-      o.device_ = nullptr;
-      o.data_ = nullptr;
-      o.count_ = 0;
+      std::swap(device_, o.device_);
+      std::swap(data_, o.data_);
+      std::swap(count_, o.count_);
     }
     return *this;
   }
-  ~DeviceBuffer() { Reset(); }
+  ~OwnedBuffer() { Reset(); }
 
-  static Result<DeviceBuffer> Create(Device& device, size_t count) {
-    DeviceBuffer b;
-    auto p = device.Allocate(count * sizeof(T) + (count == 0 ? 1 : 0));
+  static Result<OwnedBuffer> Create(Device& device, size_t count) {
+    OwnedBuffer b;
+    auto p = kKind == MemoryKind::kDevice
+                 ? device.Allocate(count * sizeof(T) + (count == 0 ? 1 : 0))
+                 : device.AllocateStaging(count * sizeof(T));
     if (!p.ok()) return p.status();
     b.device_ = &device;
     b.data_ = static_cast<T*>(*p);
@@ -240,53 +243,13 @@ class DeviceBuffer {
   size_t bytes() const { return count_ * sizeof(T); }
 
   void Reset() {
-    if (device_ != nullptr && data_ != nullptr) device_->Free(data_);
-    device_ = nullptr;
-    data_ = nullptr;
-    count_ = 0;
-  }
-
- private:
-  Device* device_ = nullptr;
-  T* data_ = nullptr;
-  size_t count_ = 0;
-};
-
-// Owns `count` elements of T in a device's staging memory (Device::AllocateStaging), host
-// memory that the device copies from without waiting. Move-only. Not thread-safe.
-template <typename T>
-class StagingBuffer {
- public:
-  StagingBuffer() = default;
-  StagingBuffer(const StagingBuffer&) = delete;
-  StagingBuffer& operator=(const StagingBuffer&) = delete;
-  StagingBuffer(StagingBuffer&& o) noexcept { *this = std::move(o); }
-  StagingBuffer& operator=(StagingBuffer&& o) noexcept {
-    if (this != &o) {
-      Reset();
-      std::swap(device_, o.device_);
-      std::swap(data_, o.data_);
-      std::swap(count_, o.count_);
+    if (device_ != nullptr && data_ != nullptr) {
+      if (kKind == MemoryKind::kDevice) {
+        device_->Free(data_);
+      } else {
+        device_->FreeStaging(data_);
+      }
     }
-    return *this;
-  }
-  ~StagingBuffer() { Reset(); }
-
-  static Result<StagingBuffer> Create(Device& device, size_t count) {
-    StagingBuffer b;
-    auto p = device.AllocateStaging(count * sizeof(T));
-    if (!p.ok()) return p.status();
-    b.device_ = &device;
-    b.data_ = static_cast<T*>(*p);
-    b.count_ = count;
-    return b;
-  }
-
-  T* data() { return data_; }
-  size_t size() const { return count_; }
-
-  void Reset() {
-    if (device_ != nullptr && data_ != nullptr) device_->FreeStaging(data_);
     device_ = nullptr;
     data_ = nullptr;
     count_ = 0;
@@ -297,6 +260,11 @@ class StagingBuffer {
   T* data_ = nullptr;
   size_t count_ = 0;
 };
+
+template <typename T>
+using DeviceBuffer = OwnedBuffer<T, MemoryKind::kDevice>;
+template <typename T>
+using StagingBuffer = OwnedBuffer<T, MemoryKind::kStaging>;
 
 // The host CPU. `threads` BLAS threads; workers use 1 so that several share a machine's cores.
 std::unique_ptr<Device> CreateCpuDevice(int threads = 1);

@@ -46,6 +46,34 @@ def elastic_job(tmp, name="job.yaml", **overrides):
     return write(os.path.join(tmp, name), job_yaml(**spec))
 
 
+def stop_until_left_out(test, bg, worker, within):
+    """kill -STOP of `worker` in the run `bg` (a hung or partitioned member: the process lives
+    but answers nobody), a wait of up to `within` seconds for a plan without it, SIGCONT, and the
+    run's end: it must succeed, with one resize from the members before to one fewer, for the
+    worker's silence. Returns the run's summary."""
+    members = len(bg.plan_members())
+    victim = bg.workers()[worker]
+    os.kill(victim, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + within
+        while worker in bg.plan_members():
+            test.assertLess(time.monotonic(), deadline, "the stopped worker stayed a member")
+            test.assertIsNone(bg.proc.poll(), "vf run ended while a worker was stopped")
+            time.sleep(0.5)
+    finally:
+        try:
+            os.kill(victim, signal.SIGCONT)
+        except ProcessLookupError:
+            pass  # the run wound down and stopped it already
+    code, out, err, summary = bg.wait()
+    # The survivors went on: the run ends, with every step trained.
+    test.assertEqual(code, 0, out + err)
+    silent = [r for r in summary["resizes"] if "%s stopped answering" % worker in r["reason"]]
+    test.assertEqual(len(silent), 1, out)
+    test.assertEqual((silent[0]["from"], silent[0]["to"]), (members, members - 1))
+    return summary
+
+
 class Background:
     """`vf run` in the background, with its run info (coordinator URL, job secret) once
     serving."""
@@ -233,25 +261,7 @@ class ElasticTest(VfTestCase):
         while bg.plan_members() != {"worker-0", "worker-1", "worker-2"}:
             self.assertLess(time.monotonic(), deadline, "3 workers never trained together")
             time.sleep(0.2)
-        victim = bg.workers()["worker-2"]
-        os.kill(victim, signal.SIGSTOP)
-        try:
-            deadline = time.monotonic() + 90
-            while "worker-2" in bg.plan_members():
-                self.assertLess(time.monotonic(), deadline, "the stopped worker stayed a member")
-                self.assertIsNone(bg.proc.poll(), "vf run ended while a worker was stopped")
-                time.sleep(0.5)
-        finally:
-            try:
-                os.kill(victim, signal.SIGCONT)
-            except ProcessLookupError:
-                pass  # the run wound down and stopped it already
-        code, out, err, summary = bg.wait()
-        # The survivors went on: the run ends, with every step trained and the same weights.
-        self.assertEqual(code, 0, out + err)
-        silent = [r for r in summary["resizes"] if "worker-2 stopped answering" in r["reason"]]
-        self.assertEqual(len(silent), 1, out)
-        self.assertEqual((silent[0]["from"], silent[0]["to"]), (3, 2))
+        summary = stop_until_left_out(self, bg, "worker-2", within=90)
         self.assertEqual(summary["weights_sha256"], expected)
 
     def test_joiner_never_included_ends_at_once_on_sigterm(self):

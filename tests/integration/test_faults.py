@@ -7,7 +7,6 @@ stops answering (SIGSTOP) with the weights of an undisturbed run."""
 
 import concurrent.futures
 import os
-import signal
 import subprocess
 import tempfile
 import textwrap
@@ -16,7 +15,7 @@ import time
 import unittest
 
 from harness import SOURCE_DIR, VF, VfTestCase, read_state, vf, write
-from test_elastic import Background
+from test_elastic import Background, stop_until_left_out
 from test_torch import Background as TorchBackground
 
 PYTHON = os.environ.get("VF_PYTHON", "")
@@ -259,24 +258,7 @@ class TorchHungMemberTest(VfTestCase):
         # Stopped once the 3 have trained a step together, not while they still meet: the
         # stall the stop causes must be the only one the run sees.
         self.assertTrue(bg.wait_for_step(bg.step() + 1), "".join(bg.out))
-        victim = bg.workers()["worker-2"]
-        os.kill(victim, signal.SIGSTOP)
-        try:
-            deadline = time.monotonic() + 120
-            while "worker-2" in bg.plan_members():
-                self.assertLess(time.monotonic(), deadline, "the stopped worker stayed a member")
-                self.assertIsNone(bg.proc.poll(), "vf run ended while a worker was stopped")
-                time.sleep(0.5)
-        finally:
-            try:
-                os.kill(victim, signal.SIGCONT)
-            except ProcessLookupError:
-                pass  # the run wound down and stopped it already
-        code, out, err, summary = bg.wait()
-        self.assertEqual(code, 0, out + err)
-        silent = [r for r in summary["resizes"] if "worker-2 stopped answering" in r["reason"]]
-        self.assertEqual(len(silent), 1, out)
-        self.assertEqual((silent[0]["from"], silent[0]["to"]), (3, 2))
+        summary = stop_until_left_out(self, bg, "worker-2", within=120)
         reference = expected.result(timeout=600)
         self.assertSucceeded(reference)
         self.assertEqual(summary["weights_sha256"], reference.summary["weights_sha256"])

@@ -164,16 +164,11 @@ __global__ void SumRowStatsKernel(const double* row_loss, const int32_t* row_cor
   }
 }
 
-// Largest |x| as the bit pattern of a non-negative float: unsigned order is float order and
-// every NaN is above +Inf. Max is order-independent, so the atomic gives the same answer on
-// every run.
-__global__ void MaxAbsBitsKernel(const float* x, size_t n, uint32_t* out) {
+// Folds each thread's `best` into the block's maximum (a tree over shared memory) and that
+// into *out with one atomic max per block (max is order-free, so the result is deterministic).
+// Every thread of the block must call it.
+__device__ void BlockMaxInto(uint32_t best, uint32_t* out) {
   __shared__ uint32_t block_max[kThreads];
-  uint32_t best = 0;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    best = max(best, __float_as_uint(x[i]) & 0x7fffffffu);
-  }
   block_max[threadIdx.x] = best;
   __syncthreads();
   for (int s = blockDim.x / 2; s > 0; s /= 2) {
@@ -182,7 +177,19 @@ __global__ void MaxAbsBitsKernel(const float* x, size_t n, uint32_t* out) {
     }
     __syncthreads();
   }
-  if (threadIdx.x == 0) atomicMax(out, block_max[0]);
+  if (threadIdx.x == 0 && block_max[0] != 0) atomicMax(out, block_max[0]);
+}
+
+// Largest |x| as the bit pattern of a non-negative float: unsigned order is float order and
+// every NaN is above +Inf. Max is order-independent, so the atomic gives the same answer on
+// every run.
+__global__ void MaxAbsBitsKernel(const float* x, size_t n, uint32_t* out) {
+  uint32_t best = 0;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    best = max(best, __float_as_uint(x[i]) & 0x7fffffffu);
+  }
+  BlockMaxInto(best, out);
 }
 
 // acc[i] += round_half_even(x[i] * scale), the product exact in double. __double2ll_rn rounds
@@ -212,7 +219,6 @@ __global__ void AccumulateFixedKernel(const float* x, size_t n, double scale, do
 // the launch, carries them, so a recorded launch serves every step.
 __global__ void FoldBucketsKernel(const float* x, const FoldBucket* buckets, double limit,
                                   int64_t* acc, uint32_t* max_bits, uint32_t* bad) {
-  __shared__ uint32_t block_max[kThreads];
   const FoldBucket bucket = buckets[blockIdx.y];
   const bool fold = bucket.exponent != kNoExponent;
   const double scale = fold ? ldexp(1.0, bucket.exponent < 1000 ? bucket.exponent : 1000) : 0.0;
@@ -233,15 +239,7 @@ __global__ void FoldBucketsKernel(const float* x, const FoldBucket* buckets, dou
                                    static_cast<unsigned long long>(q));
     }
   }
-  block_max[threadIdx.x] = best;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s /= 2) {
-    if (static_cast<int>(threadIdx.x) < s) {
-      block_max[threadIdx.x] = max(block_max[threadIdx.x], block_max[threadIdx.x + s]);
-    }
-    __syncthreads();
-  }
-  if (threadIdx.x == 0 && block_max[0] != 0) atomicMax(max_bits + blockIdx.y, block_max[0]);
+  BlockMaxInto(best, max_bits + blockIdx.y);
   if (flagged) atomicOr(bad, 1u);
 }
 
