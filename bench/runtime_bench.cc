@@ -159,14 +159,18 @@ int Tuning(const Dataset& train, const Setup& setup, int virtual_nodes, int64_t 
     DeviceTuning tuning;
   };
   const DeviceTuning defaults;
-  DeviceTuning no_record = defaults, no_fused = defaults, pinned = defaults, none;
+  DeviceTuning no_record = defaults, no_fused = defaults, pinned = defaults, one_lane = defaults,
+               none;
+  one_lane.lanes = 1;
   no_record.record_nodes = false;
   no_fused.fused_fold = false;
   no_fused.record_nodes = false;  // recording needs the fused fold
   pinned.pinned_staging = true;
   none.record_nodes = none.fused_fold = none.pinned_staging = false;
+  none.lanes = 1;
   const std::vector<Config> configs = {
       {"defaults", defaults},
+      {"one lane (nodes in turn)", one_lane},
       {"without record (CUDA graphs)", no_record},
       {"without fused-fold or record", no_fused},
       {"with pinned-staging", pinned},

@@ -76,13 +76,13 @@ class VfBenchTest(unittest.TestCase):
 
     def test_tuning_times_each_configuration_and_checks_the_weights(self):
         # On the CPU every configuration issues the same work (the speed-ups are a GPU's), so
-        # this checks the plumbing: five rows, the defaults at 1, the weights compared.
+        # this checks the plumbing: six rows, the defaults at 1, the weights compared.
         rc, out, err = run("tuning", "--virtual-nodes", "4", "--global-batch", "64", *TINY)
         self.assertEqual(rc, 0, err)
         rows = re.findall(r"^(\S.*?)\s+([\d.]+)\s+([\d.]+)$", out, re.M)
         self.assertEqual([r[0] for r in rows],
-                         ["defaults", "without record (CUDA graphs)", "without fused-fold or record",
-                          "with pinned-staging", "none of them"])
+                         ["defaults", "one lane (nodes in turn)", "without record (CUDA graphs)",
+                          "without fused-fold or record", "with pinned-staging", "none of them"])
         self.assertEqual(rows[0][2], "1.000")
         self.assertIn("final weights: the same bits in every configuration", out)
 

@@ -70,11 +70,18 @@ struct DeviceTuning {
   // AllocateStaging(): page-locked host memory (a GPU: copies without a bounce buffer). Off:
   // on the H100 a step took 3% longer with it (samples of a 256-sample micro-batch).
   bool pinned_staging = false;
+  // Lanes(): how many virtual nodes' work may run at the same time (a GPU: a stream, a cuBLAS
+  // handle and its workspace each). 0 is the device's choice (a GPU: kDefaultCudaLanes; the
+  // CPU: 1, which has nothing to overlap; more runs them one after another, which tests use).
+  int lanes = 0;
 };
+inline constexpr int kDefaultCudaLanes = 4;
+inline constexpr int kMaxLanes = 16;
 
 // A compute device. All pointers passed to the math functions point to this device's memory.
 // All matrices are row-major. Kernels must be deterministic: the same inputs give bitwise the
-// same outputs on every call (no atomics or thread-count-dependent summation orders).
+// same outputs on every call (no floating-point atomics or thread-count-dependent summation
+// orders; integer sums and maxima, which no order changes, may combine with atomics).
 // Not thread-safe: one device object is driven by one thread.
 class Device {
  public:
@@ -116,6 +123,19 @@ class Device {
     return work();
   }
   virtual void Tune(const DeviceTuning& tuning) { (void)tuning; }
+
+  // Lanes: queues of work that the device may run at the same time (a GPU: streams), so that
+  // many small virtual nodes fill it. Fork(n) opens lanes 0..n-1 (n <= Lanes()), each starting
+  // after all work queued before it, and queues on lane 0; UseLane(l) queues later calls on
+  // lane l; Join() makes all later work wait for every lane's and queues on lane 0 again.
+  // Between Fork and Join, work on different lanes may overlap, so it must not touch memory
+  // another lane writes, except through FoldBuckets (its sums and maxima are integers, which no
+  // order changes; a device that overlaps lanes makes it safe to run concurrently). Each lane
+  // has its own scratch and its own Record() keys. A device without lanes runs them in turn.
+  virtual int Lanes() const { return 1; }
+  virtual void Fork(int lanes) { (void)lanes; }
+  virtual void UseLane(int lane) { (void)lane; }
+  virtual void Join() {}
   // Bytes in use in the device's own memory now, as its driver counts them (a GPU: the whole
   // device, runtime context and library workspaces included). 0 for a device without memory of
   // its own; on the CPU the process's resident set is the measure.

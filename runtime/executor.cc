@@ -55,9 +55,12 @@ Status Executor::Init() {
   const size_t n = model_->parameter_count();
   VF_ASSIGN_OR_RETURN(params_, DeviceBuffer<float>::Create(device_, n));
   VF_ASSIGN_OR_RETURN(grad_, DeviceBuffer<float>::Create(device_, n));
-  // One slot per virtual node, and a last one that every node's recorded work writes to.
-  VF_ASSIGN_OR_RETURN(node_stats_, DeviceBuffer<LossStats>::Create(
-                                       device_, static_cast<size_t>(job_.virtual_nodes) + 1));
+  // One slot per virtual node, then one per lane that every node's recorded work on the lane
+  // writes to.
+  VF_ASSIGN_OR_RETURN(node_stats_,
+                      DeviceBuffer<LossStats>::Create(
+                          device_, static_cast<size_t>(job_.virtual_nodes + kMaxLanes)));
+  lanes_.resize(1);
   host_node_stats_.resize(static_cast<size_t>(job_.virtual_nodes));
   slots_.clear();
   for (int i = 0; i < optimizer_->slot_count(); ++i) {
@@ -153,19 +156,40 @@ TrainingState Executor::Snapshot() const {
   return s;
 }
 
-Status Executor::ReserveStaging(const Dataset& data, int batch, size_t slots) {
+Status Executor::ReserveLanes(size_t count) {
+  while (lanes_.size() < count) {
+    Lane lane;
+    VF_ASSIGN_OR_RETURN(lane.model, CreateModel(job_.model, static_cast<int>(train_.sample_size()),
+                                                train_.num_classes, device_));
+    VF_ASSIGN_OR_RETURN(lane.grad, DeviceBuffer<float>::Create(device_, grad_.size()));
+    lanes_.push_back(std::move(lane));
+  }
+  return Status::Ok();
+}
+
+Status Executor::ReserveStaging(const Dataset& data, int batch, size_t slots, size_t lanes) {
   const size_t per = data.sample_size();
   if (batch > staged_capacity_) {
     // Sized by the largest batch staged (the micro-batch, or an evaluation chunk). Freeing
     // staging memory waits for the copies that read it.
-    const size_t values = static_cast<size_t>(batch) * per;
-    VF_ASSIGN_OR_RETURN(x_, DeviceBuffer<float>::Create(device_, values));
-    VF_ASSIGN_OR_RETURN(pixels_, DeviceBuffer<uint8_t>::Create(device_, values));
-    VF_ASSIGN_OR_RETURN(y_, DeviceBuffer<int32_t>::Create(device_, static_cast<size_t>(batch)));
+    for (Lane& lane : lanes_) {
+      lane.x.Reset();
+      lane.pixels.Reset();
+      lane.y.Reset();
+    }
     staging_.clear();
     staged_capacity_ = batch;
   }
-  const size_t pixel_bytes = (static_cast<size_t>(staged_capacity_) * per + 3) / 4 * 4;
+  const size_t values = static_cast<size_t>(staged_capacity_) * per;
+  for (size_t l = 0; l < lanes && l < lanes_.size(); ++l) {
+    Lane& lane = lanes_[l];
+    if (lane.x.size() == values && lane.y.size() == static_cast<size_t>(staged_capacity_)) continue;
+    VF_ASSIGN_OR_RETURN(lane.x, DeviceBuffer<float>::Create(device_, values));
+    VF_ASSIGN_OR_RETURN(lane.pixels, DeviceBuffer<uint8_t>::Create(device_, values));
+    VF_ASSIGN_OR_RETURN(
+        lane.y, DeviceBuffer<int32_t>::Create(device_, static_cast<size_t>(staged_capacity_)));
+  }
+  const size_t pixel_bytes = (values + 3) / 4 * 4;
   const size_t bytes = pixel_bytes + static_cast<size_t>(staged_capacity_) * sizeof(int32_t);
   while (staging_.size() < slots) {
     VF_ASSIGN_OR_RETURN(auto slot, StagingBuffer<uint8_t>::Create(device_, bytes));
@@ -174,10 +198,12 @@ Status Executor::ReserveStaging(const Dataset& data, int batch, size_t slots) {
   return Status::Ok();
 }
 
-Status Executor::Stage(const Dataset& data, std::span<const int64_t> indices, size_t slot) {
+Status Executor::Stage(const Dataset& data, std::span<const int64_t> indices, size_t slot,
+                       size_t lane) {
   const size_t per = data.sample_size();
   const int batch = static_cast<int>(indices.size());
-  VF_RETURN_IF_ERROR(ReserveStaging(data, batch, slot + 1));
+  VF_RETURN_IF_ERROR(ReserveStaging(data, batch, slot + 1, lane + 1));
+  Lane& to = lanes_[lane];
   // The host only gathers the rows into the slot; the device converts them.
   uint8_t* pixels = staging_[slot].data();
   const size_t pixel_bytes = (static_cast<size_t>(staged_capacity_) * per + 3) / 4 * 4;
@@ -188,11 +214,63 @@ Status Executor::Stage(const Dataset& data, std::span<const int64_t> indices, si
     labels[i] = data.labels[static_cast<size_t>(indices[i])];
   }
   const size_t values = static_cast<size_t>(batch) * per;
-  device_.CopyFromHost(pixels_.data(), pixels, values);
-  device_.CopyFromHost(y_.data(), labels, static_cast<size_t>(batch) * sizeof(int32_t));
-  device_.NormalizePixels(pixels_.data(), values, 1.f / (255.f * kPixelStd), kPixelMean / kPixelStd,
-                          x_.data());
+  device_.CopyFromHost(to.pixels.data(), pixels, values);
+  device_.CopyFromHost(to.y.data(), labels, static_cast<size_t>(batch) * sizeof(int32_t));
+  device_.NormalizePixels(to.pixels.data(), values, 1.f / (255.f * kPixelStd),
+                          kPixelMean / kPixelStd, to.x.data());
   return Status::Ok();
+}
+
+Status Executor::ComputeNode(size_t lane, size_t k, float* sum) {
+  Lane& on = lanes_[lane];
+  Model& model = lane == 0 ? *model_ : *on.model;
+  const int b = static_cast<int>(job_.micro_batch());
+  // Fast mode's sum takes each node's gradient in place; exact mode gets each through Add.
+  const GradientOutput output = sum != nullptr ? GradientOutput::kAdd : GradientOutput::kWrite;
+  float* const grad = sum != nullptr ? sum : (lane == 0 ? grad_.data() : on.grad.data());
+  // The node's whole computation reads and writes fixed device buffers (the exact fold takes its
+  // exponents from the device, the statistics go to the lane's scratch slot), so a GPU records
+  // it once per lane and replays it for every node; only the statistics' copy names the node.
+  LossStats* const stats = node_stats_.data() + job_.virtual_nodes + lane;
+  const uint64_t key[] = {reinterpret_cast<uintptr_t>(stats),
+                          reinterpret_cast<uintptr_t>(grad),
+                          reinterpret_cast<uintptr_t>(params_.data()),
+                          reinterpret_cast<uintptr_t>(on.x.data()),
+                          reinterpret_cast<uintptr_t>(on.y.data()),
+                          reinterpret_cast<uintptr_t>(reducer_.get()),
+                          static_cast<uint64_t>(b)};
+  const Status node = device_.Record(key, [&]() -> Status {
+    VF_RETURN_IF_ERROR(
+        model.ForwardBackward(params_.data(), on.x.data(), on.y.data(), b, output, grad, stats));
+    return sum == nullptr ? reducer_->Add(grad) : Status::Ok();
+  });
+  VF_RETURN_IF_ERROR(node);
+  device_.Copy(node_stats_.data() + k, stats, sizeof(LossStats));
+  return Status::Ok();
+}
+
+Status Executor::ComputeNodes(std::span<const int> local_vnodes, float* sum) {
+  // Exact mode's nodes share nothing but the reducer's integer sums, so a device with lanes runs
+  // several at once; fast mode adds every node into one float sum, in order, on one lane.
+  const size_t lanes = sum != nullptr
+                           ? 1
+                           : std::clamp<size_t>(static_cast<size_t>(device_.Lanes()), 1,
+                                                std::max<size_t>(local_vnodes.size(), 1));
+  VF_RETURN_IF_ERROR(ReserveLanes(lanes));
+  // Staging first: a slot per node, allocated before any node's work is recorded.
+  VF_RETURN_IF_ERROR(
+      ReserveStaging(train_, static_cast<int>(job_.micro_batch()), local_vnodes.size(), lanes));
+  if (lanes > 1) device_.Fork(static_cast<int>(lanes));
+  Status status = Status::Ok();
+  for (size_t k = 0; k < local_vnodes.size() && status.ok(); ++k) {
+    const size_t lane = k % lanes;
+    if (lanes > 1) device_.UseLane(static_cast<int>(lane));
+    sharder_.MicroBatch(step_, local_vnodes[k], &indices_);
+    status = Stage(train_, indices_, k, lane);
+    if (status.ok()) status = ComputeNode(lane, k, sum);
+  }
+  if (lanes > 1) device_.Join();
+  return status;
 }
 
 Result<StepResult> Executor::Step(Communicator& comm, std::span<const int> local_vnodes,
@@ -211,40 +289,12 @@ Result<StepResult> Executor::Step(Communicator& comm, std::span<const int> local
   if (!has_state_) return FailedPrecondition("the executor has no training state yet");
   StepResult out;
   out.step = step_;
-  const int b = static_cast<int>(job_.micro_batch());
   // At most one redo: after it the scale comes from this very step's maxima.
   for (int attempt = 0; attempt < 3; ++attempt) {
     reducer_->Begin();
     // One wait for the device per step, not per node: a GPU then runs the nodes back to back.
     const auto t0 = std::chrono::steady_clock::now();
-    // Fast mode's sum takes each node's gradient in place; exact mode gets each through Add.
-    float* const sum = reducer_->sum_in_place();
-    const GradientOutput output = sum != nullptr ? GradientOutput::kAdd : GradientOutput::kWrite;
-    float* const grad = sum != nullptr ? sum : grad_.data();
-    // Staging first: a slot per node, allocated before any node's work is recorded.
-    VF_RETURN_IF_ERROR(ReserveStaging(train_, b, local_vnodes.size()));
-    for (size_t k = 0; k < local_vnodes.size(); ++k) {
-      sharder_.MicroBatch(step_, local_vnodes[k], &indices_);
-      VF_RETURN_IF_ERROR(Stage(train_, indices_, k));
-      // The node's whole computation reads and writes fixed device buffers (the exact fold takes
-      // its exponents from the device, the statistics go to one scratch slot), so a GPU records
-      // it once and replays it for every node; only the statistics' copy names the node.
-      LossStats* const stats = node_stats_.data() + job_.virtual_nodes;
-      const uint64_t key[] = {reinterpret_cast<uintptr_t>(stats),
-                              reinterpret_cast<uintptr_t>(grad),
-                              reinterpret_cast<uintptr_t>(params_.data()),
-                              reinterpret_cast<uintptr_t>(x_.data()),
-                              reinterpret_cast<uintptr_t>(y_.data()),
-                              reinterpret_cast<uintptr_t>(reducer_.get()),
-                              static_cast<uint64_t>(b)};
-      const Status node = device_.Record(key, [&]() -> Status {
-        VF_RETURN_IF_ERROR(
-            model_->ForwardBackward(params_.data(), x_.data(), y_.data(), b, output, grad, stats));
-        return sum == nullptr ? reducer_->Add(grad) : Status::Ok();
-      });
-      VF_RETURN_IF_ERROR(node);
-      device_.Copy(node_stats_.data() + k, stats, sizeof(LossStats));
-    }
+    VF_RETURN_IF_ERROR(ComputeNodes(local_vnodes, reducer_->sum_in_place()));
     // Waits for the device (the copy comes after all the queued work).
     device_.CopyToHost(host_node_stats_.data(), node_stats_.data(),
                        local_vnodes.size() * sizeof(LossStats));
@@ -289,8 +339,8 @@ Result<LossStats> Executor::Evaluate(const Dataset& data, int chunk) {
     idx.resize(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) idx[static_cast<size_t>(i)] = start + i;
     VF_RETURN_IF_ERROR(Stage(data, idx, 0));
-    VF_ASSIGN_OR_RETURN(
-        LossStats s, model_->Evaluate(params_.data(), x_.data(), y_.data(), static_cast<int>(n)));
+    VF_ASSIGN_OR_RETURN(LossStats s, model_->Evaluate(params_.data(), lanes_[0].x.data(),
+                                                      lanes_[0].y.data(), static_cast<int>(n)));
     total.loss_sum += s.loss_sum;
     total.correct += s.correct;
     total.samples += s.samples;

@@ -38,7 +38,9 @@ struct StepResult {
 // Holds the full training state of a job on one device (every rank holds all of it) and runs
 // its steps: for each local virtual node, in the order given, load the node's micro-batch,
 // compute its gradient and add it to the reducer; reduce across ranks; apply the optimizer.
-// Memory is sized by the micro-batch, never by the global batch. Not thread-safe.
+// In exact mode a device with lanes (Device::Fork) computes several nodes at once, node k on
+// lane k mod lanes; the fixed-point sum makes the result the same bits. Memory is sized by the
+// micro-batch and the lanes, never by the global batch. Not thread-safe.
 class Executor {
  public:
   // `train` must outlive the executor.
@@ -97,13 +99,33 @@ class Executor {
  private:
   Executor(const JobSpec& job, Device& device, const Dataset& train);
   Status Init();
+  // What the virtual nodes of one device lane compute in: lane 0 is the executor's own model
+  // and gradient; the others have their own, so nodes on different lanes write no memory in
+  // common (the reducer's sums excepted, see Device::Fork).
+  struct Lane {
+    std::unique_ptr<Model> model;  // null on lane 0: model_ serves it
+    DeviceBuffer<float> grad;      // exact mode's node gradient; empty on lane 0: grad_
+    DeviceBuffer<float> x;         // the staged batch as the model's input
+    DeviceBuffer<int32_t> y;       // its labels
+    DeviceBuffer<uint8_t> pixels;  // its raw pixels, converted into x
+  };
+
   // Copies samples `indices` of `data` to the device as normalized floats and int32 labels:
   // gathers the samples at `indices` into staging slot `slot` and queues their copy and
-  // conversion into x_ and y_. A slot is rewritten only after the device has waited, so the
-  // step's nodes each get one and evaluation reuses slot 0.
-  Status Stage(const Dataset& data, std::span<const int64_t> indices, size_t slot);
-  // Makes `slots` staging slots of `batch` samples each (and x_, y_ for `batch`) available.
-  Status ReserveStaging(const Dataset& data, int batch, size_t slots);
+  // conversion into `lane`'s x and y. A slot is rewritten only after the device has waited, so
+  // the step's nodes each get one and evaluation reuses slot 0.
+  Status Stage(const Dataset& data, std::span<const int64_t> indices, size_t slot, size_t lane = 0);
+  // Makes `slots` staging slots of `batch` samples each, and x, y and pixels for `batch` on
+  // each of the first `lanes` lanes, available.
+  Status ReserveStaging(const Dataset& data, int batch, size_t slots, size_t lanes = 1);
+  // Makes the first `count` lanes exist (models and gradient buffers).
+  Status ReserveLanes(size_t count);
+  // Queues the forward and backward passes of the local virtual nodes (the step's first part),
+  // each node's gradient into `sum` when fast mode takes it in place (null: exact mode, through
+  // the reducer's Add), and its statistics into node_stats_.
+  Status ComputeNodes(std::span<const int> local_vnodes, float* sum);
+  // One node, already staged on lane `lane`, into stats slot `k`.
+  Status ComputeNode(size_t lane, size_t k, float* sum);
 
   JobSpec job_;
   std::string fingerprint_;
@@ -114,16 +136,14 @@ class Executor {
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Reducer> reducer_;
   DeviceBuffer<float> params_;
-  DeviceBuffer<float> grad_;  // one virtual node's gradient, then the mean gradient
-  // The loss statistics of the step's local virtual nodes, in the device's memory until the
-  // step's one wait for the device, then on the host.
+  DeviceBuffer<float> grad_;  // lane 0's node gradient, then the mean gradient
+  // The loss statistics of the step's local virtual nodes (then one scratch slot per lane), in
+  // the device's memory until the step's one wait for the device, then on the host.
   DeviceBuffer<LossStats> node_stats_;
   std::vector<LossStats> host_node_stats_;
   std::vector<DeviceBuffer<float>> slots_;
-  DeviceBuffer<float> x_;
-  DeviceBuffer<int32_t> y_;
+  std::vector<Lane> lanes_;  // lanes_[0] always exists
   int staged_capacity_ = 0;
-  DeviceBuffer<uint8_t> pixels_;  // the staged batch's raw pixels, converted into x_
   // Per slot: `staged_capacity_` samples' pixels, then their labels as int32 (see Stage).
   std::vector<StagingBuffer<uint8_t>> staging_;
   std::vector<int64_t> indices_;

@@ -112,7 +112,7 @@ TEST_F(CudaExecutorTest, ExactModeWeightsDoNotDependOnTheVirtualNodeOrder) {
 }
 
 TEST_F(CudaExecutorTest, DeviceTuningNeverChangesTheWeights) {
-  // CUDA graphs, the fused fold and pinned staging change how the work is issued: every
+  // CUDA graphs, the fused fold, pinned staging and lanes change how the work is issued: every
   // combination trains to the same bits, in both reduction modes. With graphs, the first node
   // runs unrecorded, the second is captured and every later one replays the recording.
   for (Reduction mode : {Reduction::kExact, Reduction::kFast}) {
@@ -128,7 +128,22 @@ TEST_F(CudaExecutorTest, DeviceTuningNeverChangesTheWeights) {
     const TrainingState pinned = Train(job, *gpu_, order);
     gpu_->Tune(DeviceTuning{false, false, false});
     const TrainingState all_off = Train(job, *gpu_, order);
+    // Lanes: one (every node in turn), three (unevenly: 3, 3 and 2 nodes), four without graphs.
+    DeviceTuning lanes;
+    lanes.lanes = 1;
+    gpu_->Tune(lanes);
+    const TrainingState one_lane = Train(job, *gpu_, order);
+    lanes.lanes = 3;
+    gpu_->Tune(lanes);
+    const TrainingState three_lanes = Train(job, *gpu_, order);
+    lanes.lanes = 4;
+    lanes.record_nodes = false;
+    gpu_->Tune(lanes);
+    const TrainingState lanes_without_graphs = Train(job, *gpu_, order);
     gpu_->Tune(DeviceTuning{});
+    EXPECT_TRUE(all_on.parameters == one_lane.parameters) << ReductionName(mode);
+    EXPECT_TRUE(all_on.parameters == three_lanes.parameters) << ReductionName(mode);
+    EXPECT_TRUE(all_on.parameters == lanes_without_graphs.parameters) << ReductionName(mode);
     EXPECT_EQ(all_on.step, 30);
     EXPECT_TRUE(all_on.parameters == without_graphs.parameters) << ReductionName(mode);
     EXPECT_TRUE(all_on.parameters == pinned.parameters) << ReductionName(mode);

@@ -1,6 +1,7 @@
 // The CPU backend of Device: OpenBLAS for matrix products, plain loops for the rest.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -29,6 +30,11 @@ class CpuDevice final : public Device {
   void Fill(float* x, float value, size_t n) override;
   void FillInt64(int64_t* x, int64_t value, size_t n) override;
   void Synchronize() override {}
+  // Lanes run one after another here; more than one only exercises a caller's lane logic.
+  void Tune(const DeviceTuning& tuning) override {
+    lanes_ = tuning.lanes > 0 ? std::min(tuning.lanes, kMaxLanes) : 1;
+  }
+  int Lanes() const override { return lanes_; }
 
   void Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const float* a,
             const float* b, float beta, float* c) override;
@@ -66,6 +72,7 @@ class CpuDevice final : public Device {
 
  private:
   int threads_;
+  int lanes_ = 1;
   std::vector<float> column_sums_;  // SumRows's column sums when it adds them to its output
 };
 

@@ -216,7 +216,9 @@ __global__ void AccumulateFixedKernel(const float* x, size_t n, double scale, do
 // MaxAbsBitsKernel and AccumulateFixedKernel handle it, so the results are theirs bit for bit.
 // The scale is computed here from the table's exponent (ldexp is exact, as std::ldexp), with the
 // clamp of CudaDevice::AccumulateFixedInto; the exponents change every step and the table, not
-// the launch, carries them, so a recorded launch serves every step.
+// the launch, carries them, so a recorded launch serves every step. kAtomic adds with an integer
+// atomic, for nodes folded at the same time on several lanes (the sum is the same in any order).
+template <bool kAtomic>
 __global__ void FoldBucketsKernel(const float* x, const FoldBucket* buckets, double limit,
                                   int64_t* acc, uint32_t* max_bits, uint32_t* bad) {
   const FoldBucket bucket = buckets[blockIdx.y];
@@ -235,8 +237,13 @@ __global__ void FoldBucketsKernel(const float* x, const FoldBucket* buckets, dou
       const bool ok = fabs(v) <= limit;
       flagged |= !ok;
       const long long q = ok ? __double2ll_rn(v) : 0;
-      ab[i] = static_cast<int64_t>(static_cast<unsigned long long>(ab[i]) +
-                                   static_cast<unsigned long long>(q));
+      if constexpr (kAtomic) {
+        atomicAdd(reinterpret_cast<unsigned long long*>(ab + i),
+                  static_cast<unsigned long long>(q));
+      } else {
+        ab[i] = static_cast<int64_t>(static_cast<unsigned long long>(ab[i]) +
+                                     static_cast<unsigned long long>(q));
+      }
     }
   }
   BlockMaxInto(best, max_bits + blockIdx.y);
@@ -307,23 +314,10 @@ CudaDevice::CudaDevice(int ordinal) : ordinal_(ordinal) {
   cudaDeviceProp prop{};
   Check(cudaGetDeviceProperties(&prop, ordinal), "cudaGetDeviceProperties");
   name_ = "cuda:" + std::to_string(ordinal) + " (" + prop.name + ")";
-  cudaStream_t stream = nullptr;
-  Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  stream_ = stream;
-  cublasHandle_t blas = nullptr;
-  CheckBlas(cublasCreate(&blas), "cublasCreate");
-  blas_ = blas;
-  CheckBlas(cublasSetStream(blas, stream), "cublasSetStream");
-  // Full float32 products (no TF32 tensor cores), and no atomics inside cuBLAS: its results
-  // are then the same on every run on the same GPU model.
-  CheckBlas(cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
-  CheckBlas(cublasSetAtomicsMode(blas, CUBLAS_ATOMICS_NOT_ALLOWED), "cublasSetAtomicsMode");
-  // A workspace of our own, of the size cuBLAS's default pool has on Hopper: a product recorded
-  // into a CUDA graph (Record) then allocates nothing. Set after the stream, which resets it.
-  void* workspace = nullptr;
-  Check(cudaMalloc(&workspace, kBlasWorkspaceBytes), "cudaMalloc");
-  blas_workspace_ = workspace;
-  CheckBlas(cublasSetWorkspace(blas, workspace, kBlasWorkspaceBytes), "cublasSetWorkspace");
+  AddLane();
+  cudaEvent_t fork = nullptr;
+  Check(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), "cudaEventCreate");
+  fork_ = fork;
   void* word = nullptr;
   Check(cudaMalloc(&word, sizeof(uint32_t)), "cudaMalloc");
   word_ = static_cast<uint32_t*>(word);
@@ -332,18 +326,89 @@ CudaDevice::CudaDevice(int ordinal) : ordinal_(ordinal) {
   stats_ = static_cast<LossStats*>(stats);
 }
 
+void CudaDevice::AddLane() {
+  Lane l;
+  cudaStream_t stream = nullptr;
+  Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  l.stream = stream;
+  cudaEvent_t done = nullptr;
+  Check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
+  l.done = done;
+  cublasHandle_t blas = nullptr;
+  CheckBlas(cublasCreate(&blas), "cublasCreate");
+  l.blas = blas;
+  CheckBlas(cublasSetStream(blas, stream), "cublasSetStream");
+  // Full float32 products (no TF32 tensor cores), and no atomics inside cuBLAS: its results
+  // are then the same on every run on the same GPU model, on every lane.
+  CheckBlas(cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+  CheckBlas(cublasSetAtomicsMode(blas, CUBLAS_ATOMICS_NOT_ALLOWED), "cublasSetAtomicsMode");
+  // A workspace of our own, of the size cuBLAS's default pool has on Hopper: a product recorded
+  // into a CUDA graph (Record) then allocates nothing. Set after the stream, which resets it.
+  void* workspace = nullptr;
+  Check(cudaMalloc(&workspace, kBlasWorkspaceBytes), "cudaMalloc");
+  l.blas_workspace = workspace;
+  CheckBlas(cublasSetWorkspace(blas, workspace, kBlasWorkspaceBytes), "cublasSetWorkspace");
+  lanes_.push_back(l);
+}
+
 CudaDevice::~CudaDevice() {
   // Best effort: a failing teardown must not end the process.
   cudaSetDevice(ordinal_);
-  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  SynchronizeAll();
   ForgetRecordings();
   cudaFree(word_);
   cudaFree(stats_);
-  cudaFree(row_loss_);
-  cudaFree(row_correct_);
-  if (blas_ != nullptr) cublasDestroy(blas_);
-  cudaFree(blas_workspace_);
-  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  if (fork_ != nullptr) cudaEventDestroy(fork_);
+  for (Lane& l : lanes_) {
+    cudaFree(l.row_loss);
+    cudaFree(l.row_correct);
+    if (l.blas != nullptr) cublasDestroy(l.blas);
+    cudaFree(l.blas_workspace);
+    if (l.done != nullptr) cudaEventDestroy(l.done);
+    if (l.stream != nullptr) cudaStreamDestroy(l.stream);
+  }
+}
+
+void CudaDevice::SynchronizeAll() noexcept {
+  for (Lane& l : lanes_) {
+    if (l.stream != nullptr) cudaStreamSynchronize(l.stream);
+  }
+}
+
+int CudaDevice::Lanes() const {
+  // Overlapping nodes need the fused fold, the only fold that adds atomically.
+  if (!tuning_.fused_fold) return 1;
+  return tuning_.lanes > 0 ? std::min(tuning_.lanes, kMaxLanes) : kDefaultCudaLanes;
+}
+
+void CudaDevice::Fork(int lanes) {
+  if (capturing_) Die("Fork", "lanes cannot open while recording");
+  lanes = std::clamp(lanes, 1, kMaxLanes);
+  while (lanes_.size() < static_cast<size_t>(lanes)) AddLane();
+  current_ = 0;
+  forked_ = lanes;
+  if (lanes == 1) return;
+  Check(cudaEventRecord(fork_, lanes_[0].stream), "cudaEventRecord");
+  for (int l = 1; l < lanes; ++l) {
+    Check(cudaStreamWaitEvent(lanes_[static_cast<size_t>(l)].stream, fork_, 0),
+          "cudaStreamWaitEvent");
+  }
+}
+
+void CudaDevice::UseLane(int lane) {
+  if (lane < 0 || lane >= forked_) Die("UseLane", "the lane is not open (Fork first)");
+  current_ = static_cast<size_t>(lane);
+}
+
+void CudaDevice::Join() {
+  if (capturing_) Die("Join", "lanes cannot close while recording");
+  for (int l = 1; l < forked_; ++l) {
+    Lane& other = lanes_[static_cast<size_t>(l)];
+    Check(cudaEventRecord(other.done, other.stream), "cudaEventRecord");
+    Check(cudaStreamWaitEvent(lanes_[0].stream, other.done, 0), "cudaStreamWaitEvent");
+  }
+  current_ = 0;
+  forked_ = 1;
 }
 
 Result<void*> CudaDevice::Allocate(size_t bytes) {
@@ -355,16 +420,16 @@ Result<void*> CudaDevice::Allocate(size_t bytes) {
     return Internal(name_ + ": cannot allocate " + std::to_string(bytes) +
                     " bytes: " + cudaGetErrorString(e));
   }
-  Check(cudaMemsetAsync(p, 0, bytes == 0 ? 1 : bytes, stream_), "cudaMemset");
-  Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  Check(cudaMemsetAsync(p, 0, bytes == 0 ? 1 : bytes, stream()), "cudaMemset");
+  Check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
   return p;
 }
 
 void CudaDevice::Free(void* ptr) noexcept {
   if (ptr == nullptr) return;
   // Work queued on the buffer must finish before its memory is reused, and no recording may
-  // name it afterwards.
-  cudaStreamSynchronize(stream_);
+  // name it afterwards, on any lane.
+  SynchronizeAll();
   ForgetRecordings();
   cudaFree(ptr);
 }
@@ -386,7 +451,7 @@ void CudaDevice::FreeStaging(void* ptr) noexcept {
   if (ptr == nullptr) return;
   // A copy queued from this memory may still be reading it. The tuning may have changed since
   // the allocation, so ask the driver which kind it is.
-  cudaStreamSynchronize(stream_);
+  SynchronizeAll();
   cudaPointerAttributes attributes{};
   if (cudaPointerGetAttributes(&attributes, ptr) == cudaSuccess &&
       attributes.type == cudaMemoryTypeHost) {
@@ -412,7 +477,10 @@ void CudaDevice::ForgetRecordings() noexcept {
 
 Status CudaDevice::Record(std::span<const uint64_t> key, const std::function<Status()>& work) {
   if (!tuning_.record_nodes || capturing_) return work();
-  std::vector<uint64_t> k(key.begin(), key.end());
+  // A graph replays the lane's handle and scratch, and FoldBuckets' kind (atomic while lanes
+  // are open): both belong in the key.
+  std::vector<uint64_t> k = {current_, forked_ > 1 ? 1u : 0u};
+  k.insert(k.end(), key.begin(), key.end());
   auto it = recordings_.find(k);
   if (it == recordings_.end()) {
     // The first use runs as is: the allocations and library set-up the work needs happen here,
@@ -421,13 +489,13 @@ Status CudaDevice::Record(std::span<const uint64_t> key, const std::function<Sta
     return work();
   }
   if (it->second == nullptr) {
-    Check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+    Check(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal),
           "cudaStreamBeginCapture");
     capturing_ = true;
     const Status s = work();
     capturing_ = false;
     cudaGraph_t graph = nullptr;
-    const cudaError_t e = cudaStreamEndCapture(stream_, &graph);
+    const cudaError_t e = cudaStreamEndCapture(stream(), &graph);
     if (!s.ok()) {
       // Nothing captured ran; the caller sees the error (the step fails).
       if (graph != nullptr) cudaGraphDestroy(graph);
@@ -441,7 +509,7 @@ Status CudaDevice::Record(std::span<const uint64_t> key, const std::function<Sta
     Check(ie, "cudaGraphInstantiate");
     it->second = exec;
   }
-  Check(cudaGraphLaunch(it->second, stream_), "cudaGraphLaunch");
+  Check(cudaGraphLaunch(it->second, stream()), "cudaGraphLaunch");
   return Status::Ok();
 }
 
@@ -449,33 +517,35 @@ void CudaDevice::CopyFromHost(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
   // From pageable memory the call returns once the source has been staged, so the caller may
   // reuse it at once.
-  Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "copy to device");
+  Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream()), "copy to device");
 }
 
 void CudaDevice::CopyToHost(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
-  Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "copy to host");
-  Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream()), "copy to host");
+  Check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize");
 }
 
 void CudaDevice::Copy(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
-  Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copy on device");
+  Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream()), "copy on device");
 }
 
 void CudaDevice::Fill(float* x, float value, size_t n) {
   if (n == 0) return;
-  FillKernel<<<Blocks(n), kThreads, 0, stream_>>>(x, value, n);
+  FillKernel<<<Blocks(n), kThreads, 0, stream()>>>(x, value, n);
   CheckLaunch("Fill");
 }
 
 void CudaDevice::FillInt64(int64_t* x, int64_t value, size_t n) {
   if (n == 0) return;
-  FillKernel<<<Blocks(n), kThreads, 0, stream_>>>(x, value, n);
+  FillKernel<<<Blocks(n), kThreads, 0, stream()>>>(x, value, n);
   CheckLaunch("FillInt64");
 }
 
-void CudaDevice::Synchronize() { Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
+void CudaDevice::Synchronize() {
+  for (Lane& l : lanes_) Check(cudaStreamSynchronize(l.stream), "cudaStreamSynchronize");
+}
 
 size_t CudaDevice::MemoryInUse() {
   size_t free_bytes = 0;
@@ -492,7 +562,7 @@ void CudaDevice::Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, f
   // operands swapped, the leading dimensions the stored row lengths (as for the CPU's BLAS).
   const int lda = transpose_a ? m : k;
   const int ldb = transpose_b ? k : n;
-  CheckBlas(cublasSgemm(blas_, transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+  CheckBlas(cublasSgemm(lane().blas, transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                         transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b,
                         ldb < 1 ? 1 : ldb, a, lda < 1 ? 1 : lda, &beta, c, n),
             "cublasSgemm");
@@ -501,44 +571,45 @@ void CudaDevice::Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, f
 void CudaDevice::NormalizePixels(const uint8_t* in, size_t n, float scale, float shift,
                                  float* out) {
   if (n == 0) return;
-  NormalizePixelsKernel<<<Blocks(n), kThreads, 0, stream_>>>(in, n, scale, shift, out);
+  NormalizePixelsKernel<<<Blocks(n), kThreads, 0, stream()>>>(in, n, scale, shift, out);
   CheckLaunch("NormalizePixels");
 }
 
 void CudaDevice::AddBiasActivate(float* y, const float* bias, int rows, int cols, bool relu) {
   if (rows <= 0 || cols <= 0) return;
-  AddBiasActivateKernel<<<Blocks(static_cast<size_t>(rows) * cols), kThreads, 0, stream_>>>(
+  AddBiasActivateKernel<<<Blocks(static_cast<size_t>(rows) * cols), kThreads, 0, stream()>>>(
       y, bias, rows, cols, relu);
   CheckLaunch("AddBiasActivate");
 }
 
 void CudaDevice::ReluBackward(float* dy, const float* y, size_t n) {
   if (n == 0) return;
-  ReluBackwardKernel<<<Blocks(n), kThreads, 0, stream_>>>(dy, y, n);
+  ReluBackwardKernel<<<Blocks(n), kThreads, 0, stream()>>>(dy, y, n);
   CheckLaunch("ReluBackward");
 }
 
 void CudaDevice::SumRows(const float* x, int rows, int cols, bool add, float* out) {
   if (cols <= 0) return;
-  SumRowsKernel<<<(cols + kThreads - 1) / kThreads, kThreads, 0, stream_>>>(x, rows < 0 ? 0 : rows,
-                                                                            cols, add, out);
+  SumRowsKernel<<<(cols + kThreads - 1) / kThreads, kThreads, 0, stream()>>>(x, rows < 0 ? 0 : rows,
+                                                                             cols, add, out);
   CheckLaunch("SumRows");
 }
 
 void CudaDevice::EnsureRowScratch(int rows) {
-  if (rows <= row_capacity_) return;
+  Lane& l = lane();
+  if (rows <= l.row_capacity) return;
   if (capturing_) Die("SoftmaxCrossEntropy", "the row scratch grew while recording");
-  cudaStreamSynchronize(stream_);
+  SynchronizeAll();
   ForgetRecordings();
-  cudaFree(row_loss_);
-  cudaFree(row_correct_);
+  cudaFree(l.row_loss);
+  cudaFree(l.row_correct);
   void* loss = nullptr;
   void* correct = nullptr;
   Check(cudaMalloc(&loss, sizeof(double) * static_cast<size_t>(rows)), "cudaMalloc");
   Check(cudaMalloc(&correct, sizeof(int32_t) * static_cast<size_t>(rows)), "cudaMalloc");
-  row_loss_ = static_cast<double*>(loss);
-  row_correct_ = static_cast<int32_t*>(correct);
-  row_capacity_ = rows;
+  l.row_loss = static_cast<double*>(loss);
+  l.row_correct = static_cast<int32_t*>(correct);
+  l.row_capacity = rows;
 }
 
 void CudaDevice::SoftmaxCrossEntropyInto(const float* logits, const int32_t* labels, int rows,
@@ -551,11 +622,11 @@ void CudaDevice::SoftmaxCrossEntropyInto(const float* logits, const int32_t* lab
     return;
   }
   EnsureRowScratch(rows);
-  SoftmaxCrossEntropyKernel<<<(rows + kThreads - 1) / kThreads, kThreads, 0, stream_>>>(
-      logits, labels, rows, cols, static_cast<double>(grad_scale), dlogits, row_loss_,
-      row_correct_);
+  SoftmaxCrossEntropyKernel<<<(rows + kThreads - 1) / kThreads, kThreads, 0, stream()>>>(
+      logits, labels, rows, cols, static_cast<double>(grad_scale), dlogits, lane().row_loss,
+      lane().row_correct);
   CheckLaunch("SoftmaxCrossEntropy");
-  SumRowStatsKernel<<<1, kThreads, 0, stream_>>>(row_loss_, row_correct_, rows, stats);
+  SumRowStatsKernel<<<1, kThreads, 0, stream()>>>(lane().row_loss, lane().row_correct, rows, stats);
   CheckLaunch("SoftmaxCrossEntropy sums");
 }
 
@@ -569,14 +640,14 @@ LossStats CudaDevice::SoftmaxCrossEntropy(const float* logits, const int32_t* la
 
 void CudaDevice::MaxAbsInto(const float* x, size_t n, uint32_t* max_bits) {
   if (n == 0) return;
-  MaxAbsBitsKernel<<<Blocks(n), kThreads, 0, stream_>>>(x, n, max_bits);
+  MaxAbsBitsKernel<<<Blocks(n), kThreads, 0, stream()>>>(x, n, max_bits);
   CheckLaunch("MaxAbs");
 }
 
 float CudaDevice::MaxAbs(const float* x, size_t n) {
   uint32_t bits = 0;
   if (n > 0) {
-    Check(cudaMemsetAsync(word_, 0, sizeof(uint32_t), stream_), "cudaMemset");
+    Check(cudaMemsetAsync(word_, 0, sizeof(uint32_t), stream()), "cudaMemset");
     MaxAbsInto(x, n, word_);
     CopyToHost(&bits, word_, sizeof(bits));
   }
@@ -593,15 +664,15 @@ void CudaDevice::AccumulateFixedInto(const float* x, size_t n, int exponent, int
   // As on the CPU: clamp the exponent (every non-zero float overflows anyway), and compare with
   // the largest double not above the integer limit.
   const double scale = std::ldexp(1.0, exponent < 1000 ? exponent : 1000);
-  AccumulateFixedKernel<<<Blocks(n), kThreads, 0, stream_>>>(x, n, scale, LimitAsDouble(limit), acc,
-                                                             bad);
+  AccumulateFixedKernel<<<Blocks(n), kThreads, 0, stream()>>>(x, n, scale, LimitAsDouble(limit),
+                                                              acc, bad);
   CheckLaunch("AccumulateFixed");
 }
 
 bool CudaDevice::AccumulateFixed(const float* x, size_t n, int exponent, int64_t limit,
                                  int64_t* acc) {
   if (n == 0) return true;
-  Check(cudaMemsetAsync(word_, 0, sizeof(uint32_t), stream_), "cudaMemset");
+  Check(cudaMemsetAsync(word_, 0, sizeof(uint32_t), stream()), "cudaMemset");
   AccumulateFixedInto(x, n, exponent, limit, acc, word_);
   uint32_t bad = 0;
   CopyToHost(&bad, word_, sizeof(bad));
@@ -612,6 +683,7 @@ void CudaDevice::FoldBuckets(const float* grad, const FoldPlan& plan, int64_t li
                              uint32_t* max_bits, uint32_t* bad) {
   if (!tuning_.fused_fold || plan.device == nullptr) {
     if (capturing_) Die("FoldBuckets", "only the fused fold can be recorded");
+    if (forked_ > 1) Die("FoldBuckets", "only the fused fold can run on open lanes");
     Device::FoldBuckets(grad, plan, limit, acc, max_bits, bad);
     return;
   }
@@ -625,8 +697,13 @@ void CudaDevice::FoldBuckets(const float* grad, const FoldPlan& plan, int64_t li
       largest = std::max<size_t>(largest, plan.host[b].size);
     if (largest == 0) continue;
     const dim3 grid(static_cast<unsigned>(Blocks(largest)), static_cast<unsigned>(rows));
-    FoldBucketsKernel<<<grid, kThreads, 0, stream_>>>(grad, plan.device + first, lim, acc,
-                                                      max_bits + first, bad);
+    if (forked_ > 1) {
+      FoldBucketsKernel<true><<<grid, kThreads, 0, stream()>>>(grad, plan.device + first, lim, acc,
+                                                               max_bits + first, bad);
+    } else {
+      FoldBucketsKernel<false><<<grid, kThreads, 0, stream()>>>(grad, plan.device + first, lim, acc,
+                                                                max_bits + first, bad);
+    }
     CheckLaunch("FoldBuckets");
   }
 }
@@ -634,35 +711,35 @@ void CudaDevice::FoldBuckets(const float* grad, const FoldPlan& plan, int64_t li
 void CudaDevice::FixedToFloat(const int64_t* acc, size_t n, int exponent, double scale,
                               float* out) {
   if (n == 0) return;
-  FixedToFloatKernel<<<Blocks(n), kThreads, 0, stream_>>>(acc, n, std::ldexp(1.0, -exponent), scale,
-                                                          out);
+  FixedToFloatKernel<<<Blocks(n), kThreads, 0, stream()>>>(acc, n, std::ldexp(1.0, -exponent),
+                                                           scale, out);
   CheckLaunch("FixedToFloat");
 }
 
 void CudaDevice::Axpy(float alpha, const float* x, float* y, size_t n) {
   if (n == 0) return;
-  AxpyKernel<<<Blocks(n), kThreads, 0, stream_>>>(alpha, x, y, n);
+  AxpyKernel<<<Blocks(n), kThreads, 0, stream()>>>(alpha, x, y, n);
   CheckLaunch("Axpy");
 }
 
 void CudaDevice::Scale(float* x, float alpha, size_t n) {
   if (n == 0) return;
-  ScaleKernel<<<Blocks(n), kThreads, 0, stream_>>>(x, alpha, n);
+  ScaleKernel<<<Blocks(n), kThreads, 0, stream()>>>(x, alpha, n);
   CheckLaunch("Scale");
 }
 
 void CudaDevice::SgdMomentumStep(float* param, const float* grad, float* velocity, size_t n,
                                  const SgdUpdate& h) {
   if (n == 0) return;
-  SgdMomentumKernel<<<Blocks(n), kThreads, 0, stream_>>>(param, grad, velocity, n, h.learning_rate,
-                                                         h.momentum, h.weight_decay, h.nesterov);
+  SgdMomentumKernel<<<Blocks(n), kThreads, 0, stream()>>>(param, grad, velocity, n, h.learning_rate,
+                                                          h.momentum, h.weight_decay, h.nesterov);
   CheckLaunch("SgdMomentumStep");
 }
 
 void CudaDevice::AdamWStep(float* param, const float* grad, float* m, float* v, size_t n,
                            const AdamWUpdate& h) {
   if (n == 0) return;
-  AdamWKernel<<<Blocks(n), kThreads, 0, stream_>>>(
+  AdamWKernel<<<Blocks(n), kThreads, 0, stream()>>>(
       param, grad, m, v, n, h.learning_rate, h.beta1, h.beta2, 1.f - h.beta1, 1.f - h.beta2,
       1.f - h.learning_rate * h.weight_decay, h.bias_correction1, h.bias_correction2, h.epsilon);
   CheckLaunch("AdamWStep");

@@ -1,5 +1,5 @@
 // The CUDA backend of Device: cuBLAS for matrix products, fused elementwise kernels for the
-// rest, all queued on one stream of one GPU.
+// rest, queued on the streams of one GPU (one per lane).
 #pragma once
 
 #include <cstddef>
@@ -13,19 +13,20 @@
 // The CUDA types the header needs, declared as the CUDA headers do, so that users of this header
 // need no CUDA include path.
 struct CUstream_st;
+struct CUevent_st;
 struct CUgraphExec_st;
 struct cublasContext;
 
 namespace vf {
 
-// One GPU as a Device. Kernels are queued in order on the device's own stream; results that
-// come back to the host (CopyToHost, MaxAbs, AccumulateFixed's flag, the loss statistics) wait
-// for the stream. Every kernel is deterministic: reductions run in a fixed order or combine
-// with max/or, never with floating-point atomics; multiply-adds are not contracted (--fmad=false)
-// so elementwise results equal the CPU backend's bit for bit, and the exact-reduction kernels
-// equal them everywhere. A CUDA error leaves a CUDA context unusable, so it ends the process
-// with a one-line message and exit status 70; the job's other workers go on without it.
-// Not thread-safe: one thread drives a device.
+// One GPU as a Device. Kernels are queued in order on the current lane's stream (lane 0 outside
+// Fork/Join); results that come back to the host (CopyToHost, MaxAbs, AccumulateFixed's flag,
+// the loss statistics) wait for that stream. Every kernel is deterministic: reductions run in a
+// fixed order or combine with max/or, never with floating-point atomics; multiply-adds are not
+// contracted (--fmad=false) so elementwise results equal the CPU backend's bit for bit, and the
+// exact-reduction kernels equal them everywhere. A CUDA error leaves a CUDA context unusable, so it
+// ends the process with a one-line message and exit status 70; the job's other workers go on
+// without it. Not thread-safe: one thread drives a device.
 class CudaDevice final : public Device {
  public:
   // Use CreateCudaDevice(), which reports a missing GPU as a Status.
@@ -57,6 +58,12 @@ class CudaDevice final : public Device {
   // Recording needs the fused fold, the only fold that reads its exponents from device memory:
   // turning fused_fold off turns record_nodes off too.
   void Tune(const DeviceTuning& tuning) override;
+  // Lanes are streams, each with its own cuBLAS handle, workspace and loss scratch, made the
+  // first time a Fork needs them. Between Fork and Join, FoldBuckets adds with integer atomics.
+  int Lanes() const override;
+  void Fork(int lanes) override;
+  void UseLane(int lane) override;
+  void Join() override;
 
   void Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha, const float* a,
             const float* b, float beta, float* c) override;
@@ -88,26 +95,43 @@ class CudaDevice final : public Device {
                  const AdamWUpdate& h) override;
 
  private:
-  // Grows the per-row scratch of SoftmaxCrossEntropy to `rows` rows.
+  // What one lane queues on: a stream, a cuBLAS handle with a workspace of its own (a recorded
+  // product then allocates nothing, and concurrent products share no scratch), and the per-row
+  // scratch of SoftmaxCrossEntropy.
+  struct Lane {
+    CUstream_st* stream = nullptr;
+    CUevent_st* done = nullptr;  // Join's marker of the lane's work
+    cublasContext* blas = nullptr;
+    void* blas_workspace = nullptr;
+    double* row_loss = nullptr;
+    int32_t* row_correct = nullptr;
+    int row_capacity = 0;
+  };
+
+  Lane& lane() { return lanes_[current_]; }
+  CUstream_st* stream() { return lanes_[current_].stream; }
+  // Appends a lane with its stream, handle and workspace.
+  void AddLane();
+  // Waits for every lane's queued work.
+  void SynchronizeAll() noexcept;
+  // Grows the current lane's per-row scratch of SoftmaxCrossEntropy to `rows` rows.
   void EnsureRowScratch(int rows);
   // Destroys every recording: memory they name may have been freed.
   void ForgetRecordings() noexcept;
 
   int ordinal_;
   std::string name_;
-  CUstream_st* stream_ = nullptr;
-  cublasContext* blas_ = nullptr;
-  // Device scratch: one word for MaxAbs and AccumulateFixed's flag, and per-row loss and
-  // prediction flags for SoftmaxCrossEntropy.
+  std::vector<Lane> lanes_;     // lane 0 always exists
+  size_t current_ = 0;          // the lane calls queue on
+  int forked_ = 1;              // lanes open since Fork (1: none)
+  CUevent_st* fork_ = nullptr;  // Fork's marker of the work queued before it
+  // Device scratch: one word for MaxAbs and AccumulateFixed's flag.
   uint32_t* word_ = nullptr;
-  LossStats* stats_ = nullptr;      // SoftmaxCrossEntropy's statistics on their way to the host
-  void* blas_workspace_ = nullptr;  // cuBLAS's workspace (see the constructor)
-  double* row_loss_ = nullptr;
-  int32_t* row_correct_ = nullptr;
-  int row_capacity_ = 0;
+  LossStats* stats_ = nullptr;  // SoftmaxCrossEntropy's statistics on their way to the host
   DeviceTuning tuning_;
   bool capturing_ = false;
-  // Record()'s graphs by key; null until the key's second use.
+  // Record()'s graphs by key (the lane, whether lanes are open, then the caller's key); null
+  // until the key's second use.
   std::map<std::vector<uint64_t>, CUgraphExec_st*> recordings_;
 };
 

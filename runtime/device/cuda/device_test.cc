@@ -271,6 +271,46 @@ TEST_F(CudaDeviceTest, RecordedWorkReplaysWithTheDataOfEachCall) {
   }
 }
 
+TEST_F(CudaDeviceTest, LanesFoldAtTheSameTimeIntoTheSameSums) {
+  // Sixteen gradients folded on four lanes at once into one accumulator, each lane copying its
+  // node's gradient into a buffer of its own and folding it there (run, recorded at its second
+  // use, then replayed, as the executor does): the integer sums and maxima are the CPU's, which
+  // folds the gradients in turn.
+  const size_t n = 200003;
+  const std::vector<FoldBucket> plan = {{0, 100000, 20, 0}, {100000, n - 100000, 24, 0}};
+  std::vector<std::vector<float>> grads;
+  for (uint32_t g = 0; g < 16; ++g) grads.push_back(RandomFloats(n, 300 + g, -4.f, 4.f));
+  std::vector<int64_t> c_acc(n, 0);
+  std::vector<uint32_t> c_words(plan.size() + 1, 0);
+  for (const auto& g : grads) {
+    cpu_->FoldBuckets(g.data(), FoldPlan{plan, plan.data()}, int64_t{1} << 50, c_acc.data(),
+                      c_words.data(), c_words.data() + plan.size());
+  }
+  auto g_acc = Upload(*gpu_, std::vector<int64_t>(n, 0));
+  auto g_words = Upload(*gpu_, std::vector<uint32_t>(plan.size() + 1, 0));
+  auto g_plan = Upload(*gpu_, plan);
+  std::vector<DeviceBuffer<float>> inputs, lane_x;
+  for (const auto& g : grads) inputs.push_back(Upload(*gpu_, g));
+  for (int l = 0; l < 4; ++l) lane_x.push_back(Upload(*gpu_, std::vector<float>(n, 0.f)));
+  ASSERT_GE(gpu_->Lanes(), 2);
+  gpu_->Fork(4);
+  for (size_t g = 0; g < grads.size(); ++g) {
+    const size_t l = g % 4;
+    gpu_->UseLane(static_cast<int>(l));
+    gpu_->Copy(lane_x[l].data(), inputs[g].data(), n * sizeof(float));
+    const uint64_t key[] = {l};
+    const Status s = gpu_->Record(key, [&]() -> Status {
+      gpu_->FoldBuckets(lane_x[l].data(), FoldPlan{plan, g_plan.data()}, int64_t{1} << 50,
+                        g_acc.data(), g_words.data(), g_words.data() + plan.size());
+      return Status::Ok();
+    });
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  gpu_->Join();
+  EXPECT_EQ(Download(*gpu_, g_acc), c_acc);
+  EXPECT_EQ(Download(*gpu_, g_words), c_words);
+}
+
 TEST_F(CudaDeviceTest, StagingMemoryFeedsCopiesPinnedOrNot) {
   for (bool pinned : {true, false}) {
     DeviceTuning tuning;
