@@ -165,7 +165,7 @@ int Tuning(const Dataset& train, const Setup& setup, int virtual_nodes, int64_t 
   no_record.record_nodes = false;
   no_fused.fused_fold = false;
   no_fused.record_nodes = false;  // recording needs the fused fold
-  pinned.pinned_staging = true;
+  pinned.pinned_staging = !defaults.pinned_staging;
   none.record_nodes = none.fused_fold = none.pinned_staging = false;
   none.lanes = 1;
   const std::vector<Config> configs = {
@@ -173,7 +173,7 @@ int Tuning(const Dataset& train, const Setup& setup, int virtual_nodes, int64_t 
       {"one lane (nodes in turn)", one_lane},
       {"without record (CUDA graphs)", no_record},
       {"without fused-fold or record", no_fused},
-      {"with pinned-staging", pinned},
+      {defaults.pinned_staging ? "without pinned-staging" : "with pinned-staging", pinned},
       {"none of them", none},
   };
   std::printf(

@@ -82,7 +82,7 @@ class VfBenchTest(unittest.TestCase):
         rows = re.findall(r"^(\S.*?)\s+([\d.]+)\s+([\d.]+)$", out, re.M)
         self.assertEqual([r[0] for r in rows],
                          ["defaults", "one lane (nodes in turn)", "without record (CUDA graphs)",
-                          "without fused-fold or record", "with pinned-staging", "none of them"])
+                          "without fused-fold or record", "without pinned-staging", "none of them"])
         self.assertEqual(rows[0][2], "1.000")
         self.assertIn("final weights: the same bits in every configuration", out)
 
