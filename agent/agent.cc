@@ -18,6 +18,7 @@
 #include "agent/protocol/client.h"
 #include "agent/protocol/json.h"
 #include "agent/state_sync.h"
+#include "runtime/comm/staged/communicator.h"
 #include "runtime/comm/store.h"
 
 namespace vf::agent {
@@ -90,6 +91,7 @@ class Agent::Impl {
   Status Finish(Report final);
   int64_t latest_epoch() const { return watcher_ ? watcher_->latest_epoch() : 0; }
   void set_total_steps(int64_t total) { total_steps_ = total; }
+  void set_staging(Device* device) { staging_ = device; }
 
   const Report& last_report() const { return last_progress_; }
   AgentMetrics& metrics() { return metrics_; }
@@ -140,6 +142,7 @@ class Agent::Impl {
 
   std::unique_ptr<PrefixStore> prefixed_;
   std::unique_ptr<Communicator> comm_;
+  Device* staging_ = nullptr;  // see Agent::StageCollectivesThrough
   Membership membership_;
   int64_t epoch_ = 0;    // plan this worker trains under (or the last one it looked at)
   int64_t agreed_ = 0;   // epoch all members agreed in-band to switch to
@@ -216,6 +219,10 @@ Result<bool> Agent::Impl::Switch(const Plan& plan, const Member& me, TrainingSta
   copts.hostname = o_.host;
   auto c = o_.gpu ? CreateNcclCommunicator(*prefixed_, me.rank, world, copts)
                   : CreateGlooCommunicator(*prefixed_, me.rank, world, copts);
+  if (c.ok() && !o_.gpu && staging_ != nullptr) {
+    c = std::unique_ptr<Communicator>(
+        std::make_unique<StagedCommunicator>(*staging_, std::move(c).value()));
+  }
   if (!c.ok()) {
     (void)Persist("reporting a failed rendezvous", Clock::now(), [&] {
       return client_.ReportFailure(epoch_, state.step(), c.status().message());
@@ -468,6 +475,7 @@ Result<std::unique_ptr<Agent>> Agent::Join(const AgentOptions& options) {
   return std::unique_ptr<Agent>(new Agent(std::move(impl)));
 }
 
+void Agent::StageCollectivesThrough(Device& device) { impl_->set_staging(&device); }
 Status Agent::Ready() { return impl_->Ready(); }
 Result<std::optional<Membership>> Agent::Next(TrainingStateHolder& state) {
   return impl_->Next(state);

@@ -31,6 +31,7 @@
 
 #include "agent/protocol/messages.h"
 #include "runtime/comm/communicator.h"
+#include "runtime/device.h"
 #include "runtime/status.h"
 
 namespace vf {
@@ -135,6 +136,11 @@ class Agent {
   ~Agent();
   Agent(const Agent&) = delete;
   Agent& operator=(const Agent&) = delete;
+
+  // From the next plan on, the Gloo communicator (without `gpu`) takes its buffers in `device`'s
+  // memory and reduces host copies of them (runtime/comm/staged): for workers that share one
+  // GPU, which NCCL cannot join. `device` must outlive the agent. Call before Ready.
+  void StageCollectivesThrough(Device& device);
 
   // Warm-up is over: from now on a plan may include this worker.
   Status Ready();

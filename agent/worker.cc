@@ -47,16 +47,29 @@ Status WriteJson(const std::string& path, const nlohmann::json& j) {
   return Status::Ok();
 }
 
-// Whether this worker trains on the GPU (with NCCL) or the CPU (with Gloo): the GPU when the
-// process sees one (a pod given `nvidia.com/gpu: 1` sees it as device 0) unless VF_DEVICE=cpu.
-// `why` says why not, when not.
-bool UseGpu(std::string* why) {
+// Where a worker trains and how its collectives run.
+enum class DeviceChoice {
+  kCpu,        // the CPU, Gloo
+  kGpu,        // CUDA device 0, NCCL (a GPU of its own)
+  kSharedGpu,  // CUDA device 0, Gloo staged through host copies (workers sharing one GPU)
+};
+
+// The GPU when the process sees one (a pod given `nvidia.com/gpu: 1` sees it as device 0),
+// unless VF_DEVICE says otherwise: `cpu` forces the CPU, `cuda-shared` shares GPU 0 with other
+// workers (what `vf run` sets when there is one). `why` says why not the GPU, when not.
+Result<DeviceChoice> ChooseDevice(std::string* why) {
   const char* forced = std::getenv("VF_DEVICE");
-  if (forced != nullptr && std::string_view(forced) == "cpu") {
+  const std::string_view want = forced == nullptr ? "" : forced;
+  if (want == "cpu") {
     *why = "VF_DEVICE=cpu";
-    return false;
+    return DeviceChoice::kCpu;
   }
-  return CudaDeviceCount(why) > 0;
+  if (!want.empty() && want != "cuda-shared") {
+    return InvalidArgument("VF_DEVICE is '" + std::string(want) +
+                           "': use cpu, cuda-shared, or leave it unset (the GPU if there is one)");
+  }
+  if (CudaDeviceCount(why) == 0) return DeviceChoice::kCpu;
+  return want.empty() ? DeviceChoice::kGpu : DeviceChoice::kSharedGpu;
 }
 
 // The build identity joiners must share with the job: the same binary version and reduction
@@ -146,20 +159,25 @@ Status BuiltinWorker::Start() {
   ao.termination_message_path = o_.termination_message_path;
   ao.metrics_port = o_.metrics_port;
   ao.host = o_.host;
-  ao.gpu = UseGpu(&no_gpu);
+  VF_ASSIGN_OR_RETURN(const DeviceChoice choice, ChooseDevice(&no_gpu));
+  ao.gpu = choice == DeviceChoice::kGpu;
   VF_ASSIGN_OR_RETURN(agent_, agent::Agent::Join(ao));
 
   // Warm-up: everything slow happens before the worker counts, so members never wait for it.
   VF_ASSIGN_OR_RETURN(data_, LoadJobDataset(job_));
-  if (ao.gpu) {
-    VF_ASSIGN_OR_RETURN(device_, CreateCudaDevice(0));
-  } else {
+  if (choice == DeviceChoice::kCpu) {
     device_ = CreateCpuDevice(1);
+  } else {
+    VF_ASSIGN_OR_RETURN(device_, CreateCudaDevice(0));
   }
+  if (choice == DeviceChoice::kSharedGpu) agent_->StageCollectivesThrough(*device_);
   // Which device, and why not the GPU: a GPU pod that trains on its CPU (a build without CUDA,
   // a driver that finds no GPU) must say so.
+  const char* how = choice == DeviceChoice::kSharedGpu ? " (shared: Gloo through host copies)"
+                    : choice == DeviceChoice::kCpu     ? "; no GPU: "
+                                                       : "";
   std::fprintf(stderr, "virtualflow-agent: %s: device %s%s%s\n", o_.worker.c_str(),
-               device_->Name().c_str(), ao.gpu ? "" : "; no GPU: ", ao.gpu ? "" : no_gpu.c_str());
+               device_->Name().c_str(), how, choice == DeviceChoice::kCpu ? no_gpu.c_str() : "");
   VF_ASSIGN_OR_RETURN(executor_, Executor::Create(job_, *device_, data_.train));
   executor_->set_slowdown(o_.slowdown);
   executor_->set_vnode_delay(o_.vnode_delay_ms / 1000.0);
@@ -259,6 +277,7 @@ Status BuiltinWorker::Finish() {
   result["weights_sha256"] = executor_->WeightsSha256();
   result["virtual_nodes"] = job_.virtual_nodes;
   result["virtual_nodes_held"] = r.virtual_nodes;
+  result["device"] = device_->Name();
   if (r.rank == 0) {
     VF_ASSIGN_OR_RETURN(LossStats test, executor_->Evaluate(data_.test));
     result["test_accuracy"] = static_cast<double>(test.correct) / static_cast<double>(test.samples);

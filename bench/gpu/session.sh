@@ -8,6 +8,9 @@
 #      the GPU with CNN_DEVICE=cuda, GPT_DEVICE=cuda), and the resize test's schedule once more
 #      with every output line timed (how long a joiner takes to be ready on this machine);
 #   C. the GPU unit tests (ctest, after B: one of them reads the whole GPU's memory in use);
+#      then `vf run` of the built-in model with its local workers sharing the GPU (.gpu-py's vf
+#      with the CUDA library just built): the same weights on 1, 2 and 3 workers and through
+#      resizes;
 #   D. then timings, one at a time: the device's speed-ups each turned off (vf-bench tuning,
 #      exact and fast), the runtime's GPU benchmarks against PyTorch eager (bench/gpu/run.sh
 #      --skip-build --no-test --quick), the CNN through virtualflow.torch against plain PyTorch
@@ -15,7 +18,7 @@
 #      $VF_GPU_AB_PATCHES measured by `bench.py ab` (the library without the change vs with it).
 #
 # VF_GPU_STAGES names the parts to run (default: all of them): build (A, and C's tests),
-# pytest, torchtests, resize, tuning, runtime, overhead, ab. Without `build`, nothing C++ runs:
+# vfrun (C's `vf run`, needs build), pytest, torchtests, resize, tuning, runtime, overhead, ab. Without `build`, nothing C++ runs:
 # the PyTorch parts need only .gpu-py/. VF_GPU_TORCH_TESTS (test names), VF_GPU_CTEST (a ctest
 # regex), VF_GPU_TORCH_BENCH_ARGS (bench.py's --repeats, --steps, --warmup; VF_GPU_AB_ARGS for ab
 # alone) narrow the rest.
@@ -35,7 +38,7 @@ mkdir -p "$final"
 t0=$(date +%s)
 deadline=$((t0 + ${VF_SESSION_SECONDS:-440}))
 
-stages=" ${VF_GPU_STAGES:-build pytest torchtests resize tuning runtime overhead ab} "
+stages=" ${VF_GPU_STAGES:-build vfrun pytest torchtests resize tuning runtime overhead ab} "
 want() { [[ "$stages" == *" $1 "* ]]; }
 say() { echo "[$(($(date +%s) - t0)) s] $*" | tee -a "$work/session.log"; }
 left() { echo $((deadline - $(date +%s))); }
@@ -43,7 +46,7 @@ left() { echo $((deadline - $(date +%s))); }
 # stage leaves them).
 need() {
   local total=0 st
-  declare -A typical=([build]=40 [resize]=30 [tuning]=10 [runtime]=60 [overhead]=50 [ab]=60)
+  declare -A typical=([build]=40 [vfrun]=60 [resize]=30 [tuning]=10 [runtime]=60 [overhead]=50 [ab]=60)
   for st; do want "$st" && total=$((total + ${typical[$st]:-30})); done
   echo "$total"
 }
@@ -103,7 +106,7 @@ say "B: the examples' same weights and the CNN's resizes, on CUDA"
   cd tests/integration &&
     CNN_DEVICE=cuda GPT_DEVICE=cuda VF_BIN_DIR="$root/.gpu-py/bin" VF_SOURCE_DIR="$root" \
       VF_PYTHON="$(command -v python3)" PYTHONDONTWRITEBYTECODE=1 \
-      timeout "$(budget 150 "$(need resize build tuning runtime overhead ab)")" python3 -m unittest -v \
+      timeout "$(budget 150 "$(need resize build vfrun tuning runtime overhead ab)")" python3 -m unittest -v \
       ${VF_GPU_TORCH_TESTS:-test_torch.TorchTest.test_examples_train_to_the_same_weights_on_1_2_and_3_workers test_torch.TorchTest.test_cnn_resized_three_times_keeps_the_weights_of_a_static_run}
 ) >"$work/torch-tests.out" 2>&1
 say "B: test_torch rc $?: $(grep -E '^(OK|FAILED)' "$work/torch-tests.out" | tail -n 1)"
@@ -125,7 +128,7 @@ spec:
     command: [python3, examples/torch/cnn.py]
   elasticity: {policy: elastic, cooldownSeconds: 0}
 EOF
-CNN_DEVICE=cuda timeout "$(budget 60 "$(need build tuning runtime overhead ab)")" vf run "$work/resize.yaml" --capacity 0:2,4:3,14:1,22:2 \
+CNN_DEVICE=cuda timeout "$(budget 60 "$(need build vfrun tuning runtime overhead ab)")" vf run "$work/resize.yaml" --capacity 0:2,4:3,14:1,22:2 \
   --vnode-delay-ms 60 --progress-interval 0.5 2>&1 | timed >"$work/resize-timed.out"
 grep -E "resize at|error" "$work/resize-timed.out" | tee -a "$work/session.log"
 fi
@@ -142,6 +145,23 @@ ctest --test-dir build-gpu -j 4 --output-on-failure -R "${VF_GPU_CTEST:-(cuda_de
 say "C: ctest rc $?: $(grep -E 'tests passed|tests failed' "$work/ctest-gpu.log")"
 grep -E "Passed|Failed|Skipped|Not Run" "$work/ctest-gpu.log" | grep -E "Test +#" | sed 's/^ *//' >>"$work/session.log"
 pack
+fi
+
+# C'. `vf run`'s local workers of the built-in model sharing the GPU (VF_DEVICE=cuda-shared, which
+# vf sets when it sees one): the same weights on 1, 2 and 3 workers and through three resizes.
+if want vfrun && [ -f build-gpu/bin/libvirtualflow-cuda.so ]; then
+  say "C: vf run on the GPU, 1, 2 and 3 workers and resized"
+  for how in "--workers 1" "--workers 2" "--workers 3" "--capacity 0:1,10:3,20:2,30:3"; do
+    VF_CUDA_PLUGIN="$root/build-gpu/bin/libvirtualflow-cuda.so" \
+      timeout "$(budget 40 "$(need tuning runtime overhead ab)")" vf run examples/fashion-mnist.yaml \
+      $how --steps 40 --summary-json "$work/vfrun.json" >"$work/vfrun.out" 2>&1
+    rc=$?
+    cat "$work/vfrun.out" >>"$work/vfrun-all.out"
+    say "C: vf run $how: rc $rc, $(grep -cE 'resize at' "$work/vfrun.out") resizes, $(grep -E 'weights sha256' "$work/vfrun.out" | tail -n 1)"
+    python3 -c 'import json, sys; print("   devices:", sorted({w.get("device", "?") for w in json.load(open(sys.argv[1]))["worker_results"]}))' \
+      "$work/vfrun.json" 2>&1 | tee -a "$work/session.log"
+  done
+  pack
 fi
 
 # D. Timings, one at a time.
