@@ -229,7 +229,11 @@ Status Reconciler::EnsureCoordinatorJob(const std::string& key, const json& job,
     auto it = registered_.find(key);
     if (it != registered_.end() && it->second == uid) return Status::Ok();
   }
-  const std::string build = options_.build.empty() ? OwnBuild() : options_.build;
+  // A job whose workers train under an earlier operator (a restart, an upgrade) expects their
+  // build, as its status recorded it, so that a pod that registers before they do again is not
+  // refused; a job that has none yet takes its first worker's (Coordinator::RegisterWorker).
+  std::string build = Obj(job, "status").value("workerBuild", "");
+  if (build.empty()) build = options_.build.empty() ? OwnBuild() : options_.build;
   Status added = coordinator_.AddJob(key, token, fingerprint, build);
   if (added.code() == StatusCode::kFailedPrecondition) {
     // An earlier job of the same name: its state is of no use to this one.
@@ -1067,6 +1071,7 @@ Result<Reconciler::Next> Reconciler::Suspend(Pass& p, ReconcileResult& result) {
   status.erase("startTime");  // as batch/v1: the deadline counts again from the resume
   // Resumed, the job starts again from its checkpoint on the image it would start on then.
   status.erase("workerImage");
+  status.erase("workerBuild");
   json conditions = json::array();
   for (const json& c : p.old_conditions) {
     const std::string type = c.value("type", "");
@@ -1597,6 +1602,10 @@ Status Reconciler::WriteProgress(Pass& p) {
   status["restarts"] = p.restarts;
   // Recorded with the job's first pods; WorkerImage keeps it while the job trains.
   if (!p.pods.empty() || p.created > 0 || p.unseen > 0) status["workerImage"] = p.image;
+  // The job's build is its members' once one has registered with this coordinator.
+  for (const Member& m : p.members) {
+    if (p.view.workers.count(m.worker) != 0) status["workerBuild"] = p.view.build;
+  }
   if (progress.step > 0 || !status.contains("step")) {
     status["step"] = std::max<int64_t>(progress.step, p.old_status.value("step", int64_t{0}));
   }

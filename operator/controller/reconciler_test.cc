@@ -958,7 +958,8 @@ TEST_F(ReconcilerTest, SuspendingARunningJobDeletesItsPodsAndSaysSo) {
                             {"startTime", SecondsAgo(600)},  // past the deadline: not failed
                             {"epoch", 3},
                             {"assignment", {{{"worker", "mnist-worker-a"}, {"rank", 0}}}},
-                            {"workerImage", "virtualflow/agent:1"}}),
+                            {"workerImage", "virtualflow/agent:1"},
+                            {"workerBuild", "virtualflow 0.1.0"}}),
                    true)},
         {RunningPod("mnist-worker-a"), RunningPod("mnist-worker-b")}, {GpuNode("gpu-a", 2)});
   ASSERT_TRUE(coordinator_.AddJob(kKey, "secret", "fp", "build").ok());
@@ -978,6 +979,7 @@ TEST_F(ReconcilerTest, SuspendingARunningJobDeletesItsPodsAndSaysSo) {
   EXPECT_EQ(status["epoch"], 3);
   EXPECT_TRUE(status["startTime"].is_null());    // the deadline counts again from the resume
   EXPECT_TRUE(status["workerImage"].is_null());  // resumed, it starts on the image of then
+  EXPECT_TRUE(status["workerBuild"].is_null());
   const json* suspended = Condition(status, "Suspended");
   ASSERT_NE(suspended, nullptr);
   EXPECT_EQ((*suspended)["status"], "True");
@@ -1204,6 +1206,37 @@ TEST_F(ReconcilerTest, AWorkerRefusedForAnotherBuildIsReplacedWithoutFailingTheJ
   const std::vector<json> pods = api_->created_pods();
   ASSERT_EQ(pods.size(), 1u);
   EXPECT_EQ(pods[0]["spec"]["containers"][0]["image"], "virtualflow/agent:1");
+}
+
+// The build a member brings is the job's, recorded once one has registered.
+TEST_F(ReconcilerTest, TheBuildOfTheMembersIsRecordedOnceOneRegistered) {
+  Start({RunningJobOf({{"workerImage", "virtualflow/agent:1"}})},
+        {PodOfImage(RunningPod("mnist-worker-a"), "virtualflow/agent:1")}, {GpuNode("gpu-a", 1)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_FALSE(api_->status_patches().back().contains("workerBuild"));
+  const JobView view = coordinator_.GetJob(kKey).value();
+  ASSERT_TRUE(
+      coordinator_
+          .RegisterWorker(kKey, "mnist-worker-a", view.fingerprint, "virtualflow 0.0.9", true)
+          .ok());
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_EQ(api_->status_patches().back()["workerBuild"], "virtualflow 0.0.9");
+}
+
+// An operator that restarts (an upgrade: another build of its own) expects the recorded build
+// from its first pass, so that a pod of that build registering before the members do again is
+// taken.
+TEST_F(ReconcilerTest, ARestartedOperatorExpectsTheBuildTheStatusRecorded) {
+  Start({RunningJobOf(
+            {{"workerImage", "virtualflow/agent:1"}, {"workerBuild", "virtualflow 0.0.9"}})},
+        {PodOfImage(RunningPod("mnist-worker-a"), "virtualflow/agent:1")}, {GpuNode("gpu-a", 2)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  const JobView view = coordinator_.GetJob(kKey).value();
+  EXPECT_EQ(view.build, "virtualflow 0.0.9");
+  EXPECT_TRUE(
+      coordinator_
+          .RegisterWorker(kKey, "mnist-worker-j", view.fingerprint, "virtualflow 0.0.9", false)
+          .ok());
 }
 
 }  // namespace
