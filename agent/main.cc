@@ -9,6 +9,7 @@
 #include <sstream>
 #include <string>
 
+#include "agent/protocol/client.h"
 #include "agent/worker.h"
 #include "runtime/command_line.h"
 
@@ -163,6 +164,7 @@ int main(int argc, char** argv) {
   if (!s.ok()) {
     std::fprintf(stderr, "virtualflow-agent: %s: error: %s\n", o.worker.c_str(),
                  s.message().c_str());
+    if (vf::IsAnotherBuildRefusal(s)) return vf::kExitAnotherBuild;
     return IsJobFailure(s.code()) ? vf::kExitJobFailed : vf::kExitWorkerFailed;
   }
   return vf::kExitOk;

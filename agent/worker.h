@@ -39,6 +39,8 @@ inline constexpr int kExitOk = 0;            // finished, or left gracefully
 inline constexpr int kExitWorkerFailed = 1;  // this worker failed; the job can go on without it
 inline constexpr int kExitUsage = 2;
 inline constexpr int kExitJobFailed = 3;  // the job itself cannot go on (diverged, refused)
+// 4, kExitAnotherBuild (agent/protocol/messages.h): refused for running another build than the
+// job's workers; the operator replaces the pod with the job's image and counts no failure.
 
 // Runs the worker to the end of the job (or until it leaves). The returned status's code tells
 // the exit code: kNumerical, kInvalidArgument and kFailedPrecondition are job failures.

@@ -301,4 +301,9 @@ Status CoordinatorStore::Wait(const std::vector<std::string>& keys, milliseconds
   return Status::Ok();
 }
 
+bool IsAnotherBuildRefusal(const Status& s) {
+  return s.code() == StatusCode::kFailedPrecondition &&
+         s.message().find(kAnotherBuildRefusal) != std::string::npos;
+}
+
 }  // namespace vf

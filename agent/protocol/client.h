@@ -84,6 +84,11 @@ class CoordinatorClient {
   Status ca_status_;    // why the CA file could not be read, if it could not
 };
 
+// Whether `s` (from a CoordinatorClient call, or passed on from one) is the coordinator's refusal
+// of this worker because it runs another build than the job's workers (kAnotherBuildRefusal):
+// the worker exits kExitAnotherBuild, which fails neither the job nor the worker.
+bool IsAnotherBuildRefusal(const Status& s);
+
 // A vf::Store kept by the coordinator: Set is a PUT, Get a long poll (re-issued while the
 // timeout is longer than the server holds one), Wait a Get of each key. Thread-safe; the client
 // must outlive it.

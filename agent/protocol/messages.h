@@ -18,6 +18,14 @@ namespace vf {
 // worker of another version at registration, saying which. An agent that sends none speaks 1.
 inline constexpr int64_t kProtocolVersion = 1;
 
+// What a coordinator's refusal of a worker of another build than the job's workers says, after
+// "worker NAME " and before "BUILD, the job runs build BUILD" (HTTP 409). A worker refused so
+// exits kExitAnotherBuild: its pod ran the wrong image, which is no failure of the job nor of the
+// worker; the operator counts nothing and replaces the pod with one of the job's own image
+// (status.workerImage).
+inline constexpr char kAnotherBuildRefusal[] = "was refused: it runs build ";
+inline constexpr int kExitAnotherBuild = 4;
+
 // The header that names the worker a request speaks for (with its credential as the bearer).
 inline constexpr char kWorkerHeader[] = "X-VirtualFlow-Worker";
 

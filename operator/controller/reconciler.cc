@@ -229,7 +229,11 @@ Status Reconciler::EnsureCoordinatorJob(const std::string& key, const json& job,
     auto it = registered_.find(key);
     if (it != registered_.end() && it->second == uid) return Status::Ok();
   }
-  const std::string build = options_.build.empty() ? OwnBuild() : options_.build;
+  // A job whose workers train under an earlier operator (a restart, an upgrade) expects their
+  // build, as its status recorded it, so that a pod that registers before they do again is not
+  // refused; a job that has none yet takes its first worker's (Coordinator::RegisterWorker).
+  std::string build = Obj(job, "status").value("workerBuild", "");
+  if (build.empty()) build = options_.build.empty() ? OwnBuild() : options_.build;
   Status added = coordinator_.AddJob(key, token, fingerprint, build);
   if (added.code() == StatusCode::kFailedPrecondition) {
     // An earlier job of the same name: its state is of no use to this one.
@@ -286,6 +290,7 @@ struct Reconciler::Pass {
   int desired = 0;
   std::string policy_reason;
   policy::Allocation allocation;  // the policy's workers by type (GPU product or CPU pool)
+  std::string image;              // the image of the job's workers and new pods (WorkerImage)
   int64_t total_steps = 0;        // 0: no agent has reported it yet
   std::map<std::string, int64_t> restarts;
 
@@ -890,6 +895,7 @@ Status Reconciler::Observe(Pass& p) {
   p.epoch = p.view.plan.epoch;
   p.members = p.view.plan.members;
   for (const Member& m : p.members) p.in_plan.insert(m.worker);
+  p.image = WorkerImage(p.job, p.pods, p.in_plan, options_.pods.default_image);
   for (const auto& [k, v] : Obj(p.old_status, "restarts").items()) {
     if (v.is_number_integer()) p.restarts[k] = v.get<int64_t>();
   }
@@ -963,6 +969,23 @@ Result<Reconciler::Next> Reconciler::RecordFailures(Pass& p) {
   for (const json& pod : p.pods) {
     if (PodLifeOf(pod) != PodLife::kFailed) continue;
     const std::string pod_name = PodName(pod);
+    if (PodExitCode(pod) == kExitAnotherBuild) {
+      // Its pod ran another build than the job's workers: no failure of the job, nor of a
+      // worker. Its pod goes (DeleteEndedPods) and one of the job's image takes its place.
+      bool fresh = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        fresh = failures_seen_[p.key].insert(pod_name).second;
+      }
+      if (fresh) {
+        Event(p.job, true, "WorkerRefused",
+              "worker " + pod_name + " (image " + PodImage(pod) +
+                  ") was refused: it runs another build than the job's workers; it is replaced "
+                  "by a pod of the job's image " +
+                  p.image + " (" + PodTerminationMessage(pod) + ")");
+      }
+      continue;
+    }
     if (PodExitCode(pod) == 3) {
       // The agent found that the job itself cannot go on (diverged, bad checkpoint).
       VF_RETURN_IF_ERROR(FailJob(p, "JobFailed", "Failed",
@@ -1046,11 +1069,14 @@ Result<Reconciler::Next> Reconciler::Suspend(Pass& p, ReconcileResult& result) {
       {"pending", 0}, {"joining", 0}, {"training", 0}, {"leaving", stopping}, {"failed", 0}};
   status["assignment"] = json::array();
   status.erase("startTime");  // as batch/v1: the deadline counts again from the resume
+  // Resumed, the job starts again from its checkpoint on the image it would start on then.
+  status.erase("workerImage");
+  status.erase("workerBuild");
   json conditions = json::array();
   for (const json& c : p.old_conditions) {
     const std::string type = c.value("type", "");
     if (type != "Suspended" && type != "Running" && type != "Resizing" && type != "Degraded" &&
-        type != "ReconcileError") {
+        type != "ReconcileError" && type != "ImageKept") {
       conditions.push_back(c);
     }
   }
@@ -1483,6 +1509,8 @@ Status Reconciler::CreateMissingPods(Pass& p, int live) {
     const std::string pod_name = p.name + "-worker-" + RandomSuffix();
     const std::string product = next_pin < pins.size() ? pins[next_pin++] : "";
     json pod = BuildWorkerPod(p.job, p.spec, pod_name, options_.pods, product);
+    // The image the job's workers run, which may no longer be what a new job gets.
+    pod["spec"]["containers"][0]["image"] = p.image;
     auto r = client_.Create(kube::kPods, p.ns, pod);
     if (!r.ok() && r.reason() != kube::Reason::kAlreadyExists) {
       // RBAC, a ResourceQuota, a LimitRange or an admission webhook refused it: the job
@@ -1572,6 +1600,12 @@ Status Reconciler::WriteProgress(Pass& p) {
   status["epoch"] = p.epoch;
   status["assignment"] = PlanJson(p.members);
   status["restarts"] = p.restarts;
+  // Recorded with the job's first pods; WorkerImage keeps it while the job trains.
+  if (!p.pods.empty() || p.created > 0 || p.unseen > 0) status["workerImage"] = p.image;
+  // The job's build is its members' once one has registered with this coordinator.
+  for (const Member& m : p.members) {
+    if (p.view.workers.count(m.worker) != 0) status["workerBuild"] = p.view.build;
+  }
   if (progress.step > 0 || !status.contains("step")) {
     status["step"] = std::max<int64_t>(progress.step, p.old_status.value("step", int64_t{0}));
   }
@@ -1628,9 +1662,27 @@ void Reconciler::SetPhase(Pass& p, bool all_switched) {
                  "the last reconcile succeeded", p.generation);
   }
   SetCheckpointCondition(p, conditions);
+  SetImageCondition(p, conditions);
   SetResumedCondition(p, conditions);
   SetAdmittedCondition(p, conditions);
   p.status["conditions"] = conditions;
+}
+
+void Reconciler::SetImageCondition(Pass& p, json& conditions) {
+  const std::string starting = StartingImage(p.job, options_.pods.default_image);
+  const bool kept = p.status.contains("workerImage") && p.image != starting;
+  if (kept) {
+    SetCondition(conditions, p.old_conditions, "ImageKept", true, "JobStartedOnIt",
+                 "the workers run " + p.image +
+                     ", the image the job started on, and so does every new pod of the job; a "
+                     "job started now would run " +
+                     starting + ". Suspend and resume the job to move it to that image",
+                 p.generation);
+  } else if (FindCondition(p.old_conditions, "ImageKept") != nullptr) {
+    SetCondition(conditions, p.old_conditions, "ImageKept", false, "StartingImage",
+                 "the workers run " + p.image + ", the image a job started now would run",
+                 p.generation);
+  }
 }
 
 void Reconciler::SetCheckpointCondition(Pass& p, json& conditions) {

@@ -184,6 +184,10 @@ class Reconciler {
   // latest periodic write failed (training goes on), False once one succeeds again; absent if
   // none ever failed. A Warning Event for each failure seen, a Normal one on recovery.
   void SetCheckpointCondition(Pass& p, nlohmann::json& conditions);
+  // ImageKept: True while the job's workers run an image (status.workerImage) other than the
+  // one a job started now would get (an operator upgraded with a new default, a template whose
+  // image changed), saying both; False once they agree again; absent if they always did.
+  void SetImageCondition(Pass& p, nlohmann::json& conditions);
 
   // Workers the policy gives the job now (no more than fit on the nodes its template allows),
   // why when it waits, and by type.

@@ -249,6 +249,7 @@ class ReconcilerTest : public testing::Test {
     nodes_ = NewInformer(kube::kNodes);
     ReconcilerOptions options;
     options.pods.coordinator_url = "http://operator:7070";
+    options.pods.default_image = default_image_;
     options.job_key = kJobKey;
     options.network_policy = std::move(network_policy);
     if (options.network_policy) policies_ = NewInformer(kube::kNetworkPolicies);
@@ -288,6 +289,7 @@ class ReconcilerTest : public testing::Test {
   std::unique_ptr<Informer> policies_;
   Coordinator coordinator_;
   std::unique_ptr<Reconciler> reconciler_;
+  std::string default_image_ = "virtualflow/agent:1";  // the operator's --agent-image
 };
 
 TEST_F(ReconcilerTest, SpecTheParserRejectsFailsTheJobWithItsMessage) {
@@ -955,7 +957,9 @@ TEST_F(ReconcilerTest, SuspendingARunningJobDeletesItsPodsAndSaysSo) {
                            {{"phase", "Running"},
                             {"startTime", SecondsAgo(600)},  // past the deadline: not failed
                             {"epoch", 3},
-                            {"assignment", {{{"worker", "mnist-worker-a"}, {"rank", 0}}}}}),
+                            {"assignment", {{{"worker", "mnist-worker-a"}, {"rank", 0}}}},
+                            {"workerImage", "virtualflow/agent:1"},
+                            {"workerBuild", "virtualflow 0.1.0"}}),
                    true)},
         {RunningPod("mnist-worker-a"), RunningPod("mnist-worker-b")}, {GpuNode("gpu-a", 2)});
   ASSERT_TRUE(coordinator_.AddJob(kKey, "secret", "fp", "build").ok());
@@ -973,7 +977,9 @@ TEST_F(ReconcilerTest, SuspendingARunningJobDeletesItsPodsAndSaysSo) {
   EXPECT_EQ(status["workers"], 0);
   EXPECT_EQ(status["assignment"], json::array());
   EXPECT_EQ(status["epoch"], 3);
-  EXPECT_TRUE(status["startTime"].is_null());  // the deadline counts again from the resume
+  EXPECT_TRUE(status["startTime"].is_null());    // the deadline counts again from the resume
+  EXPECT_TRUE(status["workerImage"].is_null());  // resumed, it starts on the image of then
+  EXPECT_TRUE(status["workerBuild"].is_null());
   const json* suspended = Condition(status, "Suspended");
   ASSERT_NE(suspended, nullptr);
   EXPECT_EQ((*suspended)["status"], "True");
@@ -1097,6 +1103,140 @@ TEST_F(ReconcilerTest, AJobThatNamesNoPolicyGetsTheOperators) {
   Start({job}, {}, {GpuNode("gpu-a", 4)});
   ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
   EXPECT_EQ(api_->created_pods().size(), 4u);  // elastic: the idle GPUs, lent
+}
+
+// ---------------------------------------------------------------- the workers' image
+
+json PodOfImage(json pod, const std::string& image) {
+  pod["spec"]["containers"][0]["image"] = image;
+  return pod;
+}
+
+// A running job of two workers at most, one of them a member of plan 1, with `status` added.
+json RunningJobOf(const json& status) {
+  json job = StepJob(
+      nullptr, {{"phase", "Running"},
+                {"startTime", SecondsAgo(60)},
+                {"epoch", 1},
+                {"assignment",
+                 {{{"worker", "mnist-worker-a"}, {"rank", 0}, {"virtualNodes", {0, 1, 2, 3}}}}}});
+  job["spec"]["replicas"] = {{"min", 1}, {"max", 2}};
+  for (const auto& [k, v] : status.items()) job["status"][k] = v;
+  return job;
+}
+
+TEST_F(ReconcilerTest, ANewJobRecordsTheImageItsFirstPodsRun) {
+  Start({EpochJob()}, {}, {GpuNode("gpu-a", 2)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  const std::vector<json> pods = api_->created_pods();
+  ASSERT_EQ(pods.size(), 2u);
+  for (const json& pod : pods) {
+    EXPECT_EQ(pod["spec"]["containers"][0]["image"], "virtualflow/agent:1");
+  }
+  const json status = api_->status_patches().back();
+  EXPECT_EQ(status["workerImage"], "virtualflow/agent:1");
+  EXPECT_EQ(Condition(status, "ImageKept"), nullptr);
+}
+
+TEST_F(ReconcilerTest, AJobWithATemplateImageRunsItWhateverTheDefault) {
+  json job = EpochJob();
+  job["spec"]["template"] = {{"image", "example/train:3"}};
+  default_image_ = "virtualflow/agent:2";
+  Start({job}, {}, {GpuNode("gpu-a", 1)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  ASSERT_EQ(api_->created_pods().size(), 1u);
+  EXPECT_EQ(api_->created_pods()[0]["spec"]["containers"][0]["image"], "example/train:3");
+  EXPECT_EQ(api_->status_patches().back()["workerImage"], "example/train:3");
+}
+
+// An operator upgraded with a new default image: a running job's new pods (a joiner here) run
+// the image its workers run, and the job says why it is not the default.
+TEST_F(ReconcilerTest, ARunningJobsNewPodsRunItsImageAfterTheDefaultChanged) {
+  default_image_ = "virtualflow/agent:2";
+  Start({RunningJobOf({{"workerImage", "virtualflow/agent:1"}})},
+        {PodOfImage(RunningPod("mnist-worker-a"), "virtualflow/agent:1")}, {GpuNode("gpu-a", 2)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  const std::vector<json> pods = api_->created_pods();
+  ASSERT_EQ(pods.size(), 1u);
+  EXPECT_EQ(pods[0]["spec"]["containers"][0]["image"], "virtualflow/agent:1");
+  const json status = api_->status_patches().back();
+  EXPECT_EQ(status["workerImage"], "virtualflow/agent:1");
+  const json* kept = Condition(status, "ImageKept");
+  ASSERT_NE(kept, nullptr) << status;
+  EXPECT_EQ((*kept)["status"], "True");
+  EXPECT_EQ((*kept)["reason"], "JobStartedOnIt");
+  const std::string message = (*kept)["message"];
+  EXPECT_NE(message.find("virtualflow/agent:1"), std::string::npos) << message;
+  EXPECT_NE(message.find("virtualflow/agent:2"), std::string::npos) << message;
+}
+
+// The same job started by an operator that did not record the image: it is read from the
+// member's pod.
+TEST_F(ReconcilerTest, ARunningJobWithoutARecordedImageKeepsItsPodsImage) {
+  default_image_ = "virtualflow/agent:2";
+  Start({RunningJobOf(json::object())},
+        {PodOfImage(RunningPod("mnist-worker-a"), "virtualflow/agent:1")}, {GpuNode("gpu-a", 2)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  ASSERT_EQ(api_->created_pods().size(), 1u);
+  EXPECT_EQ(api_->created_pods()[0]["spec"]["containers"][0]["image"], "virtualflow/agent:1");
+  EXPECT_EQ(api_->status_patches().back()["workerImage"], "virtualflow/agent:1");
+}
+
+// A worker the coordinator refused for running another build (exit code kExitAnotherBuild)
+// fails neither the job (even with backoffLimit 0) nor counts as a worker failure: its pod is
+// replaced by one of the job's image, and an Event says so.
+TEST_F(ReconcilerTest, AWorkerRefusedForAnotherBuildIsReplacedWithoutFailingTheJob) {
+  default_image_ = "virtualflow/agent:2";
+  json job = RunningJobOf({{"workerImage", "virtualflow/agent:1"}});
+  job["spec"]["runPolicy"] = {{"backoffLimit", 0}};
+  Start({job},
+        {PodOfImage(RunningPod("mnist-worker-a"), "virtualflow/agent:1"),
+         PodOfImage(FailedPod("mnist-worker-r", kExitAnotherBuild), "virtualflow/agent:2")},
+        {GpuNode("gpu-a", 2)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  const json status = api_->status_patches().back();
+  EXPECT_NE(status["phase"], "Failed") << status;
+  EXPECT_FALSE(status["restarts"].contains("failure")) << status;
+  const std::vector<std::string> events = api_->event_reasons();
+  EXPECT_NE(std::find(events.begin(), events.end(), "WorkerRefused"), events.end());
+  EXPECT_EQ(std::find(events.begin(), events.end(), "WorkerFailed"), events.end());
+  const auto deletions = api_->deletions();
+  ASSERT_EQ(deletions.size(), 1u);
+  EXPECT_EQ(deletions[0].first, "/api/v1/namespaces/team/pods/mnist-worker-r");
+  const std::vector<json> pods = api_->created_pods();
+  ASSERT_EQ(pods.size(), 1u);
+  EXPECT_EQ(pods[0]["spec"]["containers"][0]["image"], "virtualflow/agent:1");
+}
+
+// The build a member brings is the job's, recorded once one has registered.
+TEST_F(ReconcilerTest, TheBuildOfTheMembersIsRecordedOnceOneRegistered) {
+  Start({RunningJobOf({{"workerImage", "virtualflow/agent:1"}})},
+        {PodOfImage(RunningPod("mnist-worker-a"), "virtualflow/agent:1")}, {GpuNode("gpu-a", 1)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_FALSE(api_->status_patches().back().contains("workerBuild"));
+  const JobView view = coordinator_.GetJob(kKey).value();
+  ASSERT_TRUE(
+      coordinator_
+          .RegisterWorker(kKey, "mnist-worker-a", view.fingerprint, "virtualflow 0.0.9", true)
+          .ok());
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_EQ(api_->status_patches().back()["workerBuild"], "virtualflow 0.0.9");
+}
+
+// An operator that restarts (an upgrade: another build of its own) expects the recorded build
+// from its first pass, so that a pod of that build registering before the members do again is
+// taken.
+TEST_F(ReconcilerTest, ARestartedOperatorExpectsTheBuildTheStatusRecorded) {
+  Start({RunningJobOf(
+            {{"workerImage", "virtualflow/agent:1"}, {"workerBuild", "virtualflow 0.0.9"}})},
+        {PodOfImage(RunningPod("mnist-worker-a"), "virtualflow/agent:1")}, {GpuNode("gpu-a", 2)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  const JobView view = coordinator_.GetJob(kKey).value();
+  EXPECT_EQ(view.build, "virtualflow 0.0.9");
+  EXPECT_TRUE(
+      coordinator_
+          .RegisterWorker(kKey, "mnist-worker-j", view.fingerprint, "virtualflow 0.0.9", false)
+          .ok());
 }
 
 }  // namespace

@@ -197,7 +197,7 @@ json Container(const json& job, const JobSpec& spec, const std::string& pod_name
                const PodSettings& settings) {
   const json& tmpl = job.value("spec", json::object()).value("template", json::object());
   json container = {{"name", "agent"}};
-  container["image"] = tmpl.value("image", settings.default_image);
+  container["image"] = StartingImage(job, settings.default_image);
   for (const char* key : {"imagePullPolicy", "workingDir", "envFrom"}) {
     if (tmpl.contains(key)) container[key] = tmpl[key];
   }
@@ -387,6 +387,47 @@ policy::WorkerLife WorkerLifeOf(PodLife life) {
       return policy::WorkerLife::kFailed;
   }
   return policy::WorkerLife::kFailed;
+}
+
+std::string StartingImage(const json& job, const std::string& default_image) {
+  const json& tmpl = job.value("spec", json::object()).value("template", json::object());
+  const json image = tmpl.value("image", json());
+  return image.is_string() && !image.get<std::string>().empty() ? image.get<std::string>()
+                                                                : default_image;
+}
+
+std::string PodImage(const json& pod) {
+  const json containers = pod.value("spec", json::object()).value("containers", json::array());
+  if (!containers.is_array() || containers.empty() || !containers[0].is_object()) return "";
+  const json image = containers[0].value("image", json());
+  return image.is_string() ? image.get<std::string>() : "";
+}
+
+std::string WorkerImage(const json& job, const std::vector<json>& pods,
+                        const std::set<std::string>& members, const std::string& default_image) {
+  if (members.empty()) return StartingImage(job, default_image);
+  const json recorded = job.value("status", json::object()).value("workerImage", json());
+  if (recorded.is_string() && !recorded.get<std::string>().empty()) {
+    return recorded.get<std::string>();
+  }
+  // A job an operator without status.workerImage started: its members' pods run its build,
+  // whatever their life now; else the oldest pod still live (a pod that ended outside the plan
+  // may have been refused for running another image).
+  const json* oldest = nullptr;
+  for (const json& pod : pods) {
+    if (PodImage(pod).empty()) continue;
+    const json& meta = pod.value("metadata", json::object());
+    if (members.count(meta.value("name", "")) != 0) return PodImage(pod);
+    const PodLife life = PodLifeOf(pod);
+    if (life != PodLife::kStarting && life != PodLife::kRunning) continue;
+    if (oldest == nullptr ||
+        meta.value("creationTimestamp", "") <
+            oldest->value("metadata", json::object()).value("creationTimestamp", "")) {
+      oldest = &pod;
+    }
+  }
+  if (oldest != nullptr) return PodImage(*oldest);
+  return StartingImage(job, default_image);
 }
 
 namespace {

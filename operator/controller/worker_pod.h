@@ -2,7 +2,9 @@
 // operator reads back from one. Pure functions of JSON objects.
 #pragma once
 
+#include <set>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -104,6 +106,25 @@ Status ValidateTemplate(const nlohmann::json& job);
 nlohmann::json BuildWorkerPod(const nlohmann::json& job, const JobSpec& spec,
                               const std::string& pod_name, const PodSettings& settings,
                               const std::string& gpu_product = "");
+
+// The image a job would start its workers on now: spec.template.image, else `default_image`
+// (the operator's --agent-image, the chart's default agent image).
+std::string StartingImage(const nlohmann::json& job, const std::string& default_image);
+
+// The image of the job's workers, which every new pod of the job runs. A job that trains keeps
+// the build it started with, since its workers must all run one build (the coordinator refuses
+// a worker of another one), whatever the operator's default image has become since (an
+// upgrade) and whatever its spec.template.image says now: it is status.workerImage, recorded
+// with the job's first pods; for a job whose pods an operator without that field made, the
+// image of its pods (a pod of a plan member first, else the oldest live pod). A job without
+// members in its plan (`members` empty: none trains yet, or none is left, as after a resume)
+// has no build to keep, and starts on StartingImage: a corrected image is taken, and a job
+// suspended and resumed moves to the image of then.
+std::string WorkerImage(const nlohmann::json& job, const std::vector<nlohmann::json>& pods,
+                        const std::set<std::string>& members, const std::string& default_image);
+
+// The image of a pod's (first) container; empty if it names none.
+std::string PodImage(const nlohmann::json& pod);
 
 // The CPU one worker of a CPU-only job requests, in millicores (the template's request, else
 // its limit, else kDefaultWorkerCpu).

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <map>
+#include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -288,6 +290,67 @@ TEST(WorkerPodTest, DefaultImageAndNoMetricsPort) {
   EXPECT_EQ(pod["spec"]["containers"][0]["image"], "default/agent:0");
   for (const auto& a : pod["spec"]["containers"][0]["args"]) EXPECT_NE(a, "--metrics-port");
   EXPECT_FALSE(pod["spec"]["containers"][0].contains("readinessProbe"));  // nothing to probe
+}
+
+json PodOfImage(const std::string& name, const std::string& image, const std::string& phase,
+                const std::string& created) {
+  return {{"metadata", {{"name", name}, {"creationTimestamp", created}}},
+          {"spec", {{"containers", {{{"name", "agent"}, {"image", image}}}}}},
+          {"status", {{"phase", phase}}}};
+}
+
+// A job without pods starts on what its spec asks for now: its template's image, else the
+// operator's default.
+TEST(WorkerImageTest, ANewJobStartsOnItsTemplatesImageElseTheDefault) {
+  json job = Job();
+  job.erase("status");
+  EXPECT_EQ(WorkerImage(job, {}, {}, "default/agent:2"), "example/agent:1");
+  job["spec"]["template"].erase("image");
+  EXPECT_EQ(WorkerImage(job, {}, {}, "default/agent:2"), "default/agent:2");
+  job["spec"]["template"]["image"] = "";
+  EXPECT_EQ(StartingImage(job, "default/agent:2"), "default/agent:2");
+}
+
+// After an upgrade the default is another image: a running job keeps the one it recorded, and
+// so does a job whose template names another image now.
+TEST(WorkerImageTest, ARunningJobKeepsItsRecordedImageWhateverTheDefaultBecame) {
+  json job = Job();
+  job["spec"]["template"].erase("image");
+  job["status"]["workerImage"] = "default/agent:1";
+  const std::vector<json> pods = {
+      PodOfImage("mnist-worker-a", "default/agent:1", "Running", "2026-01-02T03:04:05Z")};
+  EXPECT_EQ(WorkerImage(job, pods, {"mnist-worker-a"}, "default/agent:2"), "default/agent:1");
+  EXPECT_EQ(WorkerImage(job, {}, {"mnist-worker-a"}, "default/agent:2"), "default/agent:1");
+  job["spec"]["template"]["image"] = "example/agent:3";
+  EXPECT_EQ(WorkerImage(job, pods, {"mnist-worker-a"}, "default/agent:2"), "default/agent:1");
+  EXPECT_EQ(StartingImage(job, "default/agent:2"), "example/agent:3");
+  // No member left to keep a build for (none trains yet, or the job was resumed): a corrected
+  // template is taken.
+  EXPECT_EQ(WorkerImage(job, pods, {}, "default/agent:2"), "example/agent:3");
+}
+
+// A training job whose pods an operator without status.workerImage created: its workers' image
+// is read from its pods, a member's first, else the oldest live one; a pod that ended outside
+// the plan (refused, say, for running another image) does not count.
+TEST(WorkerImageTest, AJobStartedBeforeTheImageWasRecordedKeepsItsPodsImage) {
+  json job = Job();
+  job["spec"]["template"].erase("image");
+  const json refused =
+      PodOfImage("mnist-worker-r", "default/agent:2", "Failed", "2026-01-02T03:04:01Z");
+  const json joiner =
+      PodOfImage("mnist-worker-j", "default/agent:2", "Pending", "2026-01-02T03:04:09Z");
+  const json older =
+      PodOfImage("mnist-worker-o", "default/agent:1", "Running", "2026-01-02T03:04:03Z");
+  const json member =
+      PodOfImage("mnist-worker-m", "default/agent:0", "Failed", "2026-01-02T03:04:07Z");
+  EXPECT_EQ(
+      WorkerImage(job, {refused, joiner, older, member}, {"mnist-worker-m"}, "default/agent:2"),
+      "default/agent:0");
+  // A member whose pod is gone from the cache: the oldest live pod tells.
+  EXPECT_EQ(WorkerImage(job, {refused, joiner, older}, {"mnist-worker-x"}, "default/agent:2"),
+            "default/agent:1");
+  EXPECT_EQ(WorkerImage(job, {refused}, {"mnist-worker-x"}, "default/agent:2"), "default/agent:2");
+  EXPECT_EQ(PodImage(json::object()), "");
 }
 
 TEST(WorkerPodTest, LifeFollowsPhaseAndDeletion) {

@@ -2,7 +2,8 @@
 // and a new one, with an empty memory, serves on the same port (what an operator restart does);
 // the worker meets 401 (job unknown) and 404 (worker unknown) on the calls that used to end it,
 // registers again and goes on. A wrong token still fails, at the timeout, without failing the
-// job (kUnavailable, not kNotFound).
+// job (kUnavailable, not kNotFound), and a worker of another build than the job's knows it was
+// refused for that.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -19,6 +20,7 @@
 #include <unistd.h>
 
 #include "agent/agent.h"
+#include "agent/protocol/client.h"
 #include "operator/coordinator/coordinator.h"
 #include "operator/coordinator/server.h"
 #include "operator/coordinator/test_util.h"
@@ -105,6 +107,36 @@ TEST(AgentAcrossCoordinatorRestart, AWrongTokenFailsAtTheTimeoutWithoutFailingTh
   EXPECT_EQ(joined.status().code(), StatusCode::kUnavailable);
   EXPECT_NE(joined.status().message().find("a wrong token"), std::string::npos)
       << joined.status().message();
+}
+
+// A pod of another image than the job's workers' (after an operator upgrade, a new default
+// image): the coordinator refuses it in words the worker tells from a refusal of another job
+// spec, so that it exits kExitAnotherBuild (its pod replaced, the job going on) rather than
+// kExitJobFailed.
+TEST(AgentAcrossCoordinatorRestart, AWorkerOfAnotherBuildKnowsItWasRefusedForItsBuild) {
+  const int port = FreeLowPort();
+  ASSERT_GT(port, 0);
+  Coordinator coordinator;
+  ASSERT_TRUE(coordinator.AddJob(kJob, kToken, kFingerprint, kBuild).ok());
+  auto server = CoordinatorServer::Start(coordinator, "127.0.0.1", port);
+  ASSERT_TRUE(server.ok()) << server.status().message();
+  // The job's first worker brought its build.
+  ASSERT_TRUE(coordinator.RegisterWorker(kJob, "w1", kFingerprint, kBuild, true).ok());
+  agent::AgentOptions other_build = Options(port, W0Credential(), seconds(30));
+  other_build.build = "build-2";
+  auto refused = agent::Agent::Join(other_build);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(IsAnotherBuildRefusal(refused.status())) << refused.status().message();
+  EXPECT_NE(refused.status().message().find("the job runs build build-1"), std::string::npos)
+      << refused.status().message();
+
+  agent::AgentOptions other_spec = Options(port, W0Credential(), seconds(30));
+  other_spec.fingerprint = "fp-2";
+  auto mismatched = agent::Agent::Join(other_spec);
+  ASSERT_FALSE(mismatched.ok());
+  EXPECT_EQ(mismatched.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(IsAnotherBuildRefusal(mismatched.status())) << mismatched.status().message();
 }
 
 // A worker that trains while the operator restarts: its reports meet 401 (job unknown), then

@@ -388,12 +388,15 @@ Result<Plan> Coordinator::GetPlan(const std::string& job) const {
 }
 
 // The workers of a job run one build: builds may differ in arithmetic, and the weights must not
-// depend on which worker computed a virtual node. That build is the one given to AddJob, unless
-// the job already had workers when it was added: after an operator upgrade, the new coordinator
-// expects its own build, while the workers of the plan it restored run the old one. So a member
-// of the current plan that registers as the first of the plan's members sets the job's build;
-// registered workers outside the plan of another build are dropped (they are refused when they
-// register again).
+// depend on which worker computed a virtual node. That build is the workers'; the one given to
+// AddJob holds only until a worker brings another. After an operator upgrade, the new
+// coordinator expects its own build, while the workers of the plan it restored run the old one:
+// a member of the current plan that registers as the first of the plan's members sets the
+// job's build. A job whose plan has no members (a new job, or one resumed) has no build to keep
+// yet: the first worker to register while no other is registered sets it, so that a job whose
+// image is of another build than the operator (the same protocol) runs on it. Registered
+// workers outside the plan of another build are dropped (they are refused when they register
+// again).
 Status Coordinator::AdoptBuildLocked(JobState& state, const std::string& worker,
                                      const std::string& build) {
   if (build == state.build) return Status::Ok();
@@ -404,8 +407,13 @@ Status Coordinator::AdoptBuildLocked(JobState& state, const std::string& worker,
   const bool member_registered = std::any_of(
       state.workers.begin(), state.workers.end(),
       [&](const auto& entry) { return entry.first != worker && is_member(entry.first); });
-  if (!is_member(worker) || member_registered) {
-    return FailedPrecondition("worker " + worker + " was refused: it runs build " + build +
+  const bool other_registered =
+      std::any_of(state.workers.begin(), state.workers.end(),
+                  [&](const auto& entry) { return entry.first != worker; });
+  const bool first_member = is_member(worker) && !member_registered;
+  const bool first_worker = state.plan.members.empty() && !other_registered;
+  if (!first_member && !first_worker) {
+    return FailedPrecondition("worker " + worker + " " + kAnotherBuildRefusal + build +
                               ", the job runs build " + state.build);
   }
   state.build = build;

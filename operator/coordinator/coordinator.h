@@ -131,7 +131,9 @@ class Coordinator {
   // (kFailedPrecondition with a message naming the difference) unless the worker speaks this
   // coordinator's `protocol` (kProtocolVersion) and its fingerprint equals the job's, and its
   // build is the job's: the one given to AddJob, or, once the first member of the current plan
-  // to register brought another (the workers of an operator upgraded under them), that one.
+  // to register brought another (the workers of an operator upgraded under them), or in a job
+  // whose plan has no members the first worker to register, that one. A refusal for the build
+  // says kAnotherBuildRefusal.
   Status RegisterWorker(const std::string& job, const std::string& worker,
                         const std::string& fingerprint, const std::string& build, bool ready,
                         int64_t protocol = kProtocolVersion);

@@ -336,7 +336,25 @@ TEST_F(CoordinatorTest, PublishPlanWithEpochRestoresButNeverGoesBack) {
   EXPECT_EQ(c_.PublishPlan(kJob, Members(1))->epoch, 8);
 }
 
+// A job without members has no build to keep: its first worker brings one (a job whose image is
+// of another build than the operator's), which every later worker must run.
+TEST_F(CoordinatorTest, TheFirstWorkerOfAJobWithoutMembersSetsItsBuild) {
+  ASSERT_TRUE(c_.RegisterWorker(kJob, "w-0", kFingerprint, "build-0", false).ok());
+  EXPECT_EQ(c_.GetJob(kJob)->build, "build-0");
+  Status second = c_.RegisterWorker(kJob, "w-1", kFingerprint, kBuild, false);
+  EXPECT_EQ(second.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(second.message(),
+            "worker w-1 was refused: it runs build build-1, the job runs build build-0");
+  EXPECT_TRUE(c_.RegisterWorker(kJob, "w-1", kFingerprint, "build-0", false).ok());
+  // A member, once there is a plan, keeps it.
+  ASSERT_TRUE(c_.PublishPlan(kJob, Members(1)).ok());
+  ASSERT_TRUE(c_.ForgetWorker(kJob, "w-1").ok());
+  EXPECT_EQ(c_.RegisterWorker(kJob, "w-1", kFingerprint, kBuild, false).code(),
+            StatusCode::kFailedPrecondition);
+}
+
 TEST_F(CoordinatorTest, RegistrationChecksFingerprintThenBuild) {
+  ASSERT_TRUE(c_.RegisterWorker(kJob, "w-0", kFingerprint, kBuild, true).ok());
   Status spec = c_.RegisterWorker(kJob, "w-3", "fp-other", "build-other", true);
   EXPECT_EQ(spec.code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(spec.message(),
@@ -347,7 +365,7 @@ TEST_F(CoordinatorTest, RegistrationChecksFingerprintThenBuild) {
   EXPECT_EQ(build.message(),
             "worker w-3 was refused: it runs build build-2, the job runs build "
             "build-1");
-  EXPECT_TRUE(c_.GetJob(kJob)->workers.empty());
+  EXPECT_EQ(c_.GetJob(kJob)->workers.count("w-3"), 0u);
   EXPECT_EQ(c_.RegisterWorker(kJob, "", kFingerprint, kBuild, true).code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(c_.RegisterWorker("team/none", "w", kFingerprint, kBuild, true).code(),

@@ -567,13 +567,15 @@ TEST_F(ServerTest, BodiesOverOneMebibyteAre413) {
 }
 
 TEST_F(ServerTest, SpecAndBuildMismatchesAre409) {
+  // The job's first worker brought its build.
+  ASSERT_TRUE(coordinator_.RegisterWorker(kJob, "w-0", kFingerprint, kBuild, true).ok());
   const std::string path = JobPath(kJob, "register");
   ExpectError(Raw(Request("POST", path, kToken, RegisterBody("w-3", "fp-2"))), 409,
               "worker w-3 was refused: its job spec differs from the job's (virtual nodes, batch, "
               "model, dataset, optimizer, reduction or seed)");
   ExpectError(Raw(Request("POST", path, kToken, RegisterBody("w-3", kFingerprint, "build-9"))), 409,
               "worker w-3 was refused: it runs build build-9, the job runs build build-1");
-  EXPECT_TRUE(coordinator_.GetJob(kJob)->workers.empty());
+  EXPECT_EQ(coordinator_.GetJob(kJob)->workers.count("w-3"), 0u);
   RawReply ok = Raw(Request("POST", path, kToken, RegisterBody("w-3")));
   EXPECT_EQ(ok.status, 200);
   EXPECT_EQ(json::parse(ok.body), json({{"ok", true}}));

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "agent/agent.h"
+#include "agent/protocol/messages.h"
 #include "runtime/data/dataset.h"
 #include "runtime/device.h"
 #include "runtime/job/spec.h"
@@ -376,6 +377,10 @@ NB_MODULE(_core, m) {
   // The build identity a job's workers must share (the agent binary's, too): one version of the
   // reduction arithmetic.
   m.attr("BUILD") = std::string("virtualflow ") + VF_VERSION;
+  // A worker the coordinator refused for running another build says this, and exits with this
+  // code (agent/protocol/messages.h): the operator replaces its pod with the job's image.
+  m.attr("ANOTHER_BUILD_REFUSAL") = std::string(vf::kAnotherBuildRefusal);
+  m.attr("EXIT_ANOTHER_BUILD") = vf::kExitAnotherBuild;
   m.def(
       "parse_job",
       [](const std::string& text, const std::string& source) {

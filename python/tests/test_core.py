@@ -124,3 +124,21 @@ def test_init_outside_a_job_says_how_to_start_one() -> None:
     )
     assert r.returncode != 0
     assert "vf run" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "message, code",
+    [
+        ("worker w was refused: its job spec differs from the job's (HTTP 409)", 3),
+        ("worker w " + _core.ANOTHER_BUILD_REFUSAL + "virtualflow 2, the job runs build "
+         "virtualflow 1 (HTTP 409)", _core.EXIT_ANOTHER_BUILD),
+    ],
+)
+def test_a_refusal_for_another_build_exits_with_its_own_code(message: str, code: int) -> None:
+    """A worker refused for its build fails neither the job (exit 3) nor itself: it exits 4,
+    and the operator replaces its pod with the job's image."""
+    script = ("import virtualflow.torch as vf; vf._install_excepthook('w'); "
+              "raise vf.JobMismatchError(%r)" % message)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == code, r.stderr
+    assert _core.EXIT_ANOTHER_BUILD == 4

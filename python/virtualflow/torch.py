@@ -841,6 +841,10 @@ def _install_excepthook(worker: str) -> None:
             return
         message = " ".join(str(value).split()) or kind.__name__
         print(f"virtualflow: {worker}: error: {kind.__name__}: {message}", file=sys.stderr, flush=True)
+        # Refused for running another build than the job's workers: the pod ran the wrong
+        # image, which the operator replaces with the job's own; the job goes on.
+        if issubclass(kind, JobMismatchError) and _core.ANOTHER_BUILD_REFUSAL in message:
+            os._exit(_core.EXIT_ANOTHER_BUILD)
         os._exit(EXIT_JOB_FAILED)
 
     sys.excepthook = hook

@@ -1,7 +1,7 @@
 """Faults around a running VirtualFlowJob on a real control plane, each ending with the weights
 of a local static run: the operator killed (SIGKILL) at every phase of a resize and started
-again, and killed during the final report; an operator upgraded (a newer build) under a running
-job; a worker pod that hangs (SIGSTOP) in a 3-worker job; the PyTorch CNN with the operator
+again, and killed during the final report; an operator upgraded (a newer build and default
+image) under a running job, whose new pods keep the job's image; a worker pod that hangs (SIGSTOP) in a 3-worker job; the PyTorch CNN with the operator
 killed at a resize and during the final report. One control plane for the class."""
 
 import concurrent.futures
@@ -109,12 +109,14 @@ class OperatorFaultsTest(OperatorTestCase):
 
     # -------------------------------------------------------------- helpers
 
-    def start_operator_with(self, identity: str, env: dict[str, str]) -> Any:
-        """An operator whose environment adds ENV (the test-only settings)."""
+    def start_operator_with(self, identity: str, env: dict[str, str],
+                            extra: tuple[str, ...] = ()) -> Any:
+        """An operator whose environment adds ENV (the test-only settings), with the flags
+        EXTRA."""
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         try:
-            return self.start_operator(identity=identity)
+            return self.start_operator(identity=identity, extra=extra)
         finally:
             for k, v in saved.items():
                 if v is None:
@@ -157,22 +159,42 @@ class OperatorFaultsTest(OperatorTestCase):
     # -------------------------------------------------------------- tests
 
     def test_1_operator_upgraded_under_a_running_job_keeps_its_workers(self) -> None:
-        """A newer operator build with the same protocol restores the plan of workers of the
-        older build and keeps them; the job ends with the weights of a static run."""
+        """A newer operator build with the same protocol and a new default agent image, under a
+        job that runs on the old default: it restores the plan of the workers of the older build
+        and keeps them; the pod it creates when a node is added runs the image the job started
+        on (status.workerImage), not the new default, and joins; the job says why (ImageKept)
+        and ends with the weights of a static run."""
         name = "upgrade"
-        manifest = faults_manifest(name, delay_ms=8)
+        new_image = "virtualflow/agent:99.0.0-test"
+        manifest = faults_manifest(name, delay_ms=12)
+        del manifest["spec"]["template"]["image"]  # the operator's default
         self.reset_nodes(("gpu-u", 2))
         self.apply(manifest)
         self.wait_workers(name, 2)
         self.wait_step(name, 30)
+        started_on = self.status(name).get("workerImage")
+        self.assertTrue(started_on)
+        self.assertNotEqual(started_on, new_image)
         before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in self.pods(name)}
         self.stop_operator()
-        self.start_operator_with("operator-upgraded", {BUILD_ENV: "virtualflow 99.0.0-test"})
+        self.start_operator_with("operator-upgraded", {BUILD_ENV: "virtualflow 99.0.0-test"},
+                                 extra=("--agent-image", new_image))
+
+        def image_kept(status: dict[str, Any]) -> bool:
+            return any(c["type"] == "ImageKept" and c["status"] == "True"
+                       for c in status.get("conditions", []))
+        kept = self.wait_status(name, "condition ImageKept", image_kept)
+        self.assertEqual(kept["workerImage"], started_on)
+        self.cp.add_gpu_node("gpu-u2", gpus=1)
+        self.wait_workers(name, 3)
+        joiners = [p for p in self.pods(name) if p["metadata"]["name"] not in before]
+        self.assertEqual([p["spec"]["containers"][0]["image"] for p in joiners], [started_on])
         status = self.wait_succeeded(name)
         self.assertIn("posing as build virtualflow 99.0.0-test", self.operator.tail(400))
         after = {p["metadata"]["name"]: p["metadata"]["uid"] for p in self.pods(name)}
-        self.assertEqual(after, before, "workers were replaced")
-        self.assertNotIn("was refused", self.operator.tail(400))
+        self.assertLessEqual(before.items(), after.items(), "workers were replaced")
+        self.assertNotIn("WorkerRefused", [reason for reason, _ in self.events(name)])
+        self.assertEqual(status["workerImage"], started_on)
         self.assertEqual(status["weightsSha256"], self.static_sha())
         self.delete_job(name)
         self.stop_operator()
