@@ -484,13 +484,14 @@ class _DeviceFold:
         """The step's sums, maxima and flag in host memory, for Worker.add_folded, and the
         nodes' losses in their order."""
         parts = list(self._max_bits.split(self._sizes))
-        foreach_max = getattr(torch, "_foreach_max", None)  # one kernel for every bucket
-        maxima = torch.stack(foreach_max(parts) if foreach_max is not None else [p.max() for p in parts])
-        self._max_slots.copy_(maxima)
-        magnitude = maxima.view(torch.float32).to(torch.float64) * self._bucket_scale
-        over = (maxima >= _INF_BITS) | (magnitude > _FIXED_POINT_LIMIT)
-        # A bucket without an exponent is only measured.
-        self._bad_slot.copy_((over & self._bucket_set).any())
+        if parts:
+            foreach_max = getattr(torch, "_foreach_max", None)  # one kernel for every bucket
+            maxima = torch.stack(foreach_max(parts) if foreach_max else [p.max() for p in parts])
+            self._max_slots.copy_(maxima)
+            magnitude = maxima.view(torch.float32).to(torch.float64) * self._bucket_scale
+            over = (maxima >= _INF_BITS) | (magnitude > _FIXED_POINT_LIMIT)
+            # A bucket without an exponent is only measured.
+            self._bad_slot.copy_((over & self._bucket_set).any())
         k = len(self._losses)
         if k:
             self._loss_slots[:k].copy_(torch.stack(self._losses))
