@@ -449,23 +449,24 @@ class _DeviceFold:
         self._bits = torch.zeros(total, dtype=torch.int32, device=device)
         self._scaled = torch.zeros(total, dtype=torch.float64, device=device)
         self._zero = torch.zeros((), dtype=torch.float64, device=device)
-        self._exponents: list[int] | None = None
-        self._scale = self._scaled  # 2^e per element (0 where unset), set by begin()
-        self._bucket_scale = self._scaled[:nb]
-        self._bucket_set = torch.zeros(nb, dtype=torch.bool, device=device)
         self._losses: list[torch.Tensor] = []
+        self._set_exponents([_UNSET_EXPONENT] * nb)
+
+    def _set_exponents(self, exponents: list[int]) -> None:
+        """Each bucket's scale 2^e (0 where unset) and each element's, on the device."""
+        # Python's float is a double: 2^e exactly, as the C++ fold's ldexp(1.0, min(e, 1000)).
+        scales = [0.0 if e == _UNSET_EXPONENT else 2.0 ** min(e, 1000) for e in exponents]
+        device = self._acc.device
+        self._bucket_scale = torch.tensor(scales, dtype=torch.float64).to(device)
+        self._bucket_set = torch.tensor([e != _UNSET_EXPONENT for e in exponents]).to(device)
+        self._scale = torch.repeat_interleave(self._bucket_scale, self._device_sizes,
+                                              output_size=self._n)
+        self._exponents = list(exponents)
 
     def begin(self, exponents: list[int]) -> None:
         """Starts a step (or its redo) with the reducer's exponents of this step."""
         if exponents != self._exponents:
-            # Python's float is a double: 2^e exactly, as the C++ fold's ldexp(1.0, min(e, 1000)).
-            scales = [0.0 if e == _UNSET_EXPONENT else 2.0 ** min(e, 1000) for e in exponents]
-            device = self._acc.device
-            self._bucket_scale = torch.tensor(scales, dtype=torch.float64).to(device)
-            self._bucket_set = torch.tensor([e != _UNSET_EXPONENT for e in exponents]).to(device)
-            self._scale = torch.repeat_interleave(self._bucket_scale, self._device_sizes,
-                                                  output_size=self._n)
-            self._exponents = list(exponents)
+            self._set_exponents(exponents)
         self._acc.zero_()
         self._max_bits.zero_()
         self._losses.clear()
