@@ -25,12 +25,16 @@ from inside the training scripts (each step's end, wall clock, written to $VF_BE
 The step time is the median interval between successive step ends of rank 0 after --warmup
 steps (exact reduction computes the first step twice, and every process warms its caches). The
 CPU ratio beside it compares CPU time per step summed over the job's processes (all threads),
-which other work on the machine disturbs much less than wall time. Threads: 1 intra-op thread
-in every process (VirtualFlow's init() sets VF_THREADS, default 1; the baselines call
-torch.set_num_threads(1)). Every worker process of both sides runs in a session of its own, as
+which other work on the machine disturbs much less than wall time. Threads: --threads (default
+1) intra-op threads in every process (VirtualFlow's init() reads VF_THREADS; the baselines call
+torch.set_num_threads with VF_BENCH_THREADS). Every worker process of both sides runs in a session of its own, as
 torchrun starts DDP's ranks (see bench_env).
 
-usage: PATH=$HOME/.cache/virtualflow/py/bin:$PATH python3 bench/torch/bench.py [all|overhead|ddp|resize|profile|ab] [--repeats N] [--out F]
+usage: PATH=$HOME/.cache/virtualflow/py/bin:$PATH python3 bench/torch/bench.py [all|overhead|ddp|resize|profile|ab] [--repeats N] [--threads T] [--out F]
+
+The environment reaches every worker: VF_TORCH_FOLD=device with `ab --patch
+bench/torch/gpu_host_fold.patch` measures, on the CPU, the device fold (built) against the
+host's fold (patched) in one run.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ ELASTIC = HERE / "elastic_cnn.py"
 
 SAME_SESSIONS = True  # --shared-session turns it off (see bench_env)
 DEVICE = "cpu"  # --device: where the CNN trains, on every side (CNN_DEVICE)
+THREADS = 1  # --threads: intra-op threads of every process, both sides
 
 JOB = """apiVersion: virtualflow.io/v1alpha1
 kind: VirtualFlowJob
@@ -99,9 +104,9 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 def bench_env(times: Path, **more: str) -> dict[str, str]:
     env = dict(os.environ)
     env["VF_BENCH_TIMES"] = str(times)
-    env["VF_BENCH_THREADS"] = "1"
-    env["VF_THREADS"] = "1"
-    env["OMP_NUM_THREADS"] = "1"
+    env["VF_BENCH_THREADS"] = str(THREADS)
+    env["VF_THREADS"] = str(THREADS)
+    env["OMP_NUM_THREADS"] = str(THREADS)
     # Every worker process of either side in a session of its own (torchrun starts each rank
     # with start_new_session=True; vf_worker.py calls setsid(); the plain loop is started so):
     # with autogroup scheduling the kernel shares CPU time between sessions first, so on a
@@ -603,7 +608,7 @@ def machine() -> dict[str, Any]:
     import torch  # noqa: PLC0415 (only for the versions)
     gpu = torch.cuda.get_device_name(0) if DEVICE == "cuda" else None
     return {"nproc": os.cpu_count(), "cpu": model, "python": platform.python_version(),
-            "torch": torch.__version__, "threads_per_process": 1, "device": DEVICE, "gpu": gpu,
+            "torch": torch.__version__, "threads_per_process": THREADS, "device": DEVICE, "gpu": gpu,
             "load_at_end": os.getloadavg()}
 
 
@@ -654,11 +659,15 @@ def main() -> None:
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="where every side trains (cuda: overhead and profile only, since one GPU "
                          "cannot hold DDP's or torchrun's ranks: NCCL refuses two on one device)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="intra-op threads of every process of both sides (VF_THREADS, "
+                         "VF_BENCH_THREADS, OMP_NUM_THREADS)")
     ap.add_argument("--out", help="write every measurement as JSON to this file")
     a = ap.parse_args()
-    global SAME_SESSIONS, DEVICE
+    global SAME_SESSIONS, DEVICE, THREADS
     SAME_SESSIONS = not a.shared_session
     DEVICE = a.device
+    THREADS = a.threads
     if DEVICE == "cuda" and a.which not in ("overhead", "profile", "ab"):
         sys.exit("--device cuda runs overhead, profile or ab (one GPU holds no DDP world)")
     if not Path(a.vf).exists():

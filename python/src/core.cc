@@ -165,6 +165,25 @@ class PyStateHolder : public agent::TrainingStateHolder {
 
 // A flat float32 CPU tensor, contiguous: the gradient buffer the parameters' .grad views.
 using FlatGradient = nb::ndarray<float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+// A step's gradients folded by virtualflow.torch on their own device and copied to the host
+// once: the int64 sums of every element, then each bucket's largest |gradient| bit pattern, then
+// the overflow flag (Worker.add_folded).
+using FoldedStep = nb::ndarray<int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+// Virtual nodes' gradients as the rows of one float32 CPU array (fold_reference).
+using NodeGradients = nb::ndarray<float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+
+// The largest |gradient| of a bucket as its float's bit pattern, from an int64 slot.
+Result<std::vector<uint32_t>> MaxBits(const int64_t* slots, size_t n) {
+  std::vector<uint32_t> bits(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (slots[i] < 0 || slots[i] > 0x7fffffff) {
+      return InvalidArgument("bucket " + std::to_string(i) + "'s maximum " +
+                             std::to_string(slots[i]) + " is not the bit pattern of a |float|");
+    }
+    bits[i] = static_cast<uint32_t>(slots[i]);
+  }
+  return bits;
+}
 
 // This worker's part in the next step, as Python sees it. Value type.
 struct MembershipView {
@@ -207,7 +226,8 @@ class Worker {
                         int virtual_nodes) {
     const Reduction r = mode == "fast" ? Reduction::kFast : Reduction::kExact;
     constexpr size_t kMaxBucket = size_t{1} << 20;
-    reducer_ = Take(CreateReducer(r, *device_, MakeBuckets(sizes, kMaxBucket), virtual_nodes));
+    buckets_ = MakeBuckets(sizes, kMaxBucket);
+    reducer_ = Take(CreateReducer(r, *device_, buckets_, virtual_nodes));
     elements_ = 0;
     for (size_t n : sizes) elements_ += n;
   }
@@ -219,6 +239,27 @@ class Worker {
   void Add(const FlatGradient& grad) {
     Check(CheckSize(grad.shape(0)));
     Check(RequireReducer()->Add(grad.data()));
+  }
+
+  // The gradient buckets as (offset, size): each shares one exponent (exponents()).
+  std::vector<std::tuple<size_t, size_t>> Buckets() const {
+    std::vector<std::tuple<size_t, size_t>> out;
+    out.reserve(buckets_.size());
+    for (const GradientBucket& b : buckets_) out.emplace_back(b.offset, b.size);
+    return out;
+  }
+
+  // A whole step's nodes folded elsewhere (see FoldedStep and Reducer::AddFolded).
+  void AddFolded(const FoldedStep& folded) {
+    const size_t expected = elements_ + buckets_.size() + 1;
+    if (folded.shape(0) != expected) {
+      Raise(InvalidArgument("the folded step has " + std::to_string(folded.shape(0)) +
+                            " values, the reducer expects " + std::to_string(expected) +
+                            " (sums, bucket maxima, overflow flag)"));
+    }
+    const int64_t* p = folded.data();
+    const std::vector<uint32_t> bits = Take(MaxBits(p + elements_, buckets_.size()));
+    Check(RequireReducer()->AddFolded(p, bits, p[elements_ + buckets_.size()] != 0));
   }
 
   void AddLoss(double loss_sum, int64_t samples) {
@@ -330,8 +371,9 @@ class Worker {
   std::unique_ptr<agent::Agent> agent_;
   std::unique_ptr<Device> device_;
   std::unique_ptr<Reducer> reducer_;
-  Communicator* comm_ = nullptr;  // owned by the agent; valid until the next Next or Failed
-  size_t elements_ = 0;           // of the flat gradient the reducer was configured for
+  std::vector<GradientBucket> buckets_;  // the reducer's
+  Communicator* comm_ = nullptr;         // owned by the agent; valid until the next Next or Failed
+  size_t elements_ = 0;                  // of the flat gradient the reducer was configured for
 };
 
 // The job as a PyTorch worker needs it: the fields of the one parsed JobSpec. Value type.
@@ -432,6 +474,36 @@ NB_MODULE(_core, m) {
       "sha256_hex", [](const nb::bytes& data) { return Sha256Hex(data.c_str(), data.size()); },
       "Lower-case hex SHA-256.");
 
+  m.def(
+      "fold_reference",
+      [](const NodeGradients& grads, const std::vector<size_t>& sizes,
+         const std::vector<int32_t>& exponents) {
+        if (sizes.size() != exponents.size()) {
+          Raise(InvalidArgument(std::to_string(sizes.size()) + " bucket sizes, " +
+                                std::to_string(exponents.size()) + " exponents"));
+        }
+        std::vector<FoldBucket> plan;
+        uint64_t n = 0;
+        for (size_t i = 0; i < sizes.size(); ++i) {
+          plan.push_back({n, sizes[i], exponents[i], 0});
+          n += sizes[i];
+        }
+        if (grads.shape(1) != n) Raise(InvalidArgument("the rows are not the buckets' length"));
+        std::unique_ptr<Device> cpu = CreateCpuDevice(1);
+        std::vector<int64_t> sums(n, 0);
+        std::vector<uint32_t> max_bits(plan.size(), 0);
+        uint32_t bad = 0;
+        for (size_t row = 0; row < grads.shape(0); ++row) {
+          cpu->FoldBuckets(grads.data() + row * n, FoldPlan{plan, plan.data()}, kFixedPointLimit,
+                           sums.data(), max_bits.data(), &bad);
+        }
+        return std::make_tuple(sums, max_bits, bad != 0);
+      },
+      nb::arg("grads"), nb::arg("sizes"), nb::arg("exponents"),
+      "The exact reducer's own fold (the CPU's) of the rows of `grads`, virtual nodes' "
+      "gradients, over consecutive buckets of `sizes` with `exponents` (INT32_MIN: only "
+      "measured): (sums, each bucket's largest |gradient| bit pattern, overflow flag).");
+
   nb::class_<Sharder>(m, "Sharder")
       .def(nb::init<uint64_t, int64_t, int64_t, int>(), nb::arg("seed"), nb::arg("dataset_size"),
            nb::arg("global_batch"), nb::arg("virtual_nodes"))
@@ -490,6 +562,8 @@ NB_MODULE(_core, m) {
            nb::arg("virtual_nodes"))
       .def("begin", &Worker::Begin)
       .def("add", &Worker::Add, nb::arg("grad"))
+      .def("buckets", &Worker::Buckets)
+      .def("add_folded", &Worker::AddFolded, nb::arg("folded"))
       .def("add_loss", &Worker::AddLoss, nb::arg("loss_sum"), nb::arg("samples"))
       .def("finish", &Worker::Finish, nb::arg("mean_grad"))
       .def("exponents", &Worker::Exponents)

@@ -319,19 +319,22 @@ class _InFlight:
 
 class _Staging:
     """Where each virtual node's gradients are computed and how they reach the reducer, which
-    reads host memory. On the CPU the reducer reads the gradients in place (one slot, no copy).
-    On a GPU every node's gradients (and float buffers) go to a flat device buffer whose views
-    are the parameters' .grad, then by one asynchronous copy to pinned host memory; with two
-    slots the host folds one node while the GPU computes the next. VF_TORCH_STAGING=2 runs the
-    two-slot path on the CPU too, which is how the tests check it without a GPU.
+    reads host memory. Every node's gradients (and float buffers) go to a flat buffer on the
+    model's device whose views are the parameters' .grad. Folded where they are (_DeviceFold),
+    or on the CPU by the reducer reading them in place, they need one slot and no copy. Folded by
+    the host from a GPU, each node's buffer goes by one asynchronous copy to pinned host memory;
+    with two slots the host folds one node while the GPU computes the next. VF_TORCH_STAGING=2
+    runs that two-slot path on the CPU too, which is how the tests check it without a GPU.
     Not thread-safe: the training thread's."""
 
-    def __init__(self, device: torch.device, tensors: list[torch.Tensor], n_params: int) -> None:
+    def __init__(
+        self, device: torch.device, tensors: list[torch.Tensor], n_params: int, *, host_fold: bool
+    ) -> None:
         sizes = [t.numel() for t in tensors]
         total = sum(sizes)
         self.device = device
-        forced = int(os.environ.get("VF_TORCH_STAGING", "0") or 0)
-        copies = device.type != "cpu" or forced > 0
+        forced = int(os.environ.get("VF_TORCH_STAGING", "0") or 0) if host_fold else 0
+        copies = host_fold and (device.type != "cpu" or forced > 0)
         self.slots = (forced or _GPU_SLOTS) if copies else 1
         pin = device.type == "cuda"
         self.grads = [torch.zeros(total, dtype=torch.float32, device=device) for _ in range(self.slots)]
@@ -339,8 +342,10 @@ class _Staging:
             [torch.zeros(total, dtype=torch.float32, pin_memory=pin) for _ in range(self.slots)]
             if copies else self.grads
         )
-        # The reducer writes the step's mean here; the parameters' .grad views it afterwards.
-        self.mean = torch.zeros(total, dtype=torch.float32, pin_memory=pin) if copies else self.grads[0]
+        # The reducer writes the step's mean here (host memory); the parameters' .grad views it
+        # afterwards.
+        on_host = copies or device.type != "cpu"
+        self.mean = torch.zeros(total, dtype=torch.float32, pin_memory=pin) if on_host else self.grads[0]
         self.param_views: list[list[torch.Tensor]] = []
         self.buffer_views: list[list[torch.Tensor]] = []
         for g in self.grads:
@@ -351,7 +356,7 @@ class _Staging:
             self.param_views.append(views[:n_params])
             self.buffer_views.append(views[n_params:])
         self.in_flight: list[_InFlight] = []
-        self._events = [torch.cuda.Event() for _ in range(self.slots)] if pin else []
+        self._events = [torch.cuda.Event() for _ in range(self.slots)] if pin and copies else []
 
     def send(self, slot: int, loss: torch.Tensor) -> None:
         """Starts a node's gradients (already in grads[slot]) on their way to host[slot]."""
@@ -375,6 +380,127 @@ class _Staging:
         if self.mean is not self.grads[0]:
             self.grads[0].copy_(self.mean)
         return self.param_views[0]
+
+
+# Exact reduction's number format (runtime/reduce/reducer.h): the largest |value * 2^e| one
+# virtual node may add, and the exponent of a bucket that has no scale yet.
+_FIXED_POINT_LIMIT = float(1 << 50)
+_UNSET_EXPONENT = -(1 << 31)
+_INF_BITS = 0x7F80_0000
+
+# Exact reduction folds each node's gradients where they are (_DeviceFold): on a GPU by default,
+# on the CPU with VF_TORCH_FOLD=device. False: every node goes through the host's fold, as before
+# the device fold existed (bench/torch/gpu_host_fold.patch measures the difference).
+_DEVICE_FOLD = True
+
+
+def _fold_on_device(device: torch.device, reduction: str) -> bool:
+    """Whether this worker folds its nodes with _DeviceFold rather than handing each node's
+    gradients to the C++ reducer: on a GPU by default, where the host's fold needs a copy of
+    every node's gradients and a wait for it; on the CPU, where the C++ reducer reads them in
+    place in one fused pass, only with VF_TORCH_FOLD=device (the tests' way to run the GPU's
+    path without one). VF_TORCH_FOLD=host keeps the host's fold. Exact reduction only."""
+    choice = os.environ.get("VF_TORCH_FOLD", "")
+    if choice not in ("", "device", "host"):
+        raise Error(f"VF_TORCH_FOLD={choice!r}: set it to 'device' or 'host', or leave it unset")
+    if not _DEVICE_FOLD or reduction != "exact":
+        return False
+    if choice:
+        return choice == "device"
+    return device.type == "cuda"
+
+
+class _DeviceFold:
+    """A step's exact fold done by PyTorch operations on the gradients' own device (the same
+    code on the CPU and on a GPU), bit for bit what the C++ reducer's Add computes
+    (Device::FoldBuckets), handed to it once per step (Worker.add_folded): one copy to the host
+    per step instead of one per node, and no wait for the host between nodes.
+
+    Per element v = x * 2^e in float64, e the bucket's exponent of the step: a float32 times a
+    power of two is exact in float64 for every exponent ExponentFor gives (|e| <= 960), subnormal
+    x included, just as the C++ fold computes it (float32 could not hold 2^e beyond 2^127, nor
+    keep every bit of a subnormal product). Rounded half to even; an element with |v| > 2^50, or
+    NaN, adds nothing and flags the step (from the bucket's maximum, which exceeds the limit
+    exactly when some element does, as in the C++ fold); a bucket without an exponent is only
+    measured. Per bucket the largest |x| as the float's bit pattern (NaN above +Inf): an
+    elementwise running maximum over the nodes, reduced per bucket once per step.
+    Device memory per gradient element: 32 bytes in its buffers, 17 more in a node's
+    temporaries. Not thread-safe: the training thread's."""
+
+    def __init__(self, device: torch.device, buckets: list[tuple[int, int]], total: int,
+                 max_nodes: int) -> None:
+        self._sizes = [size for _, size in buckets]
+        if [offset for offset, _ in buckets] != [sum(self._sizes[:i]) for i in range(len(buckets))]:
+            raise Error("the reducer's gradient buckets do not tile the flat gradient")
+        self._n, nb = total, len(buckets)
+        self._device_sizes = torch.tensor(self._sizes, dtype=torch.int64, device=device)
+        # The step's results in one int64 buffer, copied to the host at once: the sums, each
+        # bucket's largest bit pattern, the overflow flag (what Worker.add_folded reads), then
+        # each node's loss as a float64.
+        self._packed = torch.zeros(total + nb + 1 + max_nodes, dtype=torch.int64, device=device)
+        self._host = self._packed
+        if device.type != "cpu":
+            self._host = torch.zeros(self._packed.numel(), dtype=torch.int64, pin_memory=True)
+        self._acc = self._packed[:total]
+        self._max_slots = self._packed[total:total + nb]
+        self._bad_slot = self._packed[total + nb]
+        self._loss_slots = self._packed[total + nb + 1:].view(torch.float64)
+        self._max_bits = torch.zeros(total, dtype=torch.int32, device=device)  # running maximum
+        self._bits = torch.zeros(total, dtype=torch.int32, device=device)
+        self._scaled = torch.zeros(total, dtype=torch.float64, device=device)
+        self._zero = torch.zeros((), dtype=torch.float64, device=device)
+        self._losses: list[torch.Tensor] = []
+        self._set_exponents([_UNSET_EXPONENT] * nb)
+
+    def _set_exponents(self, exponents: list[int]) -> None:
+        """Each bucket's scale 2^e (0 where unset) and each element's, on the device."""
+        # Python's float is a double: 2^e exactly, as the C++ fold's ldexp(1.0, min(e, 1000)).
+        scales = [0.0 if e == _UNSET_EXPONENT else 2.0 ** min(e, 1000) for e in exponents]
+        device = self._acc.device
+        self._bucket_scale = torch.tensor(scales, dtype=torch.float64).to(device)
+        self._bucket_set = torch.tensor([e != _UNSET_EXPONENT for e in exponents]).to(device)
+        self._scale = torch.repeat_interleave(self._bucket_scale, self._device_sizes,
+                                              output_size=self._n)
+        self._exponents = list(exponents)
+
+    def begin(self, exponents: list[int]) -> None:
+        """Starts a step (or its redo) with the reducer's exponents of this step."""
+        if exponents != self._exponents:
+            self._set_exponents(exponents)
+        self._acc.zero_()
+        self._max_bits.zero_()
+        self._losses.clear()
+
+    def add(self, grad: torch.Tensor, loss: torch.Tensor) -> None:
+        """Folds one node's flat float32 gradient; its loss is read once per step."""
+        v = torch.mul(grad, self._scale, out=self._scaled)
+        v.round_()
+        torch.where(v.abs() <= _FIXED_POINT_LIMIT, v, self._zero, out=v)  # NaN fails it too
+        self._acc.add_(v.to(torch.int64))
+        bits = torch.bitwise_and(grad.view(torch.int32), 0x7FFF_FFFF, out=self._bits)
+        torch.maximum(self._max_bits, bits, out=self._max_bits)
+        self._losses.append(loss)
+
+    def finish(self) -> tuple[torch.Tensor, list[float]]:
+        """The step's sums, maxima and flag in host memory, for Worker.add_folded, and the
+        nodes' losses in their order."""
+        parts = list(self._max_bits.split(self._sizes))
+        if parts:
+            foreach_max = getattr(torch, "_foreach_max", None)  # one kernel for every bucket
+            maxima = torch.stack(foreach_max(parts) if foreach_max else [p.max() for p in parts])
+            self._max_slots.copy_(maxima)
+            magnitude = maxima.view(torch.float32).to(torch.float64) * self._bucket_scale
+            over = (maxima >= _INF_BITS) | (magnitude > _FIXED_POINT_LIMIT)
+            # A bucket without an exponent is only measured.
+            self._bad_slot.copy_((over & self._bucket_set).any())
+        k = len(self._losses)
+        if k:
+            self._loss_slots[:k].copy_(torch.stack(self._losses))
+        if self._host is not self._packed:
+            self._host.copy_(self._packed)  # waits for the device: once per step
+        head = self._n + len(self._sizes) + 1
+        losses = self._host[head:head + k].view(torch.float64).tolist()
+        return self._host[:head], losses
 
 
 class Job:
@@ -436,6 +562,7 @@ class Job:
         self._start_floats: list[torch.Tensor] = []
         self._start_ints: list[torch.Tensor] = []
         self._staging: _Staging | None = None
+        self._device_fold: _DeviceFold | None = None
         self._device = torch.device("cpu")
         # The generators a node's seed sets: the CPU's and, for a model on a GPU, that GPU's.
         self._generators: list[torch.Generator] = [torch.default_generator]
@@ -447,6 +574,9 @@ class Job:
         self._first_step_unix = 0.0
         self._last_step_unix = 0.0
         self._steps_trained = 0
+        # Steps whose nodes ran again because exact reduction chose a new scale (the first step,
+        # a gradient that grew past the scale's headroom): in the result file.
+        self._recomputed_steps = 0
         self._last_loss = float("nan")
         self._finished = False
         self._done = False
@@ -550,6 +680,8 @@ class Job:
                 "weights_sha256": sha,
                 "virtual_nodes": int(self.spec["virtual_nodes"]),
                 "virtual_nodes_held": list(self._membership.virtual_nodes) if self._membership else [],
+                "gradient_fold": "device" if self._device_fold is not None else "host",
+                "recomputed_steps": self._recomputed_steps,
             }
             if self.rank == 0 and test_accuracy is not None:
                 result["test_accuracy"] = float(test_accuracy)
@@ -601,8 +733,11 @@ class Job:
         self._start_ints = [torch.empty_like(t) for t in self._int_buffers]
         tensors = self._params + self._float_buffers
         sizes = [t.numel() for t in tensors]
-        self._staging = _Staging(self._device, tensors, len(self._params))
         self._worker.configure_reducer(self.spec["reduction"], sizes, int(self.spec["virtual_nodes"]))
+        if _fold_on_device(self._device, self.spec["reduction"]):
+            self._device_fold = _DeviceFold(self._device, self._worker.buckets(), sum(sizes),
+                                     int(self.spec["virtual_nodes"]))
+        self._staging = _Staging(self._device, tensors, len(self._params), host_fold=self._device_fold is None)
         for p in self._params:
             p.register_post_accumulate_grad_hook(self._grad_hook)
         if state.optimizer is not None:
@@ -656,6 +791,8 @@ class Job:
                 _copy_all(start_ints, self._int_buffers)
         while True:
             self._worker.begin()
+            if self._device_fold is not None:
+                self._device_fold.begin(self._worker.exponents())
             t0 = time.monotonic()
             # Every node seeds the generators itself; their states are saved once and restored
             # when the nodes end, as a fork_rng around each node would leave them.
@@ -683,6 +820,7 @@ class Job:
                     ) from e
                 continue
             if redo:
+                self._recomputed_steps += 1
                 continue
             break
         self._views = staging.publish_mean()
@@ -738,14 +876,19 @@ class Job:
                 snapshots.append(torch.cat(parts).to(torch.int64))
             if floats:
                 _copy_all(staging.buffer_views[slot], floats)
-            staging.send(slot, node._loss)
-            while len(staging.in_flight) >= staging.slots:
-                self._fold(staging, b)
+            if self._device_fold is not None:
+                self._device_fold.add(staging.grads[slot], node._loss)
+            else:
+                staging.send(slot, node._loss)
+                while len(staging.in_flight) >= staging.slots:
+                    self._fold(staging, b)
             if self._slowdown > 1 or self._vnode_delay > 0:
                 elapsed = time.monotonic() - t0
                 time.sleep(elapsed * max(0.0, self._slowdown - 1) + self._vnode_delay)
         while staging.in_flight:
             self._fold(staging, b)
+        if self._device_fold is not None:
+            self._hand_over_fold(self._device_fold, b)
         if not snapshots:
             return []
         stacked = torch.stack(snapshots)
@@ -758,6 +901,14 @@ class Job:
         grads, loss = staging.arrived()
         self._worker.add(grads)
         self._worker.add_loss(loss * micro_batch, micro_batch)
+
+    def _hand_over_fold(self, fold: _DeviceFold, micro_batch: int) -> None:
+        """Gives the reducer the step's nodes as _DeviceFold summed them, with their losses in
+        the nodes' order (as _fold adds them)."""
+        folded, losses = fold.finish()
+        for loss in losses:
+            self._worker.add_loss(loss * micro_batch, micro_batch)
+        self._worker.add_folded(folded)
 
     def _backward(self, node: Node, loss: torch.Tensor) -> None:
         if self._step is None or node._step is not self._step:

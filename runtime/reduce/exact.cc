@@ -57,6 +57,7 @@ class ExactReducer : public Reducer {
     device_.CopyFromHost(device_plan_.data(), plan_.data(), plan_.size() * sizeof(FoldBucket));
     non_finite_ = false;
     overflow_ = false;
+    source_ = Source::kNone;
     loss_fixed_ = 0;
     correct_ = 0;
     samples_ = 0;
@@ -68,8 +69,28 @@ class ExactReducer : public Reducer {
   // yet is only measured; the step is recomputed once the scale is agreed (see reducer.h).
   // The exponents come from the table Begin wrote, so the same call serves every step.
   Status Add(const float* grad) override {
+    if (source_ == Source::kFolded) return FailedPrecondition("Add after AddFolded in one step");
+    source_ = Source::kAdd;
     device_.FoldBuckets(grad, FoldPlan{plan_, device_plan_.data()}, kFixedPointLimit,
                         acc_.data() + kHead, flags_.data(), flags_.data() + buckets_.size());
+    return Status::Ok();
+  }
+
+  // The sums replace the accumulator's (Begin cleared it), so the C++ side goes on exactly as
+  // after the same nodes' Add calls; the maxima and the flag join the device's in ReadFlags.
+  Status AddFolded(const int64_t* sums, std::span<const uint32_t> max_bits, bool bad) override {
+    if (max_bits.size() != buckets_.size()) {
+      return InvalidArgument("folded sums come with " + std::to_string(max_bits.size()) +
+                             " bucket maxima, the reducer has " + std::to_string(buckets_.size()) +
+                             " buckets");
+    }
+    if (source_ != Source::kNone) {
+      return FailedPrecondition("AddFolded after Add or AddFolded in one step (once per step)");
+    }
+    source_ = Source::kFolded;
+    device_.CopyFromHost(acc_.data() + kHead, sums, count_ * sizeof(int64_t));
+    folded_max_.assign(max_bits.begin(), max_bits.end());
+    folded_bad_ = bad;
     return Status::Ok();
   }
 
@@ -225,6 +246,12 @@ class ExactReducer : public Reducer {
   // not finite (NaN bits sort above +Inf's) makes the step non-finite.
   void ReadFlags() {
     device_.CopyToHost(host_flags_.data(), flags_.data(), host_flags_.size() * sizeof(uint32_t));
+    if (source_ == Source::kFolded) {
+      for (size_t i = 0; i < buckets_.size(); ++i) {
+        host_flags_[i] = std::max(host_flags_[i], folded_max_[i]);
+      }
+      if (folded_bad_) host_flags_[buckets_.size()] = 1;
+    }
     constexpr uint32_t kInfBits = 0x7f800000u;
     local_max_.assign(buckets_.size(), 0.f);
     for (size_t i = 0; i < buckets_.size(); ++i) {
@@ -255,6 +282,11 @@ class ExactReducer : public Reducer {
   DeviceBuffer<FoldBucket> device_plan_;  // the same on the device
   bool non_finite_ = false;
   bool overflow_ = false;
+  // Where this step's gradient sums come from: the nodes' Add calls or one AddFolded.
+  enum class Source { kNone, kAdd, kFolded };
+  Source source_ = Source::kNone;
+  std::vector<uint32_t> folded_max_;  // AddFolded's per-bucket maxima
+  bool folded_bad_ = false;
   int64_t loss_fixed_ = 0;
   int64_t correct_ = 0;
   int64_t samples_ = 0;

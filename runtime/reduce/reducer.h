@@ -72,6 +72,22 @@ class Reducer {
   // through Add. Fast mode's sum is a plain float sum, so the model can add into it directly and
   // save a pass per node; exact mode converts each node's gradient on its own.
   virtual float* sum_in_place() { return nullptr; }
+  // Takes the place of a step's Add calls for a caller that folds its nodes itself, bit for bit
+  // as Add would (virtualflow.torch folds on the gradients' own device and hands the result over
+  // once per step): `sums` (host memory, parameter_count values) is the int64 sum over this
+  // rank's nodes of round_half_even(grad * 2^e) per element with e the bucket's exponent of this
+  // step (exponents(); a bucket whose exponent is kUnsetExponent is only measured, its sums stay
+  // 0), `max_bits` holds per
+  // bucket the largest bit pattern of |grad| over those nodes (NaN above +Inf), and `bad` says
+  // that some element of a bucket with an exponent had |grad * 2^e| > kFixedPointLimit or was
+  // not finite (its sums may then hold anything: the step is redone or fails). Once per step,
+  // after Begin, and not with Add; exact mode only (fast mode: kFailedPrecondition).
+  virtual Status AddFolded(const int64_t* sums, std::span<const uint32_t> max_bits, bool bad) {
+    (void)sums;
+    (void)max_bits;
+    (void)bad;
+    return FailedPrecondition("folded sums need exact reduction");
+  }
   // Adds one virtual node's loss statistics (host memory), the nodes in a fixed order.
   virtual void AddLoss(const LossStats& stats) = 0;
   // Runs the collectives and writes the mean gradient (1/V) * sum into `mean_grad` (device

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -240,6 +241,94 @@ TEST(Reducer, HeaderFieldsAreAgreedByMax) {
   ASSERT_TRUE(out.errors[0].ok());
   ASSERT_EQ(out.extra.size(), 1u);
   EXPECT_EQ(out.extra[0], 9);
+}
+
+// One step's nodes folded outside the reducer, as a caller of AddFolded would (here with the
+// CPU device's own fold, which Add uses too): sums, per-bucket maxima and the overflow flag.
+struct Folded {
+  std::vector<int64_t> sums;
+  std::vector<uint32_t> max_bits;
+  bool bad = false;
+};
+
+Folded FoldOutside(const std::vector<int32_t>& exponents,
+                   const std::vector<std::vector<float>>& nodes) {
+  auto dev = CreateCpuDevice(1);
+  const std::vector<GradientBucket> buckets = Buckets();
+  std::vector<FoldBucket> plan(buckets.size());
+  for (size_t i = 0; i < buckets.size(); ++i) {
+    plan[i] = {buckets[i].offset, buckets[i].size, exponents[i], 0};
+  }
+  Folded f;
+  f.sums.assign(kParams, 0);
+  f.max_bits.assign(buckets.size(), 0);
+  uint32_t bad = 0;
+  for (const auto& g : nodes) {
+    dev->FoldBuckets(g.data(), FoldPlan{plan, plan.data()}, kFixedPointLimit, f.sums.data(),
+                     f.max_bits.data(), &bad);
+  }
+  f.bad = bad != 0;
+  return f;
+}
+
+TEST(ExactReducer, FoldedSumsGiveTheMeanOfAddedNodesBitForBit) {
+  // Two reducers step by step, one fed node by node and one by AddFolded, through a first step
+  // (no scale yet), a step that reuses the scale, a 10^4 growth (overflow) and a NaN.
+  auto dev = CreateCpuDevice(1);
+  auto comm = CreateLocalCommunicator();
+  auto added = CreateReducer(Reduction::kExact, *dev, Buckets(), kV).value();
+  auto folded = CreateReducer(Reduction::kExact, *dev, Buckets(), kV).value();
+  std::vector<float> out_added(kParams), out_folded(kParams);
+  for (float scale : {1.f, 1.f, 1e4f, NAN}) {
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      std::vector<std::vector<float>> nodes;
+      for (int v = 0; v < kV; ++v) nodes.push_back(Gradient(v, v == 3 ? scale : 1.f));
+      added->Begin();
+      folded->Begin();
+      ASSERT_EQ(added->exponents(), folded->exponents());
+      for (const auto& g : nodes) {
+        ASSERT_TRUE(added->Add(g.data()).ok());
+        added->AddLoss(LossStats{1.0, 0, 10});
+        folded->AddLoss(LossStats{1.0, 0, 10});
+      }
+      const Folded f = FoldOutside(folded->exponents(), nodes);
+      ASSERT_TRUE(folded->AddFolded(f.sums.data(), f.max_bits, f.bad).ok());
+      auto a = added->Finish(*comm, {}, out_added.data());
+      auto b = folded->Finish(*comm, {}, out_folded.data());
+      ASSERT_EQ(a.ok(), b.ok()) << scale;
+      if (!a.ok()) {
+        EXPECT_TRUE(std::isnan(scale));
+        EXPECT_EQ(b.status().code(), StatusCode::kNumerical);
+        return;
+      }
+      EXPECT_EQ(a->redo, b->redo) << scale;
+      EXPECT_EQ(a->totals.loss_sum, b->totals.loss_sum);
+      if (a->redo) continue;
+      EXPECT_EQ(0, std::memcmp(out_added.data(), out_folded.data(), kParams * sizeof(float)));
+      break;
+    }
+  }
+  FAIL() << "the NaN step did not fail";
+}
+
+TEST(ExactReducer, FoldedSumsComeOncePerStepInsteadOfAdd) {
+  auto dev = CreateCpuDevice(1);
+  auto red = CreateReducer(Reduction::kExact, *dev, Buckets(), kV).value();
+  const std::vector<int64_t> sums(kParams, 0);
+  const std::vector<uint32_t> max_bits(Buckets().size(), 0);
+  const auto g = Gradient(0);
+  red->Begin();
+  EXPECT_EQ(red->AddFolded(sums.data(), std::span(max_bits).first(1), false).code(),
+            StatusCode::kInvalidArgument);
+  ASSERT_TRUE(red->AddFolded(sums.data(), max_bits, false).ok());
+  EXPECT_EQ(red->AddFolded(sums.data(), max_bits, false).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(red->Add(g.data()).code(), StatusCode::kFailedPrecondition);
+  red->Begin();
+  ASSERT_TRUE(red->Add(g.data()).ok());
+  EXPECT_EQ(red->AddFolded(sums.data(), max_bits, false).code(), StatusCode::kFailedPrecondition);
+  auto fast = CreateReducer(Reduction::kFast, *dev, Buckets(), kV).value();
+  fast->Begin();
+  EXPECT_EQ(fast->AddFolded(sums.data(), max_bits, false).code(), StatusCode::kFailedPrecondition);
 }
 
 TEST(Reducer, RestoredExponentsMustMatchTheBuckets) {

@@ -92,18 +92,55 @@ class Background:
         return self.proc.returncode, "".join(self.out), err
 
 
+# examples/torch/cnn.py with its loss 10^4 times larger in the last of 4 steps: its gradients
+# grow past exact reduction's 64x headroom, so that step is recomputed at a new scale.
+SPIKED_CNN = textwrap.dedent("""\
+    import sys
+    sys.path.insert(0, %r)
+    import torch.nn.functional as F
+    import virtualflow.torch as vf
+    import cnn
+
+    current = [-1]
+    run_nodes = vf.Step.virtual_nodes
+
+
+    def virtual_nodes(self):
+        current[0] = self.index
+        yield from run_nodes(self)
+
+
+    class Spiked:
+        def __getattr__(self, name):
+            return getattr(F, name)
+
+        @staticmethod
+        def cross_entropy(*args, **kwargs):
+            loss = F.cross_entropy(*args, **kwargs)
+            return loss * 1e4 if current[0] == 3 else loss
+
+
+    vf.Step.virtual_nodes = virtual_nodes
+    cnn.F = Spiked()
+    cnn.main()
+    """) % os.path.join(SOURCE_DIR, "examples", "torch")
+
+
 @unittest.skipUnless(PYTHON, "no Python environment with PyTorch (scripts/setup-python.sh)")
 class TorchTest(VfTestCase):
     def setUp(self):
         super().setUp()
         # The workers' python3 is the environment's, as `source .../bin/activate` would make it.
-        self._path = os.environ["PATH"]
-        os.environ["PATH"] = os.path.dirname(PYTHON) + os.pathsep + self._path
+        self._environ = dict(os.environ)
+        os.environ["PATH"] = os.path.dirname(PYTHON) + os.pathsep + os.environ["PATH"]
+        # No test here reads the accuracy: rank 0 evaluates 500 test images, not all 10,000.
+        os.environ["CNN_TEST_SAMPLES"] = "500"
         self._cwd = os.getcwd()
         os.chdir(SOURCE_DIR)  # the examples' command paths are relative to the checkout
 
     def tearDown(self):
-        os.environ["PATH"] = self._path
+        os.environ.clear()
+        os.environ.update(self._environ)
         os.chdir(self._cwd)
         super().tearDown()
 
@@ -128,15 +165,38 @@ class TorchTest(VfTestCase):
                     self.assertEqual(run.summary["steps"], 4)
                     digests[workers] = run.summary["weights_sha256"]
                 if name == "cnn":
-                    # A GPU's path on the CPU: every node's gradients (and BatchNorm's buffers)
-                    # in a buffer of their own, copied for the reducer, two nodes in flight.
-                    os.environ["VF_TORCH_STAGING"] = "2"
+                    # The host's fold of a GPU's nodes, on the CPU: every node's gradients (and
+                    # BatchNorm's buffers) in a buffer of their own, copied for the reducer, two
+                    # nodes in flight.
+                    os.environ.update(VF_TORCH_STAGING="2", VF_TORCH_FOLD="host")
                     try:
                         digests["staged"] = self.run_ok(job, "--workers", "2").summary["weights_sha256"]
                     finally:
-                        del os.environ["VF_TORCH_STAGING"]
+                        del os.environ["VF_TORCH_STAGING"], os.environ["VF_TORCH_FOLD"]
                 self.assertEqual(len(set(digests.values())), 1, "weights differ: %s" % digests)
                 self.assertRegex(digests[1], r"^[0-9a-f]{64}$")
+
+    def test_cnn_folded_on_its_device_has_the_weights_of_the_host_fold_through_recomputed_steps(self):
+        # A GPU's default (VF_TORCH_FOLD=device: each node folded by PyTorch operations where its
+        # gradients are, the reducer given the step's sums once) against the C++ fold of every
+        # node on the host, through the first step (no scale yet) and a last step whose
+        # gradients overflow the scale: both are recomputed at a new one.
+        script = write(os.path.join(self.tmp, "spiked_cnn.py"), SPIKED_CNN)
+        job = torch_job(os.path.join(self.tmp, "spiked.yaml"), ["python3", script], 4)
+        digests, recomputed = {}, set()
+        for fold, workers in (("host", 1), ("device", 1), ("device", 2)):
+            os.environ["VF_TORCH_FOLD"] = fold
+            try:
+                summary = self.run_ok(job, "--workers", str(workers)).summary
+            finally:
+                del os.environ["VF_TORCH_FOLD"]
+            results = summary["worker_results"]
+            self.assertEqual([r["gradient_fold"] for r in results], [fold] * workers)
+            recomputed |= {r["recomputed_steps"] for r in results}
+            digests[(fold, workers)] = summary["weights_sha256"]
+        self.assertEqual(len(set(digests.values())), 1, "weights differ: %s" % digests)
+        self.assertEqual(len(recomputed), 1, recomputed)
+        self.assertGreaterEqual(recomputed.pop(), 2, "the first and the last step are recomputed")
 
     # The static run's weights, made once for the class: the resize and kill -9 tests train the
     # same CNN for the same steps (the resize test's elasticity settings change no weight, and
@@ -282,6 +342,10 @@ class TorchMisuseTest(VfTestCase):
 
     def test_nan_gradients_end_the_job_with_a_numerical_error(self):
         self.assertOneLineError(self.misuse("nan", workers=1), "NumericalError")
+
+    def test_nan_gradients_folded_on_their_device_end_the_job_too(self):
+        self.assertOneLineError(self.misuse("nan", workers=1, env={"VF_TORCH_FOLD": "device"}),
+                                "NumericalError")
 
     def test_check_mode_names_the_first_step_and_worker_that_diverged(self):
         line = self.assertOneLineError(self.misuse("diverge", env={"VF_CHECK_EVERY": "1"}),
