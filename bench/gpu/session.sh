@@ -21,7 +21,8 @@
 # vfrun (C's `vf run`, needs build), pytest, torchtests, resize, tuning, runtime, overhead, ab. Without `build`, nothing C++ runs:
 # the PyTorch parts need only .gpu-py/. VF_GPU_TORCH_TESTS (test names), VF_GPU_CTEST (a ctest
 # regex), VF_GPU_TORCH_BENCH_ARGS (bench.py's --repeats, --steps, --warmup; VF_GPU_AB_ARGS for ab
-# alone) narrow the rest.
+# alone) narrow the rest; VF_GPU_OVERHEAD_SECONDS and VF_GPU_AB_SECONDS cap those two stages
+# (default 90 and 70 s).
 #
 # It needs .gpu-deps/ (bench/gpu/bundle.sh) and .gpu-py/ (bench/gpu/bundle_python.sh), made on a
 # machine with the Debian packages and carried along. Logs: $OUT/logs.tgz (rewritten after each
@@ -187,7 +188,7 @@ if [ -x "$bin/vf-bench" ] && want runtime; then
 fi
 if want overhead; then
 say "D: CNN through virtualflow.torch against plain PyTorch, on the GPU"
-timeout "$(budget 90 "$(need ab)")" python3 bench/torch/bench.py overhead --device cuda --vf .gpu-py/bin/vf \
+timeout "$(budget ${VF_GPU_OVERHEAD_SECONDS:-90} "$(need ab)")" python3 bench/torch/bench.py overhead --device cuda --vf .gpu-py/bin/vf \
   ${VF_GPU_TORCH_BENCH_ARGS:---repeats 3 --steps 30 --warmup 5} --out "$work/torch-overhead.json" >"$work/torch-overhead.out" 2>&1
 say "D: bench.py rc $?"
 tail -n 6 "$work/torch-overhead.out" | tee -a "$work/session.log"
@@ -195,7 +196,7 @@ pack
 fi
 want ab && for patch in ${VF_GPU_AB_PATCHES:-}; do
   say "D: bench.py ab $patch"
-  timeout "$(budget 70 5)" python3 bench/torch/bench.py ab --device cuda --vf .gpu-py/bin/vf \
+  timeout "$(budget ${VF_GPU_AB_SECONDS:-70} 5)" python3 bench/torch/bench.py ab --device cuda --vf .gpu-py/bin/vf \
     --patch "$patch" ${VF_GPU_AB_ARGS:-${VF_GPU_TORCH_BENCH_ARGS:---repeats 2 --steps 30 --warmup 5}} \
     --out "$work/torch-ab-$(basename "$patch" .patch).json" >"$work/torch-ab-$(basename "$patch" .patch).out" 2>&1
   say "D: bench.py ab rc $?"
