@@ -152,9 +152,12 @@ fi
 # vf sets when it sees one): the same weights on 1, 2 and 3 workers and through three resizes.
 if want vfrun && [ -f build-gpu/bin/libvirtualflow-cuda.so ]; then
   say "C: vf run on the GPU, 1, 2 and 3 workers and resized"
+  # The example's job, reading the Fashion-MNIST files .gpu-py carries (env.sh: FASHION_MNIST).
+  sed "s|path: /usr/share/datasets/fashion-mnist|path: $FASHION_MNIST|" examples/fashion-mnist.yaml \
+    >"$work/fashion-mnist.yaml"
   for how in "--workers 1" "--workers 2" "--workers 3" "--capacity 0:1,10:3,20:2,30:3"; do
     VF_CUDA_PLUGIN="$root/build-gpu/bin/libvirtualflow-cuda.so" \
-      timeout "$(budget 40 "$(need tuning runtime overhead ab)")" vf run examples/fashion-mnist.yaml \
+      timeout "$(budget 40 "$(need tuning runtime overhead ab)")" vf run "$work/fashion-mnist.yaml" \
       $how --steps 40 --summary-json "$work/vfrun.json" >"$work/vfrun.out" 2>&1
     rc=$?
     cat "$work/vfrun.out" >>"$work/vfrun-all.out"
