@@ -11,6 +11,7 @@
 #
 #   .gpu-py/python/virtualflow/   the package's modules and _core.cpython-312-x86_64-linux-gnu.so
 #   .gpu-py/bin/vf                the CLI; `vf run` puts ../python on its workers' PYTHONPATH
+#   .gpu-py/bin/virtualflow-agent the built-in model's worker, which `vf run` starts
 #   .gpu-py/lib.tar.xz            lib/: the shared libraries both need beyond glibc, libstdc++
 #                                 and libgcc_s, less those .gpu-deps/deps.tar.xz holds (OpenBLAS,
 #                                 Gloo, yaml-cpp and theirs); no CUDA library. Packed (10 MB, 3
@@ -65,7 +66,7 @@ fi
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DVF_BUILD_TESTS=OFF \
   -DVF_WITH_CUDA=OFF -DVF_WITH_NCCL=OFF -DVF_WERROR=OFF -DVF_PYTHON="$venv/bin/python" \
   -DPython_EXECUTABLE="$venv/bin/python" "${launcher[@]}" >/dev/null
-ninja -C "$build" -j "${VF_BUILD_JOBS:-$(nproc)}" vf virtualflow_python
+ninja -C "$build" -j "${VF_BUILD_JOBS:-$(nproc)}" vf virtualflow-agent virtualflow_python
 
 rm -rf "$out"
 stage="$(mktemp -d)"
@@ -75,11 +76,13 @@ cp python/virtualflow/*.py "$out/python/virtualflow/"
 core="$(ls "$build"/python/virtualflow/_core.cpython-312-*.so)"
 cp "$core" "$out/python/virtualflow/"
 cp "$build/bin/vf" "$out/bin/vf"
-strip --strip-unneeded "$out/bin/vf" "$out/python/virtualflow/$(basename "$core")"
+cp "$build/bin/virtualflow-agent" "$out/bin/virtualflow-agent"
+strip --strip-unneeded "$out/bin/vf" "$out/bin/virtualflow-agent" \
+  "$out/python/virtualflow/$(basename "$core")"
 
 # 3. Shared libraries, by soname, as this machine resolves them (ldd lists the whole closure).
 in_deps="$(tar -tJf "$deps_tar" | xargs -n1 basename | sort -u)"
-ldd "$out/bin/vf" "$out/python/virtualflow/$(basename "$core")" |
+ldd "$out/bin/vf" "$out/bin/virtualflow-agent" "$out/python/virtualflow/$(basename "$core")" |
   awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u |
   while read -r soname path; do
     case "$soname" in
