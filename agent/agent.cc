@@ -476,6 +476,12 @@ Agent::Agent(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Agent::~Agent() = default;
 
 Result<std::unique_ptr<Agent>> Agent::Join(const AgentOptions& options) {
+  // The client reads the CA file once; one missing at start is waited for, as a token file is.
+  if (!options.ca_file.empty()) {
+    VF_RETURN_IF_ERROR(ReadCredentialFile(options.ca_file, "the coordinator's CA file",
+                                          options.worker, options.timeout)
+                           .status());
+  }
   auto impl = std::make_unique<Impl>(options);
   VF_RETURN_IF_ERROR(impl->Start());
   return std::unique_ptr<Agent>(new Agent(std::move(impl)));

@@ -101,7 +101,8 @@ CoordinatorClient::CoordinatorClient(std::string base_url, std::string job, std:
   std::stringstream text;
   text << in.rdbuf();
   if (!in || text.str().empty()) {
-    ca_status_ = InvalidArgument("cannot read the coordinator's CA file " + ca_file_);
+    // The operator mounts it for the pod's life: missing here, it may be there for a new pod.
+    ca_status_ = Unavailable("cannot read the coordinator's CA file " + ca_file_);
   } else if (!http::CertificateNotAfter(text.str()).ok()) {
     ca_status_ =
         InvalidArgument("the coordinator's CA file " + ca_file_ + " holds no PEM certificate");

@@ -37,8 +37,9 @@ class CoordinatorClient {
   // operator or `vf run` mounts for it). Each call that is not a long poll must finish within
   // `request_timeout`, retries included. `ca_file` (PEM) is the only CA an https coordinator's
   // certificate may chain to (the operator's, which it mounts into every worker); empty: the
-  // system's CAs. The certificate must name the URL's host. A CA file that cannot be read, or a
-  // certificate that does not verify, fails every call with a message that says so.
+  // system's CAs. The certificate must name the URL's host. A CA file that cannot be read
+  // (kUnavailable: a replacement pod may find it), or holds no certificate, or a certificate
+  // that does not verify, fails every call with a message that says so.
   CoordinatorClient(std::string base_url, std::string job, std::string token, std::string worker,
                     std::chrono::milliseconds request_timeout = std::chrono::seconds(10),
                     std::string ca_file = "");
