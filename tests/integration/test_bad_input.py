@@ -141,7 +141,7 @@ class BadInputTest(VfTestCase):
         token = os.path.join(self.tmp, "token")
         proc = subprocess.Popen([os.path.join(BIN_DIR, "virtualflow-agent"), "--job", self.job(),
                                  "--coordinator", "http://127.0.0.1:1", "--worker", "w0",
-                                 "--token-file", token, "--timeout", "5"],
+                                 "--token-file", token, "--timeout", "3"],
                                 stderr=subprocess.PIPE, text=True)
         first = proc.stderr.readline()  # it has found no file, and says it waits
         self.assertIn("cannot read this worker's token file", first)
