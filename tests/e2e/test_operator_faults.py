@@ -275,7 +275,7 @@ class OperatorFaultsTest(OperatorTestCase):
         grown = self.status_quiet(name)
         self.assertEqual((grown["epoch"], grown["workers"]), (epoch + 1, 2), grown)
         # Another node: killed as the members of the next grown plan meet to send its joiner the
-        # state (that plan may also be the one that takes back a worker the restart above cost).
+        # state.
         self.start_faulted("state-transfer")
         self.cp.add_gpu_node("gpu-p3", gpus=1)
         self.wait_killed_at("state-transfer")
