@@ -197,7 +197,10 @@ Status Agent::Impl::Start() {
     }
     std::this_thread::sleep_for(kRetryPause);
   }
-  watcher_ = std::make_unique<PlanWatcher>(client_);
+  // A coordinator that restarted while this worker rendezvoused lost the keys it wrote; the
+  // watcher writes them again as soon as it meets the new one, even while this worker's own
+  // thread is busy connecting to a peer.
+  watcher_ = std::make_unique<PlanWatcher>(client_, [this] { coordinator_store_.Reassert(); });
   return Status::Ok();
 }
 
@@ -212,6 +215,7 @@ std::optional<Plan> Agent::Impl::WaitForPlan() {
 
 Result<bool> Agent::Impl::Switch(const Plan& plan, const Member& me, TrainingStateHolder& state) {
   comm_.reset();
+  coordinator_store_.ForgetKeys();
   prefixed_ = std::make_unique<PrefixStore>(plan.store_prefix, coordinator_store_);
   const int world = static_cast<int>(plan.members.size());
   CommOptions copts;
@@ -219,6 +223,8 @@ Result<bool> Agent::Impl::Switch(const Plan& plan, const Member& me, TrainingSta
   copts.hostname = o_.host;
   auto c = o_.gpu ? CreateNcclCommunicator(*prefixed_, me.rank, world, copts)
                   : CreateGlooCommunicator(*prefixed_, me.rank, world, copts);
+  // Built (every peer has read this worker's keys) or failed: nobody needs them any more.
+  coordinator_store_.ForgetKeys();
   if (c.ok() && !o_.gpu && staging_ != nullptr) {
     c = std::unique_ptr<Communicator>(
         std::make_unique<StagedCommunicator>(*staging_, std::move(c).value()));
@@ -470,6 +476,12 @@ Agent::Agent(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Agent::~Agent() = default;
 
 Result<std::unique_ptr<Agent>> Agent::Join(const AgentOptions& options) {
+  // The client reads the CA file once; one missing at start is waited for, as a token file is.
+  if (!options.ca_file.empty()) {
+    VF_RETURN_IF_ERROR(ReadCredentialFile(options.ca_file, "the coordinator's CA file",
+                                          options.worker, options.timeout)
+                           .status());
+  }
   auto impl = std::make_unique<Impl>(options);
   VF_RETURN_IF_ERROR(impl->Start());
   return std::unique_ptr<Agent>(new Agent(std::move(impl)));

@@ -192,6 +192,15 @@ class Agent {
   std::unique_ptr<Impl> impl_;
 };
 
+// The contents of a file a worker's pod is given for the coordinator (`what`: its token, the
+// operator's CA). A kubelet mounts such a volume for the pod's life, so a file missing or empty
+// at start is a fault of that pod, not of the job: it is read again every half second for up to
+// `patience`, stderr saying so once, and past it the result is kUnavailable (the worker exits
+// 1 and is replaced, never failing the job) with a message naming the file and why.
+Result<std::string> ReadCredentialFile(const std::string& path, const std::string& what,
+                                       const std::string& worker,
+                                       std::chrono::milliseconds patience);
+
 // Asks every Agent of this process to leave gracefully at the next step boundary. Safe to
 // call from a signal handler (SIGTERM).
 void RequestLeave();

@@ -2,13 +2,13 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 #include <string>
 
+#include "agent/agent.h"
 #include "agent/protocol/client.h"
 #include "agent/worker.h"
 #include "runtime/command_line.h"
@@ -54,7 +54,9 @@ int main(int argc, char** argv) {
       "Trains the virtual nodes the coordinator's membership plans give this worker, and\n"
       "follows those plans between steps. Started by `vf run` or by the operator, one per pod.\n"
       "This worker's own coordinator credential comes from --token-file or the VF_JOB_TOKEN\n"
-      "environment variable. Without --job, the manifest itself (YAML or JSON) is read from the "
+      "environment variable; a token or CA file that cannot be read is read again for up to\n"
+      "--timeout, then the worker exits 1 (its pod is replaced). Without --job, the manifest "
+      "itself (YAML or JSON) is read from the "
       "VF_JOB_SPEC\n"
       "environment variable, which is how the operator hands it to pods. VF_VNODE_DELAY_MS\n"
       "sets --vnode-delay-ms from a pod's environment. Rank 0 of the final plan also writes\n"
@@ -146,11 +148,16 @@ int main(int argc, char** argv) {
                  std::to_string(static_cast<int64_t>(vf::kMaxVnodeDelayMs)));
   }
   if (!token_file.empty()) {
-    std::ifstream in(token_file);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    if (!in) return usage("cannot read --token-file " + token_file);
-    o.token = ss.str();
+    // Mounted from a Secret: missing or empty at start, it is waited for, then the pod replaced.
+    vf::Result<std::string> token = vf::agent::ReadCredentialFile(
+        token_file, "this worker's token file", o.worker,
+        std::chrono::milliseconds(static_cast<int64_t>(o.timeout * 1000)));
+    if (!token.ok()) {
+      std::fprintf(stderr, "virtualflow-agent: %s: error: %s\n", o.worker.c_str(),
+                   token.status().message().c_str());
+      return vf::kExitWorkerFailed;
+    }
+    o.token = *token;
     while (!o.token.empty() && (o.token.back() == '\n' || o.token.back() == '\r')) {
       o.token.pop_back();
     }

@@ -1,8 +1,11 @@
 #include "agent/plan_watcher.h"
 
+#include <utility>
+
 namespace vf {
 
-PlanWatcher::PlanWatcher(CoordinatorClient& client) : client_(client) {
+PlanWatcher::PlanWatcher(CoordinatorClient& client, std::function<void()> after_poll)
+    : client_(client), after_poll_(std::move(after_poll)) {
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -17,6 +20,7 @@ void PlanWatcher::Run() {
   auto backoff = std::chrono::milliseconds(50);
   while (!stop_.load()) {
     auto plan = client_.WaitForPlan(latest_.load(), kPoll);
+    if (after_poll_) after_poll_();
     if (!plan.ok()) {
       std::this_thread::sleep_for(backoff);
       backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));

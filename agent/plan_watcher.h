@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -17,7 +18,10 @@ namespace vf {
 // Long-polls for newer plans on its own thread and keeps every plan it has seen. Thread-safe.
 class PlanWatcher {
  public:
-  explicit PlanWatcher(CoordinatorClient& client);
+  // `after_poll`, if any, runs on the watcher's thread after every poll, answered or not: the
+  // agent holds its rendezvous keys true there (CoordinatorStore::Reassert), whatever its
+  // training thread is doing meanwhile.
+  explicit PlanWatcher(CoordinatorClient& client, std::function<void()> after_poll = {});
   ~PlanWatcher();
   PlanWatcher(const PlanWatcher&) = delete;
   PlanWatcher& operator=(const PlanWatcher&) = delete;
@@ -33,6 +37,7 @@ class PlanWatcher {
   void Run();
 
   CoordinatorClient& client_;
+  const std::function<void()> after_poll_;
   std::atomic<bool> stop_{false};
   std::atomic<int64_t> latest_{0};
   std::mutex mu_;

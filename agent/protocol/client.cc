@@ -7,6 +7,7 @@
 #include <system_error>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include <cpprest/http_client.h>
 #include <cpprest/uri.h>
@@ -28,6 +29,18 @@ constexpr milliseconds kMaxPlanPoll(kMaxPlanPollMs);
 constexpr milliseconds kMaxStorePoll(kMaxStorePollMs);
 constexpr milliseconds kFirstBackoff(50);
 constexpr milliseconds kMaxBackoff(2000);
+// How long a store Get waits before it asks a coordinator that is away or has forgotten the job
+// again.
+constexpr milliseconds kAwayPause(250);
+// The incarnation of a key taken by a coordinator that names none (an older build).
+constexpr char kUnnamedIncarnation[] = "-";
+
+// The coordinator is away (an operator restarting), or does not know the job or this worker
+// yet (a restarted one, until the operator restores the job and the worker registers again).
+bool Away(const Status& s) {
+  return s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kUnauthenticated ||
+         s.code() == StatusCode::kNotFound;
+}
 
 milliseconds Until(Clock::time_point deadline) {
   const auto now = Clock::now();
@@ -88,7 +101,8 @@ CoordinatorClient::CoordinatorClient(std::string base_url, std::string job, std:
   std::stringstream text;
   text << in.rdbuf();
   if (!in || text.str().empty()) {
-    ca_status_ = InvalidArgument("cannot read the coordinator's CA file " + ca_file_);
+    // The operator mounts it for the pod's life: missing here, it may be there for a new pod.
+    ca_status_ = Unavailable("cannot read the coordinator's CA file " + ca_file_);
   } else if (!http::CertificateNotAfter(text.str()).ok()) {
     ca_status_ =
         InvalidArgument("the coordinator's CA file " + ca_file_ + " holds no PEM certificate");
@@ -145,7 +159,13 @@ Result<CoordinatorClient::Response> CoordinatorClient::Call(
       }
       web::http::http_response response = client.request(request).get();
       const std::vector<unsigned char> bytes = response.extract_vector().get();
-      Response result{response.status_code(), std::string(bytes.begin(), bytes.end())};
+      Response result{response.status_code(), std::string(bytes.begin(), bytes.end()), {}};
+      if (result.status / 100 == 2 &&
+          response.headers().match(kIncarnationHeader, result.incarnation) &&
+          !result.incarnation.empty()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        incarnation_ = result.incarnation;
+      }
       // A server that is shutting down (an operator restart) is as good as unreachable.
       if (result.status != 503) return result;
       failure = ErrorMessage(result.body) + " (HTTP 503)";
@@ -239,7 +259,13 @@ Status CoordinatorClient::ReportFailure(int64_t epoch, int64_t step, const std::
                   {"worker", worker_}, {"epoch", epoch}, {"step", step}, {"message", message}}));
 }
 
-Status CoordinatorClient::SetKey(const std::string& key, std::string_view value) {
+std::string CoordinatorClient::incarnation() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return incarnation_;
+}
+
+Status CoordinatorClient::SetKey(const std::string& key, std::string_view value,
+                                 std::string* incarnation) {
   // An empty key would address the store itself, a path the server does not have.
   if (key.empty()) return InvalidArgument("store key is empty");
   const std::string path = Path("store/" + Encode(key));
@@ -247,7 +273,10 @@ Status CoordinatorClient::SetKey(const std::string& key, std::string_view value)
   VF_ASSIGN_OR_RETURN(const Response response,
                       Call("PUT", path, &body, "application/octet-stream",
                            DeadlineAfter(request_timeout_), milliseconds::zero()));
-  if (response.status / 100 == 2) return Status::Ok();
+  if (response.status / 100 == 2) {
+    if (incarnation != nullptr) *incarnation = response.incarnation;
+    return Status::Ok();
+  }
   return HttpError(response.status, response.body)
       .WithContext("coordinator PUT " + base_url_ + path);
 }
@@ -274,17 +303,62 @@ Result<std::string> CoordinatorClient::GetKey(const std::string& key, millisecon
 }
 
 Status CoordinatorStore::Set(const std::string& key, std::string_view value) {
-  return client_.SetKey(key, value);
+  std::string incarnation;
+  Status s = client_.SetKey(key, value, &incarnation);
+  if (!s.ok() && !Away(s)) return s;
+  // Taken by a coordinator that names no incarnation (an older one): never written again.
+  if (s.ok() && incarnation.empty()) incarnation = kUnnamedIncarnation;
+  std::lock_guard<std::mutex> lock(mu_);
+  own_[key] = OwnKey{std::string(value), s.ok() ? incarnation : std::string()};
+  return Status::Ok();
+}
+
+void CoordinatorStore::Reassert() {
+  std::lock_guard<std::mutex> one(reassert_mu_);
+  const std::string now = client_.incarnation();
+  std::vector<std::pair<std::string, std::string>> stale;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [key, own] : own_) {
+      if (own.incarnation.empty() ||
+          (!now.empty() && own.incarnation != now && own.incarnation != kUnnamedIncarnation)) {
+        stale.emplace_back(key, own.value);
+      }
+    }
+  }
+  for (const auto& [key, value] : stale) {
+    std::string incarnation;
+    // Refused (the coordinator away, or not holding the plan yet, or the epoch passed): the next
+    // call tries again, until the rendezvous ends either way and ForgetKeys is called.
+    if (!client_.SetKey(key, value, &incarnation).ok()) continue;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = own_.find(key);
+    if (it == own_.end() || it->second.value != value) continue;  // forgotten meanwhile
+    it->second.incarnation = incarnation.empty() ? kUnnamedIncarnation : incarnation;
+  }
+}
+
+void CoordinatorStore::ForgetKeys() {
+  std::lock_guard<std::mutex> lock(mu_);
+  own_.clear();
 }
 
 Result<std::string> CoordinatorStore::Get(const std::string& key, milliseconds timeout) {
-  return client_.GetKey(key, timeout);
+  const Clock::time_point deadline = DeadlineAfter(timeout);
+  while (true) {
+    Reassert();
+    Result<std::string> value = client_.GetKey(key, Until(deadline));
+    if (value.ok() || !Away(value.status()) || Until(deadline) <= milliseconds::zero()) {
+      return value;
+    }
+    std::this_thread::sleep_for(std::min(kAwayPause, Until(deadline)));
+  }
 }
 
 Status CoordinatorStore::Wait(const std::vector<std::string>& keys, milliseconds timeout) {
   const Clock::time_point deadline = DeadlineAfter(timeout);
   for (size_t i = 0; i < keys.size(); ++i) {
-    Result<std::string> value = client_.GetKey(keys[i], Until(deadline));
+    Result<std::string> value = Get(keys[i], Until(deadline));
     if (value.ok()) continue;
     if (value.status().code() != StatusCode::kDeadlineExceeded) return value.status();
     // Name every key still missing, not just the first, as the other stores do.

@@ -9,6 +9,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,9 +26,10 @@ namespace vf {
 // credential (401)"), 403 kPermissionDenied, 404 kNotFound, 408 kDeadlineExceeded, 409
 // kFailedPrecondition with the server's message, 503 and connection failures kUnavailable; the HTTP
 // code is in the message. Connection failures and 503s are retried with exponential backoff until
-// the call's deadline. Thread-safe (immutable; every call uses its own connection). Calls block the
-// calling thread, so they must not be made from cpprest's own thread pool (an http_listener handler
-// or a task continuation): that pool also completes the calls.
+// the call's deadline. Thread-safe (immutable but for the incarnation last seen, under a mutex;
+// every call uses its own connection). Calls block the calling thread, so they must not be made
+// from cpprest's own thread pool (an http_listener handler or a task continuation): that pool also
+// completes the calls.
 class CoordinatorClient {
  public:
   // `base_url` is like "http://coordinator:8080", or "https://..." for a coordinator that serves
@@ -34,14 +37,18 @@ class CoordinatorClient {
   // operator or `vf run` mounts for it). Each call that is not a long poll must finish within
   // `request_timeout`, retries included. `ca_file` (PEM) is the only CA an https coordinator's
   // certificate may chain to (the operator's, which it mounts into every worker); empty: the
-  // system's CAs. The certificate must name the URL's host. A CA file that cannot be read, or a
-  // certificate that does not verify, fails every call with a message that says so.
+  // system's CAs. The certificate must name the URL's host. A CA file that cannot be read
+  // (kUnavailable: a replacement pod may find it), or holds no certificate, or a certificate
+  // that does not verify, fails every call with a message that says so.
   CoordinatorClient(std::string base_url, std::string job, std::string token, std::string worker,
                     std::chrono::milliseconds request_timeout = std::chrono::seconds(10),
                     std::string ca_file = "");
 
   const std::string& job() const { return job_; }
   const std::string& worker() const { return worker_; }
+  // The incarnation (kIncarnationHeader) of the coordinator that last answered a call with
+  // success; empty until one did, or when the coordinator names none (an older one).
+  std::string incarnation() const;
 
   // Registers the worker, or updates its readiness.
   Status Register(const std::string& fingerprint, const std::string& build, bool ready);
@@ -55,7 +62,8 @@ class CoordinatorClient {
   Status Ack(int64_t epoch);
   Status ReportFailure(int64_t epoch, int64_t step, const std::string& message);
 
-  Status SetKey(const std::string& key, std::string_view value);
+  // `incarnation`, when given, receives that of the coordinator that took the key.
+  Status SetKey(const std::string& key, std::string_view value, std::string* incarnation = nullptr);
   // Waits up to `timeout` for `key` (kDeadlineExceeded naming it after that).
   Result<std::string> GetKey(const std::string& key, std::chrono::milliseconds timeout);
 
@@ -63,6 +71,7 @@ class CoordinatorClient {
   struct Response {
     int status = 0;
     std::string body;
+    std::string incarnation;  // kIncarnationHeader of a successful answer
   };
   // Sends one request, retrying connection failures until `deadline`; each attempt may take
   // the time left until `deadline` plus `slack` (what a long poll's answer needs on top).
@@ -80,8 +89,10 @@ class CoordinatorClient {
   std::string worker_;
   std::chrono::milliseconds request_timeout_;
   std::string ca_file_;
-  std::string ca_pem_;  // the CA file's contents, read once
-  Status ca_status_;    // why the CA file could not be read, if it could not
+  std::string ca_pem_;               // the CA file's contents, read once
+  Status ca_status_;                 // why the CA file could not be read, if it could not
+  mutable std::mutex mu_;            // guards incarnation_
+  mutable std::string incarnation_;  // of the last successful answer that named one
 };
 
 // Whether `s` (from a CoordinatorClient call, or passed on from one) is the coordinator's refusal
@@ -90,8 +101,19 @@ class CoordinatorClient {
 bool IsAnotherBuildRefusal(const Status& s);
 
 // A vf::Store kept by the coordinator: Set is a PUT, Get a long poll (re-issued while the
-// timeout is longer than the server holds one), Wait a Get of each key. Thread-safe; the client
-// must outlive it.
+// timeout is longer than the server holds one), Wait a Get of each key.
+//
+// The coordinator keeps the store in memory, so an operator restarted while a plan's members
+// rendezvous loses the keys they wrote, and the peers waiting for them would wait out their
+// timeout. So this store keeps the keys it set and holds them true, level-triggered: a key is
+// written again whenever the coordinator that answers now is another incarnation than the one
+// that took it (CoordinatorClient::incarnation), or was never taken because the coordinator was
+// away or did not know the job yet (a Set that meets that succeeds, and the key is written once
+// the coordinator takes it). Reassert does it; Get calls it before every poll, and the agent's
+// plan watcher after every plan poll, so that it also happens while this worker is busy
+// connecting to a peer. A Get waits on through a coordinator that is away or does not know the
+// job or the worker yet (401, 404), until its timeout. ForgetKeys ends a rendezvous. Thread-safe;
+// the client must outlive it.
 class CoordinatorStore : public Store {
  public:
   explicit CoordinatorStore(CoordinatorClient& client) : client_(client) {}
@@ -99,8 +121,22 @@ class CoordinatorStore : public Store {
   Result<std::string> Get(const std::string& key, std::chrono::milliseconds timeout) override;
   Status Wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
 
+  // Writes again each key set here that the coordinator answering now may not hold; a write
+  // that fails is tried again at the next call.
+  void Reassert();
+  // Stops holding the keys set so far: the rendezvous they were for is over.
+  void ForgetKeys();
+
  private:
+  struct OwnKey {
+    std::string value;
+    std::string incarnation;  // of the coordinator that took it; empty: not taken yet
+  };
+
   CoordinatorClient& client_;
+  std::mutex reassert_mu_;  // one Reassert at a time
+  std::mutex mu_;           // guards own_
+  std::map<std::string, OwnKey> own_;
 };
 
 }  // namespace vf

@@ -29,6 +29,12 @@ inline constexpr int kExitAnotherBuild = 4;
 // The header that names the worker a request speaks for (with its credential as the bearer).
 inline constexpr char kWorkerHeader[] = "X-VirtualFlow-Worker";
 
+// The header of every successful answer of a coordinator that names its incarnation: an id
+// drawn when the coordinator starts, so that a worker learns that the coordinator it talks to
+// now is not the one that holds its rendezvous keys (an operator restarted mid-resize), and
+// writes them again. Older coordinators send none; an agent then writes nothing again.
+inline constexpr char kIncarnationHeader[] = "X-VirtualFlow-Coordinator";
+
 // The longest a coordinator holds a long poll (GET /plan and GET /store/...); a client that
 // waits longer splits its wait into several polls, and a larger timeout_ms is cut to these.
 inline constexpr int64_t kMaxPlanPollMs = 60000;

@@ -1,11 +1,13 @@
 // The agent library across a real coordinator restart: the coordinator's HTTP server is stopped
 // and a new one, with an empty memory, serves on the same port (what an operator restart does);
 // the worker meets 401 (job unknown) and 404 (worker unknown) on the calls that used to end it,
-// registers again and goes on. A wrong token still fails, at the timeout, without failing the
-// job (kUnavailable, not kNotFound), and a worker of another build than the job's knows it was
-// refused for that.
+// registers again and goes on; the members of a grown plan that were meeting through the lost
+// coordinator's store meet through the new one. A wrong token still fails, at the timeout,
+// without failing the job (kUnavailable, not kNotFound), and a worker of another build than the
+// job's knows it was refused for that.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <future>
@@ -13,6 +15,8 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <netinet/in.h>
@@ -64,11 +68,13 @@ class TinyState : public agent::TrainingStateHolder {
   bool initialized_ = false;
 };
 
-// Worker w0's own credential for the job whose secret is kToken.
-std::string W0Credential() {
-  Result<std::string> credential = WorkerCredential(kToken, "w0");
+// A worker's own credential for the job whose secret is kToken.
+std::string Credential(const std::string& worker) {
+  Result<std::string> credential = WorkerCredential(kToken, worker);
   return credential.ok() ? *credential : std::string();
 }
+
+std::string W0Credential() { return Credential("w0"); }
 
 agent::AgentOptions Options(int port, const std::string& token, milliseconds timeout) {
   agent::AgentOptions o;
@@ -92,6 +98,140 @@ bool Eventually(F done) {
     std::this_thread::sleep_for(milliseconds(20));
   }
   return false;
+}
+
+// The members of a grown plan meet through the coordinator's store (each writes its address
+// and waits for the others'); the operator dies as the first member has written its key, and
+// the new coordinator's store is empty. That member writes its key again once it meets the new
+// coordinator (another incarnation), so the joiner finds it: the plan is built at once, the
+// same plan, with no failure reported and no member waiting out its timeout. Without it, the
+// joiner waits for the key until its timeout and the rendezvous fails.
+TEST(AgentAcrossCoordinatorRestart, AGrownPlansMembersMeetAgainThroughTheNewCoordinator) {
+  const int port = FreeLowPort();
+  ASSERT_GT(port, 0);
+  auto first = std::make_unique<Coordinator>();
+  ASSERT_TRUE(first->AddJob(kJob, kToken, kFingerprint, kBuild).ok());
+  std::promise<void> key_written;
+  std::atomic<bool> written{false};
+  first->ObserveKeySets([&](const std::string&, const std::string& key) {
+    if (key.rfind("epoch-2/", 0) == 0 && !written.exchange(true)) key_written.set_value();
+  });
+  auto server = CoordinatorServer::Start(*first, "127.0.0.1", port);
+  ASSERT_TRUE(server.ok()) << server.status().message();
+
+  // Far longer than the rendezvous takes when it works; a rendezvous that waits it out fails.
+  const milliseconds timeout = seconds(20);
+  auto options = [&](const std::string& worker) {
+    agent::AgentOptions o = Options(port, Credential(worker), timeout);
+    o.worker = worker;
+    return o;
+  };
+  auto joined0 = agent::Agent::Join(options("w0"));
+  auto joined1 = agent::Agent::Join(options("w1"));
+  ASSERT_TRUE(joined0.ok()) << joined0.status().message();
+  ASSERT_TRUE(joined1.ok()) << joined1.status().message();
+  std::unique_ptr<agent::Agent> w0 = std::move(joined0).value();
+  std::unique_ptr<agent::Agent> w1 = std::move(joined1).value();
+  ASSERT_TRUE(w0->Ready().ok());
+  ASSERT_TRUE(w1->Ready().ok());
+  ASSERT_TRUE(first->PublishPlan(kJob, {{"w0", 0, {0, 1}}}).ok());
+  TinyState state0;
+  TinyState state1;
+  auto m = w0->Next(state0);
+  ASSERT_TRUE(m.ok() && m->has_value()) << m.status().message();
+
+  // The plan that takes w1 in; w0 switches to it after its step, and writes its key first.
+  const std::vector<Member> grown = {{"w0", 0, {0}}, {"w1", 1, {1}}};
+  ASSERT_TRUE(first->PublishPlan(kJob, grown).ok());
+  ASSERT_TRUE(Eventually([&] { return w0->latest_epoch() == 2; }));
+  agent::StepOutcome outcome;
+  outcome.agreed_epoch = 2;
+  ASSERT_TRUE(w0->Completed(1, outcome).ok());
+  auto next0 = std::async(std::launch::async, [&] { return w0->Next(state0); });
+  ASSERT_EQ(key_written.get_future().wait_for(seconds(60)), std::future_status::ready);
+
+  // The operator dies with its coordinator and store; the next one restores the job and the
+  // plan from the job's status (EnsureCoordinatorJob).
+  server->reset();
+  first.reset();
+  Coordinator second;
+  auto restarted = CoordinatorServer::Start(second, "127.0.0.1", port);
+  ASSERT_TRUE(restarted.ok()) << restarted.status().message();
+  ASSERT_TRUE(second.AddJob(kJob, kToken, kFingerprint, kBuild).ok());
+  ASSERT_TRUE(second.PublishPlanWithEpoch(kJob, 2, grown).ok());
+  auto next1 = std::async(std::launch::async, [&] { return w1->Next(state1); });
+
+  const bool done = next0.wait_for(seconds(60)) == std::future_status::ready &&
+                    next1.wait_for(seconds(60)) == std::future_status::ready;
+  if (!done) agent::RequestLeave();  // a joiner no plan took in would wait forever
+  ASSERT_TRUE(done);
+  auto m0 = next0.get();
+  auto m1 = next1.get();
+  ASSERT_TRUE(m0.ok() && m0->has_value()) << m0.status().message();
+  ASSERT_TRUE(m1.ok() && m1->has_value()) << m1.status().message();
+  EXPECT_EQ(std::make_tuple((*m0)->epoch, (*m0)->rank, (*m0)->world), std::make_tuple(2, 0, 2));
+  EXPECT_EQ(std::make_tuple((*m1)->epoch, (*m1)->rank, (*m1)->world), std::make_tuple(2, 1, 2));
+  EXPECT_TRUE(state1.has_state());  // w0 sent it its state over the new communicator
+  auto view = second.GetJob(kJob);
+  ASSERT_TRUE(view.ok());
+  for (const std::string worker : {"w0", "w1"}) {
+    ASSERT_EQ(view->workers.count(worker), 1u) << worker;
+    EXPECT_EQ(view->workers.at(worker).failure_epoch, -1)
+        << worker << ": " << view->workers.at(worker).failure_message;
+  }
+}
+
+// The store under that rendezvous, call by call: a key set while no coordinator serves is kept
+// (the Set succeeds) and written once one does; the keys a lost coordinator took are written
+// again once a call is answered by another incarnation (a plan poll here, as the agent's plan
+// watcher makes one each second before it calls Reassert).
+TEST(AgentAcrossCoordinatorRestart, AStoreWritesItsKeysAgainToTheNextCoordinator) {
+  const int port = FreeLowPort();
+  ASSERT_GT(port, 0);
+  const std::vector<Member> plan = {{"w0", 0, {0}}, {"w1", 1, {1}}};
+  auto first = std::make_unique<Coordinator>();
+  ASSERT_TRUE(first->AddJob(kJob, kToken, kFingerprint, kBuild).ok());
+  ASSERT_TRUE(first->PublishPlan(kJob, plan).ok());
+  auto server = CoordinatorServer::Start(*first, "127.0.0.1", port);
+  ASSERT_TRUE(server.ok()) << server.status().message();
+  CoordinatorClient client("http://127.0.0.1:" + std::to_string(port), kJob, Credential("w0"), "w0",
+                           seconds(1));
+  CoordinatorStore store(client);
+  ASSERT_TRUE(store.Set("epoch-1/rank_0", "address-0").ok());
+  auto taken = first->GetKey(kJob, "epoch-1/rank_0", milliseconds(0));
+  ASSERT_TRUE(taken.ok()) << taken.status().message();
+
+  server->reset();
+  first.reset();
+  ASSERT_TRUE(store.Set("epoch-1/extra", "set-while-away").ok());
+  Coordinator second;
+  auto restarted = CoordinatorServer::Start(second, "127.0.0.1", port);
+  ASSERT_TRUE(restarted.ok()) << restarted.status().message();
+  ASSERT_TRUE(second.AddJob(kJob, kToken, kFingerprint, kBuild).ok());
+  ASSERT_TRUE(second.PublishPlanWithEpoch(kJob, 1, plan).ok());
+  auto polled = client.WaitForPlan(0, milliseconds(100));
+  ASSERT_TRUE(polled.ok()) << polled.status().message();
+  EXPECT_EQ(client.incarnation(), second.incarnation());
+  store.Reassert();
+  for (const auto& [key, value] :
+       {std::pair<std::string, std::string>{"epoch-1/rank_0", "address-0"},
+        {"epoch-1/extra", "set-while-away"}}) {
+    auto now = second.GetKey(kJob, key, milliseconds(0));
+    ASSERT_TRUE(now.ok()) << key << ": " << now.status().message();
+    EXPECT_EQ(*now, value);
+  }
+  // Once the rendezvous is over, nothing is written again.
+  store.ForgetKeys();
+  restarted->reset();
+  Coordinator third;
+  auto again = CoordinatorServer::Start(third, "127.0.0.1", port);
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  ASSERT_TRUE(third.AddJob(kJob, kToken, kFingerprint, kBuild).ok());
+  ASSERT_TRUE(third.PublishPlanWithEpoch(kJob, 1, plan).ok());
+  ASSERT_TRUE(client.WaitForPlan(0, milliseconds(100)).ok());
+  EXPECT_EQ(client.incarnation(), third.incarnation());
+  store.Reassert();
+  EXPECT_FALSE(third.GetKey(kJob, "epoch-1/rank_0", milliseconds(0)).ok());
 }
 
 TEST(AgentAcrossCoordinatorRestart, AWrongTokenFailsAtTheTimeoutWithoutFailingTheJob) {

@@ -1,6 +1,8 @@
 #include "operator/coordinator/coordinator.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <optional>
 #include <set>
 #include <utility>
@@ -8,6 +10,7 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <openssl/rand.h>
 
 #include "runtime/deadline.h"
 
@@ -24,6 +27,18 @@ constexpr size_t kMaxFailureMessageBytes = 4096;
 void Touch(WorkerInfo& info) {
   info.last_seen = Clock::now();
   info.silent = false;
+}
+
+// 16 hex digits from OpenSSL's generator; should it fail, from the clock, which still differs
+// between two coordinators started one after the other.
+std::string DrawIncarnation() {
+  uint64_t bits = 0;
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(&bits), sizeof(bits)) != 1) {
+    bits = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  }
+  char text[17];
+  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(bits));
+  return text;
 }
 
 bool IsNameChar(char c) {
@@ -209,6 +224,9 @@ Status Coordinator::ChargeLocked(JobState& state, size_t before, size_t after) {
   state.charged = state.charged - before + after;
   return Status::Ok();
 }
+
+Coordinator::Coordinator(size_t memory_budget)
+    : memory_budget_(memory_budget), incarnation_(DrawIncarnation()) {}
 
 Status Coordinator::AddJob(const std::string& job, const std::string& secret,
                            const std::string& fingerprint, const std::string& build) {

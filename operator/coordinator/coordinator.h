@@ -87,8 +87,7 @@ class Coordinator {
 
   // `memory_budget` bounds what all jobs together hold; a write past it fails with
   // kFailedPrecondition.
-  explicit Coordinator(size_t memory_budget = kDefaultMemoryBudget)
-      : memory_budget_(memory_budget) {}
+  explicit Coordinator(size_t memory_budget = kDefaultMemoryBudget);
   Coordinator(const Coordinator&) = delete;
   Coordinator& operator=(const Coordinator&) = delete;
 
@@ -100,6 +99,11 @@ class Coordinator {
   // Drops the job and everything it holds; pending watches fire with kNotFound.
   Status RemoveJob(const std::string& job);
   std::vector<std::string> ListJobs() const;
+
+  // This coordinator's incarnation: 16 hex digits drawn at construction, so that a restarted
+  // control plane's coordinator (whose store is empty) tells itself apart from the one before.
+  // The server sends it with every successful answer (kIncarnationHeader).
+  const std::string& incarnation() const { return incarnation_; }
 
   // Whether `credential` is `worker`'s in `job`. kUnauthenticated, with the same words, for an
   // unknown job, an invalid worker name and a wrong credential, so that the answer says nothing
@@ -237,6 +241,7 @@ class Coordinator {
                                  std::vector<Member> members, Deferred& deferred);
 
   const size_t memory_budget_;
+  const std::string incarnation_;
   mutable std::mutex mu_;
   std::condition_variable changed_;
   size_t memory_used_ = 0;

@@ -39,14 +39,22 @@ http_response JsonError(status_code code, const std::string& message) {
   return response;
 }
 
-void SendEmpty(const http_request& request, status_code code) {
-  http::Send(request, http_response(code));
+// A successful answer names the coordinator's incarnation (kIncarnationHeader): the worker
+// that wrote rendezvous keys to an earlier one learns from it that they are gone.
+void SendOk(const http_request& request, http_response response, const std::string& incarnation) {
+  response.headers().add(kIncarnationHeader, incarnation);
+  http::Send(request, response);
 }
 
-void SendJson(const http_request& request, status_code code, const json& body) {
+void SendEmpty(const http_request& request, status_code code, const std::string& incarnation) {
+  SendOk(request, http_response(code), incarnation);
+}
+
+void SendJson(const http_request& request, status_code code, const json& body,
+              const std::string& incarnation) {
   http_response response(code);
   http::SetBody(response, wire::Dump(body), "application/json");
-  http::Send(request, response);
+  SendOk(request, std::move(response), incarnation);
 }
 
 pplx::task<void> SendErrorTask(const http_request& request, status_code code,
@@ -62,9 +70,10 @@ void SendStatus(const http_request& request, const Status& status) {
   SendError(request, http::HttpCode(status), status.message());
 }
 
-void SendNoContentOr(const http_request& request, const Status& status) {
+void SendNoContentOr(const http_request& request, const Status& status,
+                     const std::string& incarnation) {
   if (status.ok()) {
-    SendEmpty(request, status_codes::NoContent);
+    SendEmpty(request, status_codes::NoContent, incarnation);
   } else {
     SendStatus(request, status);
   }
@@ -91,6 +100,7 @@ struct Poll {
   bool is_key = false;
   std::string key;
   int64_t timeout_ms = 0;
+  std::string incarnation;  // the coordinator's, for a successful answer
 };
 
 void SendTimeout(const Poll& poll) {
@@ -99,7 +109,7 @@ void SendTimeout(const Poll& poll) {
               "timed out after " + std::to_string(poll.timeout_ms) + "ms waiting for store key '" +
                   poll.key + "'");
   } else {
-    SendEmpty(poll.request, status_codes::NoContent);
+    SendEmpty(poll.request, status_codes::NoContent, poll.incarnation);
   }
 }
 
@@ -224,6 +234,7 @@ void CoordinatorServer::Impl::Dispatch(const http_request& request, const Route&
         request, status_codes::RequestEntityTooLarge,
         "request body is over the limit of " + std::to_string(kMaxBodyBytes) + " bytes");
   }
+  const std::string& incarnation = coordinator_.incarnation();
   const auto is_get = request.method() == web::http::methods::GET;
   if (route.action == Action::kPlan || (route.action == Action::kStore && is_get)) {
     Result<std::map<std::string, std::string>> query =
@@ -238,7 +249,8 @@ void CoordinatorServer::Impl::Dispatch(const http_request& request, const Route&
     return StartPoll(request, route, *after, *timeout);
   }
   if (route.action == Action::kStore) {
-    return SendNoContentOr(request, coordinator_.SetKey(route.job, route.key, body.data, caller));
+    return SendNoContentOr(request, coordinator_.SetKey(route.job, route.key, body.data, caller),
+                           incarnation);
   }
 
   Result<coordinator::Body> parsed = coordinator::ParseBody(route.action, body.data, caller);
@@ -250,19 +262,22 @@ void CoordinatorServer::Impl::Dispatch(const http_request& request, const Route&
           coordinator_.RegisterWorker(route.job, fields.worker, fields.fingerprint, fields.build,
                                       fields.ready, fields.protocol);
       if (!registered.ok()) return SendStatus(request, registered);
-      return SendJson(request, status_codes::OK, json{{"ok", true}});
+      return SendJson(request, status_codes::OK, json{{"ok", true}}, incarnation);
     }
     case Action::kReport:
-      return SendNoContentOr(request,
-                             coordinator_.RecordReport(route.job, fields.worker, fields.report));
-    case Action::kLeave:
-      return SendNoContentOr(request, coordinator_.RequestLeave(route.job, fields.worker));
-    case Action::kAck:
-      return SendNoContentOr(request, coordinator_.AckPlan(route.job, fields.worker, fields.epoch));
-    case Action::kFailure:
       return SendNoContentOr(
-          request, coordinator_.RecordFailure(route.job, fields.worker, fields.epoch, fields.step,
-                                              fields.message));
+          request, coordinator_.RecordReport(route.job, fields.worker, fields.report), incarnation);
+    case Action::kLeave:
+      return SendNoContentOr(request, coordinator_.RequestLeave(route.job, fields.worker),
+                             incarnation);
+    case Action::kAck:
+      return SendNoContentOr(request, coordinator_.AckPlan(route.job, fields.worker, fields.epoch),
+                             incarnation);
+    case Action::kFailure:
+      return SendNoContentOr(request,
+                             coordinator_.RecordFailure(route.job, fields.worker, fields.epoch,
+                                                        fields.step, fields.message),
+                             incarnation);
     default:
       return SendError(request, status_codes::InternalError, "unrouted request");
   }
@@ -275,6 +290,7 @@ void CoordinatorServer::Impl::StartPoll(const http_request& request, const Route
   poll->is_key = route.action == Action::kStore;
   poll->key = route.key;
   poll->timeout_ms = timeout_ms;
+  poll->incarnation = coordinator_.incarnation();
   std::weak_ptr<Poll> weak = poll;
 
   Result<Coordinator::WatchId> id = Coordinator::kNoWatch;
@@ -283,12 +299,12 @@ void CoordinatorServer::Impl::StartPoll(const http_request& request, const Route
       if (!value.ok()) return SendStatus(poll->request, value.status());
       http_response response(status_codes::OK);
       http::SetBody(response, *value, "application/octet-stream");
-      http::Send(poll->request, response);
+      SendOk(poll->request, std::move(response), poll->incarnation);
     });
   } else {
     id = coordinator_.WatchPlan(route.job, after, [poll](Result<Plan> plan) {
       if (!plan.ok()) return SendStatus(poll->request, plan.status());
-      SendJson(poll->request, status_codes::OK, wire::PlanToJson(*plan));
+      SendJson(poll->request, status_codes::OK, wire::PlanToJson(*plan), poll->incarnation);
     });
   }
   poll.reset();  // from here on the callback owns it

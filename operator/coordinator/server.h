@@ -15,6 +15,10 @@
 //   POST ack             {"worker", "epoch"}                                  -> 204
 //   POST failure         {"worker", "epoch", "step", "message"}               -> 204
 //
+// Every 2xx answer carries "X-VirtualFlow-Coordinator: <incarnation>" (Coordinator::incarnation),
+// so that a worker can tell a restarted coordinator, whose store is empty, from the one it wrote
+// its rendezvous keys to.
+//
 // A plan is {"epoch", "storePrefix", "members": [{"worker", "rank", "virtualNodes"}]}. Errors
 // are {"error": "<one line>"}: 400 malformed body or query, 401 missing or wrong credential or
 // worker header (and an unknown job, with the same words), 403 a body naming another worker, a

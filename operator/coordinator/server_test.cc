@@ -1062,8 +1062,10 @@ TEST_F(TlsServerTest, WithoutTheCaOrForAnotherNameTheClientFailsSayingWhy) {
   EXPECT_EQ(wrong_name.code(), StatusCode::kUnavailable);
   EXPECT_NE(wrong_name.message().find("TLS handshake failed"), std::string::npos)
       << wrong_name.message();
+  // Unreadable: kUnavailable, the worker is replaced (a new pod gets the volume mounted
+  // afresh), where a file that holds no certificate fails the job.
   const Status unreadable = Register(Url("https", "127.0.0.1"), ca_file_ + ".missing");
-  EXPECT_EQ(unreadable.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(unreadable.code(), StatusCode::kUnavailable);
   EXPECT_NE(unreadable.message().find("cannot read the coordinator's CA file"), std::string::npos)
       << unreadable.message();
   const std::string not_a_certificate = ca_file_ + ".txt";

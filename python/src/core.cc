@@ -12,6 +12,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdint>
 #include <cstdlib>
@@ -591,6 +592,18 @@ NB_MODULE(_core, m) {
   m.def(
       "leave_on_sigterm", [] { std::signal(SIGTERM, [](int) { agent::RequestLeave(); }); },
       "SIGTERM makes this worker leave gracefully at the next step boundary.");
+  m.def(
+      "read_credential_file",
+      [](const std::string& path, const std::string& what, const std::string& worker,
+         double timeout) {
+        const auto patience = std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000));
+        return Take(
+            Released([&] { return agent::ReadCredentialFile(path, what, worker, patience); }));
+      },
+      nb::arg("path"), nb::arg("what"), nb::arg("worker"), nb::arg("timeout"),
+      "The contents of a file the pod is given for the coordinator (its token, the CA), read "
+      "again every half second for up to `timeout` seconds while it cannot be read or is empty; "
+      "then CollectiveError: the worker exits 1 and is replaced, the job goes on.");
   m.def("request_leave", &agent::RequestLeave,
         "Leave the job gracefully at the next step boundary (what SIGTERM does).");
 }

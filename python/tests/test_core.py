@@ -142,3 +142,27 @@ def test_a_refusal_for_another_build_exits_with_its_own_code(message: str, code:
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert r.returncode == code, r.stderr
     assert _core.EXIT_ANOTHER_BUILD == 4
+
+
+def _init_with(**env: str) -> subprocess.CompletedProcess[str]:
+    """vf.init() as a worker of JOB whose coordinator nobody serves, with ENV added."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("VF_")}
+    base.update(VF_JOB_SPEC=JOB, VF_COORDINATOR="http://127.0.0.1:1", VF_WORKER="w0",
+                VF_TIMEOUT="1", **env)
+    return subprocess.run(
+        [sys.executable, "-c", "import virtualflow.torch as vf; vf.init()"],
+        env=base, capture_output=True, text=True, timeout=120,
+    )
+
+
+def test_an_unreadable_token_or_ca_file_replaces_the_worker_not_the_job(tmp_path: Path) -> None:
+    # Exit 1 (the pod is replaced: a new one gets its volumes mounted afresh), never 3 (which
+    # fails the job), after reading again for up to VF_TIMEOUT.
+    missing = str(tmp_path / "missing")
+    r = _init_with(VF_JOB_TOKEN_FILE=missing)
+    assert r.returncode == 1, r.stderr
+    assert f"cannot read this worker's token file {missing} (No such file or directory); " \
+        "trying again for up to 1 s" in r.stderr
+    r = _init_with(VF_JOB_TOKEN="t0", VF_COORDINATOR_CA_FILE=missing)
+    assert r.returncode == 1, r.stderr
+    assert f"cannot read the coordinator's CA file {missing}" in r.stderr

@@ -516,10 +516,15 @@ class Job:
                 f"{', '.join(missing)} not set: this script is a VirtualFlow worker; start it with "
                 "`vf run JOB.yaml` (spec.template.command names the script) or through the operator"
             )
+        timeout = float(env.get("VF_TIMEOUT", "60") or 60)
         token = env.get("VF_JOB_TOKEN", "")
         if not token and env.get("VF_JOB_TOKEN_FILE"):
-            with open(env["VF_JOB_TOKEN_FILE"], encoding="utf-8") as f:
-                token = f.read().strip()
+            # Mounted from a Secret for the pod's life: a file missing at start is the pod's
+            # fault, not the job's. Read again for up to the timeout, then CollectiveError
+            # (exit 1: the pod is replaced), never exit 3.
+            token = _core.read_credential_file(
+                env["VF_JOB_TOKEN_FILE"], "this worker's token file", env["VF_WORKER"], timeout
+            ).strip()
         if not token:
             raise Error(
                 "no coordinator credential for this worker (VF_JOB_TOKEN_FILE or VF_JOB_TOKEN)"
@@ -540,7 +545,7 @@ class Job:
             token=token,
             fingerprint=self.spec["fingerprint"],
             build=_core.BUILD,
-            timeout=float(env.get("VF_TIMEOUT", "60") or 60),
+            timeout=timeout,
             report_interval=float(env.get("VF_REPORT_INTERVAL", "1") or 1),
             metrics_port=int(env.get("VF_METRICS_PORT", "-1") or -1),
             # The pod's own address on Kubernetes, where the other workers reach this one.

@@ -6,7 +6,7 @@ import shutil
 import subprocess
 import unittest
 
-from harness import BIN_DIR, DATASET_DIR, VfTestCase, vf
+from harness import BIN_DIR, DATASET_DIR, VfTestCase, vf, write
 
 
 class BadInputTest(VfTestCase):
@@ -116,6 +116,41 @@ class BadInputTest(VfTestCase):
         job = self.job(optimizer="{name: sgd, learningRate: 1.0e+30, momentum: 0.0}")
         run = vf("run", job, "--workers", "2", "--steps", "20")
         self.assertOneLineError(run, "step ", "NaN", "learning rate")
+
+    def agent(self, *args):
+        """virtualflow-agent for this test's job, with a coordinator nobody serves."""
+        return subprocess.run([os.path.join(BIN_DIR, "virtualflow-agent"), "--job", self.job(),
+                               "--coordinator", "http://127.0.0.1:1", "--worker", "w0", *args],
+                              capture_output=True, text=True, timeout=60)
+
+    def test_unreadable_token_or_ca_file_is_waited_for_then_the_worker_is_replaced(self):
+        # Exit 1 (its pod is replaced), not 3 (the job fails): the kubelet mounts the volume
+        # afresh for a new pod.
+        missing = os.path.join(self.tmp, "missing")
+        run = self.agent("--token-file", missing, "--timeout", "1")
+        self.assertEqual(run.returncode, 1, run.stderr)
+        self.assertIn("cannot read this worker's token file %s (No such file or directory); "
+                      "trying again for up to 1 s" % missing, run.stderr)
+        self.assertIn("error: cannot read this worker's token file " + missing, run.stderr)
+        token = write(os.path.join(self.tmp, "token"), "t0\n")
+        run = self.agent("--token-file", token, "--ca-file", missing, "--timeout", "1")
+        self.assertEqual(run.returncode, 1, run.stderr)
+        self.assertIn("error: cannot read the coordinator's CA file " + missing, run.stderr)
+
+    def test_a_token_file_that_appears_while_waited_for_is_read(self):
+        token = os.path.join(self.tmp, "token")
+        proc = subprocess.Popen([os.path.join(BIN_DIR, "virtualflow-agent"), "--job", self.job(),
+                                 "--coordinator", "http://127.0.0.1:1", "--worker", "w0",
+                                 "--token-file", token, "--timeout", "3"],
+                                stderr=subprocess.PIPE, text=True)
+        first = proc.stderr.readline()  # it has found no file, and says it waits
+        self.assertIn("cannot read this worker's token file", first)
+        write(token, "t0\n")
+        _, rest = proc.communicate(timeout=60)
+        self.assertIn("read this worker's token file " + token, rest)
+        # Then it waits for the coordinator nobody serves, and exits 1 at its timeout.
+        self.assertEqual(proc.returncode, 1, rest)
+        self.assertIn("registering", rest)
 
 
 class OperatorFlagsTest(unittest.TestCase):
