@@ -124,6 +124,12 @@ class Device {
     return work();
   }
   virtual void Tune(const DeviceTuning& tuning) { (void)tuning; }
+  // Whether `p` points into this device's own memory (Allocate) rather than host memory, for a
+  // caller that takes either kind. The CPU's memory is host memory: false.
+  virtual bool OwnsMemory(const void* p) const {
+    (void)p;
+    return false;
+  }
 
   // Lanes: queues of work that the device may run at the same time (a GPU: streams), so that
   // many small virtual nodes fill it. Fork(n) opens lanes 0..n-1 (n <= Lanes()), each starting

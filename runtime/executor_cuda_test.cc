@@ -187,6 +187,38 @@ TEST_F(CudaExecutorTest, ExactModeWeightsAreTheSameOnOneTwoAndThreeWorkersSharin
   }
 }
 
+TEST_F(CudaExecutorTest, StagedCollectivesTakeHostBuffersAsTheyAre) {
+  // The agent passes host buffers too (the step's header, a state transfer's metadata), as it
+  // may to NCCL: those go to Gloo as they are, device buffers through host copies.
+  MemoryStore store;
+  std::vector<std::vector<int64_t>> host_sums(2), device_sums(2);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto gpu = CreateCudaDevice(0);
+      ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
+      auto gloo = CreateGlooCommunicator(store, rank, 2, CommOptions{});
+      ASSERT_TRUE(gloo.ok()) << gloo.status().ToString();
+      StagedCommunicator comm(**gpu, std::move(*gloo));
+      std::vector<int64_t> host = {rank + 1, 10 * (rank + 1), -rank};
+      ASSERT_TRUE(comm.AllReduce(host.data(), host.size(), ReduceOp::kSum).ok());
+      host_sums[static_cast<size_t>(rank)] = host;
+      auto dev = DeviceBuffer<int64_t>::Create(**gpu, 3);
+      ASSERT_TRUE(dev.ok());
+      (*gpu)->CopyFromHost(dev->data(), host.data(), 3 * sizeof(int64_t));
+      ASSERT_TRUE(comm.AllReduce(dev->data(), 3, ReduceOp::kMax).ok());
+      std::vector<int64_t> back(3);
+      (*gpu)->CopyToHost(back.data(), dev->data(), 3 * sizeof(int64_t));
+      device_sums[static_cast<size_t>(rank)] = back;
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(host_sums[static_cast<size_t>(rank)], (std::vector<int64_t>{3, 30, -1}));
+    EXPECT_EQ(device_sums[static_cast<size_t>(rank)], (std::vector<int64_t>{3, 30, -1}));
+  }
+}
+
 TEST_F(CudaExecutorTest, FastModeOnTheGpuFollowsTheCpu) {
   // The matrix products sum in different orders on the two devices, so the weights drift
   // apart by rounding; after 30 steps every parameter is within 1e-4 of the CPU's (measured

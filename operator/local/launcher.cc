@@ -97,6 +97,9 @@ std::string AgentMessage(const std::string& line) {
   return at == std::string::npos ? line : line.substr(at + marker.size());
 }
 
+// How many workers in a row may fail while the job makes no progress before `vf run` gives up.
+constexpr int kFailuresWithoutProgress = 5;
+
 std::string DescribeExit(int status) {
   if (WIFSIGNALED(status)) return "was killed by signal " + std::to_string(WTERMSIG(status));
   return "exited with code " + std::to_string(WEXITSTATUS(status));
@@ -245,6 +248,11 @@ class LocalCluster {
   Clock::time_point last_progress_ = Clock::now();
   Clock::time_point last_step_change_ = Clock::now();
   int64_t last_step_ = -1;
+  // Workers that failed (exited non-zero or were killed) since the job last made progress: a
+  // worker that cannot start at all (a broken device, a missing library) fails every
+  // replacement the same way, and the run ends saying why instead of replacing them until the
+  // stall limit.
+  int failures_without_progress_ = 0;
   int64_t last_printed_step_ = -1;
   int64_t total_steps_ = 0;
   int64_t checkpoint_step_seen_ = 0;  // the newest checkpoint outcome already said
@@ -425,6 +433,13 @@ void LocalCluster::Reap(Status* job_failure) {
     if (WIFEXITED(w->status) && WEXITSTATUS(w->status) == kExitJobFailed && job_failure->ok()) {
       *job_failure = Status(StatusCode::kFailedPrecondition,
                             msg.empty() ? w->name + " " + DescribeExit(w->status) : msg);
+      continue;
+    }
+    if (++failures_without_progress_ >= kFailuresWithoutProgress && job_failure->ok()) {
+      *job_failure = FailedPrecondition(
+          std::to_string(failures_without_progress_) +
+          " workers in a row failed while the job made no progress; the last, " + w->name + ", " +
+          DescribeExit(w->status) + (msg.empty() ? "" : ": " + msg));
       continue;
     }
     if (!o_.quiet) {
@@ -674,6 +689,7 @@ Status LocalCluster::Reconcile(const JobView& view) {
   if (step != last_step_) {
     last_step_ = step;
     last_step_change_ = Clock::now();
+    failures_without_progress_ = 0;
   }
   const int slots = capacity_.At(step, Since(start_));
   // Workers leave when asked (SIGTERM) or die; everything else is the policy's call.

@@ -117,6 +117,24 @@ class BadInputTest(VfTestCase):
         run = vf("run", job, "--workers", "2", "--steps", "20")
         self.assertOneLineError(run, "step ", "NaN", "learning rate")
 
+    def test_a_program_that_always_fails_at_start_ends_the_run_saying_why(self):
+        # Each replacement fails the same way: after five in a row with no step done, vf gives
+        # up with the last worker's message instead of replacing workers until its stall limit.
+        path = os.path.join(self.tmp, "crash.yaml")
+        write(path, """apiVersion: virtualflow.io/v1alpha1
+kind: VirtualFlowJob
+metadata: {name: crash}
+spec:
+  virtualNodes: 4
+  globalBatchSize: 64
+  replicas: {min: 1, max: 2}
+  steps: 5
+  template:
+    command: [python3, -c, "import sys; print('no module named my_model', file=sys.stderr); sys.exit(1)"]
+""")
+        self.assertOneLineError(vf("run", path, "--workers", "2"), "5 workers in a row failed",
+                                "no progress", "exited with code 1", "no module named my_model")
+
     def agent(self, *args):
         """virtualflow-agent for this test's job, with a coordinator nobody serves."""
         return subprocess.run([os.path.join(BIN_DIR, "virtualflow-agent"), "--job", self.job(),

@@ -13,6 +13,9 @@ std::string StagedCommunicator::backend() const {
 
 template <typename Collective>
 Status StagedCommunicator::Staged(void* data, size_t bytes, Collective collective) {
+  // Host buffers (the step's header, a state transfer's metadata) go to the host backend as
+  // they are; only the device's own memory is copied.
+  if (!device_.OwnsMemory(data)) return collective(data);
   buffer_.resize((bytes + sizeof(uint64_t) - 1) / sizeof(uint64_t));
   // CopyToHost waits for the device, so the buffer holds everything queued before the call.
   device_.CopyToHost(buffer_.data(), data, bytes);

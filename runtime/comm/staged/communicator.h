@@ -13,10 +13,12 @@
 
 namespace vf {
 
-// Each collective copies its buffer from the device to the host, runs the host communicator's
-// collective there and copies the result back: twice the device's copies of a native backend,
-// and the same results bit for bit (the sums are the host backend's). The device must outlive
-// this object. Not thread-safe: one thread drives it (and the device).
+// Each collective on the device's own memory copies its buffer to the host, runs the host
+// communicator's collective there and copies the result back: twice the device's copies of a
+// native backend, and the same results bit for bit (the sums are the host backend's). A buffer
+// in host memory (Device::OwnsMemory says which) goes to the host communicator as it is: callers
+// pass both kinds, as they may to NCCL's communicator. The device must outlive this object. Not
+// thread-safe: one thread drives it (and the device).
 class StagedCommunicator final : public Communicator {
  public:
   StagedCommunicator(Device& device, std::unique_ptr<Communicator> host);

@@ -152,10 +152,22 @@ Result<void*> CpuDevice::Allocate(size_t bytes) {
     return Internal("cpu device: cannot allocate " + std::to_string(bytes) + " bytes");
   }
   std::memset(p, 0, rounded);
+  allocations_[reinterpret_cast<uintptr_t>(p)] = rounded;
   return p;
 }
 
-void CpuDevice::Free(void* ptr) noexcept { std::free(ptr); }
+void CpuDevice::Free(void* ptr) noexcept {
+  allocations_.erase(reinterpret_cast<uintptr_t>(ptr));
+  std::free(ptr);
+}
+
+bool CpuDevice::OwnsMemory(const void* p) const {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  auto it = allocations_.upper_bound(address);
+  if (it == allocations_.begin()) return false;
+  --it;
+  return address < it->first + it->second;
+}
 
 // memcpy with a null pointer is undefined even for zero bytes, and empty buffers may be null.
 void CpuDevice::CopyFromHost(void* dst, const void* src, size_t bytes) {

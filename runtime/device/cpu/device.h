@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,9 @@ class CpuDevice final : public Device {
   void Fill(float* x, float value, size_t n) override;
   void FillInt64(int64_t* x, int64_t value, size_t n) override;
   void Synchronize() override {}
+  // Inside a block this device allocated (it keeps their ranges), though all of it is host
+  // memory: callers that stage the device's own memory do so on the CPU too, which tests use.
+  bool OwnsMemory(const void* p) const override;
   // Lanes run one after another here; more than one only exercises a caller's lane logic.
   void Tune(const DeviceTuning& tuning) override {
     lanes_ = tuning.lanes > 0 ? std::min(tuning.lanes, kMaxLanes) : 1;
@@ -73,6 +77,7 @@ class CpuDevice final : public Device {
  private:
   int threads_;
   int lanes_ = 1;
+  std::map<uintptr_t, size_t> allocations_;  // address -> bytes of every live Allocate
   std::vector<float> column_sums_;  // SumRows's column sums when it adds them to its output
 };
 

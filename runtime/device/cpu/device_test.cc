@@ -62,6 +62,19 @@ TEST_F(CpuDeviceTest, HasNoMemoryOfItsOwn) {
   EXPECT_EQ(device_->MemoryInUse(), 0u);
 }
 
+TEST_F(CpuDeviceTest, OwnsWhatItAllocatedUntilItIsFreed) {
+  auto b = DeviceBuffer<float>::Create(*device_, 100);
+  ASSERT_TRUE(b.ok());
+  const float* inside = b->data() + 99;
+  EXPECT_TRUE(device_->OwnsMemory(b->data()));
+  EXPECT_TRUE(device_->OwnsMemory(inside));
+  std::vector<float> host(100);
+  EXPECT_FALSE(device_->OwnsMemory(host.data()));
+  const void* gone = b->data();
+  b->Reset();
+  EXPECT_FALSE(device_->OwnsMemory(gone));
+}
+
 TEST_F(CpuDeviceTest, AllocateZeroesReusedMemory) {
   for (int round = 0; round < 4; ++round) {
     Result<void*> p = device_->Allocate(4096);

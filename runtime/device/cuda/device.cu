@@ -462,6 +462,15 @@ void CudaDevice::FreeStaging(void* ptr) noexcept {
   }
 }
 
+bool CudaDevice::OwnsMemory(const void* p) const {
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess) {
+    cudaGetLastError();  // not sticky: an unknown pointer is host memory
+    return false;
+  }
+  return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+}
+
 void CudaDevice::Tune(const DeviceTuning& tuning) {
   tuning_ = tuning;
   if (!tuning_.fused_fold) tuning_.record_nodes = false;

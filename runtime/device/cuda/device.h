@@ -58,6 +58,8 @@ class CudaDevice final : public Device {
   // Recording needs the fused fold, the only fold that reads its exponents from device memory:
   // turning fused_fold off turns record_nodes off too.
   void Tune(const DeviceTuning& tuning) override;
+  // Device or managed memory, as the driver sees the pointer.
+  bool OwnsMemory(const void* p) const override;
   // Lanes are streams, each with its own cuBLAS handle, workspace and loss scratch, made the
   // first time a Fork needs them. Between Fork and Join, FoldBuckets adds with integer atomics.
   int Lanes() const override;

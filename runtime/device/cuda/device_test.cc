@@ -66,6 +66,18 @@ TEST_F(CudaDeviceTest, NameAndZeroedMemory) {
   EXPECT_EQ(CreateCudaDevice(1 << 20).status().code(), StatusCode::kInvalidArgument);
 }
 
+TEST_F(CudaDeviceTest, OwnsDeviceMemoryNotHostMemory) {
+  auto b = DeviceBuffer<float>::Create(*gpu_, 1000);
+  ASSERT_TRUE(b.ok());
+  EXPECT_TRUE(gpu_->OwnsMemory(b->data()));
+  EXPECT_TRUE(gpu_->OwnsMemory(b->data() + 999));
+  std::vector<float> host(1000);
+  EXPECT_FALSE(gpu_->OwnsMemory(host.data()));
+  auto pinned = StagingBuffer<float>::Create(*gpu_, 1000);
+  ASSERT_TRUE(pinned.ok());
+  EXPECT_FALSE(gpu_->OwnsMemory(pinned->data()));
+}
+
 TEST_F(CudaDeviceTest, MemoryInUseCountsAnAllocation) {
   // The driver hands out memory in pages of up to 2 MiB, so 64 MiB moves the count by at least
   // 62 MiB. The count is the whole GPU's, so nothing else may allocate on it meanwhile: the

@@ -50,6 +50,6 @@ const CudaPlugin kPlugin = {&DeviceCount, &CreateDevice, &NoNccl};
 }  // namespace
 }  // namespace vf
 
-extern "C" __attribute__((visibility("default"))) const vf::CudaPlugin* vf_cuda_plugin_v1() {
+extern "C" __attribute__((visibility("default"))) const vf::CudaPlugin* vf_cuda_plugin_v2() {
   return &vf::kPlugin;
 }

@@ -12,7 +12,8 @@
 
 namespace vf {
 
-// The entry points of the library; the version in the symbol name changes with this struct.
+// The entry points of the library; the version in the symbol name changes with this struct and
+// with the interfaces it hands out (Device, Communicator).
 struct CudaPlugin {
   int (*device_count)(std::string* why);
   Result<std::unique_ptr<Device>> (*create_device)(int ordinal);
@@ -24,7 +25,7 @@ struct CudaPlugin {
 
 // File name of the library, looked for beside the running executable.
 inline constexpr const char* kCudaPluginFile = "libvirtualflow-cuda.so";
-// Its one exported symbol: `extern "C" const CudaPlugin* vf_cuda_plugin_v1()`.
-inline constexpr const char* kCudaPluginSymbol = "vf_cuda_plugin_v1";
+// Its one exported symbol: `extern "C" const CudaPlugin* vf_cuda_plugin_v2()`.
+inline constexpr const char* kCudaPluginSymbol = "vf_cuda_plugin_v2";
 
 }  // namespace vf
