@@ -56,7 +56,7 @@ enum class DeviceChoice {
 
 // The GPU when the process sees one (a pod given `nvidia.com/gpu: 1` sees it as device 0),
 // unless VF_DEVICE says otherwise: `cpu` forces the CPU, `cuda-shared` shares GPU 0 with other
-// workers (what `vf run` sets when there is one). `why` says why not the GPU, when not.
+// workers of one machine (`vf run`'s, when asked). `why` says why not the GPU, when not.
 Result<DeviceChoice> ChooseDevice(std::string* why) {
   const char* forced = std::getenv("VF_DEVICE");
   const std::string_view want = forced == nullptr ? "" : forced;

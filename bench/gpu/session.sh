@@ -148,8 +148,8 @@ grep -E "Passed|Failed|Skipped|Not Run" "$work/ctest-gpu.log" | grep -E "Test +#
 pack
 fi
 
-# C'. `vf run`'s local workers of the built-in model sharing the GPU (VF_DEVICE=cuda-shared, which
-# vf sets when it sees one): the same weights on 1, 2 and 3 workers and through three resizes.
+# C'. `vf run`'s local workers of the built-in model sharing the GPU (VF_DEVICE=cuda-shared): the
+# same weights on 1, 2 and 3 workers and through three resizes.
 if want vfrun && [ -f build-gpu/bin/libvirtualflow-cuda.so ]; then
   say "C: vf run on the GPU, 1, 2 and 3 workers and resized"
   # The example's job, reading the Fashion-MNIST files .gpu-py carries (env.sh: FASHION_MNIST).
@@ -160,7 +160,7 @@ if want vfrun && [ -f build-gpu/bin/libvirtualflow-cuda.so ]; then
   for how in "--workers 1" "--workers 2" "--workers 3" \
     "--capacity 0:1,10:3,30:2,50:3 --vnode-delay-ms 80"; do
     rm -f "$work/vfrun.json"
-    VF_CUDA_PLUGIN="$root/build-gpu/bin/libvirtualflow-cuda.so" \
+    VF_DEVICE=cuda-shared VF_CUDA_PLUGIN="$root/build-gpu/bin/libvirtualflow-cuda.so" \
       timeout "$(budget 60 "$(need tuning runtime overhead ab)")" vf run "$work/fashion-mnist.yaml" \
       $how --steps 70 --summary-json "$work/vfrun.json" >"$work/vfrun.out" 2>&1
     rc=$?

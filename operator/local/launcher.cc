@@ -27,7 +27,6 @@
 #include "operator/local/decisions.h"
 #include "operator/policy/membership.h"
 #include "operator/policy/policy.h"
-#include "runtime/device.h"
 #include "runtime/executor.h"
 #include "runtime/job/spec.h"
 #include "runtime/split.h"
@@ -294,9 +293,9 @@ Status LocalCluster::Start() {
   // Workers die with this process rather than linger if it is killed.
   setenv("VF_EXIT_WITH_PARENT", std::to_string(getpid()).c_str(), 1);
   // Local workers share this machine, and NCCL cannot put two ranks of one communicator on the
-  // same GPU: with a GPU they all train on it and reduce with Gloo through host copies, else on
-  // the CPU, unless the caller set VF_DEVICE.
-  setenv("VF_DEVICE", CudaDeviceCount() > 0 ? "cuda-shared" : "cpu", 0);
+  // same GPU: they train on the CPU with Gloo unless the caller set VF_DEVICE (cuda-shared: all
+  // on GPU 0, reducing with Gloo through host copies; not yet the default, see the user guide).
+  setenv("VF_DEVICE", "cpu", 0);
   return Status::Ok();
 }
 
