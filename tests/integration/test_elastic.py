@@ -99,8 +99,12 @@ class Background:
             if os.path.exists(self.info_path) and os.path.getsize(self.info_path) > 0:
                 with open(self.info_path) as f:
                     return json.load(f)
+            if self.proc.poll() is not None:
+                raise AssertionError("vf exited with %d before it served: %s%s" % (
+                    self.proc.returncode, "".join(self.out), self.proc.stderr.read()))
             time.sleep(0.05)
-        raise AssertionError("vf never started serving")
+        raise AssertionError("vf never started serving within %d s; its output so far: %s" % (
+            timeout, "".join(self.out)))
 
     def step(self):
         """the newest step a progress line has reported (0 before the first)."""
