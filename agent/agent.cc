@@ -282,9 +282,8 @@ Result<std::optional<Membership>> Agent::Impl::Next(TrainingStateHolder& state) 
     std::optional<Plan> plan = WaitForPlan();
     if (!plan) {
       if (!member_) continue;  // a joiner waits as long as the controller wants it to
-      return DeadlineExceeded(
-          "no new membership plan after epoch " + std::to_string(epoch_) + " within " +
-          std::to_string(static_cast<double>(o_.timeout.count()) / 1000.0) + " s");
+      return DeadlineExceeded("no new membership plan after epoch " + std::to_string(epoch_) +
+                              " within " + Seconds(o_.timeout) + " s");
     }
     epoch_ = plan->epoch;
     const Member* me = FindMember(*plan, o_.worker);

@@ -1,8 +1,10 @@
 """Faults around a running VirtualFlowJob on a real control plane, each ending with the weights
 of a local static run: the operator killed (SIGKILL) at every phase of a resize and started
 again, and killed during the final report; an operator upgraded (a newer build and default
-image) under a running job, whose new pods keep the job's image; a worker pod that hangs (SIGSTOP) in a 3-worker job; the PyTorch CNN with the operator
-killed at a resize and during the final report. One control plane for the class."""
+image) under a running job, whose new pods keep the job's image; a worker pod that hangs
+(SIGSTOP), and one cut off the network (its packets dropped), in a 3-worker job; the PyTorch CNN
+with the operator killed at a resize and during the final report. One control plane for the
+class."""
 
 import concurrent.futures
 import copy
@@ -13,7 +15,7 @@ import signal
 import subprocess
 import tempfile
 import unittest
-from typing import Any
+from typing import Any, Callable
 
 from test_operator import BIN_DIR, NS, SOURCE_DIR, OperatorTestCase, job_manifest, local_sha
 from test_torch_job import DATASET, PYTHON, cnn_manifest
@@ -32,6 +34,22 @@ def with_timeout(manifest: dict[str, Any], seconds: int) -> dict[str, Any]:
         "--worker \"$VF_WORKER\" --token-file \"$VF_JOB_TOKEN_FILE\" "
         "--metrics-port \"$VF_METRICS_PORT\" --timeout %d" % seconds)]
     return manifest
+
+
+def partition(pid: int, cut: bool) -> None:
+    """Cuts (CUT) or restores the network of the pod whose process is PID: iptables rules in the
+    pod's own network namespace drop every packet in and out but loopback's. Dropped, not
+    refused: the pod's peers and the coordinator see silence, and so does the pod. A pod whose
+    process has ended has no namespace left to restore."""
+    netns = "/proc/%d/ns/net" % pid
+    if not cut and not os.path.exists(netns):
+        return
+    if os.readlink(netns) == os.readlink("/proc/self/ns/net"):
+        raise AssertionError("pod process %d runs in the host's network namespace" % pid)
+    for chain, interface in (("INPUT", "-i"), ("OUTPUT", "-o")):
+        subprocess.run(["nsenter", "--net=" + netns, "iptables", "-w",
+                        "-I" if cut else "-D", chain, "!", interface, "lo", "-j", "DROP"],
+                       check=True, capture_output=True, timeout=30)
 
 
 # Long enough for the longest series of faults to land mid-run with room to spare: test 3's
@@ -204,9 +222,29 @@ class OperatorFaultsTest(OperatorTestCase):
         nothing from it, and the next plan goes on without it; its pod keeps its GPU, so no
         replacement can take its place meanwhile. Woken (kill -CONT), it is fenced by its stale
         epoch: it exits 0 and the operator replaces its pod."""
-        name = "hung"
+        self.left_out_then_fenced(
+            "hung", "gpu-h", "stopped",
+            lambda pid: os.kill(pid, signal.SIGSTOP), lambda pid: os.kill(pid, signal.SIGCONT))
+
+    def test_2a_a_partitioned_worker_is_left_out_then_fenced_when_the_network_heals(
+            self) -> None:
+        """One of 3 worker pods cut off the network (every packet in and out of its network
+        namespace dropped, as a failed switch port does: no reset, no error, only silence) while
+        its process runs on: its peers' collective times out, the coordinator hears nothing from
+        it, and the next plan goes on without it. Back on the network, it learns that its epoch
+        is stale: it exits 0 and the operator replaces its pod."""
+        self.left_out_then_fenced("partitioned", "gpu-p", "partitioned",
+                                  lambda pid: partition(pid, True),
+                                  lambda pid: partition(pid, False))
+
+    def left_out_then_fenced(self, name: str, node: str, what: str,
+                             fault: Callable[[int], None], undo: Callable[[int], None]) -> None:
+        """Tests 2 and 2a: a 3-worker job on 3 one-GPU nodes NODE-0..2, FAULT(pid) on its last
+        member's process at step 30, a plan without it, 20 more steps, UNDO(pid); the member
+        exits 0 on its stale epoch, its pod is replaced without a WorkerFailed Event, and the
+        job ends with the weights of a static run."""
         manifest = faults_manifest(name, delay_ms=8)
-        self.reset_nodes(("gpu-h", 3))
+        self.reset_nodes((node, 3))
         self.apply(with_timeout(manifest, 15))
         self.wait_workers(name, 3)
         self.wait_step(name, 30)
@@ -216,10 +254,10 @@ class OperatorFaultsTest(OperatorTestCase):
         pid = self.worker_pid(pod)
         with open("/proc/%d/cmdline" % pid, "rb") as f:
             self.assertIn(b"virtualflow-agent", f.read())
-        os.kill(pid, signal.SIGSTOP)
+        fault(pid)
         try:
             left_out = self.wait_status(
-                name, "a plan without the stopped %s" % victim,
+                name, "a plan without the %s %s" % (what, victim),
                 lambda s: s.get("phase") == "Running" and s.get("workers") == 2 and
                 victim not in [a["worker"] for a in s.get("assignment", [])], timeout=180)
             self.assertGreater(left_out["epoch"], status["epoch"])
@@ -230,15 +268,15 @@ class OperatorFaultsTest(OperatorTestCase):
             self.assertEqual(len(uids), 3, uids)
             self.assertEqual(uids.get(victim), pod["metadata"]["uid"])
         finally:
-            os.kill(pid, signal.SIGCONT)
-        # Woken, it finds itself out of the current plan (its epoch is stale): it acknowledges
+            undo(pid)
+        # Back, it finds itself out of the current plan (its epoch is stale): it acknowledges
         # that plan and exits 0, and the operator replaces its pod.
         path = "/api/v1/namespaces/%s/pods/%s" % (NS, victim)
 
         def exited_0() -> bool:
-            woken = self.cp.get(path)  # the operator deletes a pod that succeeded early
-            return woken is None or woken["status"].get("phase") == "Succeeded"
-        self.cp.wait_for("the woken %s to exit 0" % victim, exited_0, timeout=120)
+            back = self.cp.get(path)  # the operator deletes a pod that succeeded early
+            return back is None or back["status"].get("phase") == "Succeeded"
+        self.cp.wait_for("the %s %s to exit 0" % (what, victim), exited_0, timeout=120)
         self.assertEqual([m for r, m in self.events(name) if r == "WorkerFailed"], [])
         self.wait_status(name, "a replacement of %s in the plan" % victim,
                          lambda s: s.get("phase") == "Succeeded" or (
