@@ -453,6 +453,15 @@ void Listener::Impl::Stop(const std::function<void()>& before_close) {
     stopping_ = true;
   }
   if (before_close) before_close();
+  // Handlers answer on connections that are still open: cpprest's close() would cut a
+  // connection under a handler's reply, the same crash as kCloseDrain's (seen with a handler
+  // that answered while Stop ran, ListenerTest.StopWaitsForAHandlerThatIsRunning under TSan's
+  // timing). Bounded, because a request whose body never comes holds its InFlight until close
+  // cuts it.
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    idle_.wait_for(lock, kCloseDrain, [this] { return in_flight_ == 0; });
+  }
   // Answered, the TLS connections end by themselves; only then is cpprest's close safe (see
   // kCloseDrain).
   if (options_.tls != nullptr) tls_connections_->WaitForNone(kCloseDrain);
