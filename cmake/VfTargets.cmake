@@ -1,7 +1,8 @@
 # Helpers that give every library and unit test the project's warnings and, when
 # VF_SANITIZER_TESTS is on, sanitizer variants built from the same sources:
 #   <lib>_asan / <test>_asan : AddressSanitizer + UndefinedBehaviorSanitizer
-#   <lib>_tsan / <test>_tsan : ThreadSanitizer (only for tests marked TSAN: the concurrent parts)
+#   <lib>_tsan / <test>_tsan : ThreadSanitizer (only for tests marked TSAN: the concurrent parts),
+#                              run with VF_TSAN_OPTIONS
 
 set(VF_WARNING_FLAGS -Wall -Wextra -Wshadow -Wnon-virtual-dtor -Wold-style-cast -Wcast-align
     -Wunused -Woverloaded-virtual -Wnull-dereference -Wformat=2 -Wimplicit-fallthrough)
@@ -12,6 +13,10 @@ endif()
 set(VF_ASAN_FLAGS -fsanitize=address,undefined -fno-sanitize-recover=undefined
     -fno-omit-frame-pointer)
 set(VF_TSAN_FLAGS -fsanitize=thread -fno-omit-frame-pointer)
+# cpprest and Gloo are Debian's uninstrumented builds: see the suppressions file for what is
+# left out and why.
+set(VF_TSAN_OPTIONS
+    "suppressions=${PROJECT_SOURCE_DIR}/cmake/tsan-suppressions.txt:ignore_noninstrumented_modules=1")
 
 function(_vf_apply_variant target variant)
   target_compile_options(${target} PRIVATE ${VF_WARNING_FLAGS})
@@ -85,8 +90,12 @@ function(vf_test name)
     add_executable(${t} ${A_SOURCES})
     target_link_libraries(${t} PRIVATE ${deps} ${A_DEPS} GTest::gtest GTest::gtest_main)
     _vf_apply_variant(${t} "${variant}")
+    set(env "")
+    if(variant STREQUAL "tsan")
+      set(env ENVIRONMENT "TSAN_OPTIONS=${VF_TSAN_OPTIONS}")
+    endif()
     gtest_discover_tests(${t} TEST_PREFIX "${t}." DISCOVERY_MODE PRE_TEST
-                         PROPERTIES LABELS "${labels}" TIMEOUT 300 ${lock})
+                         PROPERTIES LABELS "${labels}" TIMEOUT 300 ${lock} ${env})
   endforeach()
 endfunction()
 
