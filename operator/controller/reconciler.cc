@@ -1628,9 +1628,13 @@ void Reconciler::SetPhase(Pass& p, bool all_switched) {
   std::string message;
   if (workers == 0) {
     phase = "Pending";
+    // Before the first plan every worker is a joiner: whether the membership decision still
+    // waits for them (kJoinBatchSeconds) or has none yet (this pass created them) is the same
+    // thing to the job's user, and one message saves a status write for every new job.
+    const std::string& why = p.decision.reason;
     message = p.desired == 0 ? "waiting for GPUs: " + p.policy_reason
-                             : (p.decision.reason.empty() ? "waiting for workers to warm up"
-                                                          : p.decision.reason);
+              : why.empty() || why == policy::kWaitingForJoiners ? "waiting for workers to warm up"
+                                                                 : why;
   } else if (!all_switched) {
     phase = "Resizing";
     message = "switching to membership epoch " + std::to_string(p.epoch);

@@ -273,6 +273,19 @@ class ReconcilerTest : public testing::Test {
     return informer;
   }
 
+  // Back to nothing, in the order things depend on each other, so that Start can show the
+  // reconciler a later moment of the cluster (as a fresh reconciler, with the same coordinator).
+  void Reset() {
+    reconciler_.reset();
+    TearDown();
+    policies_.reset();
+    nodes_.reset();
+    pods_.reset();
+    jobs_.reset();
+    client_.reset();
+    api_.reset();
+  }
+
   // The workers register and warm up, as their agents would.
   void Ready(const std::vector<std::string>& workers) {
     const JobView view = coordinator_.GetJob(kKey).value();
@@ -1083,6 +1096,36 @@ TEST_F(ReconcilerTest, WorkerCountsSayWhereEachPodIs) {
   // e, and whatever the policy had created on top this pass.
   EXPECT_EQ(counts["pending"], 1 + static_cast<int>(api_->created_pods().size() - created_before))
       << counts;
+}
+
+// ---------------------------------------------------------------- what a new job costs
+
+// A pod as the API server made it from `body` (what a reconcile created) a moment ago, pending.
+json AsCreated(json body) {
+  json& meta = body["metadata"];
+  meta["namespace"] = "team";
+  meta["uid"] = "pod-" + meta.value("name", "");
+  meta["creationTimestamp"] = SecondsAgo(0);
+  body["status"] = {{"phase", "Pending"}};
+  return body;
+}
+
+TEST_F(ReconcilerTest, ANewJobsStatusStaysAsWrittenOnceItsPodsAreSeen) {
+  Start({EpochJob()}, {}, {GpuNode("gpu-a", 2)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  ASSERT_EQ(api_->status_patches().size(), 1u);
+  json job = EpochJob();
+  job["status"] = api_->status_patches().back();
+  std::vector<json> pods;
+  for (const json& body : api_->created_pods()) pods.push_back(AsCreated(body));
+  ASSERT_EQ(pods.size(), 2u);
+  // A moment later: the cache shows the status written and the pods, pending and warming up.
+  Reset();
+  Start({job}, pods, {GpuNode("gpu-a", 2)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_EQ(api_->created_pods().size(), 0u);
+  EXPECT_EQ(api_->status_patches().size(), 0u) << api_->status_patches().back() << "\nover\n"
+                                               << job["status"];
 }
 
 // ---------------------------------------------------------------- spec.elasticity.policy

@@ -162,7 +162,7 @@ MembershipDecision DecideMembership(const MembershipInput& in) {
   const bool forced = survivors.lost || survivors.leaving || in.failure_reported || shrinks;
   const bool short_of_desired = static_cast<int>(chosen.size()) < desired;
   if (!forced && !grows) {
-    if (joiners.warming && short_of_desired) out.reason = "waiting for joining workers to warm up";
+    if (joiners.warming && short_of_desired) out.reason = kWaitingForJoiners;
     return out;
   }
   out.held = true;
@@ -177,7 +177,7 @@ MembershipDecision DecideMembership(const MembershipInput& in) {
   }
   // Joiners still warming up are worth waiting for unless something forces a plan now.
   if (joiners.warming && !forced && short_of_desired) {
-    out.reason = "waiting for joining workers to warm up";
+    out.reason = kWaitingForJoiners;
     return out;
   }
 

@@ -15,6 +15,9 @@ namespace vf::policy {
 // --join-batch-seconds defaults to it and `vf run` uses it as is.
 inline constexpr double kJoinBatchSeconds = 20.0;
 
+// MembershipDecision::reason while joiners still warming up are waited for.
+inline constexpr char kWaitingForJoiners[] = "waiting for joining workers to warm up";
+
 // How long a registered worker may go without any request to the coordinator before the
 // membership leaves it out as unresponsive. Agents poll the plan every second while they live,
 // so only a process that cannot run or cannot reach the coordinator stays silent this long.
