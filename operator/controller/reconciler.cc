@@ -1530,7 +1530,12 @@ Status Reconciler::CreateMissingPods(Pass& p, int live) {
     ++live;
     ++p.created;
   }
-  if (p.created > 0) {
+  // A job's first pods are recorded by its Created condition, which this pass's status turns
+  // True (its lastTransitionTime is the moment): an Event would say the same, at the cost of a
+  // request for every job. Pods created once it has had some (replacements, growth, a resume)
+  // get one.
+  const json* had_pods = FindCondition(p.old_conditions, "Created");
+  if (p.created > 0 && had_pods != nullptr && had_pods->value("status", "") == "True") {
     Event(p.job, false, "WorkersCreated",
           "created " + std::to_string(p.created) + " worker pod(s); the policy wants " +
               std::to_string(p.desired));

@@ -1110,6 +1110,37 @@ json AsCreated(json body) {
   return body;
 }
 
+TEST_F(ReconcilerTest, ANewJobsFirstPodsAreInItsCreatedConditionWithoutAnEvent) {
+  Start({EpochJob()}, {}, {GpuNode("gpu-a", 2)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  ASSERT_EQ(api_->created_pods().size(), 2u);
+  // The status says it, with the moment: no Event (a request for every job) says it again.
+  EXPECT_EQ(api_->event_reasons(), std::vector<std::string>{});
+  const json status = api_->status_patches().back();
+  const json* created = Condition(status, "Created");
+  ASSERT_NE(created, nullptr) << status;
+  EXPECT_EQ((*created)["status"], "True");
+  EXPECT_EQ((*created)["reason"], "PodsCreated");
+  EXPECT_TRUE((*created)["lastTransitionTime"].is_string());
+  EXPECT_EQ(status["workerCounts"]["pending"], 2);
+  EXPECT_EQ(status["desiredWorkers"], 2);
+}
+
+TEST_F(ReconcilerTest, PodsCreatedForAJobThatHadSomeAreAnEvent) {
+  json job = EpochJob();
+  job["status"] = {{"phase", "Pending"},
+                   {"conditions",
+                    {{{"type", "Created"},
+                      {"status", "True"},
+                      {"reason", "PodsCreated"},
+                      {"message", "worker pods were created"},
+                      {"lastTransitionTime", SecondsAgo(60)}}}}};
+  Start({job}, {PendingPod("mnist-worker-a")}, {GpuNode("gpu-a", 2)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_EQ(api_->created_pods().size(), 1u);
+  EXPECT_EQ(api_->event_reasons(), std::vector<std::string>{"WorkersCreated"});
+}
+
 TEST_F(ReconcilerTest, ANewJobsStatusStaysAsWrittenOnceItsPodsAreSeen) {
   Start({EpochJob()}, {}, {GpuNode("gpu-a", 2)});
   ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
