@@ -12,7 +12,7 @@ the operator's part of a resize needs. Each job asks for exactly WORKERS workers
 
     bench/operator_load.py                        # 1000 jobs, 500 nodes of 8 GPUs, 2 workers each
     bench/operator_load.py --jobs 20 --nodes 10   # a quick check
-    bench/operator_load.py --kube-api-qps 200 --kube-api-burst 300 --reconcile-workers 32
+    bench/operator_load.py --kube-api-qps 100 --kube-api-burst 200 --reconcile-workers 32
 
 Prints one line per phase and a summary; --json FILE writes the summary as JSON."""
 
@@ -274,10 +274,10 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=500, help="fake GPU nodes")
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2, help="workers (GPUs) of each job")
-    parser.add_argument("--kube-api-qps", type=float, default=100,
-                        help="the operator's --kube-api-qps (its default: 100)")
-    parser.add_argument("--kube-api-burst", type=int, default=200,
-                        help="the operator's --kube-api-burst (its default: 200)")
+    parser.add_argument("--kube-api-qps", type=float, default=150,
+                        help="the operator's --kube-api-qps (its default: 150)")
+    parser.add_argument("--kube-api-burst", type=int, default=300,
+                        help="the operator's --kube-api-burst (its default: 300)")
     parser.add_argument("--reconcile-workers", type=int, default=0,
                         help="the operator's --workers, jobs reconciled at once (0: its default)")
     parser.add_argument("--timeout", type=float, default=900,

@@ -69,6 +69,7 @@ VALUE_SETS = [
                     "--set", "agent.image.tag=sha256:" + "ab" * 32, "--set", "policy=autoscale",
                     "--set", "coordinator.port=9000", "--set", "metrics.port=9001",
                     "--set", "agent.metricsPort=9102",
+                    "--set", "kubeApi.qps=40", "--set", "kubeApi.burst=80",
                     "--set", "nodeSelector.role=infra", "--set", "priorityClassName=high",
                     "--set", "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
                              ".nodeSelectorTerms[0].matchExpressions[0].key=role",
@@ -94,6 +95,10 @@ BAD_VALUES = [
      [SCHEMA_ERROR, "at '/metrics/port': minimum: got 0, want 1"]),
     ("agent metrics port above 65535", ["--set", "agent.metricsPort=65536"],
      [SCHEMA_ERROR, "at '/agent/metricsPort': maximum: got 65,536, want 65,535"]),
+    ("no API budget", ["--set", "kubeApi.qps=0"],
+     [SCHEMA_ERROR, "at '/kubeApi/qps': exclusiveMinimum: got 0, want 0"]),
+    ("no API burst", ["--set", "kubeApi.burst=0"],
+     [SCHEMA_ERROR, "at '/kubeApi/burst': minimum: got 0, want 1"]),
     ("unknown top-level key", ["--set", "replicas=3"],
      [SCHEMA_ERROR, "additional properties 'replicas' not allowed"]),
     ("misspelt key", ["--set", "leaderElection.leasename=x"],
@@ -432,6 +437,8 @@ class ChartFilesTest(unittest.TestCase):
             "--agent-image=virtualflow/agent:" + APP_VERSION,
             "--agent-metrics-port=9090",
             "--policy=elastic",
+            "--kube-api-qps=150",
+            "--kube-api-burst=300",
             "--network-policy=true",
             "--network-policy-metrics-from=" + json.dumps(
                 [{"namespaceSelector": {},
@@ -475,6 +482,8 @@ class ChartFilesTest(unittest.TestCase):
         self.assertIn("--agent-image=virtualflow/agent@sha256:" + "ab" * 32, args)
         self.assertIn("--policy=autoscale", args)
         self.assertIn("--agent-metrics-port=9102", args)
+        self.assertIn("--kube-api-qps=40", args)
+        self.assertIn("--kube-api-burst=80", args)
         self.assertIn("--leader-election-namespace=ops", args)
         self.assertEqual(self.find(objs, "Service")["metadata"]["name"], "vf-virtualflow-operator")
 
