@@ -95,8 +95,10 @@ def tidy_configs(path: str, root: str) -> list[str]:
 def key(entry: dict, deps: list[str], hasher: Hasher, common: str, root: str) -> str:
     h = hashlib.sha256(common.encode())
     h.update(hasher.text(" ".join(compile_args(entry))).encode() + b"\n")
-    for path in sorted(set(deps) | set(tidy_configs(entry["file"], root))):
-        h.update(("%s %s\n" % (hasher.name(path), hasher.content(path))).encode())
+    # In the order of the names hashed, which is the same in every clone.
+    named = sorted((hasher.name(p), p) for p in set(deps) | set(tidy_configs(entry["file"], root)))
+    for name, path in named:
+        h.update(("%s %s\n" % (name, hasher.content(path))).encode())
     return h.hexdigest()
 
 
