@@ -55,11 +55,32 @@ if [ "${#files[@]}" -eq 0 ]; then
   exit 1
 fi
 jobs="${VF_BUILD_JOBS:-$(nproc)}"
-echo "clang-tidy: ${#files[@]} files, $jobs at a time"
+# A file found clean before, with the same content, headers, flags, checks and clang-tidy, is
+# not parsed again (scripts/tidy_cache.py says what the key holds); VF_TIDY_CACHE=off checks
+# every file anew. The cache is outside the checkout, so that a fresh clone finds it warm.
+cache="${VF_TIDY_CACHE:-$HOME/.cache/virtualflow/tidy}"
+checked=("${files[@]}")
+if [ "$cache" != off ]; then
+  pending="$(python3 "$root/scripts/tidy_cache.py" pending "$db/compile_commands.json" \
+             "$cache" "$root" "$build" "$db/keys.json" "${files[@]}")"
+  checked=()
+  if [ -n "$pending" ]; then mapfile -t checked <<<"$pending"; fi
+fi
+echo "clang-tidy: ${#files[@]} files, $((${#files[@]} - ${#checked[@]})) of them unchanged" \
+     "since found clean (cache: $cache), $jobs at a time"
 # run-clang-tidy fails when any file has a finding (every warning is an error, .clang-tidy);
 # only the findings are shown, not its bookkeeping.
 status=0
-"$tidy" -quiet -p "$db" -j "$jobs" "${files[@]}" >"$db/out.txt" 2>&1 || status=$?
+if [ "${#checked[@]}" -gt 0 ]; then
+  "$tidy" -quiet -p "$db" -j "$jobs" "${checked[@]}" >"$db/out.txt" 2>&1 || status=$?
+else
+  : >"$db/out.txt"
+fi
+# Only a clean run is remembered: a finding's file stays unremembered, and so, for want of a
+# per-file verdict from run-clang-tidy, do the others checked with it.
+if [ "$status" -eq 0 ] && [ "$cache" != off ] && [ "${#checked[@]}" -gt 0 ]; then
+  python3 "$root/scripts/tidy_cache.py" record "$cache" "$db/keys.json" "${checked[@]}"
+fi
 # (run-clang-tidy 14 always asks for colour; the escapes go too.)
 sed 's/\x1b\[[0-9;]*m//g' "$db/out.txt" | grep -vE "^[0-9]+ warnings?( and [0-9]+ errors?)? generated\.$|^Suppressed [0-9]+ warnings|^Use -header-filter|^clang-tidy(-[0-9]+)? |^Running clang-tidy|^$" || true
 if [ "$status" -eq 0 ]; then echo "clang-tidy: no findings"; fi
