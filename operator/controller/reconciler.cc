@@ -851,6 +851,11 @@ Status Reconciler::EnsureNetworkPolicy(Pass& p) {
     policies_created_[p.key] = {p.uid, Clock::now()};
     return Status::Ok();
   }
+  {
+    // Seen: from now on its absence means that it was deleted, and it is made again at once.
+    std::lock_guard<std::mutex> lock(mu_);
+    policies_created_.erase(p.key);
+  }
   const json& meta = Obj(*have, "metadata");
   // An earlier job's of the same name, being collected: made again once it is gone.
   if (meta.contains("deletionTimestamp")) return Status::Ok();

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -79,6 +80,12 @@ class FakeApi {
     std::lock_guard<std::mutex> lock(mu_);
     return replaced_policies_;
   }
+  // Sends a watch event of NetworkPolicies (type ADDED, MODIFIED or DELETED) to the informers
+  // watching them, as the API server does once an object changes.
+  void PolicyWatchEvent(const std::string& type, const json& object) {
+    std::lock_guard<std::mutex> lock(mu_);
+    policy_events_.push_back(json({{"type", type}, {"object", object}}).dump() + "\n");
+  }
   // While set, creating a NetworkPolicy answers 409 AlreadyExists, as for a name already taken.
   void PolicyNameTaken(bool taken) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -111,7 +118,19 @@ class FakeApi {
     const std::string path = r.Path();
     if (r.method == "GET" && r.Query().find("watch=true") != std::string::npos) {
       c.StartChunked();
-      HoldUntil(stop, [] { return false; });
+      if (path != "/apis/networking.k8s.io/v1/networkpolicies") {
+        HoldUntil(stop, [] { return false; });
+        return;
+      }
+      for (size_t sent = 0; !stop.stop_requested(); ++sent) {
+        std::string event;
+        HoldUntil(stop, [&] {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (sent < policy_events_.size()) event = policy_events_[sent];
+          return !event.empty();
+        });
+        if (event.empty() || !c.Chunk(event)) return;
+      }
       return;
     }
     if (r.method == "GET" && lists_.count(path) != 0) {
@@ -187,6 +206,7 @@ class FakeApi {
   std::vector<json> replaced_policies_;
   bool refuse_pods_ = false;
   bool policy_name_taken_ = false;
+  std::vector<std::string> policy_events_;  // watch events of NetworkPolicies, in order
   FakeServer server_;  // last: it stops serving before the rest goes away
 };
 
@@ -420,6 +440,36 @@ TEST_F(ReconcilerTest, EachJobGetsANetworkPolicyThatAdmitsOnlyItsOwnPodsBeforeIt
   // The cache has not seen it yet: it is not made twice.
   ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
   EXPECT_EQ(api_->created_policies().size(), 1u);
+}
+
+// True once `done` holds, polling for up to 10 s.
+bool WaitFor(const std::function<bool()>& done) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+TEST_F(ReconcilerTest, ANetworkPolicyDeletedOnceTheCacheHadItIsMadeAgainAtOnce) {
+  Start({EpochJob()}, {}, {GpuNode("gpu-a", 4)}, NetworkPolicySettings{kScrapers});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  ASSERT_EQ(api_->created_policies().size(), 1u);
+  json made = api_->created_policies()[0];
+  made["metadata"]["resourceVersion"] = "2";
+  api_->PolicyWatchEvent("ADDED", made);
+  const std::string name = "team/mnist-vf-workers";
+  ASSERT_TRUE(WaitFor([&] { return policies_->Get(name).has_value(); }));
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_EQ(api_->created_policies().size(), 1u);
+  // Someone deletes it: the next pass makes it again, not only once the wait for the cache to
+  // see a policy just made (a minute) has run out.
+  made["metadata"]["resourceVersion"] = "3";
+  api_->PolicyWatchEvent("DELETED", made);
+  ASSERT_TRUE(WaitFor([&] { return !policies_->Get(name).has_value(); }));
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_EQ(api_->created_policies().size(), 2u);
 }
 
 TEST_F(ReconcilerTest, AChangedNetworkPolicyIsWrittenBackAtTheVersionRead) {
