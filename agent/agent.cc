@@ -362,6 +362,7 @@ void Agent::Impl::CheckpointWritten(int64_t step, const Status& written) {
   checkpoint_step_ = step;
   checkpoint_error_ = written.ok() ? "" : written.message().substr(0, kMaxCheckpointErrorBytes);
   if (!written.ok()) {
+    metrics_.OnCheckpointFailed();
     std::fprintf(stderr,
                  "virtualflow-agent: %s: warning: checkpoint at step %lld not written; training "
                  "goes on and the next checkpoint tries again: %s\n",

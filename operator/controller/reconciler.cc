@@ -1724,7 +1724,10 @@ void Reconciler::SetCheckpointCondition(Pass& p, json& conditions) {
       fresh = seen != newest->checkpoint_step;
       seen = newest->checkpoint_step;
     }
-    if (fresh) Event(p.job, true, "CheckpointFailed", "checkpoint not written; " + what);
+    if (fresh) {
+      Event(p.job, true, "CheckpointFailed", "checkpoint not written; " + what);
+      if (hooks_.on_checkpoint_failure) hooks_.on_checkpoint_failure(p.key);
+    }
     SetCondition(conditions, p.old_conditions, "CheckpointFailing", true, "CheckpointWriteFailed",
                  message, p.generation);
     return;

@@ -43,6 +43,8 @@ struct ReconcileResult {
 struct ReconcilerHooks {
   std::function<void(const std::string& job, const std::string& kind, int from, int to)> on_resize;
   std::function<void(const std::string& job, double pause_seconds)> on_resize_pause;
+  // Once for each failed periodic checkpoint a worker of the job reported.
+  std::function<void(const std::string& job)> on_checkpoint_failure;
   // After every reconcile of a job that exists: its phase, workers and progress.
   std::function<void(const std::string& job, const nlohmann::json& status, const JobSpec& spec)>
       on_job_status;

@@ -253,8 +253,8 @@ class ReconcilerTest : public testing::Test {
     options.job_key = kJobKey;
     options.network_policy = std::move(network_policy);
     if (options.network_policy) policies_ = NewInformer(kube::kNetworkPolicies);
-    reconciler_ = Reconciler::Create(*client_, *jobs_, *pods_, *nodes_, coordinator_, options, {},
-                                     nullptr, policies_.get())
+    reconciler_ = Reconciler::Create(*client_, *jobs_, *pods_, *nodes_, coordinator_, options,
+                                     hooks_, nullptr, policies_.get())
                       .value();
   }
 
@@ -303,6 +303,7 @@ class ReconcilerTest : public testing::Test {
   Coordinator coordinator_;
   std::unique_ptr<Reconciler> reconciler_;
   std::string default_image_ = "virtualflow/agent:1";  // the operator's --agent-image
+  ReconcilerHooks hooks_;                              // set before Start
 };
 
 TEST_F(ReconcilerTest, SpecTheParserRejectsFailsTheJobWithItsMessage) {
@@ -890,6 +891,11 @@ TEST_F(ReconcilerTest, APassThatSucceedsClearsReconcileError) {
 }
 
 TEST_F(ReconcilerTest, AFailedCheckpointIsAConditionAndAWarningEventPerFailure) {
+  int failures_counted = 0;  // the operator's vf_operator_job_checkpoint_failures_total
+  hooks_.on_checkpoint_failure = [&](const std::string& job) {
+    EXPECT_EQ(job, kKey);
+    ++failures_counted;
+  };
   Start({StepJob(nullptr, {{"phase", "Running"}, {"startTime", SecondsAgo(60)}})},
         {RunningPod("mnist-worker-a")}, {GpuNode("gpu-a", 1)});
   ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
@@ -915,16 +921,19 @@ TEST_F(ReconcilerTest, AFailedCheckpointIsAConditionAndAWarningEventPerFailure) 
   EXPECT_NE((*c)["message"].get<std::string>().find("No space left on device"), std::string::npos);
   ASSERT_EQ(api_->event_reasons().size(), events_before + 1);
   EXPECT_EQ(api_->event_reasons().back(), "CheckpointFailed");
+  EXPECT_EQ(failures_counted, 1);
 
   // The same failure seen again is not another Event; the next checkpoint's failure counts.
   ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
   EXPECT_TRUE(api_->event_patches().empty());
+  EXPECT_EQ(failures_counted, 1);
   report.step = report.checkpoint_step = 20;
   ASSERT_TRUE(coordinator_.RecordReport(kKey, "mnist-worker-a", report).ok());
   ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
   EXPECT_EQ(api_->event_reasons().size(), events_before + 1);
   ASSERT_EQ(api_->event_patches().size(), 1u);
   EXPECT_EQ(api_->event_patches()[0].second["count"], 2);
+  EXPECT_EQ(failures_counted, 2);
 }
 
 TEST_F(ReconcilerTest, ACheckpointWrittenAgainClearsCheckpointFailing) {
