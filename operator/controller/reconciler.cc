@@ -940,6 +940,7 @@ Result<Reconciler::Next> Reconciler::RecordSuccess(Pass& p) {
         "trained " + std::to_string(r.step) + " steps; weights " + r.weights_sha256.substr(0, 12),
         p.generation);
     SetResumedCondition(p, conditions);
+    KeepDrainCondition(p, conditions);
     status["conditions"] = conditions;
     status["message"] = "training finished";
     VF_RETURN_IF_ERROR(PatchStatus(p.job, status));
@@ -960,6 +961,7 @@ Status Reconciler::FailJob(Pass& p, const std::string& reason, const std::string
   json conditions = json::array();
   SetCondition(conditions, p.old_conditions, "Failed", true, reason, message, p.generation);
   SetResumedCondition(p, conditions);
+  KeepDrainCondition(p, conditions);
   p.status["conditions"] = conditions;
   StampTimes(p);
   VF_RETURN_IF_ERROR(PatchStatus(p.job, p.status));

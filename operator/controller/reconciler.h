@@ -168,7 +168,8 @@ class Reconciler {
   // spec.checkpoint.path. The condition Draining and Events say why, naming both protocols.
   // Done while its old workers stop; kGoOn for a job whose workers speak this protocol.
   Result<Next> Drain(Pass& p, ReconcileResult& result);
-  // Draining, once a job was ever drained, carried over as it is.
+  // Draining, once a job was ever drained, carried over as it is (to its end: a finished job
+  // still says that it was drained).
   void KeepDrainCondition(Pass& p, nlohmann::json& conditions);
   // spec.runPolicy.activeDeadlineSeconds: fails a job past it, or says when to look again.
   Result<Next> EnforceDeadline(Pass& p, ReconcileResult& result);
