@@ -52,6 +52,23 @@ std::string Seconds(std::chrono::milliseconds d) {
   return buf;
 }
 
+// The coordinator protocol this worker speaks: its build's, or in tests the one
+// kTestAgentProtocolEnv names (said on stderr, so that no log hides it). kInvalidArgument for a
+// value that is not a positive integer.
+Result<int64_t> ProtocolToSpeak(const std::string& worker) {
+  const char* posed = std::getenv(kTestAgentProtocolEnv);
+  if (posed == nullptr || *posed == '\0') return kProtocolVersion;
+  char* end = nullptr;
+  const long long value = std::strtoll(posed, &end, 10);
+  if (*end != '\0' || value <= 0) {
+    return InvalidArgument(std::string(kTestAgentProtocolEnv) +
+                           " must be a positive integer, not '" + posed + "'");
+  }
+  std::fprintf(stderr, "virtualflow-agent: %s: testing: speaking coordinator protocol %lld (%s)\n",
+               worker.c_str(), value, kTestAgentProtocolEnv);
+  return static_cast<int64_t>(value);
+}
+
 const Member* FindMember(const Plan& plan, const std::string& worker) {
   for (const auto& m : plan.members) {
     if (m.worker == worker) return &m;
@@ -79,8 +96,9 @@ class Agent::Impl {
   Status Ready() {
     if (watcher_ == nullptr) return Status::Ok();  // left before it ever registered
     ready_ = true;
-    Status s = Persist("telling the coordinator this worker is ready", Clock::now() + o_.timeout,
-                       [this] { return client_.Register(o_.fingerprint, o_.build, true); });
+    Status s =
+        Persist("telling the coordinator this worker is ready", Clock::now() + o_.timeout,
+                [this] { return client_.Register(o_.fingerprint, o_.build, true, protocol_); });
     // Deleted while warming up: Next says it left.
     return !s.ok() && forgotten_ && g_leave.load() ? Status::Ok() : s;
   }
@@ -133,6 +151,7 @@ class Agent::Impl {
   Result<std::optional<Membership>> LeaveUntold(const Status& why);
 
   AgentOptions o_;
+  int64_t protocol_ = kProtocolVersion;  // the coordinator protocol it speaks (ProtocolToSpeak)
   AgentMetrics metrics_;
   std::unique_ptr<MetricsServer> metrics_server_;
   CoordinatorClient client_;
@@ -177,9 +196,10 @@ Status Agent::Impl::Start() {
   // A coordinator that is not serving yet (an operator starting or restarting) is waited for,
   // and so is one that does not know the job yet: it answers 401, as for a wrong token, so
   // that nobody learns which jobs exist; a wrong token fails at the timeout.
+  VF_ASSIGN_OR_RETURN(protocol_, ProtocolToSpeak(o_.worker));
   const auto deadline = Clock::now() + o_.timeout;
   while (true) {
-    Status s = client_.Register(o_.fingerprint, o_.build, false);
+    Status s = client_.Register(o_.fingerprint, o_.build, false, protocol_);
     if (s.ok()) break;
     if (s.code() != StatusCode::kUnavailable && s.code() != StatusCode::kNotFound &&
         s.code() != StatusCode::kUnauthenticated) {
@@ -323,7 +343,7 @@ Status Agent::Impl::Persist(const std::string& what, Clock::time_point deadline,
   Status s = call();
   const auto since = Clock::now();
   while (Forgotten(s)) {
-    Status registered = client_.Register(o_.fingerprint, o_.build, ready_);
+    Status registered = client_.Register(o_.fingerprint, o_.build, ready_, protocol_);
     if (registered.ok()) {
       if (leave_sent_) (void)client_.Leave();
       s = call();
@@ -362,6 +382,7 @@ void Agent::Impl::CheckpointWritten(int64_t step, const Status& written) {
   checkpoint_step_ = step;
   checkpoint_error_ = written.ok() ? "" : written.message().substr(0, kMaxCheckpointErrorBytes);
   if (!written.ok()) {
+    metrics_.OnCheckpointFailed();
     std::fprintf(stderr,
                  "virtualflow-agent: %s: warning: checkpoint at step %lld not written; training "
                  "goes on and the next checkpoint tries again: %s\n",

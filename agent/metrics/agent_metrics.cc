@@ -69,6 +69,10 @@ AgentMetrics::AgentMetrics(std::string ns, std::string job) {
   recoveries_ = &r.AddCounter("vf_agent_recoveries_total",
                               "Failed steps redone after the membership recovered.", names)
                      .Add(labels);
+  checkpoint_failures_ =
+      &r.AddCounter("vf_agent_checkpoint_failures_total",
+                    "Checkpoints this worker failed to write (training went on).", names)
+           .Add(labels);
 }
 
 void AgentMetrics::OnStep(double seconds, double loss, double samples_per_second,
@@ -93,6 +97,8 @@ void AgentMetrics::OnStateTransfer(int64_t bytes, double seconds) {
 }
 
 void AgentMetrics::OnRecovery() { recoveries_->Increment(); }
+
+void AgentMetrics::OnCheckpointFailed() { checkpoint_failures_->Increment(); }
 
 void AgentMetrics::SetVirtualNodes(int virtual_nodes) { virtual_nodes_->Set(virtual_nodes); }
 

@@ -1,6 +1,7 @@
-// The agent's metrics: training steps, loss, throughput, collectives, membership changes and state
-// transfers of the worker in one pod. The names are an interface (dashboards use them);
-// docs/metrics.md lists them, and a test keeps that list and these families the same.
+// The agent's metrics: training steps, loss, throughput, collectives, membership changes, state
+// transfers and failed checkpoint writes of the worker in one pod. The names are an interface
+// (dashboards use them); docs/metrics.md lists them, and a test keeps that list and these
+// families the same.
 #pragma once
 
 #include <prometheus/counter.h>
@@ -47,6 +48,8 @@ class AgentMetrics {
   void OnStateTransfer(int64_t bytes, double seconds);
   // A failed step, redone after the membership recovered.
   void OnRecovery();
+  // A checkpoint this worker failed to write (training went on; the next interval tries again).
+  void OnCheckpointFailed();
   // The virtual nodes the current plan gives this worker (also set by OnStep).
   void SetVirtualNodes(int virtual_nodes);
   // The membership epoch of the current plan (also set by OnRebuild). Not the data epoch: it
@@ -65,6 +68,7 @@ class AgentMetrics {
   prometheus::Counter& state_transfer_bytes_total() { return *state_transfer_bytes_; }
   prometheus::Counter& state_transfer_seconds_total() { return *state_transfer_seconds_; }
   prometheus::Counter& recoveries_total() { return *recoveries_; }
+  prometheus::Counter& checkpoint_failures_total() { return *checkpoint_failures_; }
 
  private:
   metrics::DescribedRegistry families_;
@@ -79,6 +83,7 @@ class AgentMetrics {
   prometheus::Counter* state_transfer_bytes_ = nullptr;
   prometheus::Counter* state_transfer_seconds_ = nullptr;
   prometheus::Counter* recoveries_ = nullptr;
+  prometheus::Counter* checkpoint_failures_ = nullptr;
 };
 
 }  // namespace vf

@@ -53,6 +53,7 @@ TEST(AgentMetrics, RegistersTheFixedFamiliesLabelledByJobNamespaceAndJobNameOnly
       {"vf_agent_state_transfer_bytes_total", MetricType::Counter},
       {"vf_agent_state_transfer_seconds_total", MetricType::Counter},
       {"vf_agent_recoveries_total", MetricType::Counter},
+      {"vf_agent_checkpoint_failures_total", MetricType::Counter},
   };
   EXPECT_EQ(got, want);
 }
@@ -86,6 +87,7 @@ TEST(AgentMetrics, EverySeriesIsExportedFromTheStartAtZero) {
   const std::string text = Exposition(m.registry());
   EXPECT_TRUE(Contains(text, Line("vf_agent_steps_total", "0")));
   EXPECT_TRUE(Contains(text, Line("vf_agent_recoveries_total", "0")));
+  EXPECT_TRUE(Contains(text, Line("vf_agent_checkpoint_failures_total", "0")));
   EXPECT_TRUE(Contains(text, Line("vf_agent_membership_epoch", "0")));
   EXPECT_TRUE(Contains(text, Line("vf_agent_step_duration_seconds_count", "0")));
   EXPECT_EQ(text.find("pod"), std::string::npos);
@@ -137,6 +139,14 @@ TEST(AgentMetrics, CollectivesMembershipAndRecoveries) {
   EXPECT_EQ(m.membership_epoch().Value(), 4);
 }
 
+TEST(AgentMetrics, EachFailedCheckpointWriteCounts) {
+  AgentMetrics m("team", "mnist");
+  m.OnCheckpointFailed();
+  m.OnCheckpointFailed();
+  EXPECT_TRUE(Contains(Exposition(m.registry()), Line("vf_agent_checkpoint_failures_total", "2")));
+  EXPECT_EQ(m.checkpoint_failures_total().Value(), 2);
+}
+
 TEST(AgentMetrics, StepBucketsSpanMillisecondsToMinutes) {
   AgentMetrics m("team", "mnist");
   const std::vector<prometheus::ClientMetric::Bucket> buckets =
@@ -159,6 +169,7 @@ TEST(AgentMetrics, FullExpositionPassesPromtool) {
   m.OnRebuild(0.8, 2);
   m.OnStateTransfer(123456789, 1.5);
   m.OnRecovery();
+  m.OnCheckpointFailed();
   const std::string text = Exposition(m.registry());
   Result<metrics::PromtoolReport> report = metrics::PromtoolCheckMetrics(*promtool, text);
   ASSERT_TRUE(report.ok()) << report.status().ToString();

@@ -209,12 +209,12 @@ Status CoordinatorClient::Post(const std::string& action, const std::string& jso
 }
 
 Status CoordinatorClient::Register(const std::string& fingerprint, const std::string& build,
-                                   bool ready) {
+                                   bool ready, int64_t protocol) {
   return Post("register", wire::Dump(json{{"worker", worker_},
                                           {"fingerprint", fingerprint},
                                           {"build", build},
                                           {"ready", ready},
-                                          {"protocol", kProtocolVersion}}));
+                                          {"protocol", protocol}}));
 }
 
 Result<Plan> CoordinatorClient::WaitForPlan(int64_t after, milliseconds timeout) {

@@ -50,8 +50,10 @@ class CoordinatorClient {
   // success; empty until one did, or when the coordinator names none (an older one).
   std::string incarnation() const;
 
-  // Registers the worker, or updates its readiness.
-  Status Register(const std::string& fingerprint, const std::string& build, bool ready);
+  // Registers the worker, or updates its readiness, as a worker of coordinator protocol
+  // `protocol` (another than kProtocolVersion only in tests: kTestAgentProtocolEnv).
+  Status Register(const std::string& fingerprint, const std::string& build, bool ready,
+                  int64_t protocol = kProtocolVersion);
   // The first plan with an epoch greater than `after`, waiting up to `timeout` for it. Past the
   // timeout the result is an empty Plan (epoch 0), i.e. "no newer plan"; waits longer than the
   // server's cap are made of several polls.

@@ -18,6 +18,13 @@ namespace vf {
 // worker of another version at registration, saying which. An agent that sends none speaks 1.
 inline constexpr int64_t kProtocolVersion = 1;
 
+// Test-only: the environment variable that makes an agent speak another protocol version than
+// its build's (a positive integer), so that a test can have an operator pose as an upgrade that
+// changed the protocol (VF_TEST_OPERATOR_PROTOCOL) and start workers of that protocol on the
+// same build. The operator sets it on the pods it creates only while it poses so; a job's pod
+// template cannot set it (the operator drops it, as every variable it owns).
+inline constexpr char kTestAgentProtocolEnv[] = "VF_TEST_AGENT_PROTOCOL";
+
 // What a coordinator's refusal of a worker of another build than the job's workers says, after
 // "worker NAME " and before "BUILD, the job runs build BUILD" (HTTP 409). A worker refused so
 // exits kExitAnotherBuild: its pod ran the wrong image, which is no failure of the job nor of the

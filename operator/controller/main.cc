@@ -50,6 +50,18 @@ std::string EnvOr(const char* name, const std::string& fallback) {
   return v != nullptr && *v != '\0' ? std::string(v) : fallback;
 }
 
+// VF_TEST_OPERATOR_PROTOCOL: a positive integer, or empty for none (0).
+vf::Result<int64_t> ParseTestProtocol(const std::string& text) {
+  if (text.empty()) return int64_t{0};
+  char* end = nullptr;
+  const long long value = std::strtoll(text.c_str(), &end, 10);
+  if (*end != '\0' || value <= 0) {
+    return vf::InvalidArgument("VF_TEST_OPERATOR_PROTOCOL must be a positive integer, not '" +
+                               text + "'");
+  }
+  return static_cast<int64_t>(value);
+}
+
 // What the command line sets, checked, with the defaults that depend on the environment filled
 // in.
 struct OperatorFlags {
@@ -473,6 +485,12 @@ int main(int argc, char** argv) {
   auto fault = vf::controller::OperatorFault::Parse(EnvOr("VF_FAULT_OPERATOR_EXIT_AT", ""));
   if (!fault.ok()) return vf::UsageError(kProgram, fault.status().message());
   const std::string test_build = EnvOr("VF_TEST_OPERATOR_BUILD", "");
+  // And a coordinator protocol to pose as (an upgrade that changed it): its coordinator speaks
+  // that protocol, and so do the workers it starts (kTestAgentProtocolEnv). Neither the chart
+  // (whose values cannot set the operator's environment) nor a job (whose template cannot set
+  // the workers' variable) can set it.
+  auto test_protocol = ParseTestProtocol(EnvOr("VF_TEST_OPERATOR_PROTOCOL", ""));
+  if (!test_protocol.ok()) return vf::UsageError(kProgram, test_protocol.status().message());
   std::stop_source process_stop = StopOnSignals();
 
   vf::OperatorMetrics metrics;
@@ -495,7 +513,8 @@ int main(int argc, char** argv) {
     }
     tls = std::move(started).value();
   }
-  vf::Coordinator coordinator;
+  vf::Coordinator coordinator(vf::Coordinator::kDefaultMemoryBudget,
+                              *test_protocol > 0 ? *test_protocol : vf::kProtocolVersion);
   auto coordinator_server =
       vf::CoordinatorServer::Start(coordinator, flags.coordinator_address.first,
                                    flags.coordinator_address.second, tls.credentials);
@@ -523,6 +542,14 @@ int main(int argc, char** argv) {
   options.reconciler.build = test_build;
   if (!test_build.empty()) {
     std::fprintf(stderr, "virtualflow-operator: testing: posing as build %s\n", test_build.c_str());
+  }
+  options.reconciler.pods.test_agent_protocol = *test_protocol;
+  if (*test_protocol > 0) {
+    std::fprintf(stderr,
+                 "virtualflow-operator: testing: posing as coordinator protocol %lld (this build "
+                 "speaks %lld)\n",
+                 static_cast<long long>(*test_protocol),
+                 static_cast<long long>(vf::kProtocolVersion));
   }
   const std::function<void(std::stop_token)> run_controller = [&](std::stop_token stop) {
     RunController(stop, *clients->main, coordinator, options, leadership);

@@ -719,6 +719,9 @@ Result<ReconcileResult> Reconciler::Advance(Pass& p) {
   ReconcileResult deadline;
   VF_ASSIGN_OR_RETURN(const Next after_deadline, EnforceDeadline(p, deadline));
   if (after_deadline == Next::kDone) return ReconcileResult{};
+  ReconcileResult drained;
+  VF_ASSIGN_OR_RETURN(const Next after_drain, Drain(p, drained));
+  if (after_drain == Next::kDone) return drained;
 
   Result<std::string> token = JobSecret(p.job);
   VF_RETURN_IF_ERROR(doing("FailedJobSecret", token.status()));
@@ -791,6 +794,7 @@ Result<ReconcileResult> Reconciler::Forget(const std::string& key) {
   policies_created_.erase(key);
   failures_seen_.erase(key);
   checkpoint_failures_seen_.erase(key);
+  drain_events_.erase(key);
   times_.erase(key);
   specs_.erase(key);
   written_.erase(key);
@@ -941,6 +945,7 @@ Result<Reconciler::Next> Reconciler::RecordSuccess(Pass& p) {
         "trained " + std::to_string(r.step) + " steps; weights " + r.weights_sha256.substr(0, 12),
         p.generation);
     SetResumedCondition(p, conditions);
+    KeepDrainCondition(p, conditions);
     status["conditions"] = conditions;
     status["message"] = "training finished";
     VF_RETURN_IF_ERROR(PatchStatus(p.job, status));
@@ -961,6 +966,7 @@ Status Reconciler::FailJob(Pass& p, const std::string& reason, const std::string
   json conditions = json::array();
   SetCondition(conditions, p.old_conditions, "Failed", true, reason, message, p.generation);
   SetResumedCondition(p, conditions);
+  KeepDrainCondition(p, conditions);
   p.status["conditions"] = conditions;
   StampTimes(p);
   VF_RETURN_IF_ERROR(PatchStatus(p.job, p.status));
@@ -1040,26 +1046,7 @@ Result<Reconciler::Next> Reconciler::Suspend(Pass& p, ReconcileResult& result) {
     expected_.erase(p.key);
     times_[p.key].start.clear();
   }
-  int stopping = 0;
-  for (const std::shared_ptr<const json>& shared : pods_.Snapshot()) {
-    const json& pod = *shared;
-    if (!OwnedBy(pod, p.ns, p.name, p.uid)) continue;
-    const PodLife life = PodLifeOf(pod);
-    if (life == PodLife::kTerminating) {
-      ++stopping;
-      continue;
-    }
-    // One that ended already has nothing to stop, and nothing to keep.
-    if (life != PodLife::kSucceeded && life != PodLife::kFailed) ++stopping;
-    // The pod's own grace period: the kubelet sends SIGTERM, the agent leaves between steps.
-    kube::DeleteOptions del;
-    del.precondition_uid = Obj(pod, "metadata").value("uid", "");
-    auto r = client_.Delete(kube::kPods, p.ns, PodName(pod), del);
-    if (!r.ok() && r.reason() != kube::Reason::kNotFound && r.reason() != kube::Reason::kConflict) {
-      p.failed_action = "FailedDeletePod";
-      return r.status();
-    }
-  }
+  VF_ASSIGN_OR_RETURN(const int stopping, DeleteAllPods(p));
   const std::string message =
       stopping == 0
           ? "suspended (spec.suspend): no worker pods"
@@ -1077,6 +1064,7 @@ Result<Reconciler::Next> Reconciler::Suspend(Pass& p, ReconcileResult& result) {
   // Resumed, the job starts again from its checkpoint on the image it would start on then.
   status.erase("workerImage");
   status.erase("workerBuild");
+  status.erase("workerProtocol");
   json conditions = json::array();
   for (const json& c : p.old_conditions) {
     const std::string type = c.value("type", "");
@@ -1095,6 +1083,150 @@ Result<Reconciler::Next> Reconciler::Suspend(Pass& p, ReconcileResult& result) {
   // Look again while pods are stopping, so that the status counts them down.
   if (stopping > 0) result.requeue_after = std::chrono::milliseconds(1000);
   return Next::kDone;
+}
+
+namespace {
+
+// The coordinator protocol of a job's workers as its status records it. A job whose status
+// shows workers but no protocol (an image, a build or a plan with members recorded by an
+// operator from before the field) speaks 1, the only protocol there was then; a job without
+// workers (new, suspended, or drained) has none.
+std::optional<int64_t> WorkerProtocolOf(const json& status) {
+  auto it = status.find("workerProtocol");
+  if (it != status.end() && it->is_number_integer()) return it->get<int64_t>();
+  auto assignment = status.find("assignment");
+  const bool members = assignment != status.end() && assignment->is_array() && !assignment->empty();
+  if (status.contains("workerImage") || status.contains("workerBuild") || members) return 1;
+  return std::nullopt;
+}
+
+}  // namespace
+
+Result<Reconciler::Next> Reconciler::Drain(Pass& p, ReconcileResult& result) {
+  const int64_t ours = coordinator_.protocol();
+  const std::optional<int64_t> theirs = WorkerProtocolOf(p.old_status);
+  if (!theirs || *theirs == ours) return Next::kGoOn;
+  std::vector<json> pods;
+  for (const std::shared_ptr<const json>& shared : pods_.Snapshot()) {
+    if (OwnedBy(*shared, p.ns, p.name, p.uid)) pods.push_back(*shared);
+  }
+  // Rank 0 finished the job before the upgrade: the outcome is read from its pod as after any
+  // restart (RecordSuccess), and nothing is drained.
+  if (FinalReportOfPods(p.key, pods)) return Next::kGoOn;
+
+  // This coordinator cannot talk to the workers: it forgets the job, so that they meet a
+  // coordinator that does not know it, and leave untold when their pods are deleted, rank 0
+  // writing a checkpoint of its last step.
+  (void)coordinator_.RemoveJob(p.key);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    registered_.erase(p.key);
+    expected_.erase(p.key);
+  }
+  int left = 0;
+  VF_ASSIGN_OR_RETURN(const int stopping, DeleteAllPods(p, &left));
+  const bool resumes = !p.spec.checkpoint.path.empty();
+  const std::string image = StartingImage(p.job, options_.pods.default_image);
+  const std::string why = "the job's workers speak coordinator protocol " +
+                          std::to_string(*theirs) + " and this operator speaks protocol " +
+                          std::to_string(ours) + ", so they cannot go on under it";
+  const std::string then =
+      resumes ? "on image " + image + " from its last checkpoint (" + p.spec.checkpoint.path + ")"
+              : "on image " + image + " from step 0: it has no spec.checkpoint.path";
+  const bool drained = left == 0;
+  std::string message;
+  json& status = p.status;
+  if (!drained) {
+    message = "draining: " + why + "; " + std::to_string(stopping) +
+              " worker pod(s) stopping, then the job starts again " + then;
+  } else {
+    // None is left: the next pass starts the job again, like a resumed one, with pods of the
+    // image a job started now gets, speaking this protocol.
+    message = "drained: " + why + "; the job starts again " + then;
+    status["workerProtocol"] = ours;
+    status.erase("workerImage");
+    status.erase("workerBuild");
+    if (!resumes) {
+      status["step"] = 0;
+      status.erase("loss");
+    }
+  }
+  status["phase"] = "Pending";
+  status["message"] = message;
+  status["workers"] = 0;
+  status["readyWorkers"] = 0;
+  status["workerCounts"] = {
+      {"pending", 0}, {"joining", 0}, {"training", 0}, {"leaving", stopping}, {"failed", 0}};
+  status["assignment"] = json::array();
+  json conditions = json::array();
+  for (const json& c : p.old_conditions) {
+    const std::string type = c.value("type", "");
+    if (type != "Draining" && type != "Running" && type != "Resizing" && type != "Degraded" &&
+        type != "ReconcileError" && type != "ImageKept") {
+      conditions.push_back(c);
+    }
+  }
+  SetCondition(conditions, p.old_conditions, "Running", false, "Draining", message, p.generation);
+  SetCondition(conditions, p.old_conditions, "Draining", !drained,
+               drained ? (resumes ? "RestartedFromCheckpoint" : "RestartedFromStepZero")
+                       : "CoordinatorProtocolChanged",
+               message, p.generation);
+  status["conditions"] = conditions;
+  VF_RETURN_IF_ERROR(PatchStatus(p.job, status));
+  // One Event as the drain begins and one as the job starts again, however many passes the
+  // cache takes to show this operator's own status write (and not again from an operator
+  // restarted mid-drain, whose status already says Draining).
+  const json* was = FindCondition(p.old_conditions, "Draining");
+  const bool was_draining = was != nullptr && was->value("status", "") == "True";
+  auto first = [&](const std::string& what) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& [uid, said] = drain_events_[p.key];
+    if (uid != p.uid) said.clear();
+    uid = p.uid;
+    return said.insert(what).second;
+  };
+  if (!was_draining && first("Draining")) {
+    // A warning when the job loses its progress.
+    Event(p.job, !resumes, "Draining",
+          why + ": its worker pods are deleted and it starts again " + then);
+  }
+  if (drained && first("Restarted")) Event(p.job, false, "Restarted", message);
+  if (hooks_.on_job_status) hooks_.on_job_status(p.key, status, p.spec);
+  result.requeue_after = std::chrono::milliseconds(drained ? 200 : 1000);
+  return Next::kDone;
+}
+
+void Reconciler::KeepDrainCondition(Pass& p, json& conditions) {
+  if (const json* drain = FindCondition(p.old_conditions, "Draining"); drain != nullptr) {
+    conditions.push_back(*drain);
+  }
+}
+
+Result<int> Reconciler::DeleteAllPods(Pass& p, int* left) {
+  int stopping = 0;
+  int owned = 0;
+  for (const std::shared_ptr<const json>& shared : pods_.Snapshot()) {
+    const json& pod = *shared;
+    if (!OwnedBy(pod, p.ns, p.name, p.uid)) continue;
+    ++owned;
+    const PodLife life = PodLifeOf(pod);
+    if (life == PodLife::kTerminating) {
+      ++stopping;
+      continue;
+    }
+    // One that ended already has nothing to stop, and nothing to keep.
+    if (life != PodLife::kSucceeded && life != PodLife::kFailed) ++stopping;
+    // The pod's own grace period: the kubelet sends SIGTERM, the agent leaves between steps.
+    kube::DeleteOptions del;
+    del.precondition_uid = Obj(pod, "metadata").value("uid", "");
+    auto r = client_.Delete(kube::kPods, p.ns, PodName(pod), del);
+    if (!r.ok() && r.reason() != kube::Reason::kNotFound && r.reason() != kube::Reason::kConflict) {
+      p.failed_action = "FailedDeletePod";
+      return r.status();
+    }
+  }
+  if (left != nullptr) *left = owned;
+  return stopping;
 }
 
 void Reconciler::SetResumedCondition(Pass& p, json& conditions) {
@@ -1610,8 +1742,12 @@ Status Reconciler::WriteProgress(Pass& p) {
   status["epoch"] = p.epoch;
   status["assignment"] = PlanJson(p.members);
   status["restarts"] = p.restarts;
-  // Recorded with the job's first pods; WorkerImage keeps it while the job trains.
-  if (!p.pods.empty() || p.created > 0 || p.unseen > 0) status["workerImage"] = p.image;
+  // Recorded with the job's first pods (WorkerImage keeps it while the job trains), and with
+  // it the coordinator protocol they speak: this coordinator's, which takes no other.
+  if (!p.pods.empty() || p.created > 0 || p.unseen > 0) {
+    status["workerImage"] = p.image;
+    status["workerProtocol"] = coordinator_.protocol();
+  }
   // The job's build is its members' once one has registered with this coordinator.
   for (const Member& m : p.members) {
     if (p.view.workers.count(m.worker) != 0) status["workerBuild"] = p.view.build;
@@ -1679,6 +1815,7 @@ void Reconciler::SetPhase(Pass& p, bool all_switched) {
   SetImageCondition(p, conditions);
   SetResumedCondition(p, conditions);
   SetAdmittedCondition(p, conditions);
+  KeepDrainCondition(p, conditions);
   p.status["conditions"] = conditions;
 }
 
@@ -1729,7 +1866,10 @@ void Reconciler::SetCheckpointCondition(Pass& p, json& conditions) {
       fresh = seen != newest->checkpoint_step;
       seen = newest->checkpoint_step;
     }
-    if (fresh) Event(p.job, true, "CheckpointFailed", "checkpoint not written; " + what);
+    if (fresh) {
+      Event(p.job, true, "CheckpointFailed", "checkpoint not written; " + what);
+      if (hooks_.on_checkpoint_failure) hooks_.on_checkpoint_failure(p.key);
+    }
     SetCondition(conditions, p.old_conditions, "CheckpointFailing", true, "CheckpointWriteFailed",
                  message, p.generation);
     return;

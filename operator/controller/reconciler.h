@@ -43,6 +43,8 @@ struct ReconcileResult {
 struct ReconcilerHooks {
   std::function<void(const std::string& job, const std::string& kind, int from, int to)> on_resize;
   std::function<void(const std::string& job, double pause_seconds)> on_resize_pause;
+  // Once for each failed periodic checkpoint a worker of the job reported.
+  std::function<void(const std::string& job)> on_checkpoint_failure;
   // After every reconcile of a job that exists: its phase, workers and progress.
   std::function<void(const std::string& job, const nlohmann::json& status, const JobSpec& spec)>
       on_job_status;
@@ -152,6 +154,23 @@ class Reconciler {
   Result<Next> Suspend(Pass& p, ReconcileResult& result);
   // The Suspended condition once a job has ever been suspended: False (JobResumed) after it.
   void SetResumedCondition(Pass& p, nlohmann::json& conditions);
+  // Deletes every pod of the job, each with its own grace period (the kubelet's SIGTERM makes
+  // the agent leave at a step boundary, rank 0 writing a checkpoint when its coordinator no
+  // longer knows the job). Returns how many are still running or terminating; `left`, when
+  // given, receives how many the cache still shows, ended ones included.
+  Result<int> DeleteAllPods(Pass& p, int* left = nullptr);
+  // An upgrade that changed the coordinator protocol under a running job: its workers speak
+  // another protocol than this operator's coordinator (status.workerProtocol), which cannot
+  // talk to them, so the job is drained on purpose rather than failed. It leaves the
+  // coordinator, its pods are deleted (rank 0 checkpoints its last step as it leaves), and once
+  // none is left it starts again like a resumed job, with pods of the image a job started now
+  // would get, speaking this protocol, from its checkpoint, or from step 0 without
+  // spec.checkpoint.path. The condition Draining and Events say why, naming both protocols.
+  // Done while its old workers stop; kGoOn for a job whose workers speak this protocol.
+  Result<Next> Drain(Pass& p, ReconcileResult& result);
+  // Draining, once a job was ever drained, carried over as it is (to its end: a finished job
+  // still says that it was drained).
+  void KeepDrainCondition(Pass& p, nlohmann::json& conditions);
   // spec.runPolicy.activeDeadlineSeconds: fails a job past it, or says when to look again.
   Result<Next> EnforceDeadline(Pass& p, ReconcileResult& result);
   // spec.runPolicy.ttlSecondsAfterFinished: deletes a finished job past it, or says when to
@@ -272,6 +291,9 @@ class Reconciler {
   std::map<std::string, std::pair<int64_t, std::set<std::string>>> published_joiners_;
   // Job key -> the step of the last failed checkpoint an Event was recorded for.
   std::map<std::string, int64_t> checkpoint_failures_seen_;
+  // Job key -> the UID of the job and the drain Events recorded for it ("Draining",
+  // "Restarted"): the cache may not show this operator's own status write yet.
+  std::map<std::string, std::pair<std::string, std::set<std::string>>> drain_events_;
   // Job key -> the UID of the incarnation and the startTime and completionTime written for it.
   struct Times {
     std::string uid;

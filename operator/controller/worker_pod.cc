@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 
+#include "agent/protocol/messages.h"
 #include "operator/controller/inventory.h"
 
 namespace vf::controller {
@@ -98,9 +99,10 @@ json MergeObjects(json base, const json& over) {
 // are the template's to set.
 bool IsOperatorEnv(const std::string& name) {
   static const std::set<std::string> kOwned = {
-      "VF_JOB_SPEC", "VF_JOB",       "VF_COORDINATOR",         "VF_JOB_ID",
-      "VF_WORKER",   "VF_JOB_TOKEN", "VF_JOB_TOKEN_FILE",      "VF_METRICS_PORT",
-      "VF_RESULT",   "VF_POD_IP",    "VF_COORDINATOR_CA_FILE", "VF_TERMINATION_MESSAGE_PATH"};
+      "VF_JOB_SPEC",        "VF_JOB",       "VF_COORDINATOR",         "VF_JOB_ID",
+      "VF_WORKER",          "VF_JOB_TOKEN", "VF_JOB_TOKEN_FILE",      "VF_METRICS_PORT",
+      "VF_RESULT",          "VF_POD_IP",    "VF_COORDINATOR_CA_FILE", "VF_TERMINATION_MESSAGE_PATH",
+      kTestAgentProtocolEnv};
   return kOwned.count(name) != 0;
 }
 
@@ -126,6 +128,9 @@ void SetProgram(json& container, const json& job, const JobSpec& spec, const std
   env.push_back(EnvValue("VF_JOB_SPEC", AgentManifest(job).dump()));
   env.push_back(EnvField("VF_POD_IP", "status.podIP"));
   env.push_back(EnvValue("VF_TERMINATION_MESSAGE_PATH", kTerminationMessagePath));
+  if (settings.test_agent_protocol > 0) {
+    env.push_back(EnvValue(kTestAgentProtocolEnv, std::to_string(settings.test_agent_protocol)));
+  }
   if (spec.worker_template.user_program()) {
     container["command"] = spec.worker_template.command;
     if (!spec.worker_template.args.empty()) container["args"] = spec.worker_template.args;

@@ -2,6 +2,7 @@
 // operator reads back from one. Pure functions of JSON objects.
 #pragma once
 
+#include <cstdint>
 #include <set>
 #include <string>
 #include <vector>
@@ -31,6 +32,10 @@ struct PodSettings {
   int metrics_port = 9090;    // the agent's /metrics port; < 0: no metrics endpoint
   // Seconds a leaving worker gets to finish its step and acknowledge the plan.
   int termination_grace_seconds = 60;
+  // Test-only: the coordinator protocol the workers speak when it is not their build's (an
+  // operator posing as one of another protocol, VF_TEST_OPERATOR_PROTOCOL): every pod gets it in
+  // kTestAgentProtocolEnv. 0: none, the production setting.
+  int64_t test_agent_protocol = 0;
 };
 
 // Where the operator mounts what it owns in every worker container.

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include "agent/protocol/messages.h"
 #include "operator/controller/job_spec.h"
 
 namespace vf::controller {
@@ -227,6 +228,27 @@ TEST(WorkerPodTest, AUserProgramGetsTheJobInItsEnvironment) {
   EXPECT_EQ(env["VF_VNODE_DELAY_MS"], "8");
   EXPECT_EQ(env["X"], "1");
   EXPECT_EQ(env.count("VF_JOB_TOKEN"), 0u);
+}
+
+// The test-only protocol a posing operator hands its workers reaches every pod it creates, and
+// no pod template can set it: it is the operator's, never a job's.
+TEST(WorkerPodTest, OnlyAPosingOperatorSetsTheTestProtocolOfItsWorkers) {
+  json job = Job();
+  job["spec"]["template"]["env"] = json::parse(
+      R"([{"name": "VF_TEST_AGENT_PROTOCOL", "value": "7"}, {"name": "X", "value": "1"}])");
+  auto env_of = [&](const PodSettings& s) {
+    const json pod = BuildWorkerPod(job, SpecOf(job), "w", s);
+    std::map<std::string, std::string> env;
+    for (const json& e : pod["spec"]["containers"][0]["env"]) env[e["name"]] = e.value("value", "");
+    return env;
+  };
+  PodSettings s;
+  EXPECT_EQ(env_of(s).count(kTestAgentProtocolEnv), 0u);
+  EXPECT_EQ(env_of(s)["X"], "1");
+  s.test_agent_protocol = 2;
+  EXPECT_EQ(env_of(s)[kTestAgentProtocolEnv], "2");
+  job["spec"]["template"]["command"] = {"python3", "train.py"};
+  EXPECT_EQ(env_of(s)[kTestAgentProtocolEnv], "2");
 }
 
 TEST(WorkerPodTest, ACpuOnlyWorkerAsksForCpuAndNoGpu) {

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "agent/agent.h"
+#include "agent/metrics/agent_metrics.h"
 #include "agent/protocol/client.h"
 #include "operator/coordinator/coordinator.h"
 #include "operator/coordinator/server.h"
@@ -277,6 +278,77 @@ TEST(AgentAcrossCoordinatorRestart, AWorkerOfAnotherBuildKnowsItWasRefusedForIts
   ASSERT_FALSE(mismatched.ok());
   EXPECT_EQ(mismatched.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_FALSE(IsAnotherBuildRefusal(mismatched.status())) << mismatched.status().message();
+}
+
+// The test-only protocol (kTestAgentProtocolEnv) an operator that poses as another protocol
+// hands its workers: a worker speaks it at registration, so that a coordinator of that protocol
+// takes it and one of its build's refuses it, naming both. A value that is no protocol fails.
+TEST(AgentAcrossCoordinatorRestart, AWorkerSpeaksTheTestProtocolItsPodNames) {
+  const int port = FreeLowPort();
+  ASSERT_GT(port, 0);
+  const int64_t next = kProtocolVersion + 1;
+  Coordinator ours;
+  ASSERT_TRUE(ours.AddJob(kJob, kToken, kFingerprint, kBuild).ok());
+  auto server = CoordinatorServer::Start(ours, "127.0.0.1", port);
+  ASSERT_TRUE(server.ok()) << server.status().message();
+  ASSERT_EQ(setenv(kTestAgentProtocolEnv, std::to_string(next).c_str(), 1), 0);
+  auto refused = agent::Agent::Join(Options(port, W0Credential(), seconds(30)));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find(
+                "it speaks coordinator protocol " + std::to_string(next) +
+                ", this coordinator speaks protocol " + std::to_string(kProtocolVersion)),
+            std::string::npos)
+      << refused.status().message();
+  server->reset();
+
+  Coordinator posing(Coordinator::kDefaultMemoryBudget, next);
+  ASSERT_TRUE(posing.AddJob(kJob, kToken, kFingerprint, kBuild).ok());
+  auto posing_server = CoordinatorServer::Start(posing, "127.0.0.1", port);
+  ASSERT_TRUE(posing_server.ok()) << posing_server.status().message();
+  auto joined = agent::Agent::Join(Options(port, W0Credential(), seconds(30)));
+  ASSERT_TRUE(joined.ok()) << joined.status().message();
+  EXPECT_TRUE((*joined)->Ready().ok());
+  EXPECT_EQ(posing.GetJob(kJob)->workers.count("w0"), 1u);
+
+  ASSERT_EQ(setenv(kTestAgentProtocolEnv, "two", 1), 0);
+  auto bad = agent::Agent::Join(Options(port, W0Credential(), seconds(30)));
+  ASSERT_EQ(unsetenv(kTestAgentProtocolEnv), 0);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("must be a positive integer, not 'two'"), std::string::npos)
+      << bad.status().message();
+}
+
+// A periodic checkpoint that could not be written counts on the worker's metrics
+// (vf_agent_checkpoint_failures_total) and travels in its next report; one written again
+// counts nothing.
+TEST(AgentAcrossCoordinatorRestart, AFailedCheckpointIsCountedAndReported) {
+  const int port = FreeLowPort();
+  ASSERT_GT(port, 0);
+  Coordinator coordinator;
+  ASSERT_TRUE(coordinator.AddJob(kJob, kToken, kFingerprint, kBuild).ok());
+  auto server = CoordinatorServer::Start(coordinator, "127.0.0.1", port);
+  ASSERT_TRUE(server.ok()) << server.status().message();
+  auto joined = agent::Agent::Join(Options(port, W0Credential(), seconds(30)));
+  ASSERT_TRUE(joined.ok()) << joined.status().message();
+  std::unique_ptr<agent::Agent> worker = std::move(joined).value();
+  ASSERT_TRUE(worker->Ready().ok());
+  ASSERT_TRUE(coordinator.PublishPlan(kJob, {{"w0", 0, {0, 1}}}).ok());
+  TinyState state;
+  auto m = worker->Next(state);
+  ASSERT_TRUE(m.ok() && m->has_value()) << m.status().message();
+
+  worker->CheckpointWritten(5, Unavailable("checkpoint /ckpt/job.state: No space left on device"));
+  agent::StepOutcome outcome;
+  ASSERT_TRUE(worker->Completed(5, outcome).ok());
+  EXPECT_EQ(worker->metrics().checkpoint_failures_total().Value(), 1);
+  const Report reported = coordinator.GetJob(kJob)->workers.at("w0").last_report;
+  EXPECT_EQ(reported.checkpoint_step, 5);
+  EXPECT_NE(reported.checkpoint_error.find("No space left on device"), std::string::npos);
+
+  worker->CheckpointWritten(10, Status::Ok());
+  EXPECT_EQ(worker->metrics().checkpoint_failures_total().Value(), 1);
 }
 
 // A worker that trains while the operator restarts: its reports meet 401 (job unknown), then

@@ -225,8 +225,8 @@ Status Coordinator::ChargeLocked(JobState& state, size_t before, size_t after) {
   return Status::Ok();
 }
 
-Coordinator::Coordinator(size_t memory_budget)
-    : memory_budget_(memory_budget), incarnation_(DrawIncarnation()) {}
+Coordinator::Coordinator(size_t memory_budget, int64_t protocol)
+    : memory_budget_(memory_budget), protocol_(protocol), incarnation_(DrawIncarnation()) {}
 
 Status Coordinator::AddJob(const std::string& job, const std::string& secret,
                            const std::string& fingerprint, const std::string& build) {
@@ -457,10 +457,10 @@ Status Coordinator::RegisterWorker(const std::string& job, const std::string& wo
                               " was refused: its job spec differs from the job's (virtual nodes, "
                               "batch, model, dataset, optimizer, reduction or seed)");
   }
-  if (protocol != kProtocolVersion) {
+  if (protocol != protocol_) {
     return FailedPrecondition("worker " + worker + " was refused: it speaks coordinator protocol " +
                               std::to_string(protocol) + ", this coordinator speaks protocol " +
-                              std::to_string(kProtocolVersion) +
+                              std::to_string(protocol_) +
                               "; run workers of an agent build with this protocol");
   }
   VF_RETURN_IF_ERROR(AdoptBuildLocked(*state, worker, build));

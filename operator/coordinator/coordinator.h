@@ -86,8 +86,11 @@ class Coordinator {
   static constexpr size_t kWorkerOverheadBytes = 512;
 
   // `memory_budget` bounds what all jobs together hold; a write past it fails with
-  // kFailedPrecondition.
-  explicit Coordinator(size_t memory_budget = kDefaultMemoryBudget);
+  // kFailedPrecondition. `protocol` is the coordinator protocol this coordinator speaks: this
+  // build's kProtocolVersion; another only in tests, where an operator poses as one of another
+  // protocol (VF_TEST_OPERATOR_PROTOCOL) to drain the jobs of the workers it cannot talk to.
+  explicit Coordinator(size_t memory_budget = kDefaultMemoryBudget,
+                       int64_t protocol = kProtocolVersion);
   Coordinator(const Coordinator&) = delete;
   Coordinator& operator=(const Coordinator&) = delete;
 
@@ -104,6 +107,8 @@ class Coordinator {
   // control plane's coordinator (whose store is empty) tells itself apart from the one before.
   // The server sends it with every successful answer (kIncarnationHeader).
   const std::string& incarnation() const { return incarnation_; }
+  // The coordinator protocol it speaks, and that a worker must speak to register.
+  int64_t protocol() const { return protocol_; }
 
   // Whether `credential` is `worker`'s in `job`. kUnauthenticated, with the same words, for an
   // unknown job, an invalid worker name and a wrong credential, so that the answer says nothing
@@ -133,7 +138,7 @@ class Coordinator {
 
   // Registers `worker` or, if it is registered, updates its readiness. Refused
   // (kFailedPrecondition with a message naming the difference) unless the worker speaks this
-  // coordinator's `protocol` (kProtocolVersion) and its fingerprint equals the job's, and its
+  // coordinator's protocol (protocol()) and its fingerprint equals the job's, and its
   // build is the job's: the one given to AddJob, or, once the first member of the current plan
   // to register brought another (the workers of an operator upgraded under them), or in a job
   // whose plan has no members the first worker to register, that one. A refusal for the build
@@ -241,6 +246,7 @@ class Coordinator {
                                  std::vector<Member> members, Deferred& deferred);
 
   const size_t memory_budget_;
+  const int64_t protocol_;
   const std::string incarnation_;
   mutable std::mutex mu_;
   std::condition_variable changed_;

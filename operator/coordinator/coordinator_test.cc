@@ -294,6 +294,25 @@ TEST_F(CoordinatorTest, AWorkerOfAnotherProtocolIsRefusedSayingWhich) {
   EXPECT_TRUE(c_.GetJob(kJob)->workers.empty());
 }
 
+// A coordinator of the next protocol (an operator that poses as one in tests): the workers of
+// this build's protocol are refused, saying both, and those of its own are taken.
+TEST_F(CoordinatorTest, ACoordinatorOfAnotherProtocolTakesOnlyWorkersOfIt) {
+  Coordinator next(Coordinator::kDefaultMemoryBudget, kProtocolVersion + 1);
+  EXPECT_EQ(next.protocol(), kProtocolVersion + 1);
+  EXPECT_EQ(c_.protocol(), kProtocolVersion);
+  ASSERT_TRUE(next.AddJob(kJob, kToken, kFingerprint, kBuild).ok());
+  Status refused = next.RegisterWorker(kJob, "w-0", kFingerprint, kBuild, true);
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(refused.message(), "worker w-0 was refused: it speaks coordinator protocol " +
+                                   std::to_string(kProtocolVersion) +
+                                   ", this coordinator speaks protocol " +
+                                   std::to_string(kProtocolVersion + 1) +
+                                   "; run workers of an agent build with this protocol");
+  EXPECT_TRUE(
+      next.RegisterWorker(kJob, "w-0", kFingerprint, kBuild, true, kProtocolVersion + 1).ok());
+  EXPECT_EQ(next.GetJob(kJob)->workers.size(), 1u);
+}
+
 // An operator upgraded under a running job: its coordinator, of build-2, restores the plan of
 // workers that run build-1. They keep their places; a joiner must then run their build.
 TEST_F(CoordinatorTest, ThePlansMembersKeepTheirBuildUnderANewerCoordinator) {

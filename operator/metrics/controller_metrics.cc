@@ -70,6 +70,10 @@ void ReportControllerMetrics(controller::ControllerOptions& options, OperatorMet
     auto [job_ns, name] = SplitJobKey(job);
     metrics.ObserveResizePause(job_ns, name, seconds);
   };
+  hooks.on_checkpoint_failure = [&metrics](const std::string& job) {
+    auto [job_ns, name] = SplitJobKey(job);
+    metrics.OnCheckpointFailure(job_ns, name);
+  };
   hooks.on_job_status = [&metrics, phases](const std::string& job, const nlohmann::json& status,
                                            const JobSpec& spec) {
     auto [job_ns, name] = SplitJobKey(job);

@@ -93,6 +93,14 @@ TEST_F(ControllerMetricsTest, ResizesCountByReasonAndAnUnknownKindAsFailure) {
   EXPECT_TRUE(Contains(text, "vf_operator_resizes_total{" + job + ",reason=\"failure\"} 1"));
 }
 
+TEST_F(ControllerMetricsTest, EachFailedCheckpointTheReconcilerSeesCountsForItsJob) {
+  Status("team/mnist", {{"phase", "Running"}});
+  options_.hooks.on_checkpoint_failure("team/mnist");
+  EXPECT_TRUE(Contains(
+      Text(),
+      "vf_operator_job_checkpoint_failures_total{job_name=\"mnist\",job_namespace=\"team\"} 1"));
+}
+
 TEST_F(ControllerMetricsTest, ReconcilesAndQueueDepth) {
   options_.on_reconcile(0.002, false);
   options_.on_reconcile(0.003, true);

@@ -86,6 +86,10 @@ OperatorMetrics::OperatorMetrics() {
   resize_pause_ = &r.AddHistogram("vf_operator_resize_pause_seconds",
                                   "Time training stood still for one resize.",
                                   {"job_namespace", "job_name"}, kPauseBuckets);
+  checkpoint_failures_ = &r.AddCounter(
+      "vf_operator_job_checkpoint_failures_total",
+      "Periodic checkpoints of a job its workers reported not written (training went on).",
+      {"job_namespace", "job_name"});
   job_step_ = &r.AddGauge("vf_operator_job_step", "Last training step a job reported.",
                           {"job_namespace", "job_name"});
   job_total_steps_ =
@@ -147,11 +151,13 @@ void OperatorMetrics::SetJobWorkers(std::string_view ns, std::string_view job,
   }
   // A counter or histogram series that first appears with its first event hides that event
   // from increase() and rate(): Prometheus has no earlier sample to subtract. So the job's
-  // resize counters (every reason) and its pause histogram exist, at zero, from the start.
+  // resize counters (every reason), its pause histogram and its checkpoint failure counter
+  // exist, at zero, from the start.
   for (const ResizeReason reason : kResizeReasons) {
     resizes_->Add(JobLabels(ns, job, "reason", ResizeReasonName(reason)));
   }
   resize_pause_->Add(JobLabels(ns, job), kPauseBuckets);
+  checkpoint_failures_->Add(JobLabels(ns, job));
 }
 
 void OperatorMetrics::SetJobProgress(std::string_view ns, std::string_view job, int64_t step,
@@ -178,6 +184,11 @@ void OperatorMetrics::ObserveResizePause(std::string_view ns, std::string_view j
   resize_pause_->Add(JobLabels(ns, job), kPauseBuckets).Observe(seconds);
 }
 
+void OperatorMetrics::OnCheckpointFailure(std::string_view ns, std::string_view job) {
+  std::lock_guard<std::mutex> lock(mu_);
+  checkpoint_failures_->Add(JobLabels(ns, job)).Increment();
+}
+
 void OperatorMetrics::RemoveJob(std::string_view ns, std::string_view job) {
   const Labels labels = JobLabels(ns, job);
   std::lock_guard<std::mutex> lock(mu_);
@@ -188,6 +199,7 @@ void OperatorMetrics::RemoveJob(std::string_view ns, std::string_view job) {
     RemoveChild(*resizes_, JobLabels(ns, job, "reason", ResizeReasonName(reason)));
   }
   RemoveChild(*resize_pause_, labels, kPauseBuckets);
+  RemoveChild(*checkpoint_failures_, labels);
   RemoveChild(*job_step_, labels);
   RemoveChild(*job_total_steps_, labels);
   RemoveChild(*job_samples_per_second_, labels);

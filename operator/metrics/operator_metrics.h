@@ -77,8 +77,8 @@ class OperatorMetrics {
   // Sets vf_operator_jobs for every phase: each of kJobPhases (0 where `jobs_by_phase` has no
   // entry), and any other phase it names; a phase neither known nor named is dropped.
   void SetJobsByPhase(const std::map<std::string, int64_t>& jobs_by_phase);
-  // Also creates the job's resize counters (every reason) and pause histogram at zero, so that
-  // Prometheus' increase() counts the first resize.
+  // Also creates the job's resize counters (every reason), pause histogram and checkpoint
+  // failure counter at zero, so that Prometheus' increase() counts the first event.
   void SetJobWorkers(std::string_view ns, std::string_view job, const WorkerCounts& counts);
   // The job's last step, its throughput and its length in steps. `total_steps` 0 means not
   // known yet (a job of epochs whose agents have not loaded the training set): then the job has
@@ -88,9 +88,11 @@ class OperatorMetrics {
   void OnResize(std::string_view ns, std::string_view job, ResizeReason reason);
   // The time training stood still for one resize, from the agents' reports.
   void ObserveResizePause(std::string_view ns, std::string_view job, double seconds);
-  // Removes every series of the job (workers, resizes, pauses, step, total steps, samples per
-  // second), so that a deleted job leaves nothing behind. A later call about the job brings its
-  // series back: call this after the last one.
+  // A periodic checkpoint of the job that a worker reported it failed to write.
+  void OnCheckpointFailure(std::string_view ns, std::string_view job);
+  // Removes every series of the job (workers, resizes, pauses, checkpoint failures, step, total
+  // steps, samples per second), so that a deleted job leaves nothing behind. A later call about the
+  // job brings its series back: call this after the last one.
   void RemoveJob(std::string_view ns, std::string_view job);
 
   // ---- Control loop ----
@@ -127,6 +129,7 @@ class OperatorMetrics {
   prometheus::Family<prometheus::Gauge>* job_workers_ = nullptr;
   prometheus::Family<prometheus::Counter>* resizes_ = nullptr;
   prometheus::Family<prometheus::Histogram>* resize_pause_ = nullptr;
+  prometheus::Family<prometheus::Counter>* checkpoint_failures_ = nullptr;
   prometheus::Family<prometheus::Gauge>* job_step_ = nullptr;
   prometheus::Family<prometheus::Gauge>* job_total_steps_ = nullptr;
   prometheus::Family<prometheus::Gauge>* job_samples_per_second_ = nullptr;

@@ -51,6 +51,8 @@ TEST(OperatorMetrics, RegistersTheFixedFamilies) {
       {"vf_operator_resizes_total",
        {MetricType::Counter, V{"job_namespace", "job_name", "reason"}}},
       {"vf_operator_resize_pause_seconds", {MetricType::Histogram, V{"job_namespace", "job_name"}}},
+      {"vf_operator_job_checkpoint_failures_total",
+       {MetricType::Counter, V{"job_namespace", "job_name"}}},
       {"vf_operator_job_step", {MetricType::Gauge, V{"job_namespace", "job_name"}}},
       {"vf_operator_job_total_steps", {MetricType::Gauge, V{"job_namespace", "job_name"}}},
       {"vf_operator_job_samples_per_second", {MetricType::Gauge, V{"job_namespace", "job_name"}}},
@@ -184,6 +186,17 @@ TEST(OperatorMetrics, AJobsResizeSeriesStartAtZero) {
       "vf_operator_resizes_total{job_name=\"mnist\",job_namespace=\"team\",reason=\"grow\"} 1"));
 }
 
+TEST(OperatorMetrics, AJobsCheckpointFailuresStartAtZeroAndCountEachFailure) {
+  OperatorMetrics m;
+  m.SetJobWorkers("team", "mnist", {.current = 1, .desired = 1, .ready = 0, .min = 1, .max = 4});
+  const std::string series =
+      "vf_operator_job_checkpoint_failures_total{job_name=\"mnist\",job_namespace=\"team\"}";
+  EXPECT_TRUE(Contains(Exposition(m.registry()), series + " 0"));
+  m.OnCheckpointFailure("team", "mnist");
+  m.OnCheckpointFailure("team", "mnist");
+  EXPECT_TRUE(Contains(Exposition(m.registry()), series + " 2"));
+}
+
 TEST(OperatorMetrics, ResizeReasonsHaveTheirLabelNames) {
   EXPECT_EQ(ResizeReasonName(ResizeReason::kGrow), "grow");
   EXPECT_EQ(ResizeReasonName(ResizeReason::kShrink), "shrink");
@@ -199,12 +212,13 @@ TEST(OperatorMetrics, RemoveJobDropsEveryJobSeriesAndOnlyThatJobs) {
     m.OnResize("team", job, ResizeReason::kShrink);
     m.ObserveResizePause("team", job, 1);
     m.SetJobProgress("team", job, 10, 1, 100);
+    m.OnCheckpointFailure("team", job);
   }
   m.SetJobProgress("other", "a", 10, 1, 100);
   m.RemoveJob("team", "a");
   const std::string text = Exposition(m.registry());
   EXPECT_EQ(SeriesOf(text, "team", "a"), 0) << text;
-  EXPECT_EQ(SeriesOf(text, "team", "b"), 5 + 5 + (15 + 1 + 2) + 1 + 1 + 1) << text;
+  EXPECT_EQ(SeriesOf(text, "team", "b"), 5 + 5 + (15 + 1 + 2) + 1 + 1 + 1 + 1) << text;
   EXPECT_EQ(SeriesOf(text, "other", "a"), 3) << text;
   EXPECT_NE(text.find("vf_operator_job_workers{job_name=\"b\",job_namespace=\"team\",kind="),
             std::string::npos);
@@ -268,6 +282,7 @@ void Populate(OperatorMetrics& m) {
   m.OnResize("team-a", "mnist \"big\"", ResizeReason::kFailure);
   m.ObserveResizePause("team-a", "mnist \"big\"", 12.5);
   m.ObserveResizePause("team-a", "mnist \"big\"", 0.004);
+  m.OnCheckpointFailure("team-a", "mnist \"big\"");
   m.SetJobProgress("team-a", "mnist \"big\"", 123456, 20480.25, 200000);
   m.OnReconcile(0.0123, true);
   m.SetWorkqueueDepth(3);
@@ -336,6 +351,7 @@ TEST(OperatorMetrics, ConcurrentUpdatesAndScrapes) {
         m.SetJobProgress("ns", "shared", i, 100, 1000);
         m.OnResize("ns", "shared", ResizeReason::kLeave);
         m.ObserveResizePause("ns", "shared", 0.2);
+        m.OnCheckpointFailure("ns", "shared");
         m.SetJobWorkers("ns", "shared",
                         {.current = 1, .desired = 1, .ready = 1, .min = 1, .max = 1});
         if (i % 10 == 9) m.RemoveJob("ns", job);
@@ -352,6 +368,7 @@ TEST(OperatorMetrics, ConcurrentUpdatesAndScrapes) {
   EXPECT_EQ(ExportedChildren(m.registry(), "vf_operator_job_workers"), 0u);
   EXPECT_EQ(ExportedChildren(m.registry(), "vf_operator_resizes_total"), 0u);
   EXPECT_EQ(ExportedChildren(m.registry(), "vf_operator_resize_pause_seconds"), 0u);
+  EXPECT_EQ(ExportedChildren(m.registry(), "vf_operator_job_checkpoint_failures_total"), 0u);
   EXPECT_EQ(ExportedChildren(m.registry(), "vf_operator_gpus"), 3u);
 }
 

@@ -257,6 +257,18 @@ class OperatorTestCase(ControlPlaneTestCase):
         for name, gpus in nodes:
             self.cp.add_gpu_node(name, gpus=gpus)
 
+    def condition(self, status, kind):
+        return {c["type"]: c for c in status.get("conditions", [])}.get(kind, {})
+
+    def pod_logs(self, name):
+        """Every captured log of the job's worker pods, deleted ones included."""
+        logs = []
+        for f in sorted(os.listdir(self.runner_logs)):
+            if f.startswith("%s_%s-worker-" % (self.ns, name)):
+                with open(os.path.join(self.runner_logs, f), errors="replace") as log:
+                    logs.append(log.read())
+        return "\n".join(logs)
+
     def events(self, name):
         out = self.cp.kubectl("get", "events", "-n", self.ns, "--field-selector",
                               "involvedObject.name=" + name, "-o", "json", check=True).stdout
@@ -518,18 +530,6 @@ class OperatorTest(OperatorTestCase):
         self.cp.request("DELETE", lease_path)
 
     # ------------------------------------------------------------------ suspend and run policy
-
-    def condition(self, status, kind):
-        return {c["type"]: c for c in status.get("conditions", [])}.get(kind, {})
-
-    def pod_logs(self, name):
-        """Every captured log of the job's worker pods, deleted ones included."""
-        logs = []
-        for f in sorted(os.listdir(self.runner_logs)):
-            if f.startswith("%s_%s-worker-" % (self.ns, name)):
-                with open(os.path.join(self.runner_logs, f), errors="replace") as log:
-                    logs.append(log.read())
-        return "\n".join(logs)
 
     def test_8a_suspend_deletes_the_pods_and_resume_keeps_the_weights(self):
         """spec.suspend as in batch/v1: the pods go (rank 0 checkpoints as it leaves), the job

@@ -1,10 +1,11 @@
 """Faults around a running VirtualFlowJob on a real control plane, each ending with the weights
 of a local static run: the operator killed (SIGKILL) at every phase of a resize and started
 again, and killed during the final report; an operator upgraded (a newer build and default
-image) under a running job, whose new pods keep the job's image; a worker pod that hangs
-(SIGSTOP), and one cut off the network (its packets dropped), in a 3-worker job; the PyTorch CNN
-with the operator killed at a resize and during the final report. One control plane for the
-class."""
+image) under a running job, whose new pods keep the job's image; an operator upgraded to another
+coordinator protocol, which drains the job and resumes it from its checkpoint; a worker pod that
+hangs (SIGSTOP), and one cut off the network (its packets dropped), in a 3-worker job; the
+PyTorch CNN with the operator killed at a resize and during the final report. One control plane
+for the class."""
 
 import concurrent.futures
 import copy
@@ -22,6 +23,7 @@ from test_torch_job import DATASET, PYTHON, cnn_manifest
 
 FAULT_ENV = "VF_FAULT_OPERATOR_EXIT_AT"
 BUILD_ENV = "VF_TEST_OPERATOR_BUILD"
+PROTOCOL_ENV = "VF_TEST_OPERATOR_PROTOCOL"
 
 
 def with_timeout(manifest: dict[str, Any], seconds: int) -> dict[str, Any]:
@@ -216,6 +218,60 @@ class OperatorFaultsTest(OperatorTestCase):
         self.assertEqual(status["weightsSha256"], self.static_sha())
         self.delete_job(name)
         self.stop_operator()
+
+    def test_1b_operator_of_another_protocol_drains_the_job_and_resumes_it(self) -> None:
+        """An operator upgrade that changed the coordinator protocol, under a job that trains:
+        the new operator (posing as the next protocol) cannot talk to the job's workers, so it
+        drains the job rather than fail it. Their pods are deleted and exit 0, rank 0 writing a
+        checkpoint of its last step as it leaves; the job says why (an Event and the condition
+        Draining, naming both protocols) and starts again with pods of the new protocol, which
+        resume from that checkpoint and end with the weights of a static run."""
+        name = "protocol"
+        store = tempfile.mkdtemp(prefix="vf-e2e-protocol-")
+        mount = "/tmp/vf-e2e-protocol-mnt-%d" % os.getpid()  # where the pods see the volume
+        manifest = faults_manifest(name, delay_ms=8)
+        # No periodic checkpoint: the job resumes from the one rank 0 writes as it leaves.
+        manifest["spec"]["checkpoint"] = {"path": mount + "/job.ckpt"}
+        manifest["spec"]["template"]["volumes"] = [{"name": "store",
+                                                    "hostPath": {"path": store}}]
+        manifest["spec"]["template"]["volumeMounts"] = [{"name": "store", "mountPath": mount}]
+        self.reset_nodes(("gpu-v", 2))
+        since = self.runner_log_size()
+        try:
+            self.apply(manifest)
+            self.wait_workers(name, 2)
+            theirs = self.wait_step(name, 30)["workerProtocol"]  # this build's
+            ours = theirs + 1
+            old = {p["metadata"]["name"] for p in self.pods(name)}
+            self.stop_operator()
+            self.start_operator_with("operator-protocol", {PROTOCOL_ENV: str(ours)})
+            self.wait_status(name, "restarted after the drain", lambda s: self.condition(
+                s, "Draining").get("reason") == "RestartedFromCheckpoint")
+            status = self.wait_succeeded(name)
+            self.assertIn("posing as coordinator protocol %d" % ours, self.operator.tail(400))
+            self.assertEqual(status["workerProtocol"], ours)
+            drained = self.condition(status, "Draining")
+            self.assertEqual(drained["status"], "False")
+            why = "the job's workers speak coordinator protocol %d and this operator speaks " \
+                  "protocol %d" % (theirs, ours)
+            self.assertIn(why, drained["message"])
+            events = self.events(name)
+            self.assertTrue([m for r, m in events if r == "Draining" and why in m], events)
+            self.assertIn("Restarted", [r for r, _ in events])
+            self.assertNotIn("Failed", [r for r, _ in events])
+            self.assertFalse(old & {p["metadata"]["name"] for p in self.pods(name)})
+            logs = self.pod_logs(name)
+            self.assertIn("leaving; checkpoint at step", logs)
+            self.assertIn("resuming from checkpoint %s/job.ckpt" % mount, logs)
+            self.assertIn("testing: speaking coordinator protocol %d" % ours, logs)
+            # The old workers left cleanly (exit 0), none of the new ones failed.
+            self.assertEqual(self.failed_pods(name, since), [],
+                             self.failed_pod_logs(name, since))
+            self.assertEqual(status["weightsSha256"], self.static_sha())
+        finally:
+            self.delete_job(name)
+            self.stop_operator()
+            shutil.rmtree(store, ignore_errors=True)
 
     def test_2_a_hung_worker_is_left_out_then_fenced_and_replaced_when_woken(self) -> None:
         """kill -STOP of one of 3 workers: its peers' collective times out, the coordinator hears
