@@ -131,7 +131,42 @@ http_response TextResponse(status_code code, const std::string& message) {
   return response;
 }
 
+namespace {
+
+// Counts the answers Send has started and cpprest has not finished writing, in the whole
+// process: Listener::Stop waits for them before cpprest's close(), which would cut a
+// connection under its answer (see kCloseDrain below). Process-wide rather than per listener
+// because Send is given only the request; another listener's answers can only make a Stop wait
+// the few milliseconds they take. Thread-safe.
+class AnswersBeingWritten {
+ public:
+  static AnswersBeingWritten& Get() {
+    static AnswersBeingWritten* answers = new AnswersBeingWritten();  // never destroyed
+    return *answers;
+  }
+  void Begin() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++count_;
+  }
+  void End() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--count_ == 0) none_.notify_all();
+  }
+  void WaitForNone(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    none_.wait_for(lock, timeout, [this] { return count_ == 0; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable none_;
+  int64_t count_ = 0;  // guarded by mu_
+};
+
+}  // namespace
+
 pplx::task<void> Send(const http_request& request, const http_response& response) {
+  AnswersBeingWritten::Get().Begin();
   try {
     // The server ends the connection once the answer is out (see kCloseDrain below for why).
     // No client of the project's servers reuses one: the coordinator's client opens a
@@ -143,9 +178,11 @@ pplx::task<void> Send(const http_request& request, const http_response& response
         sent.get();
       } catch (...) {
       }
+      AnswersBeingWritten::Get().End();
     });
   } catch (...) {
     // Already answered, or the listener closed the connection: nothing left to do.
+    AnswersBeingWritten::Get().End();
     return pplx::task_from_result();
   }
 }
@@ -462,6 +499,8 @@ void Listener::Impl::Stop(const std::function<void()>& before_close) {
     std::unique_lock<std::mutex> lock(mu_);
     idle_.wait_for(lock, kCloseDrain, [this] { return in_flight_ == 0; });
   }
+  // A handler that returned may have left its answer to cpprest's threads to write.
+  AnswersBeingWritten::Get().WaitForNone(kCloseDrain);
   // Answered, the TLS connections end by themselves; only then is cpprest's close safe (see
   // kCloseDrain).
   if (options_.tls != nullptr) tls_connections_->WaitForNone(kCloseDrain);
