@@ -207,7 +207,7 @@ class FakeApi {
   bool refuse_pods_ = false;
   bool policy_name_taken_ = false;
   std::vector<std::string> policy_events_;  // watch events of NetworkPolicies, in order
-  FakeServer server_;  // last: it stops serving before the rest goes away
+  FakeServer server_;                       // last: it stops serving before the rest goes away
 };
 
 json Job(const json& spec) {
