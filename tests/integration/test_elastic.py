@@ -46,25 +46,33 @@ def elastic_job(tmp, name="job.yaml", **overrides):
     return write(os.path.join(tmp, name), job_yaml(**spec))
 
 
-def stop_until_left_out(test, bg, worker, within):
-    """kill -STOP of `worker` in the run `bg` (a hung or partitioned member: the process lives
-    but answers nobody), a wait of up to `within` seconds for a plan without it, SIGCONT, and the
-    run's end: it must succeed, with one resize from the members before to one fewer, for the
-    worker's silence. Returns the run's summary."""
+def _stop(pid):
+    os.kill(pid, signal.SIGSTOP)
+
+
+def _wake(pid):
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass  # the run wound down and stopped it already
+
+
+def stop_until_left_out(test, bg, worker, within, silence=_stop, undo=_wake):
+    """kill -STOP of `worker` in the run `bg` (a hung member: the process lives but answers
+    nobody), or SILENCE(pid) of another kind, a wait of up to `within` seconds for a plan
+    without it, SIGCONT (UNDO(pid)), and the run's end: it must succeed, with one resize from the
+    members before to one fewer, for the worker's silence. Returns the run's summary."""
     members = len(bg.plan_members())
     victim = bg.workers()[worker]
-    os.kill(victim, signal.SIGSTOP)
+    silence(victim)
     try:
         deadline = time.monotonic() + within
         while worker in bg.plan_members():
-            test.assertLess(time.monotonic(), deadline, "the stopped worker stayed a member")
-            test.assertIsNone(bg.proc.poll(), "vf run ended while a worker was stopped")
+            test.assertLess(time.monotonic(), deadline, "the silent worker stayed a member")
+            test.assertIsNone(bg.proc.poll(), "vf run ended while a worker was silent")
             time.sleep(0.5)
     finally:
-        try:
-            os.kill(victim, signal.SIGCONT)
-        except ProcessLookupError:
-            pass  # the run wound down and stopped it already
+        undo(victim)
     code, out, err, summary = bg.wait()
     # The survivors went on: the run ends, with every step trained.
     test.assertEqual(code, 0, out + err)

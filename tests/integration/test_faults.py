@@ -3,7 +3,8 @@ said and retried, training goes on, and the run ends with the weights of an undi
 only final weights that cannot be saved fail the job, saying so. The faults are real: a small
 tmpfs filled up (ENOSPC) or remounted read-only (EROFS), which needs root and mount(2). Both for
 the built-in MLP and the PyTorch CNN (examples/torch/cnn.py), which also survives a member that
-stops answering (SIGSTOP) with the weights of an undisturbed run."""
+stops answering (SIGSTOP) and one cut off the network (its packets dropped: Partition), with the
+weights of an undisturbed run."""
 
 import concurrent.futures
 import os
@@ -217,6 +218,51 @@ class CheckpointFaultTest(VfTestCase):
         self.assertIn("Read-only file system", last)
 
 
+def cgroup2_root():
+    """Where the cgroup v2 hierarchy is mounted (/sys/fs/cgroup, or /sys/fs/cgroup/unified beside
+    v1 controllers), or None."""
+    with open("/proc/mounts") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) > 2 and fields[2] == "cgroup2":
+                return fields[1]
+    return None
+
+
+class Partition:
+    """Cuts the local process PID off the network, loopback included, while it runs on: it is
+    moved into a cgroup of its own, and an iptables rule drops every packet a process of that
+    cgroup sends. That silences TCP both ways (its peers' data goes unacknowledged, and theirs
+    never comes), and nobody gets an error, as behind a failed switch port. heal() undoes it."""
+
+    def __init__(self, pid):
+        root = cgroup2_root()
+        if root is None:
+            raise AssertionError("no cgroup v2 hierarchy mounted to partition a process with")
+        self.pid = pid
+        self.root = root
+        self.name = "vf-partition-%d-%d" % (os.getpid(), pid)
+        os.makedirs(os.path.join(root, self.name), exist_ok=True)
+        with open(os.path.join(root, self.name, "cgroup.procs"), "w") as f:
+            f.write(str(pid))
+        self.rule = ["OUTPUT", "-m", "cgroup", "--path", self.name, "-j", "DROP"]
+        subprocess.run(["iptables", "-w", "-I", *self.rule], check=True, capture_output=True,
+                       timeout=30)
+
+    def heal(self):
+        subprocess.run(["iptables", "-w", "-D", *self.rule], check=True, capture_output=True,
+                       timeout=30)
+        try:
+            with open(os.path.join(self.root, "cgroup.procs"), "w") as f:
+                f.write(str(self.pid))
+        except OSError:
+            pass  # it has ended
+        try:
+            os.rmdir(os.path.join(self.root, self.name))
+        except OSError:
+            pass  # an ended process not yet reaped still holds it; an empty cgroup is harmless
+
+
 class TorchBackgroundRun(Background):
     """`vf run` of a PyTorch job in the background: its workers are python3 processes, found
     by VF_WORKER in their environment."""
@@ -234,11 +280,33 @@ class TorchHungMemberTest(VfTestCase):
         super().tearDown()
 
     def test_cnn_stopped_member_is_left_out_with_the_weights_of_an_undisturbed_run(self):
-        """kill -STOP of one of 3 CNN workers (a hung or partitioned member), as
-        integration.elastic's test_stopped_member_is_left_out_with_identical_weights does for
-        the MLP: the survivors' collective times out, the next plan goes on without it, and the
-        run ends with the weights of a static run."""
-        job = cnn_job(os.path.join(self.tmp, "hung.yaml"), 40)
+        """kill -STOP of one of 3 CNN workers (a hung member), as integration.elastic's
+        test_stopped_member_is_left_out_with_identical_weights does for the MLP: the survivors'
+        collective times out, the next plan goes on without it, and the run ends with the
+        weights of a static run."""
+        self.silence_one_of_three("hung")
+
+    def test_cnn_partitioned_member_is_left_out_with_the_weights_of_an_undisturbed_run(self):
+        """One of 3 CNN workers cut off the network while its process runs on (every packet it
+        sends dropped: see Partition), as e2e.operator_faults does for a worker pod of the MLP:
+        the same silence, the same plan without it, the same weights as a static run."""
+        if os.geteuid() != 0:
+            self.skipTest("partitioning a process needs root (cgroups, iptables)")
+        partitions = {}
+
+        def cut(pid):
+            partitions[pid] = Partition(pid)
+
+        def heal(pid):
+            partitions.pop(pid).heal()
+        self.silence_one_of_three("partitioned", cut, heal)
+
+    def silence_one_of_three(self, name, silence=None, undo=None):
+        """The two tests above: a paced 3-worker run of the CNN, worker-2 silenced by
+        SILENCE(pid) (default kill -STOP) once the 3 have trained a step together, UNDO(pid)
+        once a plan has left it out; the run's weights against a static 2-worker run."""
+        faults = {} if silence is None else {"silence": silence, "undo": undo}
+        job = cnn_job(os.path.join(self.tmp, name + ".yaml"), 40)
         expected = reference_meanwhile(job, 2)
         # Paced so that the 3 workers train together well before the end. A collective timeout
         # past the coordinator's 10 s of silence, as the MLP's test has it, but 30 s rather
@@ -258,7 +326,7 @@ class TorchHungMemberTest(VfTestCase):
         # Stopped once the 3 have trained a step together, not while they still meet: the
         # stall the stop causes must be the only one the run sees.
         self.assertTrue(bg.wait_for_step(bg.step() + 1), "".join(bg.out))
-        summary = stop_until_left_out(self, bg, "worker-2", within=120)
+        summary = stop_until_left_out(self, bg, "worker-2", within=120, **faults)
         reference = expected.result(timeout=600)
         self.assertSucceeded(reference)
         self.assertEqual(summary["weights_sha256"], reference.summary["weights_sha256"])
