@@ -251,26 +251,49 @@ Status Executor::ComputeNode(size_t lane, size_t k, float* sum) {
 
 Status Executor::ComputeNodes(std::span<const int> local_vnodes, float* sum) {
   // Exact mode's nodes share nothing but the reducer's integer sums, so a device with lanes runs
-  // several at once; fast mode adds every node into one float sum, in order, on one lane.
-  const size_t lanes = sum != nullptr
-                           ? 1
-                           : std::clamp<size_t>(static_cast<size_t>(device_.Lanes()), 1,
-                                                std::max<size_t>(local_vnodes.size(), 1));
+  // several at once, node k on lane k mod lanes. Fast mode's float sums depend on the order of
+  // their additions, so its grouping is fixed whatever the device: node k adds into partial sum
+  // k mod kFastPartialSums (partial 0 is the reducer's own), each partial belongs to one lane,
+  // and the partials are added in order at the end (FoldFastPartials).
+  const size_t nodes = local_vnodes.size();
+  const size_t most = sum != nullptr ? std::min(nodes, kFastPartialSums) : nodes;
+  const size_t lanes =
+      std::clamp<size_t>(static_cast<size_t>(device_.Lanes()), 1, std::max<size_t>(most, 1));
   VF_RETURN_IF_ERROR(ReserveLanes(lanes));
+  if (sum != nullptr) VF_RETURN_IF_ERROR(ReserveFastPartials(most));
   // Staging first: a slot per node, allocated before any node's work is recorded.
-  VF_RETURN_IF_ERROR(
-      ReserveStaging(train_, static_cast<int>(job_.micro_batch()), local_vnodes.size(), lanes));
+  VF_RETURN_IF_ERROR(ReserveStaging(train_, static_cast<int>(job_.micro_batch()), nodes, lanes));
   if (lanes > 1) device_.Fork(static_cast<int>(lanes));
   Status status = Status::Ok();
-  for (size_t k = 0; k < local_vnodes.size() && status.ok(); ++k) {
-    const size_t lane = k % lanes;
+  for (size_t k = 0; k < nodes && status.ok(); ++k) {
+    const size_t group = sum != nullptr ? k % kFastPartialSums : k;
+    const size_t lane = group % lanes;
     if (lanes > 1) device_.UseLane(static_cast<int>(lane));
     sharder_.MicroBatch(step_, local_vnodes[k], &indices_);
     status = Stage(train_, indices_, k, lane);
-    if (status.ok()) status = ComputeNode(lane, k, sum);
+    float* const into = sum == nullptr || group == 0 ? sum : fast_partials_[group - 1].data();
+    if (status.ok()) status = ComputeNode(lane, k, into);
   }
   if (lanes > 1) device_.Join();
+  if (status.ok() && sum != nullptr) FoldFastPartials(most, sum);
   return status;
+}
+
+Status Executor::ReserveFastPartials(size_t used) {
+  const size_t n = model_->parameter_count();
+  while (fast_partials_.size() + 1 < used) {
+    VF_ASSIGN_OR_RETURN(auto partial, DeviceBuffer<float>::Create(device_, n));
+    fast_partials_.push_back(std::move(partial));
+  }
+  // Zeroed before the lanes fork, so each starts after its partials are clear.
+  for (size_t p = 1; p < used; ++p) device_.Fill(fast_partials_[p - 1].data(), 0.f, n);
+  return Status::Ok();
+}
+
+void Executor::FoldFastPartials(size_t used, float* sum) {
+  for (size_t p = 1; p < used; ++p) {
+    device_.Axpy(1.f, fast_partials_[p - 1].data(), sum, model_->parameter_count());
+  }
 }
 
 Result<StepResult> Executor::Step(Communicator& comm, std::span<const int> local_vnodes,

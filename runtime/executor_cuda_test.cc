@@ -200,7 +200,7 @@ TEST_F(CudaExecutorTest, StagedCollectivesTakeHostBuffersAsTheyAre) {
       auto gloo = CreateGlooCommunicator(store, rank, 2, CommOptions{});
       ASSERT_TRUE(gloo.ok()) << gloo.status().ToString();
       StagedCommunicator comm(**gpu, std::move(*gloo));
-      std::vector<int64_t> host = {rank + 1, 10 * (rank + 1), -rank};
+      std::vector<int64_t> host = {rank + 1, int64_t{10} * (rank + 1), -rank};
       ASSERT_TRUE(comm.AllReduce(host.data(), host.size(), ReduceOp::kSum).ok());
       host_sums[static_cast<size_t>(rank)] = host;
       auto dev = DeviceBuffer<int64_t>::Create(**gpu, 3);

@@ -78,13 +78,14 @@ TEST(Executor, AdamWExactModeIsMappingIndependentToo) {
 }
 
 TEST(Executor, LanesDoNotChangeTheWeights) {
-  // Exact mode gives a device's lanes a node each in turn (their own model, gradient and
-  // staging); on the CPU they run in turn, which checks that every node still computes from its
-  // own buffers and lands in its own statistics. Fast mode stays on one lane.
+  // A device's lanes get a node each in turn (their own model, gradient and staging; fast mode:
+  // partial sum k mod 4 of node k belongs to one lane); on the CPU they run in turn, which checks
+  // that every node still computes from its own buffers and lands in its own statistics and sum.
   for (Reduction mode : {Reduction::kExact, Reduction::kFast}) {
     const JobSpec job = SmallJob(mode);
     const auto one_lane = Train(job, {{0, 1, 2, 3, 4, 5}});
     EXPECT_EQ(Train(job, {{0, 1, 2, 3, 4, 5}}, 2)[0], one_lane[0]) << ReductionName(mode);
+    EXPECT_EQ(Train(job, {{0, 1, 2, 3, 4, 5}}, 3)[0], one_lane[0]) << ReductionName(mode);
     EXPECT_EQ(Train(job, {{0, 1, 2, 3, 4, 5}}, 4)[0], one_lane[0]) << ReductionName(mode);
     if (mode == Reduction::kExact) {
       for (const auto& d : Train(job, {{4, 0, 2}, {1, 5, 3}}, 3)) EXPECT_EQ(d, one_lane[0]);

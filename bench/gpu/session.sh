@@ -148,19 +148,21 @@ grep -E "Passed|Failed|Skipped|Not Run" "$work/ctest-gpu.log" | grep -E "Test +#
 pack
 fi
 
-# C'. `vf run`'s local workers of the built-in model sharing the GPU (VF_DEVICE=cuda-shared): the
+# C'. `vf run`'s local workers of the built-in model sharing the GPU (its default where a GPU is): the
 # same weights on 1, 2 and 3 workers and through three resizes.
 if want vfrun && [ -f build-gpu/bin/libvirtualflow-cuda.so ]; then
   say "C: vf run on the GPU, 1, 2 and 3 workers and resized"
   # The example's job, reading the Fashion-MNIST files .gpu-py carries (env.sh: FASHION_MNIST).
-  sed "s|path: /usr/share/datasets/fashion-mnist|path: $FASHION_MNIST|" examples/fashion-mnist.yaml \
+  # No cooldown, so that each of the schedule's changes resizes the run.
+  sed -e "s|path: /usr/share/datasets/fashion-mnist|path: $FASHION_MNIST|" \
+    -e "s|cooldownSeconds: 30|cooldownSeconds: 0|" examples/fashion-mnist.yaml \
     >"$work/fashion-mnist.yaml"
   # The resized run paces its nodes (80 ms each, which changes no weight) so that joiners, whose
   # start takes seconds on a GPU, arrive inside the schedule's windows.
   for how in "--workers 1" "--workers 2" "--workers 3" \
     "--capacity 0:1,10:3,30:2,50:3 --vnode-delay-ms 80"; do
     rm -f "$work/vfrun.json"
-    VF_DEVICE=cuda-shared VF_CUDA_PLUGIN="$root/build-gpu/bin/libvirtualflow-cuda.so" \
+    VF_CUDA_PLUGIN="$root/build-gpu/bin/libvirtualflow-cuda.so" \
       timeout "$(budget 60 "$(need tuning runtime overhead ab)")" vf run "$work/fashion-mnist.yaml" \
       $how --steps 70 --summary-json "$work/vfrun.json" >"$work/vfrun.out" 2>&1
     rc=$?
