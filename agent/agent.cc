@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <string>
 #include <thread>
 #include <utility>
@@ -280,6 +281,7 @@ Result<bool> Agent::Impl::Switch(const Plan& plan, const Member& me, TrainingSta
   Report r;
   r.epoch = epoch_;
   r.step = state.step();
+  r.loss = std::numeric_limits<double>::quiet_NaN();  // no step trained under this plan yet
   r.pause_seconds = last_pause_;
   r.has_state = true;
   (void)Send(r);

@@ -293,9 +293,9 @@ Status LocalCluster::Start() {
   // Workers die with this process rather than linger if it is killed.
   setenv("VF_EXIT_WITH_PARENT", std::to_string(getpid()).c_str(), 1);
   // Local workers share this machine, and NCCL cannot put two ranks of one communicator on the
-  // same GPU: they train on the CPU with Gloo unless the caller set VF_DEVICE (cuda-shared: all
-  // on GPU 0, reducing with Gloo through host copies; not yet the default, see the user guide).
-  setenv("VF_DEVICE", "cpu", 0);
+  // same GPU: they all train on GPU 0 when there is one, reducing with Gloo through host copies
+  // (cuda-shared), and on the CPU otherwise, unless the caller set VF_DEVICE (cpu).
+  setenv("VF_DEVICE", "cuda-shared", 0);
   return Status::Ok();
 }
 
@@ -597,9 +597,13 @@ void LocalCluster::PrintProgress(const JobView& view) {
   if (o_.quiet || o_.progress_interval <= 0 || Since(last_progress_) < o_.progress_interval) {
     return;
   }
+  // The newest step a worker trained: the report a worker sends on joining a plan has no loss
+  // and no speed to show.
   const Report* best = nullptr;
   for (const auto& [name, info] : view.workers) {
-    if (best == nullptr || info.last_report.step > best->step) best = &info.last_report;
+    const Report& r = info.last_report;
+    if (!std::isfinite(r.loss) || r.samples_per_second <= 0) continue;
+    if (best == nullptr || r.step > best->step) best = &r;
   }
   if (best == nullptr || best->step <= 0 || best->step == last_printed_step_) return;
   last_progress_ = Clock::now();

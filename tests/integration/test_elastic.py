@@ -197,7 +197,7 @@ class ElasticTest(VfTestCase):
                 job = elastic_job(self.tmp, name + ".yaml", optimizer=optimizer)
                 expected = self.reference(job)
                 run = vf("run", job, "--capacity", "0:2,20:4,120:1,160:3", "--slowdown", SLOW,
-                         "--progress-interval", "0")
+                         "--progress-interval", "0.01")
                 self.assertSucceeded(run)
                 sizes = [(r["from"], r["to"]) for r in run.summary["resizes"]]
                 self.assertEqual(sizes, [(2, 4), (4, 1), (1, 3)], run.stdout)
@@ -209,6 +209,14 @@ class ElasticTest(VfTestCase):
                 for r in run.summary["resizes"]:
                     self.assertGreater(r["pause_seconds"], 0)
                     self.assertTrue(r["reason"])
+                # Every progress line shows a trained step, also right after a resize.
+                progress = [l for l in run.stdout.splitlines() if l.startswith("step ")]
+                self.assertGreater(len(progress), 3, run.stdout)
+                for line in progress:
+                    m = re.search(r"loss (\S+) .* ([\d.]+) samples/s", line)
+                    self.assertIsNotNone(m, line)
+                    self.assertGreater(float(m.group(1)), 0, line)
+                    self.assertGreater(float(m.group(2)), 0, line)
 
     def test_chaos_kills_are_survived_with_identical_weights(self):
         job = elastic_job(self.tmp, steps="300")
