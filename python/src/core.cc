@@ -221,6 +221,11 @@ class Worker {
     return MembershipView{m->members, m->epoch, m->rank, m->world, m->virtual_nodes, m->switched};
   }
 
+  // After Next returned None: whether this worker left on SIGTERM without the coordinator's
+  // answer, because the coordinator no longer knows the job (suspended, deleted, drained by an
+  // operator of another protocol), so that the job will resume from its checkpoint.
+  bool LeftUntoldOnRequest() const { return agent::LeaveRequested() && Live().left_untold(); }
+
   // Gradient buckets: one per tensor size in `sizes` (large tensors are cut), `virtual_nodes`
   // the job's V.
   void ConfigureReducer(const std::string& mode, const std::vector<size_t>& sizes,
@@ -559,6 +564,7 @@ NB_MODULE(_core, m) {
           nb::arg("termination_message_path") = "")
       .def("ready", &Worker::Ready)
       .def("next", &Worker::Next, nb::arg("holder"))
+      .def("left_untold_on_request", &Worker::LeftUntoldOnRequest)
       .def("configure_reducer", &Worker::ConfigureReducer, nb::arg("mode"), nb::arg("sizes"),
            nb::arg("virtual_nodes"))
       .def("begin", &Worker::Begin)

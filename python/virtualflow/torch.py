@@ -178,6 +178,8 @@ class _Holder:
             if problem:
                 raise JobMismatchError(f"checkpoint {path}: {problem}")
             self._load(blob)
+            print(f"virtualflow: resuming from checkpoint {path} at step {self.step_done}",
+                  file=sys.stderr, flush=True)
         else:
             self.step_done = 0
         self._has_state = True
@@ -612,7 +614,7 @@ class Job:
         assert self._holder is not None
         self._worker.ready()
         while True:
-            self._membership = self._next()
+            self._membership = self._next(at_step_boundary=True)
             if self._holder.step_done >= self._total:
                 break
             if self._check_every and self._holder.step_done % self._check_every == 0:
@@ -769,13 +771,37 @@ class Job:
                 "`for node in step.virtual_nodes()` loop has finished"
             )
 
-    def _next(self) -> Any:
+    def _next(self, *, at_step_boundary: bool = False) -> Any:
         assert self._holder is not None
         m = self._worker.next(self._holder)
         if m is None:
             # Asked to leave and let go by the plan (or deleted before it ever counted).
+            if at_step_boundary:
+                self._checkpoint_on_leave()
             raise SystemExit(0)
         return m
+
+    def _checkpoint_on_leave(self) -> None:
+        """Rank 0 of the last plan, leaving on SIGTERM a job its coordinator no longer knows
+        (suspended, deleted, drained), writes the state of the last step it trained, so that
+        the resumed job redoes none. Every member holds the same state after a step; rank 0
+        alone writes it. A worker leaving a job that goes on (a drain of its node, a scale-in)
+        writes nothing: the members that stay checkpoint as usual, and an older state must not
+        replace their newer one."""
+        assert self._holder is not None
+        path = self.spec["checkpoint_path"]
+        if (not path or self.rank != 0 or self._steps_trained == 0
+                or self._holder.step_done >= self._total
+                or not self._worker.left_untold_on_request()):
+            return
+        payload = _core.unseal(self._holder._serialize(), "state")
+        try:
+            _core.write_checkpoint(path, payload)
+            how = "written"
+        except Error as e:
+            how = "not written: " + (" ".join(str(e).split()) or type(e).__name__)
+        print(f"virtualflow: {self.worker_name}: leaving; checkpoint at step "
+              f"{self._holder.step_done} {how}", file=sys.stderr, flush=True)
 
     def _node_seed(self, step: int, vnode: int) -> int:
         return _core.mix_key(int(self.spec["seed"]), step, vnode) & 0x7FFF_FFFF_FFFF_FFFF

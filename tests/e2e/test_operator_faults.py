@@ -4,8 +4,8 @@ again, and killed during the final report; an operator upgraded (a newer build a
 image) under a running job, whose new pods keep the job's image; an operator upgraded to another
 coordinator protocol, which drains the job and resumes it from its checkpoint; a worker pod that
 hangs (SIGSTOP), and one cut off the network (its packets dropped), in a 3-worker job; the
-PyTorch CNN with the operator killed at a resize and during the final report. One control plane
-for the class."""
+PyTorch CNN through an operator killed at a resize, upgraded, upgraded to another protocol and
+killed during the final report. One control plane for the class."""
 
 import concurrent.futures
 import copy
@@ -406,12 +406,13 @@ class OperatorFaultsTest(OperatorTestCase):
         self.assertEqual(len(reports), 1, [p["status"] for p in pods])
         return reports[0]
 
-    def finish_after_a_final_report_kill(self, name: str) -> dict[str, Any]:
+    def finish_after_a_final_report_kill(self, name: str,
+                                         env: dict[str, str] | None = None) -> dict[str, Any]:
         """With the operator armed at final-report for job NAME: waits for it to die there (the
         coordinator holds rank 0's report, the status does not say Succeeded), then for the
-        workers to end (rank 0 exits once its report is accepted), then starts a plain
-        operator, which reads the outcome from rank 0's pod. No pod is started again. Returns
-        the job's final status."""
+        workers to end (rank 0 exits once its report is accepted), then starts an operator
+        (with the test-only settings ENV), which reads the outcome from rank 0's pod. No pod is
+        started again. Returns the job's final status."""
         self.wait_killed_at("final-report", timeout=600, name=name)
         self.assertNotEqual(self.status_quiet(name).get("phase"), "Succeeded")
         pods = self.wait_pods_ended(name)
@@ -428,7 +429,7 @@ class OperatorFaultsTest(OperatorTestCase):
                                  "rank 0 %s did not exit cleanly: %s\n%s" % (
                                      rank_0, terminated, self.failed_pod_logs(name)))
         uids = sorted(p["metadata"]["uid"] for p in pods)
-        self.start_operator(identity="operator-after-final-report")
+        self.start_operator_with("operator-after-final-report", env or {})
         status = self.wait_succeeded(name, timeout=120)
         self.assertEqual(status["weightsSha256"], report["weightsSha256"])
         self.assertIn("the outcome is read from pod", self.operator.tail(100))
@@ -454,19 +455,24 @@ class OperatorFaultsTest(OperatorTestCase):
         self.delete_job(name)
 
     @unittest.skipUnless(PYTHON, "no Python environment with PyTorch (scripts/setup-python.sh)")
-    def test_5_cnn_survives_the_operator_killed_at_a_resize_and_during_the_final_report(
-            self) -> None:
-        """The PyTorch CNN as the job: the operator killed as it publishes the plan that takes
-        a joiner in, then during the final report; the job ends with the weights of a static
-        `vf run`, read by the last operator from rank 0's pod."""
+    def test_5_cnn_survives_operator_kills_an_upgrade_and_a_protocol_drain(self) -> None:
+        """The PyTorch CNN as the job, through every operator fault of the tests above in turn:
+        the operator killed as it publishes the plan that takes a joiner in; an upgrade of the
+        same protocol, which keeps the workers; an upgrade to another protocol, which drains the
+        job (rank 0 of the PyTorch library checkpoints its last step as it leaves) and starts it
+        again from that checkpoint; that operator killed during the final report. The job ends
+        with the weights of a static `vf run`, read by the last operator from rank 0's pod."""
         name = "cnn-faults"
         checkpoints = tempfile.mkdtemp(prefix="vf-e2e-cnn-")
         self.addCleanup(shutil.rmtree, checkpoints, True)
         manifest = cnn_faults_manifest(name, checkpoints, CNN_DELAY_MS)
+        # No periodic checkpoint: the job resumes from the one rank 0 writes as it leaves.
+        manifest["spec"]["checkpoint"].pop("everySteps", None)
         static = concurrent.futures.ThreadPoolExecutor(1).submit(cnn_local_sha, manifest, 2)
         self.reset_nodes(("gpu-c1", 1))
         self.stop_operator()
         self.start_faulted("plan-published")
+        since = self.runner_log_size()
         self.apply(manifest)
         self.wait_workers(name, 1, timeout=240)
         self.wait_step(name, 3)
@@ -475,12 +481,31 @@ class OperatorFaultsTest(OperatorTestCase):
         self.wait_killed_at("plan-published", timeout=240, name=name)
         grown = self.status_quiet(name)
         self.assertEqual(grown["workers"], 2, grown)
-        self.start_faulted("final-report")
-        status = self.finish_after_a_final_report_kill(name)
+        # A newer build of the same protocol keeps the workers and their plan.
+        before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in self.pods(name)}
+        self.start_operator_with("operator-upgraded", {BUILD_ENV: "virtualflow 99.0.0-test"})
+        self.wait_step(name, self.status(name).get("step", 0) + 2)
+        self.assertIn("posing as build virtualflow 99.0.0-test", self.operator.tail(400))
+        kept = {p["metadata"]["name"]: p["metadata"]["uid"] for p in self.pods(name)}
+        self.assertEqual(kept, before, "the upgrade replaced workers")
+        self.assertNotIn("WorkerRefused", [reason for reason, _ in self.events(name)])
+        self.stop_operator()
+        # Another protocol: the job is drained and started again, then the final report is cut.
+        ours = str(self.status(name)["workerProtocol"] + 1)
+        self.start_operator_with("operator-protocol", {PROTOCOL_ENV: ours,
+                                                       FAULT_ENV: "final-report"})
+        status = self.finish_after_a_final_report_kill(name, {PROTOCOL_ENV: ours})
         self.assertEqual(status["step"], CNN_STEPS)
+        self.assertEqual(self.condition(status, "Draining").get("reason"),
+                         "RestartedFromCheckpoint", status)
+        self.assertFalse(set(before) & {p["metadata"]["name"] for p in self.pods(name)})
+        logs = self.pod_logs(name)
+        self.assertIn("leaving; checkpoint at step", logs)
+        self.assertIn("resuming from checkpoint", logs)
         self.assertEqual(status["weightsSha256"], static.result(timeout=600))
-        # The joiner and the member met again under the next coordinator: no worker exited 1.
-        self.assertEqual(self.failed_pods(name), [], self.failed_pod_logs(name))
+        # The joiner and the member met again under the next coordinator, and the drained
+        # workers left cleanly: no worker exited other than 0.
+        self.assertEqual(self.failed_pods(name, since), [], self.failed_pod_logs(name, since))
         self.delete_job(name)
 
 
