@@ -1030,6 +1030,44 @@ Result<Reconciler::Next> Reconciler::RecordFailures(Pass& p) {
   return Next::kGoOn;
 }
 
+namespace {
+
+// The status of a job whose worker pods are all being deleted (suspended, drained): `phase`,
+// `message`, no workers, `stopping` of them leaving, no plan.
+void MarkWorkersStopping(json& status, const std::string& phase, const std::string& message,
+                         int stopping) {
+  status["phase"] = phase;
+  status["message"] = message;
+  status["workers"] = 0;
+  status["readyWorkers"] = 0;
+  status["workerCounts"] = {
+      {"pending", 0}, {"joining", 0}, {"training", 0}, {"leaving", stopping}, {"failed", 0}};
+  status["assignment"] = json::array();
+}
+
+// `old` less the condition `own` (which the caller sets again) and those that only a job with
+// workers has (Running, Resizing, Degraded, ReconcileError, ImageKept).
+json ConditionsWithoutWorkers(const json& old, const std::string& own) {
+  json conditions = json::array();
+  for (const json& c : old) {
+    const std::string type = c.value("type", "");
+    if (type != own && type != "Running" && type != "Resizing" && type != "Degraded" &&
+        type != "ReconcileError" && type != "ImageKept") {
+      conditions.push_back(c);
+    }
+  }
+  return conditions;
+}
+
+}  // namespace
+
+void Reconciler::ForgetRegistration(const std::string& key) {
+  (void)coordinator_.RemoveJob(key);
+  std::lock_guard<std::mutex> lock(mu_);
+  registered_.erase(key);
+  expected_.erase(key);
+}
+
 Result<Reconciler::Next> Reconciler::Suspend(Pass& p, ReconcileResult& result) {
   const json* was = FindCondition(p.old_conditions, "Suspended");
   const bool was_suspended = was != nullptr && was->value("status", "") == "True";
@@ -1039,11 +1077,9 @@ Result<Reconciler::Next> Reconciler::Suspend(Pass& p, ReconcileResult& result) {
   }
   // The workers go; a resumed job starts again from its checkpoint, under a fresh
   // registration with the coordinator (restored from the status's epoch, with no members).
-  (void)coordinator_.RemoveJob(p.key);
+  ForgetRegistration(p.key);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    registered_.erase(p.key);
-    expected_.erase(p.key);
     times_[p.key].start.clear();
   }
   VF_ASSIGN_OR_RETURN(const int stopping, DeleteAllPods(p));
@@ -1052,27 +1088,14 @@ Result<Reconciler::Next> Reconciler::Suspend(Pass& p, ReconcileResult& result) {
           ? "suspended (spec.suspend): no worker pods"
           : "suspended (spec.suspend): " + std::to_string(stopping) + " worker pod(s) stopping";
   json& status = p.status;
-  status["phase"] = "Suspended";
-  status["message"] = message;
-  status["workers"] = 0;
-  status["readyWorkers"] = 0;
+  MarkWorkersStopping(status, "Suspended", message, stopping);
   status["desiredWorkers"] = 0;
-  status["workerCounts"] = {
-      {"pending", 0}, {"joining", 0}, {"training", 0}, {"leaving", stopping}, {"failed", 0}};
-  status["assignment"] = json::array();
   status.erase("startTime");  // as batch/v1: the deadline counts again from the resume
   // Resumed, the job starts again from its checkpoint on the image it would start on then.
   status.erase("workerImage");
   status.erase("workerBuild");
   status.erase("workerProtocol");
-  json conditions = json::array();
-  for (const json& c : p.old_conditions) {
-    const std::string type = c.value("type", "");
-    if (type != "Suspended" && type != "Running" && type != "Resizing" && type != "Degraded" &&
-        type != "ReconcileError" && type != "ImageKept") {
-      conditions.push_back(c);
-    }
-  }
+  json conditions = ConditionsWithoutWorkers(p.old_conditions, "Suspended");
   SetCondition(conditions, p.old_conditions, "Running", false, "Suspended", message, p.generation);
   SetCondition(conditions, p.old_conditions, "Suspended", true, "JobSuspended",
                "job suspended (spec.suspend is true)", p.generation);
@@ -1117,12 +1140,7 @@ Result<Reconciler::Next> Reconciler::Drain(Pass& p, ReconcileResult& result) {
   // This coordinator cannot talk to the workers: it forgets the job, so that they meet a
   // coordinator that does not know it, and leave untold when their pods are deleted, rank 0
   // writing a checkpoint of its last step.
-  (void)coordinator_.RemoveJob(p.key);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    registered_.erase(p.key);
-    expected_.erase(p.key);
-  }
+  ForgetRegistration(p.key);
   int left = 0;
   VF_ASSIGN_OR_RETURN(const int stopping, DeleteAllPods(p, &left));
   const bool resumes = !p.spec.checkpoint.path.empty();
@@ -1151,21 +1169,8 @@ Result<Reconciler::Next> Reconciler::Drain(Pass& p, ReconcileResult& result) {
       status.erase("loss");
     }
   }
-  status["phase"] = "Pending";
-  status["message"] = message;
-  status["workers"] = 0;
-  status["readyWorkers"] = 0;
-  status["workerCounts"] = {
-      {"pending", 0}, {"joining", 0}, {"training", 0}, {"leaving", stopping}, {"failed", 0}};
-  status["assignment"] = json::array();
-  json conditions = json::array();
-  for (const json& c : p.old_conditions) {
-    const std::string type = c.value("type", "");
-    if (type != "Draining" && type != "Running" && type != "Resizing" && type != "Degraded" &&
-        type != "ReconcileError" && type != "ImageKept") {
-      conditions.push_back(c);
-    }
-  }
+  MarkWorkersStopping(status, "Pending", message, stopping);
+  json conditions = ConditionsWithoutWorkers(p.old_conditions, "Draining");
   SetCondition(conditions, p.old_conditions, "Running", false, "Draining", message, p.generation);
   SetCondition(conditions, p.old_conditions, "Draining", !drained,
                drained ? (resumes ? "RestartedFromCheckpoint" : "RestartedFromStepZero")

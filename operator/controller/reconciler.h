@@ -154,6 +154,10 @@ class Reconciler {
   Result<Next> Suspend(Pass& p, ReconcileResult& result);
   // The Suspended condition once a job has ever been suspended: False (JobResumed) after it.
   void SetResumedCondition(Pass& p, nlohmann::json& conditions);
+  // Removes job `key` from the coordinator and forgets this reconciler's registration of it, so
+  // that its workers meet a coordinator that does not know the job (they leave untold when
+  // their pods are deleted) and the job starts again under a fresh registration.
+  void ForgetRegistration(const std::string& key);
   // Deletes every pod of the job, each with its own grace period (the kubelet's SIGTERM makes
   // the agent leave at a step boundary, rank 0 writing a checkpoint when its coordinator no
   // longer knows the job). Returns how many are still running or terminating; `left`, when
