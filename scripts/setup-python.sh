@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes the Python environment the PyTorch side of VirtualFlow needs: PyTorch (the PyPI build,
 # which brings its own CUDA runtime, cuBLAS and NCCL wheels), nanobind and scikit-build-core to
-# build the virtualflow package, pytest for its tests. A virtual environment in the cache
+# build the virtualflow package, pytest for its tests, ruff and mypy for the lint.python test
+# (tests/lint/check_python.sh). A virtual environment in the cache
 # directory, made once and remade only when the pins below change. Prints its python's path.
 #
 # usage: scripts/setup-python.sh             installs if needed; prints the interpreter
@@ -17,7 +18,7 @@ PINS=(
   torch==2.15.0 numpy==2.4.6
   nvidia-cuda-nvcc==13.2.86 nvidia-cuda-crt==13.2.86 nvidia-nvvm==13.2.86
   nanobind==3.1.0 scikit-build-core==1.1.2
-  pytest==9.2.0
+  pytest==9.2.0 ruff==0.17.6 mypy==2.4.1
 )
 cache="${VF_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/virtualflow}"
 env_dir="$cache/py"
