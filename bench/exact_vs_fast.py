@@ -8,6 +8,7 @@ and their ratio. The time per step is (wall time of a long run - wall time of a 
 
     python3 bench/exact_vs_fast.py --vf build/bin/vf [--workers 4] [--rounds 3]
 """
+
 import argparse
 import os
 import re
@@ -34,8 +35,12 @@ def job_with(base, reduction, global_batch):
 
 def timed_run(vf, job, workers, steps):
     start = time.monotonic()
-    proc = subprocess.run([vf, "run", job, "--workers", str(workers), "--steps", str(steps),
-                           "--quiet"], capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [vf, "run", job, "--workers", str(workers), "--steps", str(steps), "--quiet"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     elapsed = time.monotonic() - start
     if proc.returncode != 0:
         sys.exit(f"vf run {job} failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
@@ -68,19 +73,26 @@ def main():
                 short_s = timed_run(args.vf, jobs[mode], args.workers, args.short_steps)
                 ms = (long_s - short_s) * 1000.0 / (args.steps - args.short_steps)
                 per_step[mode].append(ms)
-                print(f"round {r + 1}/{args.rounds}  {mode:5s}  {ms:6.2f} ms/step  "
-                      f"({args.steps} steps in {long_s:.1f} s)", flush=True)
+                print(
+                    f"round {r + 1}/{args.rounds}  {mode:5s}  {ms:6.2f} ms/step  "
+                    f"({args.steps} steps in {long_s:.1f} s)",
+                    flush=True,
+                )
 
     fast = statistics.median(per_step["fast"])
     exact = statistics.median(per_step["exact"])
     print()
-    print(f"workers {args.workers}, global batch {args.global_batch or 'as in the job'}, "
-          f"median of {args.rounds} rounds")
+    print(
+        f"workers {args.workers}, global batch {args.global_batch or 'as in the job'}, "
+        f"median of {args.rounds} rounds"
+    )
     print(f"| fast ms/step | exact ms/step | exact / fast |")
     print(f"|---:|---:|---:|")
     print(f"| {fast:.2f} | {exact:.2f} | {exact / fast:.3f} |")
-    print("per-round ratios: " + ", ".join(
-        f"{e / f:.3f}" for e, f in zip(per_step["exact"], per_step["fast"])))
+    print(
+        "per-round ratios: "
+        + ", ".join(f"{e / f:.3f}" for e, f in zip(per_step["exact"], per_step["fast"]))
+    )
 
 
 if __name__ == "__main__":

@@ -38,19 +38,24 @@ BIN_DIR = os.environ.get("VF_BIN_DIR", os.path.join(SOURCE_DIR, "build", "bin"))
 CRD_FILE = os.path.join(SOURCE_DIR, "crds", "virtualflowjob.yaml")
 NS = "load"
 JOB_LABEL = "virtualflow.io/job"
-REQUESTS = re.compile(r'^vf_operator_api_request_duration_seconds_count\{verb="([^"]*)"\} (\S+)$',
-                      re.M)
+REQUESTS = re.compile(
+    r'^vf_operator_api_request_duration_seconds_count\{verb="([^"]*)"\} (\S+)$', re.M
+)
 
 
 def job_manifest(name: str, workers: int) -> dict[str, Any]:
     return {
-        "apiVersion": "virtualflow.io/v1alpha1", "kind": "VirtualFlowJob",
+        "apiVersion": "virtualflow.io/v1alpha1",
+        "kind": "VirtualFlowJob",
         "metadata": {"name": name, "namespace": NS},
         "spec": {
-            "virtualNodes": 8, "globalBatchSize": 256,
-            "replicas": {"min": workers, "max": workers}, "gpusPerWorker": 1,
+            "virtualNodes": 8,
+            "globalBatchSize": 256,
+            "replicas": {"min": workers, "max": workers},
+            "gpusPerWorker": 1,
             "model": {"name": "mlp", "hiddenSizes": [128]},
-            "dataset": {"name": "synthetic"}, "steps": 1000,
+            "dataset": {"name": "synthetic"},
+            "steps": 1000,
             "template": {"image": "virtualflow/agent:load"},
         },
     }
@@ -126,8 +131,10 @@ class Bindings:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                path = ("/api/v1/namespaces/%s/pods?watch=1&labelSelector=%s&resourceVersion=%s"
-                        "&timeoutSeconds=60" % (NS, JOB_LABEL, self._version))
+                path = (
+                    "/api/v1/namespaces/%s/pods?watch=1&labelSelector=%s&resourceVersion=%s"
+                    "&timeoutSeconds=60" % (NS, JOB_LABEL, self._version)
+                )
                 with self._cp.stream(path, timeout=90) as events:
                     for line in events:
                         event = json.loads(line)
@@ -161,11 +168,25 @@ class Bindings:
 
 def start_operator(cp: ControlPlane, args: argparse.Namespace) -> tuple[Component, str]:
     http_port = free_port()
-    argv = [os.path.join(BIN_DIR, "virtualflow-operator"), "--kubeconfig", cp.kubeconfig,
-            "--coordinator-listen", "127.0.0.1:%d" % free_port(),
-            "--http-listen", "127.0.0.1:%d" % http_port, "--agent-metrics-port", "-1",
-            "--leader-election-namespace", "default", "--namespace", NS,
-            "--kube-api-qps", str(args.kube_api_qps), "--kube-api-burst", str(args.kube_api_burst)]
+    argv = [
+        os.path.join(BIN_DIR, "virtualflow-operator"),
+        "--kubeconfig",
+        cp.kubeconfig,
+        "--coordinator-listen",
+        "127.0.0.1:%d" % free_port(),
+        "--http-listen",
+        "127.0.0.1:%d" % http_port,
+        "--agent-metrics-port",
+        "-1",
+        "--leader-election-namespace",
+        "default",
+        "--namespace",
+        NS,
+        "--kube-api-qps",
+        str(args.kube_api_qps),
+        "--kube-api-burst",
+        str(args.kube_api_burst),
+    ]
     if args.reconcile_workers:
         argv += ["--workers", str(args.reconcile_workers)]
     operator = Component("operator", argv, os.path.join(cp.logs, "operator.log"))
@@ -187,13 +208,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with ControlPlane() as cp:
         cp.create_namespace(NS)
         cp.kubectl("apply", "-f", CRD_FILE, check=True)
-        cp.wait_for("virtualflowjobs to be served",
-                    lambda: cp.kubectl("get", "vfj", "-A").returncode == 0)
+        cp.wait_for(
+            "virtualflowjobs to be served", lambda: cp.kubectl("get", "vfj", "-A").returncode == 0
+        )
         start = time.monotonic()
-        parallel(args.nodes, lambda i: cp.add_gpu_node("gpu-%04d" % i, args.gpus_per_node,
-                                                       pod_runner=False))
-        print("%d nodes of %d GPUs in %.1f s" % (args.nodes, args.gpus_per_node,
-                                                  time.monotonic() - start), flush=True)
+        parallel(
+            args.nodes,
+            lambda i: cp.add_gpu_node("gpu-%04d" % i, args.gpus_per_node, pod_runner=False),
+        )
+        print(
+            "%d nodes of %d GPUs in %.1f s"
+            % (args.nodes, args.gpus_per_node, time.monotonic() - start),
+            flush=True,
+        )
         operator, metrics_url = start_operator(cp, args)
         try:
             return measure(cp, operator, metrics_url, args)
@@ -201,8 +228,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             operator.stop()
 
 
-def measure(cp: ControlPlane, operator: Component, metrics_url: str,
-            args: argparse.Namespace) -> dict[str, Any]:
+def measure(
+    cp: ControlPlane, operator: Component, metrics_url: str, args: argparse.Namespace
+) -> dict[str, Any]:
     bindings = Bindings(cp)
     try:
         return measure_with(cp, operator, metrics_url, bindings, args)
@@ -210,16 +238,22 @@ def measure(cp: ControlPlane, operator: Component, metrics_url: str,
         bindings.stop()
 
 
-def measure_with(cp: ControlPlane, operator: Component, metrics_url: str, bindings: Bindings,
-                 args: argparse.Namespace) -> dict[str, Any]:
+def measure_with(
+    cp: ControlPlane,
+    operator: Component,
+    metrics_url: str,
+    bindings: Bindings,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
     pid = operator.proc.pid
     verbs_before = requests_by_verb(metrics_url)
     requests_before = sum(verbs_before.values())
     cpu_before = cpu_seconds(pid)
     path = "/apis/virtualflow.io/v1alpha1/namespaces/%s/virtualflowjobs" % NS
     start = time.monotonic()
-    parallel(args.jobs, lambda i: cp.request("POST", path,
-                                             job_manifest("job-%04d" % i, args.workers)))
+    parallel(
+        args.jobs, lambda i: cp.request("POST", path, job_manifest("job-%04d" % i, args.workers))
+    )
     created = time.monotonic() - start
     print("%d jobs created in %.1f s" % (args.jobs, created), flush=True)
     samples = []  # (seconds since start, requests so far)
@@ -243,9 +277,21 @@ def measure_with(cp: ControlPlane, operator: Component, metrics_url: str, bindin
                 done_at = time.monotonic() - start
                 break
             time.sleep(0.1)
-        print("%6.1f s: %d of %d jobs have their %d workers (%d pods, %d bound), %d API requests, "
-              "load %.1f" % (now, complete, args.jobs, args.workers, bindings.pods(),
-                             sum(bindings.counts().values()), sent, loads[-1]), flush=True)
+        print(
+            "%6.1f s: %d of %d jobs have their %d workers (%d pods, %d bound), %d API requests, "
+            "load %.1f"
+            % (
+                now,
+                complete,
+                args.jobs,
+                args.workers,
+                bindings.pods(),
+                sum(bindings.counts().values()),
+                sent,
+                loads[-1],
+            ),
+            flush=True,
+        )
     rss, hwm = memory_kib(pid)
     cpu = cpu_seconds(pid) - cpu_before
     verbs = requests_by_verb(metrics_url)
@@ -253,43 +299,69 @@ def measure_with(cp: ControlPlane, operator: Component, metrics_url: str, bindin
     by_verb = {verb: int(n - verbs_before.get(verb, 0)) for verb, n in sorted(verbs.items())}
     elapsed = done_at if done_at is not None else time.monotonic() - start
     return {
-        "jobs": args.jobs, "nodes": args.nodes, "gpus_per_node": args.gpus_per_node,
-        "workers_per_job": args.workers, "reconcile_workers": args.reconcile_workers or "default",
+        "jobs": args.jobs,
+        "nodes": args.nodes,
+        "gpus_per_node": args.gpus_per_node,
+        "workers_per_job": args.workers,
+        "reconcile_workers": args.reconcile_workers or "default",
         "kube_api_qps": args.kube_api_qps,
-        "kube_api_burst": args.kube_api_burst, "create_seconds": round(created, 1),
+        "kube_api_burst": args.kube_api_burst,
+        "create_seconds": round(created, 1),
         "all_workers_seconds": round(done_at, 1) if done_at is not None else None,
-        "operator_cpu_seconds": round(cpu, 1), "operator_peak_rss_mib": round(hwm / 1024, 1), "operator_rss_mib": round(rss / 1024, 1),
-        "api_requests": int(sent), "api_requests_by_verb": by_verb,
+        "operator_cpu_seconds": round(cpu, 1),
+        "operator_peak_rss_mib": round(hwm / 1024, 1),
+        "operator_rss_mib": round(rss / 1024, 1),
+        "api_requests": int(sent),
+        "api_requests_by_verb": by_verb,
         "api_requests_per_second": round(sent / elapsed, 1),
         "api_requests_per_second_peak_1s": round(peak_rate, 1),
-        "load_average_1m": {"min": min(loads), "max": max(loads),
-                            "mean": round(sum(loads) / len(loads), 2)},
+        "load_average_1m": {
+            "min": min(loads),
+            "max": max(loads),
+            "mean": round(sum(loads) / len(loads), 2),
+        },
     }
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--jobs", type=int, default=1000, help="VirtualFlowJobs to create")
     parser.add_argument("--nodes", type=int, default=500, help="fake GPU nodes")
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2, help="workers (GPUs) of each job")
-    parser.add_argument("--kube-api-qps", type=float, default=150,
-                        help="the operator's --kube-api-qps (its default: 150)")
-    parser.add_argument("--kube-api-burst", type=int, default=300,
-                        help="the operator's --kube-api-burst (its default: 300)")
-    parser.add_argument("--reconcile-workers", type=int, default=0,
-                        help="the operator's --workers, jobs reconciled at once (0: its default)")
-    parser.add_argument("--timeout", type=float, default=900,
-                        help="give up after this many seconds")
+    parser.add_argument(
+        "--kube-api-qps",
+        type=float,
+        default=150,
+        help="the operator's --kube-api-qps (its default: 150)",
+    )
+    parser.add_argument(
+        "--kube-api-burst",
+        type=int,
+        default=300,
+        help="the operator's --kube-api-burst (its default: 300)",
+    )
+    parser.add_argument(
+        "--reconcile-workers",
+        type=int,
+        default=0,
+        help="the operator's --workers, jobs reconciled at once (0: its default)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=900, help="give up after this many seconds"
+    )
     parser.add_argument("--json", help="write the summary here as JSON")
     args = parser.parse_args()
     for name in ("jobs", "nodes", "gpus_per_node", "workers"):
         if getattr(args, name) < 1:
             parser.error("--%s must be at least 1" % name.replace("_", "-"))
     if args.jobs * args.workers > args.nodes * args.gpus_per_node:
-        parser.error("%d jobs of %d workers need more GPUs than %d nodes of %d have" %
-                     (args.jobs, args.workers, args.nodes, args.gpus_per_node))
+        parser.error(
+            "%d jobs of %d workers need more GPUs than %d nodes of %d have"
+            % (args.jobs, args.workers, args.nodes, args.gpus_per_node)
+        )
     summary = run(args)
     print(json.dumps(summary, indent=2))
     if args.json:

@@ -57,8 +57,11 @@ spec:
 def run(vf, job, *args):
     with tempfile.TemporaryDirectory() as tmp:
         summary = os.path.join(tmp, "s.json")
-        p = subprocess.run([vf, "run", job, "--summary-json", summary, "--progress-interval",
-                            "0", *args], capture_output=True, text=True)
+        p = subprocess.run(
+            [vf, "run", job, "--summary-json", summary, "--progress-interval", "0", *args],
+            capture_output=True,
+            text=True,
+        )
         if p.returncode != 0:
             sys.exit("vf run failed:\n%s\n%s" % (p.stdout, p.stderr))
         with open(summary) as f:
@@ -85,8 +88,22 @@ def checkpoint_restart(vf, template, tmp, before, after, at, steps):
     with open(job, "w") as f:
         f.write(template % {"steps": steps, "checkpoint": "  checkpoint: {path: %s}" % ckpt})
     # Phase 1: the old set trains and writes the checkpoint at its last step.
-    p = subprocess.run([vf, "run", job, "--workers", str(before), "--steps", str(at),
-                        "--progress-interval", "0", "--quiet"], capture_output=True, text=True)
+    p = subprocess.run(
+        [
+            vf,
+            "run",
+            job,
+            "--workers",
+            str(before),
+            "--steps",
+            str(at),
+            "--progress-interval",
+            "0",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+    )
     if p.returncode != 0:
         sys.exit(p.stdout + p.stderr)
     write_seconds = checkpoint_write_seconds(vf, job, ckpt)
@@ -105,8 +122,9 @@ def checkpoint_restart(vf, template, tmp, before, after, at, steps):
 def checkpoint_write_seconds(vf, job, ckpt):
     """Time to write this job's checkpoint, as the agent does it (read it back, write it)."""
     bench = os.path.join(os.path.dirname(vf), "vf-bench")
-    p = subprocess.run([bench, "checkpoint-write", "--checkpoint", ckpt], capture_output=True,
-                       text=True)
+    p = subprocess.run(
+        [bench, "checkpoint-write", "--checkpoint", ckpt], capture_output=True, text=True
+    )
     if p.returncode != 0:
         sys.exit(p.stdout + p.stderr)
     return float(p.stdout.strip().split()[-1])
@@ -120,8 +138,12 @@ def warmup_rate(vf, tmp):
     with open(job, "w") as f:
         f.write(MLP % {"steps": 1500, "checkpoint": ""})
     launch = time.monotonic()
-    p = subprocess.Popen([vf, "run", job, "--capacity", "0s:2,4s:3", "--progress-interval",
-                          "0.25"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [vf, "run", job, "--capacity", "0s:2,4s:3", "--progress-interval", "0.25"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     samples = []  # (seconds since launch, step, samples/s, workers)
     resize_at = None
     for line in p.stdout:
@@ -142,11 +164,13 @@ def warmup_rate(vf, tmp):
     before = window(1.5, 4.0)
     during = window(4.0, resize_at)
     after = window(resize_at + 0.5, resize_at + 6.0)
-    return ("%-34s %12s %8s\n" % ("window (seconds after launch)", "samples/s", "lines") +
-            "%-34s %12.0f %8d\n" % ("2 workers, before (1.5-4.0)", *before) +
-            "%-34s %12.0f %8d\n" % ("2 workers, joiner warming (4.0-%.1f)" % resize_at, *during) +
-            "%-34s %12.0f %8d\n" % ("3 workers, after (%.1f-%.1f)" % (resize_at + 0.5,
-                                                                    resize_at + 6), *after))
+    return (
+        "%-34s %12s %8s\n" % ("window (seconds after launch)", "samples/s", "lines")
+        + "%-34s %12.0f %8d\n" % ("2 workers, before (1.5-4.0)", *before)
+        + "%-34s %12.0f %8d\n" % ("2 workers, joiner warming (4.0-%.1f)" % resize_at, *during)
+        + "%-34s %12.0f %8d\n"
+        % ("3 workers, after (%.1f-%.1f)" % (resize_at + 0.5, resize_at + 6), *after)
+    )
 
 
 def main():
@@ -155,21 +179,22 @@ def main():
     ap.add_argument("--skip-big", action="store_true", help="only the MLP")
     a = ap.parse_args()
     print("resize pause: in-place vs checkpoint-restart (seconds, measured in this run)")
-    print("%-26s %-7s %10s %12s %10s %8s" % ("state", "resize", "in-place", "ckpt-restart",
-                                            "(write)", "ratio"))
+    print(
+        "%-26s %-7s %10s %12s %10s %8s"
+        % ("state", "resize", "in-place", "ckpt-restart", "(write)", "ratio")
+    )
     cases = [("MLP 0.5M params", MLP, 600, 200)]
     if not a.skip_big:
         cases.append(("MLP 107M params (~860MB)", BIG, 24, 3))
     with tempfile.TemporaryDirectory() as tmp:
         for name, template, steps, at in cases:
             for label, before, after in (("grow", 1, 2), ("shrink", 2, 1)):
-                pause = in_place(a.vf, template, tmp, "0:%d,%d:%d" % (before, at, after), steps,
-                                 at)
-                restart, write = checkpoint_restart(a.vf, template, tmp, before, after, at,
-                                                    steps)
-                print("%-26s %-7s %10.3f %12.3f %10.3f %8.3f" % (name, "%d->%d" % (before, after),
-                                                                 pause, restart, write,
-                                                                 pause / restart))
+                pause = in_place(a.vf, template, tmp, "0:%d,%d:%d" % (before, at, after), steps, at)
+                restart, write = checkpoint_restart(a.vf, template, tmp, before, after, at, steps)
+                print(
+                    "%-26s %-7s %10.3f %12.3f %10.3f %8.3f"
+                    % (name, "%d->%d" % (before, after), pause, restart, write, pause / restart)
+                )
                 sys.stdout.flush()
         print()
         print("step rate of 2 workers while a third warms up (capacity 2 -> 3 at 4 s):")

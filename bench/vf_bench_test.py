@@ -1,4 +1,5 @@
 """vf-bench's command line: every benchmark runs (briefly), and bad input gets a clear error."""
+
 import os
 import re
 import subprocess
@@ -29,8 +30,17 @@ class VfBenchTest(unittest.TestCase):
     def test_help_lists_every_benchmark_and_option(self):
         rc, out, _ = run("--help")
         self.assertEqual(rc, 0)
-        for word in ["vnode-overhead", "reduction", "memory", "throughput", "products", "tuning",
-                     "--device", "--micro-batches", "--reduction"]:
+        for word in [
+            "vnode-overhead",
+            "reduction",
+            "memory",
+            "throughput",
+            "products",
+            "tuning",
+            "--device",
+            "--micro-batches",
+            "--reduction",
+        ]:
             self.assertIn(word, out)
 
     def test_no_benchmark_is_a_usage_error(self):
@@ -43,14 +53,22 @@ class VfBenchTest(unittest.TestCase):
             (["bogus"], "unknown benchmark 'bogus'"),
             (["throughput", "--device", "tpu"], "--device must be cpu or cuda"),
             (["throughput", "--reduction", "approximate"], "--reduction must be exact or fast"),
-            (["throughput", "--global-batch", "100", "--virtual-nodes", "3", *TINY],
-             "multiple of --virtual-nodes"),
-            (["vnode-overhead", "--micro-batches", "32,x", *TINY],
-             "--micro-batches: 'x' is not an integer"),
-            (["vnode-overhead", "--micro-batches", "32.5", *TINY],
-             "--micro-batches: '32.5' is not an integer"),
-            (["vnode-overhead", "--micro-batches", "0", *TINY],
-             "--micro-batches: '0' is not an integer between 1 and"),
+            (
+                ["throughput", "--global-batch", "100", "--virtual-nodes", "3", *TINY],
+                "multiple of --virtual-nodes",
+            ),
+            (
+                ["vnode-overhead", "--micro-batches", "32,x", *TINY],
+                "--micro-batches: 'x' is not an integer",
+            ),
+            (
+                ["vnode-overhead", "--micro-batches", "32.5", *TINY],
+                "--micro-batches: '32.5' is not an integer",
+            ),
+            (
+                ["vnode-overhead", "--micro-batches", "0", *TINY],
+                "--micro-batches: '0' is not an integer between 1 and",
+            ),
             (["throughput", "--dataset", "/nonexistent"], "/nonexistent"),
             (["products", "--micro-batches", "-4"], "--micro-batches: '-4' is not an integer"),
         ]
@@ -62,8 +80,16 @@ class VfBenchTest(unittest.TestCase):
                 self.assertEqual(len(err.strip().splitlines()), 1, err)
 
     def test_throughput_reports_a_rate(self):
-        rc, out, err = run("throughput", "--virtual-nodes", "4", "--global-batch", "64",
-                           "--reduction", "fast", *TINY)
+        rc, out, err = run(
+            "throughput",
+            "--virtual-nodes",
+            "4",
+            "--global-batch",
+            "64",
+            "--reduction",
+            "fast",
+            *TINY,
+        )
         self.assertEqual(rc, 0, err)
         fields = dict(re.findall(r"(\w+)=(\S+)", out))
         self.assertEqual(fields["device"], "cpu")
@@ -80,15 +106,24 @@ class VfBenchTest(unittest.TestCase):
         rc, out, err = run("tuning", "--virtual-nodes", "4", "--global-batch", "64", *TINY)
         self.assertEqual(rc, 0, err)
         rows = re.findall(r"^(\S.*?)\s+([\d.]+)\s+([\d.]+)$", out, re.M)
-        self.assertEqual([r[0] for r in rows],
-                         ["defaults", "one lane (nodes in turn)", "without record (CUDA graphs)",
-                          "without fused-fold or record", "without pinned-staging", "none of them"])
+        self.assertEqual(
+            [r[0] for r in rows],
+            [
+                "defaults",
+                "one lane (nodes in turn)",
+                "without record (CUDA graphs)",
+                "without fused-fold or record",
+                "without pinned-staging",
+                "none of them",
+            ],
+        )
         self.assertEqual(rows[0][2], "1.000")
         self.assertIn("final weights: the same bits in every configuration", out)
 
     def test_vnode_overhead_prints_a_ratio_per_micro_batch(self):
-        rc, out, err = run("vnode-overhead", "--virtual-nodes", "4", "--micro-batches", "8,16",
-                           *TINY)
+        rc, out, err = run(
+            "vnode-overhead", "--virtual-nodes", "4", "--micro-batches", "8,16", *TINY
+        )
         self.assertEqual(rc, 0, err)
         rows = re.findall(r"^\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", out, re.M)
         self.assertEqual([(r[0], r[1]) for r in rows], [("32", "8"), ("64", "16")])
@@ -98,12 +133,21 @@ class VfBenchTest(unittest.TestCase):
             assert_ratio_of_printed_times(self, r[4], r[2], r[3])
 
     def test_products_times_both_sides_and_counts_differing_outputs(self):
-        rc, out, err = run("products", "--virtual-nodes", "3", "--micro-batches", "5,16",
-                           "--steps", "2", "--repeats", "1")
+        rc, out, err = run(
+            "products",
+            "--virtual-nodes",
+            "3",
+            "--micro-batches",
+            "5,16",
+            "--steps",
+            "2",
+            "--repeats",
+            "1",
+        )
         self.assertEqual(rc, 0, err)
         rows = re.findall(
-            r"^\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+) of\s+(\d+)$", out,
-            re.M)
+            r"^\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+) of\s+(\d+)$", out, re.M
+        )
         self.assertEqual([(r[0], r[1]) for r in rows], [("15", "5"), ("48", "16")])
         self.assertRegex(out, r"on cpu \(OpenBLAS \w+, 1 thread\): V=3 products")
         for r in rows:
@@ -113,12 +157,15 @@ class VfBenchTest(unittest.TestCase):
             self.assertLessEqual(int(r[5]), int(r[6]))
 
     def test_memory_measures_three_children(self):
-        rc, out, err = run("memory", "--virtual-nodes", "2", "--micro-batch", "4",
-                           "--dataset", "synthetic")
+        rc, out, err = run(
+            "memory", "--virtual-nodes", "2", "--micro-batch", "4", "--dataset", "synthetic"
+        )
         self.assertEqual(rc, 0, err)
         rows = re.findall(r"^\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)$", out, re.M)
-        self.assertEqual([(r[0], r[1], r[2]) for r in rows],
-                         [("2", "8", "4"), ("32", "128", "4"), ("2", "128", "64")])
+        self.assertEqual(
+            [(r[0], r[1], r[2]) for r in rows],
+            [("2", "8", "4"), ("32", "128", "4"), ("2", "128", "64")],
+        )
         self.assertTrue(all(float(r[3]) > 10 for r in rows), rows)  # MiB of a real process
         self.assertIn("ratio, global batch 16x at equal micro-batch", out)
 

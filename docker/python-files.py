@@ -41,6 +41,7 @@ def requirements(dist: md.Distribution, extras: set[str]) -> list[tuple[str, set
 def evaluate(marker: str, extra: str) -> bool:
     """An environment marker, with the `packaging` module that pip vendors."""
     from pip._vendor.packaging.markers import Marker
+
     return Marker(marker).evaluate({"extra": extra})
 
 

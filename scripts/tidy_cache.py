@@ -41,8 +41,12 @@ def compile_args(entry: dict) -> list[str]:
 
 def dependencies(entry: dict) -> list[str]:
     """every file ENTRY's compilation reads, as the compiler's -M lists them."""
-    proc = subprocess.run(compile_args(entry) + ["-M", "-MF", "-"], cwd=entry["directory"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        compile_args(entry) + ["-M", "-MF", "-"],
+        cwd=entry["directory"],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         raise RuntimeError("%s: the compiler's -M failed: %s" % (entry["file"], proc.stderr))
     # "target.o: a.cc b.h \" and so on; a path with a space is written with "\ ".
@@ -55,15 +59,17 @@ class Hasher:
     """Content hashes of files, each file read once; paths under ROOT and BUILD made relative."""
 
     def __init__(self, root: str, build: str):
-        self.places = sorted([(os.path.realpath(build), "<build>"),
-                              (os.path.realpath(root), "<root>")], key=lambda p: -len(p[0]))
+        self.places = sorted(
+            [(os.path.realpath(build), "<build>"), (os.path.realpath(root), "<root>")],
+            key=lambda p: -len(p[0]),
+        )
         self.seen: dict[str, str] = {}
 
     def name(self, path: str) -> str:
         real = os.path.realpath(path)
         for place, label in self.places:
             if real == place or real.startswith(place + os.sep):
-                return label + real[len(place):]
+                return label + real[len(place) :]
         return real
 
     def text(self, value: str) -> str:
@@ -106,8 +112,13 @@ def pending(db: str, cache: str, root: str, build: str, keys_path: str, files: l
     with open(db) as f:
         entries = {os.path.realpath(e["file"]): e for e in json.load(f)}
     here = os.path.dirname(os.path.abspath(__file__))
-    common = VERSION + "\n" + subprocess.run(["clang-tidy", "--version"], capture_output=True,
-                                             text=True, check=True).stdout
+    common = (
+        VERSION
+        + "\n"
+        + subprocess.run(
+            ["clang-tidy", "--version"], capture_output=True, text=True, check=True
+        ).stdout
+    )
     for script in ("tidy.sh", "tidy_cache.py"):
         with open(os.path.join(here, script)) as f:
             common += f.read()

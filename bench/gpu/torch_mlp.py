@@ -16,6 +16,7 @@ Prints one line:
   torch mode=eager data=host global_batch=B virtual_nodes=V micro_batch=b ms_per_step=..
   samples_per_second=..
 """
+
 import argparse
 import statistics
 import sys
@@ -28,17 +29,27 @@ TRAIN_SAMPLES = 60000
 
 
 def parse_args():
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--global-batch", type=int, default=4096)
-    ap.add_argument("--virtual-nodes", type=int, default=16,
-                    help="micro-batches per step, gradients accumulated (default 16)")
-    ap.add_argument("--mode", choices=["eager", "compile"], default="eager",
-                    help="eager PyTorch, or the forward and loss through torch.compile")
+    ap.add_argument(
+        "--virtual-nodes",
+        type=int,
+        default=16,
+        help="micro-batches per step, gradients accumulated (default 16)",
+    )
+    ap.add_argument(
+        "--mode",
+        choices=["eager", "compile"],
+        default="eager",
+        help="eager PyTorch, or the forward and loss through torch.compile",
+    )
     ap.add_argument("--data", choices=["host", "device"], default="host")
     ap.add_argument("--steps", type=int, default=50, help="steps per measurement (default 50)")
-    ap.add_argument("--repeats", type=int, default=5,
-                    help="measurements; the median is reported (default 5)")
+    ap.add_argument(
+        "--repeats", type=int, default=5, help="measurements; the median is reported (default 5)"
+    )
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
     ap.add_argument("--device", default="cuda", help="torch device (default cuda)")
     args = ap.parse_args()
@@ -70,8 +81,9 @@ def main():
         images, labels = images.to(dev), labels.to(dev)
 
     torch.manual_seed(1)
-    model = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(),
-                          nn.Linear(256, 10)).to(dev)
+    model = nn.Sequential(
+        nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 10)
+    ).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss(reduction="sum")
 
@@ -97,12 +109,12 @@ def main():
         if state["pos"] + args.global_batch > TRAIN_SAMPLES:
             state["perm"] = torch.randperm(TRAIN_SAMPLES, generator=gen)
             state["pos"] = 0
-        batch = state["perm"][state["pos"]:state["pos"] + args.global_batch]
+        batch = state["perm"][state["pos"] : state["pos"] + args.global_batch]
         state["pos"] += args.global_batch
         opt.zero_grad(set_to_none=False)
         total = torch.zeros((), device=dev)
         for v in range(args.virtual_nodes):
-            x, y = stage(batch[v * b:(v + 1) * b])
+            x, y = stage(batch[v * b : (v + 1) * b])
             loss = forward_loss(x, y)
             (loss / args.global_batch).backward()
             total += loss.detach()
@@ -120,9 +132,12 @@ def main():
         sync()
         samples.append((time.perf_counter() - t0) / args.steps)
     t = statistics.median(samples)
-    print(f"torch mode={args.mode} data={args.data} global_batch={args.global_batch} "
-          f"virtual_nodes={args.virtual_nodes} micro_batch={b} ms_per_step={1e3 * t:.4f} "
-          f"samples_per_second={args.global_batch / t:.1f}", flush=True)
+    print(
+        f"torch mode={args.mode} data={args.data} global_batch={args.global_batch} "
+        f"virtual_nodes={args.virtual_nodes} micro_batch={b} ms_per_step={1e3 * t:.4f} "
+        f"samples_per_second={args.global_batch / t:.1f}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -25,10 +25,10 @@ ROOT = Path(__file__).resolve().parents[2]
 CNN_PATH = ROOT / "examples" / "torch" / "cnn.py"
 
 # Environment variables the scripts read (the driver sets them).
-ENV_TIMES = "VF_BENCH_TIMES"        # JSON-lines file: one record per step (appended, O_APPEND)
+ENV_TIMES = "VF_BENCH_TIMES"  # JSON-lines file: one record per step (appended, O_APPEND)
 ENV_KILL_STEP = "VF_BENCH_KILL_STEP"  # the highest rank SIGKILLs itself in this step...
 ENV_KILL_MARK = "VF_BENCH_KILL_MARK"  # ...once: this file marks that it happened
-ENV_THREADS = "VF_BENCH_THREADS"    # intra-op threads of the baselines (VirtualFlow: VF_THREADS)
+ENV_THREADS = "VF_BENCH_THREADS"  # intra-op threads of the baselines (VirtualFlow: VF_THREADS)
 
 
 def cnn_module(*, with_virtualflow: bool) -> types.ModuleType:
@@ -78,7 +78,7 @@ class Sampler:
             g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
             self._perm = torch.randperm(self.n, generator=g)
             self._epoch = epoch
-        return self._perm[k * self.b:(k + 1) * self.b]
+        return self._perm[k * self.b : (k + 1) * self.b]
 
 
 class Recorder:
@@ -101,8 +101,9 @@ class Recorder:
     def step(self, step: int, t_start: float, t_end: float, **extra: Any) -> None:
         """A step's start and end (wall clock), and the process's CPU time (all its threads,
         user + system) at the end."""
-        self.write(event="step", step=step, t_start=t_start, t_end=t_end, cpu=time.process_time(),
-                   **extra)
+        self.write(
+            event="step", step=step, t_start=t_start, t_end=t_end, cpu=time.process_time(), **extra
+        )
 
 
 def kill_requested(step: int, rank: int, world: int) -> bool:

@@ -35,8 +35,10 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     per_rank = a.global_batch // world
     if per_rank * world != a.global_batch or per_rank % a.micro_batch:
-        raise SystemExit(f"global batch {a.global_batch} does not split into {world} ranks of "
-                         f"micro-batches of {a.micro_batch}")
+        raise SystemExit(
+            f"global batch {a.global_batch} does not split into {world} ranks of "
+            f"micro-batches of {a.micro_batch}"
+        )
     k = per_rank // a.micro_batch
     cnn = common.cnn_module(with_virtualflow=False)
     x_train, y_train = cnn.load("train")
@@ -45,17 +47,18 @@ def main() -> None:
     opt, sched = common.make_optimizer(model, a.steps)
     sampler = common.Sampler(len(x_train), a.global_batch)
     torch.manual_seed(1000 + rank)  # augmentation differs per rank
-    rec = common.Recorder(system="ddp", rank=rank, world=world, threads=threads,
-                          micro_batches_per_rank=k)
+    rec = common.Recorder(
+        system="ddp", rank=rank, world=world, threads=threads, micro_batches_per_rank=k
+    )
     dist.barrier()
     profile = os.environ.get("VF_BENCH_PROFILE", "") == "1"
     times: dict[str, float] = {}
     for step in range(a.steps):
         t0 = time.time()
         model.train()
-        mine = sampler.batch(step)[rank * per_rank:(rank + 1) * per_rank]
+        mine = sampler.batch(step)[rank * per_rank : (rank + 1) * per_rank]
         for i in range(k):
-            idx = mine[i * a.micro_batch:(i + 1) * a.micro_batch]
+            idx = mine[i * a.micro_batch : (i + 1) * a.micro_batch]
             sync = contextlib.nullcontext() if i == k - 1 else model.no_sync()
             with sync:
                 t1 = time.perf_counter()

@@ -39,8 +39,12 @@ def main() -> None:
     ap.add_argument("--global-batch", type=int, default=256)
     ap.add_argument("--micro-batch", type=int, default=32)
     ap.add_argument("--steps", type=int, default=200, help="the job's length")
-    ap.add_argument("--after-restart", type=int, default=0,
-                    help="end this many steps after a start from a checkpoint (0: run to the end)")
+    ap.add_argument(
+        "--after-restart",
+        type=int,
+        default=0,
+        help="end this many steps after a start from a checkpoint (0: run to the end)",
+    )
     a = ap.parse_args()
     threads = common.set_threads()
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -79,9 +83,9 @@ def main() -> None:
     for step in range(first, last):
         t0 = time.time()
         model.train()
-        mine = sampler.batch(step)[rank * per_rank:(rank + 1) * per_rank]
+        mine = sampler.batch(step)[rank * per_rank : (rank + 1) * per_rank]
         for i in range(k):
-            idx = mine[i * a.micro_batch:(i + 1) * a.micro_batch]
+            idx = mine[i * a.micro_batch : (i + 1) * a.micro_batch]
             with contextlib.nullcontext() if i == k - 1 else model.no_sync():
                 loss = F.cross_entropy(model(cnn.augment(x_train[idx])), y_train[idx])
                 (loss / k if k > 1 else loss).backward()
@@ -92,8 +96,15 @@ def main() -> None:
         opt.zero_grad()
         if rank == 0:
             tmp = a.checkpoint + ".tmp"
-            torch.save({"model": net.state_dict(), "optimizer": opt.state_dict(),
-                        "scheduler": sched.state_dict(), "step": step + 1}, tmp)
+            torch.save(
+                {
+                    "model": net.state_dict(),
+                    "optimizer": opt.state_dict(),
+                    "scheduler": sched.state_dict(),
+                    "step": step + 1,
+                },
+                tmp,
+            )
             os.replace(tmp, a.checkpoint)
         rec.step(step, t0, time.time(), loss=float(loss.detach()))
     dist.destroy_process_group()

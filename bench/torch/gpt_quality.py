@@ -67,7 +67,7 @@ def plain(seed: int, steps: int) -> dict[str, float]:
     for _ in range(steps):
         if pos + BATCH > samples:
             perm, pos = torch.randperm(samples, generator=order), 0
-        idx = perm[pos:pos + BATCH]
+        idx = perm[pos : pos + BATCH]
         pos += BATCH
         model.train()
         x, y = g.windows(train, idx)
@@ -77,35 +77,57 @@ def plain(seed: int, steps: int) -> dict[str, float]:
         opt.step()
         sched.step()
         opt.zero_grad()
-    return {"validation_loss": g.validation_loss(model, val),
-            "seconds": time.monotonic() - started}
+    return {"validation_loss": g.validation_loss(model, val), "seconds": time.monotonic() - started}
 
 
 def virtualflow(seed: int, steps: int, workers: int, vf: Path) -> dict[str, float]:
     """One `vf run` of the example with the job's seed set to `seed`."""
     text = JOB.read_text()
-    lines = [f"  seed: {seed}" if line.startswith("  seed:") else line for line in text.splitlines()]
+    lines = [
+        f"  seed: {seed}" if line.startswith("  seed:") else line for line in text.splitlines()
+    ]
     lines = [f"  steps: {steps}" if line.startswith("  steps:") else line for line in lines]
     with tempfile.TemporaryDirectory() as tmp:
         job = Path(tmp) / "gpt.yaml"
         job.write_text("\n".join(lines) + "\n")
         summary = Path(tmp) / "summary.json"
         started = time.monotonic()
-        run = subprocess.run([str(vf), "run", str(job), "--workers", str(workers),
-                              "--progress-interval", "0", "--summary-json", str(summary)],
-                             cwd=ROOT, capture_output=True, text=True)
+        run = subprocess.run(
+            [
+                str(vf),
+                "run",
+                str(job),
+                "--workers",
+                str(workers),
+                "--progress-interval",
+                "0",
+                "--summary-json",
+                str(summary),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
         seconds = time.monotonic() - started
         if run.returncode != 0:
             sys.exit(f"vf run failed:\n{run.stdout}\n{run.stderr}")
         result = json.loads(summary.read_text())
-    return {"validation_loss": result["test_loss"], "seconds": seconds,
-            "weights_sha256": result["weights_sha256"]}
+    return {
+        "validation_loss": result["test_loss"],
+        "seconds": seconds,
+        "weights_sha256": result["weights_sha256"],
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3],
-                    help="one run of each side per seed (default: 1 2 3)")
+    ap.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=[1, 2, 3],
+        help="one run of each side per seed (default: 1 2 3)",
+    )
     ap.add_argument("--steps", type=int, default=1000, help="steps of every run (the example's)")
     ap.add_argument("--workers", type=int, default=2, help="VirtualFlow workers (default 2)")
     ap.add_argument("--vf", type=Path, default=ROOT / "build" / "bin" / "vf", help="the vf binary")
@@ -117,11 +139,17 @@ def main() -> None:
     runs: dict[str, list[dict[str, float]]] = {"plain": [], "virtualflow": []}
     for seed in args.seeds:
         for side in runs:
-            r = (plain(seed, args.steps) if side == "plain"
-                 else virtualflow(seed, args.steps, args.workers, args.vf))
+            r = (
+                plain(seed, args.steps)
+                if side == "plain"
+                else virtualflow(seed, args.steps, args.workers, args.vf)
+            )
             runs[side].append({"seed": seed, **r})
-            print(f"{side:12s} seed {seed}: validation loss {r['validation_loss']:.4f} "
-                  f"({r['seconds']:.0f} s)", flush=True)
+            print(
+                f"{side:12s} seed {seed}: validation loss {r['validation_loss']:.4f} "
+                f"({r['seconds']:.0f} s)",
+                flush=True,
+            )
     losses = {side: [r["validation_loss"] for r in rs] for side, rs in runs.items()}
     mean = {side: statistics.mean(v) for side, v in losses.items()}
     noise = max(statistics.stdev(v) for v in losses.values())
@@ -129,14 +157,28 @@ def main() -> None:
     # Two standard deviations of the noisier side's runs: the difference between two means of
     # that many runs stays inside it unless the sides differ.
     within = abs(difference) <= 2 * noise
-    print(f"mean validation loss: plain {mean['plain']:.4f}, VirtualFlow {mean['virtualflow']:.4f}; "
-          f"difference {difference:+.4f}; run-to-run standard deviation {noise:.4f}: "
-          f"{'within' if within else 'OUTSIDE'} the noise (|difference| <= 2 sd)")
+    print(
+        f"mean validation loss: plain {mean['plain']:.4f}, VirtualFlow {mean['virtualflow']:.4f}; "
+        f"difference {difference:+.4f}; run-to-run standard deviation {noise:.4f}: "
+        f"{'within' if within else 'OUTSIDE'} the noise (|difference| <= 2 sd)"
+    )
     if args.out:
-        args.out.write_text(json.dumps({"runs": runs, "mean": mean, "noise_sd": noise,
-                                        "difference": difference, "within_noise": within,
-                                        "steps": args.steps, "workers": args.workers,
-                                        "threads": 1}, indent=2) + "\n")
+        args.out.write_text(
+            json.dumps(
+                {
+                    "runs": runs,
+                    "mean": mean,
+                    "noise_sd": noise,
+                    "difference": difference,
+                    "within_noise": within,
+                    "steps": args.steps,
+                    "workers": args.workers,
+                    "threads": 1,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     sys.exit(0 if within else 1)
 
 

@@ -38,11 +38,14 @@ def main() -> None:
     flat = torch.zeros(sum(p.numel() for p in params))
     views, offset = [], 0
     for p in params:
-        views.append(flat[offset:offset + p.numel()].view_as(p))
+        views.append(flat[offset : offset + p.numel()].view_as(p))
         offset += p.numel()
     sampler = common.Sampler(len(x), 256)
-    modes = ["plain accumulation (loss/8)", "persistent buffers (as virtualflow.torch)",
-             "plain accumulation, loss not divided"]
+    modes = [
+        "plain accumulation (loss/8)",
+        "persistent buffers (as virtualflow.torch)",
+        "plain accumulation, loss not divided",
+    ]
     times: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
     for step in range(a.steps):
         mode = modes[step % len(modes)]
@@ -53,7 +56,7 @@ def main() -> None:
                 flat.zero_()
                 for p, v in zip(params, views):
                     p.grad = v
-            idx = batch[k * 32:(k + 1) * 32]
+            idx = batch[k * 32 : (k + 1) * 32]
             t0 = time.perf_counter()
             loss = F.cross_entropy(model(cnn.augment(x[idx])), y[idx])
             t1 = time.perf_counter()
@@ -68,7 +71,9 @@ def main() -> None:
     for m in modes:
         f = statistics.median(t[0] for t in times[m])
         b = statistics.median(t[1] for t in times[m])
-        print(f"{m:<44} forward {1000 * f:6.1f} ms  backward {1000 * b:6.1f} ms  ({len(times[m])} steps)")
+        print(
+            f"{m:<44} forward {1000 * f:6.1f} ms  backward {1000 * b:6.1f} ms  ({len(times[m])} steps)"
+        )
 
 
 if __name__ == "__main__":

@@ -94,10 +94,24 @@ def run(a: argparse.Namespace, tmp: Path, lib: Path | None) -> tuple[float, str]
     env.pop("VF_BENCH_LIBRARY", None)
     if lib is not None:
         env["VF_BENCH_LIBRARY"] = str(lib)
-    subprocess.run([a.vf, "run", str(job), "--workers", "1", "--progress-interval", "0",
-                    "--summary-json", str(summary)], check=True, env=env, cwd=ROOT,
-                   stdout=subprocess.DEVNULL)
-    ends = json.loads(times.read_text())[a.warmup:]
+    subprocess.run(
+        [
+            a.vf,
+            "run",
+            str(job),
+            "--workers",
+            "1",
+            "--progress-interval",
+            "0",
+            "--summary-json",
+            str(summary),
+        ],
+        check=True,
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+    )
+    ends = json.loads(times.read_text())[a.warmup :]
     step = statistics.median(b - e for e, b in zip(ends, ends[1:]))
     return step, json.loads(summary.read_text())["weights_sha256"]
 
@@ -119,16 +133,20 @@ def main() -> None:
         ratios, shas = [], set()
         for r in range(a.repeats):
             got = {}
-            for which in (("built", "patched") if r % 2 == 0 else ("patched", "built")):
+            for which in ("built", "patched") if r % 2 == 0 else ("patched", "built"):
                 got[which], sha = run(a, tmp, lib if which == "patched" else None)
                 shas.add(sha)
             ratios.append(got["patched"] / got["built"])
-            print(f"round {r + 1}/{a.repeats}: built {got['built'] * 1e3:.3f} ms, patched "
-                  f"{got['patched'] * 1e3:.3f} ms per step (8 nodes), load {os.getloadavg()[0]:.2f}",
-                  flush=True)
-        print(f"patched / built: {statistics.median(ratios):.3f} (rounds "
-              f"{', '.join(f'{x:.3f}' for x in ratios)}); final weights "
-              f"{'bitwise the same' if len(shas) == 1 else 'DIFFERENT'} ({', '.join(sorted(shas))[:80]})")
+            print(
+                f"round {r + 1}/{a.repeats}: built {got['built'] * 1e3:.3f} ms, patched "
+                f"{got['patched'] * 1e3:.3f} ms per step (8 nodes), load {os.getloadavg()[0]:.2f}",
+                flush=True,
+            )
+        print(
+            f"patched / built: {statistics.median(ratios):.3f} (rounds "
+            f"{', '.join(f'{x:.3f}' for x in ratios)}); final weights "
+            f"{'bitwise the same' if len(shas) == 1 else 'DIFFERENT'} ({', '.join(sorted(shas))[:80]})"
+        )
 
 
 if __name__ == "__main__":

@@ -20,8 +20,12 @@ import common
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--mode", choices=["accum", "whole"], default="accum",
-                    help="accum: micro-batches, loss/k each; whole: one batch of --global-batch")
+    ap.add_argument(
+        "--mode",
+        choices=["accum", "whole"],
+        default="accum",
+        help="accum: micro-batches, loss/k each; whole: one batch of --global-batch",
+    )
     ap.add_argument("--global-batch", type=int, default=256)
     ap.add_argument("--micro-batch", type=int, default=32)
     ap.add_argument("--steps", type=int, default=30)
@@ -48,7 +52,7 @@ def main() -> None:
         model.train()
         batch = sampler.batch(step)
         for i in range(k):
-            idx = batch[i * mb:(i + 1) * mb].to(dev)
+            idx = batch[i * mb : (i + 1) * mb].to(dev)
             t1 = time.perf_counter()
             loss = F.cross_entropy(model(cnn.augment(x_train[idx])), y_train[idx])
             t2 = time.perf_counter()

@@ -81,8 +81,11 @@ def main() -> None:
 
         job._backward = timed_backward  # type: ignore[method-assign]
     cnn = common.cnn_module(with_virtualflow=True)
-    rec = common.Recorder(system="virtualflow", worker=os.environ.get("VF_WORKER", ""),
-                          threads=torch.get_num_threads())
+    rec = common.Recorder(
+        system="virtualflow",
+        worker=os.environ.get("VF_WORKER", ""),
+        threads=torch.get_num_threads(),
+    )
     rec.write(event="start", t=T_START)
     dev = cnn.device()
     x_train, y_train = (t.to(dev) for t in cnn.load("train"))
@@ -107,8 +110,14 @@ def main() -> None:
         first = True
         for node in step.virtual_nodes():
             if node_times:
-                rec.write(event="node", step=step.index, vnode=node.index, t=time.time(),
-                          rank=job.rank, world=job.world_size)
+                rec.write(
+                    event="node",
+                    step=step.index,
+                    vnode=node.index,
+                    t=time.time(),
+                    rank=job.rank,
+                    world=job.world_size,
+                )
             t1 = time.perf_counter()
             # as_tensor: a library before its indices were a tensor (bench.py ab) gave a list.
             idx = torch.as_tensor(node.indices).to(dev)
@@ -124,8 +133,9 @@ def main() -> None:
         opt.zero_grad()
         times["optimizer"] = times.get("optimizer", 0.0) + time.perf_counter() - t1
         if profile:
-            rec.write(event="profile", step=step.index, rank=job.rank, world=job.world_size,
-                      **times)
+            rec.write(
+                event="profile", step=step.index, rank=job.rank, world=job.world_size, **times
+            )
             times.clear()
         rec.step(step.index, t0, time.time(), rank=job.rank, world=job.world_size, loss=step.loss)
     job.finish()

@@ -24,7 +24,9 @@ DATA = os.environ.get("FASHION_MNIST", "/usr/share/datasets/fashion-mnist")
 def device() -> torch.device:
     """CNN_DEVICE (cpu, cuda, cuda:1), else the GPU when there is one: a pod given
     `nvidia.com/gpu: 1` sees its GPU as cuda:0."""
-    return torch.device(os.environ.get("CNN_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu"))
+    return torch.device(
+        os.environ.get("CNN_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+    )
 
 
 def load(split: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,7 +55,9 @@ class Block(nn.Module):
         self.bn2 = nn.BatchNorm2d(cout)
         self.shortcut = nn.Sequential()
         if stride != 1 or cin != cout:
-            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.relu(self.bn1(self.conv1(x)))
@@ -63,8 +67,10 @@ class Block(nn.Module):
 class Net(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(1, 32, 3, 1, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU())
-        self.layer1 = Block(32, 64, 2)   # 14 x 14
+        self.stem = nn.Sequential(
+            nn.Conv2d(1, 32, 3, 1, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU()
+        )
+        self.layer1 = Block(32, 64, 2)  # 14 x 14
         self.layer2 = Block(64, 128, 2)  # 7 x 7
         self.fc = nn.Linear(128, 10)
 
@@ -82,7 +88,7 @@ def augment(x: torch.Tensor) -> torch.Tensor:
     x = torch.where(flip[:, None, None, None], x.flip(3), x)
     padded = F.pad(x, (2, 2, 2, 2))
     dx, dy = torch.randint(0, 5, (2,))
-    return padded[:, :, int(dy):int(dy) + 28, int(dx):int(dx) + 28]
+    return padded[:, :, int(dy) : int(dy) + 28, int(dx) : int(dx) + 28]
 
 
 @torch.no_grad()
@@ -90,9 +96,9 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float,
     model.eval()
     correct, loss = 0, 0.0
     for i in range(0, len(x), 1000):
-        out = model(x[i:i + 1000])
-        loss += float(F.cross_entropy(out, y[i:i + 1000], reduction="sum"))
-        correct += int((out.argmax(1) == y[i:i + 1000]).sum())
+        out = model(x[i : i + 1000])
+        loss += float(F.cross_entropy(out, y[i : i + 1000], reduction="sum"))
+        correct += int((out.argmax(1) == y[i : i + 1000]).sum())
     return correct / len(x), loss / len(x)
 
 
@@ -126,8 +132,9 @@ def main() -> None:
     # CNN_TEST_SAMPLES: evaluate on the first N test images (default all 10,000; the test of a
     # few steps' weights needs no accuracy).
     n_test = int(os.environ.get("CNN_TEST_SAMPLES", len(x_test)))
-    accuracy, test_loss = (evaluate(model, x_test[:n_test], y_test[:n_test])
-                           if job.rank == 0 else (None, None))
+    accuracy, test_loss = (
+        evaluate(model, x_test[:n_test], y_test[:n_test]) if job.rank == 0 else (None, None)
+    )
     if accuracy is not None:
         print(f"test accuracy {100 * accuracy:.2f}%, test loss {test_loss:.4f}", flush=True)
     job.finish(test_accuracy=accuracy, test_loss=test_loss)

@@ -26,12 +26,16 @@ CONTEXT = 64
 
 def device() -> torch.device:
     """GPT_DEVICE (cpu, cuda, cuda:1), else the GPU when there is one."""
-    return torch.device(os.environ.get("GPT_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu"))
+    return torch.device(
+        os.environ.get("GPT_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+    )
 
 
 def load_corpus() -> tuple[torch.Tensor, torch.Tensor]:
     """The fortune files (not their .dat indexes or .u8 links), in name order, as bytes."""
-    files = sorted(p for p in CORPUS.iterdir() if p.is_file() and not p.is_symlink() and p.suffix != ".dat")
+    files = sorted(
+        p for p in CORPUS.iterdir() if p.is_file() and not p.is_symlink() and p.suffix != ".dat"
+    )
     if not files:
         raise SystemExit(f"{CORPUS}: no fortune files (install Debian's `fortunes` package)")
     data = torch.frombuffer(bytearray(b"".join(p.read_bytes() for p in files)), dtype=torch.uint8)
@@ -79,7 +83,11 @@ class GPT(nn.Module):
         self.dropout = dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = F.dropout(self.tok(x) + self.pos(torch.arange(x.shape[1], device=x.device)), self.dropout, self.training)
+        h = F.dropout(
+            self.tok(x) + self.pos(torch.arange(x.shape[1], device=x.device)),
+            self.dropout,
+            self.training,
+        )
         for block in self.blocks:
             h = block(h)
         return self.head(self.ln(h))
@@ -91,11 +99,14 @@ def warmup_cosine(total: int, warmup: int):
             return (step + 1) / warmup
         progress = (step - warmup) / max(1, total - warmup)
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
     return factor
 
 
 @torch.no_grad()
-def validation_loss(model: nn.Module, val: torch.Tensor, batches: int = 16, batch: int = 64) -> float:
+def validation_loss(
+    model: nn.Module, val: torch.Tensor, batches: int = 16, batch: int = 64
+) -> float:
     model.eval()
     n = (len(val) - 1) // CONTEXT
     total = 0.0

@@ -67,9 +67,22 @@ def step_windows(vf, job, workers, steps, interval):
     """Progress of one `vf run` as (time, step) rows: rank 0 prints its step count every
     `interval` seconds, and a pseudo-terminal delivers each line as it is printed."""
     master, slave = pty.openpty()
-    proc = subprocess.Popen([vf, "run", job, "--workers", str(workers), "--steps", str(steps),
-                             "--progress-interval", str(interval)],
-                            stdout=slave, stderr=slave, close_fds=True)
+    proc = subprocess.Popen(
+        [
+            vf,
+            "run",
+            job,
+            "--workers",
+            str(workers),
+            "--steps",
+            str(steps),
+            "--progress-interval",
+            str(interval),
+        ],
+        stdout=slave,
+        stderr=slave,
+        close_fds=True,
+    )
     os.close(slave)
     rows, buf = [], b""
     while True:
@@ -95,8 +108,11 @@ def step_windows(vf, job, workers, steps, interval):
 def step_seconds_beside(vf, job, steps, interval):
     """step_seconds of a single-worker run while a second single-worker run of the same job
     keeps the other core busy (started first, stopped after)."""
-    other = subprocess.Popen([vf, "run", job, "--workers", "1", "--steps", str(steps * 2),
-                              "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    other = subprocess.Popen(
+        [vf, "run", job, "--workers", "1", "--steps", str(steps * 2), "--quiet"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         time.sleep(1.0)  # past its start-up
         return step_seconds(vf, job, 1, steps, interval)
@@ -132,8 +148,12 @@ def allreduce_seconds(bench, workers, repeats):
     """Minimum over `repeats` runs of vf-bench's median exact all-reduce time."""
     best = None
     for _ in range(repeats):
-        out = subprocess.run([bench, "reduction", "--workers", str(workers), "--repeats", "9",
-                              "--steps", "3"], check=True, capture_output=True, text=True).stdout
+        out = subprocess.run(
+            [bench, "reduction", "--workers", str(workers), "--repeats", "9", "--steps", "3"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         for line in out.splitlines():
             if line.startswith("all-reduce of %d values" % PARAMETERS):
                 t = float(line.split()[-2]) / 1e3  # the exact column, ms
@@ -148,8 +168,10 @@ def fit_ring(points, nbytes, cores):
     """Least squares of a(N) = max(1, N / cores) * (2(N-1) * lat + 2(N-1)/N * bytes / bw) over
     (N, a) points: the ring model, stretched when N workers share fewer cores (as the
     simulator's shared-core model does)."""
-    xs = [(2.0 * (n - 1) * max(1.0, n / cores), 2.0 * (n - 1) / n * nbytes * max(1.0, n / cores))
-          for n, _ in points]
+    xs = [
+        (2.0 * (n - 1) * max(1.0, n / cores), 2.0 * (n - 1) / n * nbytes * max(1.0, n / cores))
+        for n, _ in points
+    ]
     ys = [a for _, a in points]
     s11 = sum(x[0] * x[0] for x in xs)
     s12 = sum(x[0] * x[1] for x in xs)
@@ -173,25 +195,49 @@ def predict(sim, tmp, per_node, per_step, latency, bandwidth, contention, measur
     measured times instead of the ring); {workers: row}."""
     profiles = os.path.join(tmp, "profiles.yaml")
     with open(profiles, "w") as f:
-        f.write("workloads:\n  fashion-mnist-mlp:\n    parameters: %d\n"
-                "    gradient_bytes_per_parameter: %d\n    devices:\n      cpu:\n"
-                "        seconds_per_micro_batch: {32: %.6g}\n"
-                "        per_step_seconds: %.6g\n        source: measured\n"
-                % (PARAMETERS, BYTES_PER_PARAMETER, per_node, per_step))
+        f.write(
+            "workloads:\n  fashion-mnist-mlp:\n    parameters: %d\n"
+            "    gradient_bytes_per_parameter: %d\n    devices:\n      cpu:\n"
+            "        seconds_per_micro_batch: {32: %.6g}\n"
+            "        per_step_seconds: %.6g\n        source: measured\n"
+            % (PARAMETERS, BYTES_PER_PARAMETER, per_node, per_step)
+        )
     cluster = os.path.join(tmp, "cluster.yaml")
     with open(cluster, "w") as f:
-        f.write("name: local-2-core\ngpus: {cpu: 4}\nshared_cores: {cpu: %d}\n"
-                "core_contention: {cpu: %.6g}\n"
-                "network:\n  latency_seconds: %.6g\n  bandwidth_bytes_per_second: %.6g\n"
-                % (CORES, contention, latency, bandwidth))
+        f.write(
+            "name: local-2-core\ngpus: {cpu: 4}\nshared_cores: {cpu: %d}\n"
+            "core_contention: {cpu: %.6g}\n"
+            "network:\n  latency_seconds: %.6g\n  bandwidth_bytes_per_second: %.6g\n"
+            % (CORES, contention, latency, bandwidth)
+        )
         if measured:
-            f.write("  measured_allreduce:\n    bytes: %d\n    seconds: {%s}\n"
-                    % (PARAMETERS * BYTES_PER_PARAMETER,
-                       ", ".join("%d: %.6g" % (n, s) for n, s in measured)))
-    out = subprocess.run(sim + ["--predict", "fashion-mnist-mlp", "--cluster", cluster,
-                                "--profiles", profiles, "--workers", "1,2,3,4",
-                                "--virtual-nodes", "8", "--global-batch", "256", "--json"],
-                         capture_output=True, text=True)
+            f.write(
+                "  measured_allreduce:\n    bytes: %d\n    seconds: {%s}\n"
+                % (
+                    PARAMETERS * BYTES_PER_PARAMETER,
+                    ", ".join("%d: %.6g" % (n, s) for n, s in measured),
+                )
+            )
+    out = subprocess.run(
+        sim
+        + [
+            "--predict",
+            "fashion-mnist-mlp",
+            "--cluster",
+            cluster,
+            "--profiles",
+            profiles,
+            "--workers",
+            "1,2,3,4",
+            "--virtual-nodes",
+            "8",
+            "--global-batch",
+            "256",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+    )
     if out.returncode != 0:
         raise RuntimeError("prediction failed: " + out.stderr)
     return {r["workers"]: r for r in json.loads(out.stdout)}
@@ -225,23 +271,34 @@ def evaluate(runs, stat, bench_points, allreduce_source, sim, tmp):
     # The same with the collectives' measured times as the cluster's table instead of the ring
     # (the 1-node-per-worker runs: other configurations than the ones predicted).
     with_table = predict(sim, tmp, per_node, per_step, latency, bandwidth, contention, points)
-    table_errors = {n: (with_table[n]["step_seconds"] - measured[n]) / measured[n]
-                    for n in measured}
-    return {"statistic": stat, "t4": t4, "t8": t8, "seconds_per_virtual_node": per_node,
-            "beside": best[("beside", 1)], "core_contention": contention,
-            "per_step_seconds": per_step, "allreduce_in_steps": run_points,
-            "latency_seconds": latency, "bandwidth_bytes_per_second": bandwidth,
-            "measured_step_seconds": measured,
-            "predicted_step_seconds": {n: predicted[n]["step_seconds"] for n in predicted},
-            "predicted_allreduce_seconds": {n: predicted[n]["allreduce_seconds"]
-                                            for n in predicted},
-            "errors": errors, "largest_error": max(abs(e) for e in errors.values()),
-            "measured_allreduce": {
-                "predicted_step_seconds": {n: with_table[n]["step_seconds"] for n in with_table},
-                "predicted_allreduce_seconds": {n: with_table[n]["allreduce_seconds"]
-                                                for n in with_table},
-                "errors": table_errors,
-                "largest_error": max(abs(e) for e in table_errors.values())}}
+    table_errors = {
+        n: (with_table[n]["step_seconds"] - measured[n]) / measured[n] for n in measured
+    }
+    return {
+        "statistic": stat,
+        "t4": t4,
+        "t8": t8,
+        "seconds_per_virtual_node": per_node,
+        "beside": best[("beside", 1)],
+        "core_contention": contention,
+        "per_step_seconds": per_step,
+        "allreduce_in_steps": run_points,
+        "latency_seconds": latency,
+        "bandwidth_bytes_per_second": bandwidth,
+        "measured_step_seconds": measured,
+        "predicted_step_seconds": {n: predicted[n]["step_seconds"] for n in predicted},
+        "predicted_allreduce_seconds": {n: predicted[n]["allreduce_seconds"] for n in predicted},
+        "errors": errors,
+        "largest_error": max(abs(e) for e in errors.values()),
+        "measured_allreduce": {
+            "predicted_step_seconds": {n: with_table[n]["step_seconds"] for n in with_table},
+            "predicted_allreduce_seconds": {
+                n: with_table[n]["allreduce_seconds"] for n in with_table
+            },
+            "errors": table_errors,
+            "largest_error": max(abs(e) for e in table_errors.values()),
+        },
+    }
 
 
 def main():
@@ -251,20 +308,30 @@ def main():
     p.add_argument("--interval", type=float, default=0.5, help="seconds per progress window")
     p.add_argument("--repeats", type=int, default=5, help="vf-bench runs per worker count")
     p.add_argument("--rounds", type=int, default=3, help="runs of every configuration")
-    p.add_argument("--statistic", choices=STATISTICS, default="mean",
-                   help="step time of a run: mean (default), p10 or median of its progress "
-                        "windows; the others are reported too")
-    p.add_argument("--allreduce", choices=["runs", "bench"], default="runs",
-                   help="calibrate the all-reduce from N-worker runs with one virtual node each "
-                        "(default) or from vf-bench reduction")
+    p.add_argument(
+        "--statistic",
+        choices=STATISTICS,
+        default="mean",
+        help="step time of a run: mean (default), p10 or median of its progress "
+        "windows; the others are reported too",
+    )
+    p.add_argument(
+        "--allreduce",
+        choices=["runs", "bench"],
+        default="runs",
+        help="calibrate the all-reduce from N-worker runs with one virtual node each "
+        "(default) or from vf-bench reduction",
+    )
     p.add_argument("--sim-bin", help="vf-sim or vf with `simulate` (default: from --bin-dir)")
     p.add_argument("--json", help="also write the results to this file")
     a = p.parse_args()
     vf = os.path.join(a.bin_dir, "vf")
     bench = os.path.join(a.bin_dir, "vf-bench")
     sim = [a.sim_bin or os.path.join(a.bin_dir, "vf-sim"), "simulate"]
-    if not a.sim_bin and subprocess.run([vf, "simulate", "--help"],
-                                        capture_output=True).returncode == 0:
+    if (
+        not a.sim_bin
+        and subprocess.run([vf, "simulate", "--help"], capture_output=True).returncode == 0
+    ):
         sim = [vf, "simulate"]
     load_before = load()
     with tempfile.TemporaryDirectory() as tmp:
@@ -288,60 +355,118 @@ def main():
                     runs[key].append(step_seconds_beside(vf, job, a.steps, a.interval))
                 else:
                     runs[key].append(step_seconds(vf, job, workers, a.steps, a.interval))
-            print("round %d (%s ms): %s" % (r + 1, a.statistic, ", ".join(
-                "%s/%d %.2f" % (k[0], k[1], 1e3 * v[-1][a.statistic]) for k, v in runs.items())),
-                  flush=True)
+            print(
+                "round %d (%s ms): %s"
+                % (
+                    r + 1,
+                    a.statistic,
+                    ", ".join(
+                        "%s/%d %.2f" % (k[0], k[1], 1e3 * v[-1][a.statistic])
+                        for k, v in runs.items()
+                    ),
+                ),
+                flush=True,
+            )
         bench_points = [(n, allreduce_seconds(bench, n, a.repeats)) for n in (2, 3, 4)]
-        results = {stat: evaluate(runs, stat, bench_points, a.allreduce, sim, tmp)
-                   for stat in STATISTICS}
+        results = {
+            stat: evaluate(runs, stat, bench_points, a.allreduce, sim, tmp) for stat in STATISTICS
+        }
     load_after = load()
 
     r = results[a.statistic]
     print("load average before/after: %s / %s" % (load_before, load_after))
-    print("step time of a run: %s of its progress windows (%.1f s each), best of %d rounds"
-          % (a.statistic, a.interval, a.rounds))
-    print("one worker, micro-batch 32: V=4 %.3f ms, V=8 %.3f ms per step"
-          % (1e3 * r["t4"], 1e3 * r["t8"]))
-    print("calibration: %.3f ms per virtual node, %.3f ms per step"
-          % (1e3 * r["seconds_per_virtual_node"], 1e3 * r["per_step_seconds"]))
-    print("core contention: V=8 beside a second single-worker run %.3f ms per step: %+.1f%%"
-          % (1e3 * r["beside"], 100.0 * r["core_contention"]))
-    print("all-reduce, vf-bench (isolated, exact, %d values): %s" % (PARAMETERS, ", ".join(
-        "N=%d %.2f ms" % (n, 1e3 * s) for n, s in bench_points)))
-    print("all-reduce inside steps (V=N, B=32N runs minus compute): %s" % ", ".join(
-        "N=%d %.2f ms" % (n, 1e3 * s) for n, s in r["allreduce_in_steps"]))
+    print(
+        "step time of a run: %s of its progress windows (%.1f s each), best of %d rounds"
+        % (a.statistic, a.interval, a.rounds)
+    )
+    print(
+        "one worker, micro-batch 32: V=4 %.3f ms, V=8 %.3f ms per step"
+        % (1e3 * r["t4"], 1e3 * r["t8"])
+    )
+    print(
+        "calibration: %.3f ms per virtual node, %.3f ms per step"
+        % (1e3 * r["seconds_per_virtual_node"], 1e3 * r["per_step_seconds"])
+    )
+    print(
+        "core contention: V=8 beside a second single-worker run %.3f ms per step: %+.1f%%"
+        % (1e3 * r["beside"], 100.0 * r["core_contention"])
+    )
+    print(
+        "all-reduce, vf-bench (isolated, exact, %d values): %s"
+        % (PARAMETERS, ", ".join("N=%d %.2f ms" % (n, 1e3 * s) for n, s in bench_points))
+    )
+    print(
+        "all-reduce inside steps (V=N, B=32N runs minus compute): %s"
+        % ", ".join("N=%d %.2f ms" % (n, 1e3 * s) for n, s in r["allreduce_in_steps"])
+    )
     print("the prediction uses: %s" % a.allreduce)
-    print("ring fit: latency %.3g s per step, bandwidth %.3g bytes/s"
-          % (r["latency_seconds"], r["bandwidth_bytes_per_second"]))
-    print("%-8s %12s %13s %15s %10s" % ("workers", "measured ms", "predicted ms",
-                                        "of which a-r ms", "error"))
+    print(
+        "ring fit: latency %.3g s per step, bandwidth %.3g bytes/s"
+        % (r["latency_seconds"], r["bandwidth_bytes_per_second"])
+    )
+    print(
+        "%-8s %12s %13s %15s %10s"
+        % ("workers", "measured ms", "predicted ms", "of which a-r ms", "error")
+    )
     for n in (1, 2, 3, 4):
-        print("%-8d %12.2f %13.2f %15.2f %+9.1f%%" % (
-            n, 1e3 * r["measured_step_seconds"][n], 1e3 * r["predicted_step_seconds"][n],
-            1e3 * r["predicted_allreduce_seconds"][n], 100.0 * r["errors"][n]))
+        print(
+            "%-8d %12.2f %13.2f %15.2f %+9.1f%%"
+            % (
+                n,
+                1e3 * r["measured_step_seconds"][n],
+                1e3 * r["predicted_step_seconds"][n],
+                1e3 * r["predicted_allreduce_seconds"][n],
+                100.0 * r["errors"][n],
+            )
+        )
     print("largest error: %.1f%%" % (100.0 * r["largest_error"]))
     t = r["measured_allreduce"]
     print("with the collectives' measured times (network.measured_allreduce) instead of the ring:")
     for n in (1, 2, 3, 4):
-        print("%-8d %12.2f %13.2f %15.2f %+9.1f%%" % (
-            n, 1e3 * r["measured_step_seconds"][n], 1e3 * t["predicted_step_seconds"][n],
-            1e3 * t["predicted_allreduce_seconds"][n], 100.0 * t["errors"][n]))
+        print(
+            "%-8d %12.2f %13.2f %15.2f %+9.1f%%"
+            % (
+                n,
+                1e3 * r["measured_step_seconds"][n],
+                1e3 * t["predicted_step_seconds"][n],
+                1e3 * t["predicted_allreduce_seconds"][n],
+                100.0 * t["errors"][n],
+            )
+        )
     print("largest error: %.1f%%" % (100.0 * t["largest_error"]))
-    for label, pick in (("ring", lambda x: x), ("measured collectives",
-                                                 lambda x: x["measured_allreduce"])):
-        print("the same (%s), calibrated and measured by each statistic: " % label + "; ".join(
-            "%s: %s (largest %.1f%%)" % (
-                stat, ", ".join("%+.1f%%" % (100.0 * pick(results[stat])["errors"][n])
-                                for n in (1, 2, 3, 4)),
-                100.0 * pick(results[stat])["largest_error"])
-            for stat in STATISTICS))
+    for label, pick in (
+        ("ring", lambda x: x),
+        ("measured collectives", lambda x: x["measured_allreduce"]),
+    ):
+        print(
+            "the same (%s), calibrated and measured by each statistic: " % label
+            + "; ".join(
+                "%s: %s (largest %.1f%%)"
+                % (
+                    stat,
+                    ", ".join(
+                        "%+.1f%%" % (100.0 * pick(results[stat])["errors"][n]) for n in (1, 2, 3, 4)
+                    ),
+                    100.0 * pick(results[stat])["largest_error"],
+                )
+                for stat in STATISTICS
+            )
+        )
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"load_before": load_before, "load_after": load_after,
-                       "statistic": a.statistic, "allreduce_source": a.allreduce,
-                       "allreduce_bench": bench_points,
-                       "runs": {"%s/%d" % k: v for k, v in runs.items()},
-                       "results": results}, f, indent=2)
+            json.dump(
+                {
+                    "load_before": load_before,
+                    "load_after": load_after,
+                    "statistic": a.statistic,
+                    "allreduce_source": a.allreduce,
+                    "allreduce_bench": bench_points,
+                    "runs": {"%s/%d" % k: v for k, v in runs.items()},
+                    "results": results,
+                },
+                f,
+                indent=2,
+            )
     return 0
 
 

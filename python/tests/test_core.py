@@ -120,7 +120,10 @@ def test_init_outside_a_job_says_how_to_start_one() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VF_")}
     r = subprocess.run(
         [sys.executable, "-c", "import virtualflow.torch as vf; vf.init()"],
-        env=env, capture_output=True, text=True, timeout=120,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert r.returncode != 0
     assert "vf run" in r.stderr
@@ -130,15 +133,20 @@ def test_init_outside_a_job_says_how_to_start_one() -> None:
     "message, code",
     [
         ("worker w was refused: its job spec differs from the job's (HTTP 409)", 3),
-        ("worker w " + _core.ANOTHER_BUILD_REFUSAL + "virtualflow 2, the job runs build "
-         "virtualflow 1 (HTTP 409)", _core.EXIT_ANOTHER_BUILD),
+        (
+            "worker w " + _core.ANOTHER_BUILD_REFUSAL + "virtualflow 2, the job runs build "
+            "virtualflow 1 (HTTP 409)",
+            _core.EXIT_ANOTHER_BUILD,
+        ),
     ],
 )
 def test_a_refusal_for_another_build_exits_with_its_own_code(message: str, code: int) -> None:
     """A worker refused for its build fails neither the job (exit 3) nor itself: it exits 4,
     and the operator replaces its pod with the job's image."""
-    script = ("import virtualflow.torch as vf; vf._install_excepthook('w'); "
-              "raise vf.JobMismatchError(%r)" % message)
+    script = (
+        "import virtualflow.torch as vf; vf._install_excepthook('w'); "
+        "raise vf.JobMismatchError(%r)" % message
+    )
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert r.returncode == code, r.stderr
     assert _core.EXIT_ANOTHER_BUILD == 4
@@ -147,11 +155,15 @@ def test_a_refusal_for_another_build_exits_with_its_own_code(message: str, code:
 def _init_with(**env: str) -> subprocess.CompletedProcess[str]:
     """vf.init() as a worker of JOB whose coordinator nobody serves, with ENV added."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("VF_")}
-    base.update(VF_JOB_SPEC=JOB, VF_COORDINATOR="http://127.0.0.1:1", VF_WORKER="w0",
-                VF_TIMEOUT="1", **env)
+    base.update(
+        VF_JOB_SPEC=JOB, VF_COORDINATOR="http://127.0.0.1:1", VF_WORKER="w0", VF_TIMEOUT="1", **env
+    )
     return subprocess.run(
         [sys.executable, "-c", "import virtualflow.torch as vf; vf.init()"],
-        env=base, capture_output=True, text=True, timeout=120,
+        env=base,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -161,8 +173,10 @@ def test_an_unreadable_token_or_ca_file_replaces_the_worker_not_the_job(tmp_path
     missing = str(tmp_path / "missing")
     r = _init_with(VF_JOB_TOKEN_FILE=missing)
     assert r.returncode == 1, r.stderr
-    assert f"cannot read this worker's token file {missing} (No such file or directory); " \
+    assert (
+        f"cannot read this worker's token file {missing} (No such file or directory); "
         "trying again for up to 1 s" in r.stderr
+    )
     r = _init_with(VF_JOB_TOKEN="t0", VF_COORDINATOR_CA_FILE=missing)
     assert r.returncode == 1, r.stderr
     assert f"cannot read the coordinator's CA file {missing}" in r.stderr

@@ -36,7 +36,9 @@ def fold_both(device: str, nodes: list[list[float]], sizes: list[int], exponents
     # one would raise here.
     torch.use_deterministic_algorithms(True)
     try:
-        fold = vf._DeviceFold(torch.device(device), list(zip(offsets, sizes)), sum(sizes), len(nodes))
+        fold = vf._DeviceFold(
+            torch.device(device), list(zip(offsets, sizes)), sum(sizes), len(nodes)
+        )
         fold.begin(exponents)
         for row in grads:
             fold.add(row.to(device), torch.tensor(0.25, device=device))
@@ -45,7 +47,7 @@ def fold_both(device: str, nodes: list[list[float]], sizes: list[int], exponents
         torch.use_deterministic_algorithms(False)
     assert losses == [0.25] * len(nodes)
     n, b = sum(sizes), len(sizes)
-    got = (folded[:n].tolist(), folded[n:n + b].tolist(), bool(folded[n + b]))
+    got = (folded[:n].tolist(), folded[n : n + b].tolist(), bool(folded[n + b]))
     return got, (list(want[0]), list(want[1]), want[2])
 
 
@@ -103,16 +105,21 @@ def test_random_gradients_at_the_scales_the_reducer_picks(device: str) -> None:
     # Magnitudes from subnormal to large, per bucket, as real gradients of different layers.
     nodes = []
     for _ in range(5):
-        row = torch.randn(n, generator=g) * torch.exp2(torch.randint(-140, 60, (n,), generator=g).float())
+        row = torch.randn(n, generator=g) * torch.exp2(
+            torch.randint(-140, 60, (n,), generator=g).float()
+        )
         nodes.append(row.tolist())
     grads = torch.tensor(nodes, dtype=torch.float32)
     maxima, off = [], 0
     for size in sizes:
-        maxima.append(grads[:, off:off + size].abs().max().item())
+        maxima.append(grads[:, off : off + size].abs().max().item())
         off += size
     picked = [exponent_for(m) for m in maxima]
-    for exponents, bad in ((picked, False), ([e + 8 for e in picked], True),
-                           ([UNSET, picked[1], UNSET, picked[3], picked[4]], False)):
+    for exponents, bad in (
+        (picked, False),
+        ([e + 8 for e in picked], True),
+        ([UNSET, picked[1], UNSET, picked[3], picked[4]], False),
+    ):
         got, want = fold_both(device, nodes, sizes, exponents)
         assert got[1:] == want[1:] and got[2] is bad, exponents
         if not bad:
@@ -125,7 +132,9 @@ def test_a_bucket_table_that_does_not_tile_the_gradient_is_refused() -> None:
         vf._DeviceFold(torch.device("cpu"), [(0, 4), (5, 3)], 8, 2)
 
 
-def test_the_fold_is_chosen_by_device_reduction_and_vf_torch_fold(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_fold_is_chosen_by_device_reduction_and_vf_torch_fold(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     monkeypatch.delenv("VF_TORCH_FOLD", raising=False)
     assert not vf._fold_on_device(cpu, "exact") and vf._fold_on_device(cuda, "exact")

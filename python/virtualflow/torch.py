@@ -76,7 +76,11 @@ def weights_sha256(module_or_state: torch.nn.Module | dict[str, torch.Tensor]) -
     (e.g. ``float32``), a NUL byte, the number of dimensions and each dimension as little-endian
     int64, then the tensor's elements, contiguous, in little-endian byte order.
     """
-    sd = module_or_state.state_dict() if isinstance(module_or_state, torch.nn.Module) else module_or_state
+    sd = (
+        module_or_state.state_dict()
+        if isinstance(module_or_state, torch.nn.Module)
+        else module_or_state
+    )
     h = hashlib.sha256()
     for name, tensor in sd.items():
         t = tensor.detach().to("cpu").contiguous()
@@ -178,8 +182,11 @@ class _Holder:
             if problem:
                 raise JobMismatchError(f"checkpoint {path}: {problem}")
             self._load(blob)
-            print(f"virtualflow: resuming from checkpoint {path} at step {self.step_done}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"virtualflow: resuming from checkpoint {path} at step {self.step_done}",
+                file=sys.stderr,
+                flush=True,
+            )
         else:
             self.step_done = 0
         self._has_state = True
@@ -339,21 +346,26 @@ class _Staging:
         copies = host_fold and (device.type != "cpu" or forced > 0)
         self.slots = (forced or _GPU_SLOTS) if copies else 1
         pin = device.type == "cuda"
-        self.grads = [torch.zeros(total, dtype=torch.float32, device=device) for _ in range(self.slots)]
+        self.grads = [
+            torch.zeros(total, dtype=torch.float32, device=device) for _ in range(self.slots)
+        ]
         self.host = (
             [torch.zeros(total, dtype=torch.float32, pin_memory=pin) for _ in range(self.slots)]
-            if copies else self.grads
+            if copies
+            else self.grads
         )
         # The reducer writes the step's mean here (host memory); the parameters' .grad views it
         # afterwards.
         on_host = copies or device.type != "cpu"
-        self.mean = torch.zeros(total, dtype=torch.float32, pin_memory=pin) if on_host else self.grads[0]
+        self.mean = (
+            torch.zeros(total, dtype=torch.float32, pin_memory=pin) if on_host else self.grads[0]
+        )
         self.param_views: list[list[torch.Tensor]] = []
         self.buffer_views: list[list[torch.Tensor]] = []
         for g in self.grads:
             views, offset = [], 0
             for t, n in zip(tensors, sizes):
-                views.append(g[offset:offset + n].view_as(t))
+                views.append(g[offset : offset + n].view_as(t))
                 offset += n
             self.param_views.append(views[:n_params])
             self.buffer_views.append(views[n_params:])
@@ -429,8 +441,9 @@ class _DeviceFold:
     Device memory per gradient element: 32 bytes in its buffers, 17 more in a node's
     temporaries. Not thread-safe: the training thread's."""
 
-    def __init__(self, device: torch.device, buckets: list[tuple[int, int]], total: int,
-                 max_nodes: int) -> None:
+    def __init__(
+        self, device: torch.device, buckets: list[tuple[int, int]], total: int, max_nodes: int
+    ) -> None:
         self._sizes = [size for _, size in buckets]
         if [offset for offset, _ in buckets] != [sum(self._sizes[:i]) for i in range(len(buckets))]:
             raise Error("the reducer's gradient buckets do not tile the flat gradient")
@@ -444,9 +457,9 @@ class _DeviceFold:
         if device.type != "cpu":
             self._host = torch.zeros(self._packed.numel(), dtype=torch.int64, pin_memory=True)
         self._acc = self._packed[:total]
-        self._max_slots = self._packed[total:total + nb]
+        self._max_slots = self._packed[total : total + nb]
         self._bad_slot = self._packed[total + nb]
-        self._loss_slots = self._packed[total + nb + 1:].view(torch.float64)
+        self._loss_slots = self._packed[total + nb + 1 :].view(torch.float64)
         self._max_bits = torch.zeros(total, dtype=torch.int32, device=device)  # running maximum
         self._bits = torch.zeros(total, dtype=torch.int32, device=device)
         self._scaled = torch.zeros(total, dtype=torch.float64, device=device)
@@ -461,8 +474,9 @@ class _DeviceFold:
         device = self._acc.device
         self._bucket_scale = torch.tensor(scales, dtype=torch.float64).to(device)
         self._bucket_set = torch.tensor([e != _UNSET_EXPONENT for e in exponents]).to(device)
-        self._scale = torch.repeat_interleave(self._bucket_scale, self._device_sizes,
-                                              output_size=self._n)
+        self._scale = torch.repeat_interleave(
+            self._bucket_scale, self._device_sizes, output_size=self._n
+        )
         self._exponents = list(exponents)
 
     def begin(self, exponents: list[int]) -> None:
@@ -501,7 +515,7 @@ class _DeviceFold:
         if self._host is not self._packed:
             self._host.copy_(self._packed)  # waits for the device: once per step
         head = self._n + len(self._sizes) + 1
-        losses = self._host[head:head + k].view(torch.float64).tolist()
+        losses = self._host[head : head + k].view(torch.float64).tolist()
         return self._host[:head], losses
 
 
@@ -638,9 +652,13 @@ class Job:
             self._last_loss = step.loss
             last = self._holder.step_done >= self._total
             self._worker.completed(
-                self._holder.step_done, step.loss, time.monotonic() - started,
-                step._compute_seconds, int(self.spec["global_batch_size"]),
-                step._agreed_epoch, last,
+                self._holder.step_done,
+                step.loss,
+                time.monotonic() - started,
+                step._compute_seconds,
+                int(self.spec["global_batch_size"]),
+                step._agreed_epoch,
+                last,
             )
             every = int(self.spec["checkpoint_every_steps"])
             if self.rank == 0 and every > 0 and self._holder.step_done % every == 0 and not last:
@@ -670,8 +688,10 @@ class Job:
         if self.rank == 0:
             acc = float("nan") if test_accuracy is None else float(test_accuracy)
             if not self._worker.finish_job(self._holder.step_done, self._last_loss, sha, acc):
-                print(f"virtualflow: {self.worker_name}: warning: final report not delivered",
-                      file=sys.stderr)
+                print(
+                    f"virtualflow: {self.worker_name}: warning: final report not delivered",
+                    file=sys.stderr,
+                )
         if self._result_path:
             result = {
                 "worker": self.worker_name,
@@ -686,7 +706,9 @@ class Job:
                 "final_loss": None if self._steps_trained == 0 else self._last_loss,
                 "weights_sha256": sha,
                 "virtual_nodes": int(self.spec["virtual_nodes"]),
-                "virtual_nodes_held": list(self._membership.virtual_nodes) if self._membership else [],
+                "virtual_nodes_held": list(self._membership.virtual_nodes)
+                if self._membership
+                else [],
                 "gradient_fold": "device" if self._device_fold is not None else "host",
                 "recomputed_steps": self._recomputed_steps,
             }
@@ -708,7 +730,9 @@ class Job:
             int(dataset_size), int(self.spec["global_batch_size"]), int(self.spec["virtual_nodes"])
         )
         self._sharder = _core.Sharder(
-            int(self.spec["seed"]), int(dataset_size), int(self.spec["global_batch_size"]),
+            int(self.spec["seed"]),
+            int(dataset_size),
+            int(self.spec["global_batch_size"]),
             int(self.spec["virtual_nodes"]),
         )
         self._total = self.total_steps(dataset_size)
@@ -734,17 +758,26 @@ class Job:
                 raise MisuseError(f"buffer of dtype {b.dtype}: only float32 buffers are averaged")
         self._device = _one_device(model, self._params + self._float_buffers)
         if self._device.type == "cuda":
-            index = self._device.index if self._device.index is not None else torch.cuda.current_device()
+            index = (
+                self._device.index
+                if self._device.index is not None
+                else torch.cuda.current_device()
+            )
             self._generators = [torch.default_generator, torch.cuda.default_generators[index]]
         self._start_floats = [torch.empty_like(t) for t in self._float_buffers]
         self._start_ints = [torch.empty_like(t) for t in self._int_buffers]
         tensors = self._params + self._float_buffers
         sizes = [t.numel() for t in tensors]
-        self._worker.configure_reducer(self.spec["reduction"], sizes, int(self.spec["virtual_nodes"]))
+        self._worker.configure_reducer(
+            self.spec["reduction"], sizes, int(self.spec["virtual_nodes"])
+        )
         if _fold_on_device(self._device, self.spec["reduction"]):
-            self._device_fold = _DeviceFold(self._device, self._worker.buckets(), sum(sizes),
-                                     int(self.spec["virtual_nodes"]))
-        self._staging = _Staging(self._device, tensors, len(self._params), host_fold=self._device_fold is None)
+            self._device_fold = _DeviceFold(
+                self._device, self._worker.buckets(), sum(sizes), int(self.spec["virtual_nodes"])
+            )
+        self._staging = _Staging(
+            self._device, tensors, len(self._params), host_fold=self._device_fold is None
+        )
         for p in self._params:
             p.register_post_accumulate_grad_hook(self._grad_hook)
         if state.optimizer is not None:
@@ -790,9 +823,13 @@ class Job:
         replace their newer one."""
         assert self._holder is not None
         path = self.spec["checkpoint_path"]
-        if (not path or self.rank != 0 or self._steps_trained == 0
-                or self._holder.step_done >= self._total
-                or not self._worker.left_untold_on_request()):
+        if (
+            not path
+            or self.rank != 0
+            or self._steps_trained == 0
+            or self._holder.step_done >= self._total
+            or not self._worker.left_untold_on_request()
+        ):
             return
         payload = _core.unseal(self._holder._serialize(), "state")
         try:
@@ -800,8 +837,12 @@ class Job:
             how = "written"
         except Error as e:
             how = "not written: " + (" ".join(str(e).split()) or type(e).__name__)
-        print(f"virtualflow: {self.worker_name}: leaving; checkpoint at step "
-              f"{self._holder.step_done} {how}", file=sys.stderr, flush=True)
+        print(
+            f"virtualflow: {self.worker_name}: leaving; checkpoint at step "
+            f"{self._holder.step_done} {how}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def _node_seed(self, step: int, vnode: int) -> int:
         return _core.mix_key(int(self.spec["seed"]), step, vnode) & 0x7FFF_FFFF_FFFF_FFFF
@@ -881,7 +922,9 @@ class Job:
         b = int(self.spec["micro_batch"])
         floats, ints = self._float_buffers, self._int_buffers
         # The integer buffers as flat views, taken once: a node's snapshot is then one cat.
-        flat_ints = [t.detach().view(-1) for t in ints] if all(t.is_contiguous() for t in ints) else None
+        flat_ints = (
+            [t.detach().view(-1) for t in ints] if all(t.is_contiguous() for t in ints) else None
+        )
         snapshots: list[torch.Tensor] = []
         for i, v in enumerate(self._membership.virtual_nodes):
             t0 = time.monotonic()
@@ -903,7 +946,9 @@ class Job:
                     f"virtual node {v} of step {step.index + 1} ended without node.backward(loss)"
                 )
             if ints:
-                parts = flat_ints if flat_ints is not None else [t.detach().reshape(-1) for t in ints]
+                parts = (
+                    flat_ints if flat_ints is not None else [t.detach().reshape(-1) for t in ints]
+                )
                 snapshots.append(torch.cat(parts).to(torch.int64))
             if floats:
                 _copy_all(staging.buffer_views[slot], floats)
@@ -945,7 +990,9 @@ class Job:
         if self._step is None or node._step is not self._step:
             raise MisuseError("node.backward() outside the step its node belongs to")
         if loss.dim() != 0:
-            raise MisuseError(f"node.backward() takes the scalar loss, got shape {list(loss.shape)}")
+            raise MisuseError(
+                f"node.backward() takes the scalar loss, got shape {list(loss.shape)}"
+            )
         self._in_backward = True
         try:
             loss.backward()
@@ -1022,7 +1069,9 @@ def _install_excepthook(worker: str) -> None:
         if issubclass(kind, CollectiveError):
             return
         message = " ".join(str(value).split()) or kind.__name__
-        print(f"virtualflow: {worker}: error: {kind.__name__}: {message}", file=sys.stderr, flush=True)
+        print(
+            f"virtualflow: {worker}: error: {kind.__name__}: {message}", file=sys.stderr, flush=True
+        )
         # Refused for running another build than the job's workers: the pod ran the wrong
         # image, which the operator replaces with the job's own; the job goes on.
         if issubclass(kind, JobMismatchError) and _core.ANOTHER_BUILD_REFUSAL in message:

@@ -23,8 +23,20 @@ def test_the_wheel_builds_installs_and_passes_the_package_tests(tmp_path: Path) 
     if os.environ.get("VF_CCACHE_DIR"):
         env["CMAKE_ARGS"] = "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"
         env["CCACHE_DIR"] = os.environ["VF_CCACHE_DIR"]
-    built = run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
-                 "-w", str(tmp_path / "dist"), str(PACKAGE_DIR)], env=env)
+    built = run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-build-isolation",
+            "--no-deps",
+            "-w",
+            str(tmp_path / "dist"),
+            str(PACKAGE_DIR),
+        ],
+        env=env,
+    )
     assert built.returncode == 0, built.stdout[-4000:] + built.stderr[-4000:]
     (wheel,) = (tmp_path / "dist").glob("virtualflow-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
@@ -33,14 +45,40 @@ def test_the_wheel_builds_installs_and_passes_the_package_tests(tmp_path: Path) 
 
     # Installed on its own, away from the build tree, next to this environment's PyTorch.
     site = tmp_path / "site"
-    installed = run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index",
-                     "--target", str(site), str(wheel)], env=env)
+    installed = run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-index",
+            "--target",
+            str(site),
+            str(wheel),
+        ],
+        env=env,
+    )
     assert installed.returncode == 0, installed.stderr[-4000:]
     env["PYTHONPATH"] = str(site)
-    where = run([sys.executable, "-c", "import virtualflow._core as c; print(c.__file__)"],
-                env=env, cwd=tmp_path)
+    where = run(
+        [sys.executable, "-c", "import virtualflow._core as c; print(c.__file__)"],
+        env=env,
+        cwd=tmp_path,
+    )
     assert where.returncode == 0, where.stderr
     assert where.stdout.startswith(str(site)), where.stdout
-    tests = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                 str(PACKAGE_DIR / "tests")], env=env, cwd=tmp_path)
+    tests = run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            str(PACKAGE_DIR / "tests"),
+        ],
+        env=env,
+        cwd=tmp_path,
+    )
     assert tests.returncode == 0, tests.stdout[-4000:] + tests.stderr[-4000:]

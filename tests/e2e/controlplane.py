@@ -47,8 +47,13 @@ POD_RUNNER_LABEL = "virtualflow.io/pod-runner"
 SERVICE_CIDR = "10.96.0.0/12"
 SERVICE_IP = "10.96.0.1"
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
-API_DNS_NAMES = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
-                 "kubernetes.default.svc.cluster.local"]
+API_DNS_NAMES = [
+    "localhost",
+    "kubernetes",
+    "kubernetes.default",
+    "kubernetes.default.svc",
+    "kubernetes.default.svc.cluster.local",
+]
 
 # kube-controller-manager runs every default controller but the node lifecycle controller: with
 # no kubelet posting heartbeats it would mark the fake nodes NotReady and evict their pods.
@@ -105,8 +110,10 @@ def _wait(what, predicate, timeout, interval=0.25):
         except Exception as e:  # noqa: BLE001 - kept for the timeout message
             last_error = e
         if time.monotonic() > deadline:
-            raise TimeoutError("timed out after %ss waiting for %s%s" % (
-                timeout, what, " (last error: %s)" % last_error if last_error else ""))
+            raise TimeoutError(
+                "timed out after %ss waiting for %s%s"
+                % (timeout, what, " (last error: %s)" % last_error if last_error else "")
+            )
         time.sleep(interval)
 
 
@@ -125,17 +132,25 @@ class Component:
         self.argv = argv
         self.log_path = log_path
         self._log = open(log_path, "ab")
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log,
-                                     stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True, preexec_fn=_die_with_parent)
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
 
     def alive(self):
         return self.proc.poll() is None
 
     def check_alive(self):
         if not self.alive():
-            raise RuntimeError("%s exited with status %s; the end of its log:\n%s" % (
-                self.name, self.proc.returncode, self.tail(30)))
+            raise RuntimeError(
+                "%s exited with status %s; the end of its log:\n%s"
+                % (self.name, self.proc.returncode, self.tail(30))
+            )
 
     def stop(self, timeout=10):
         if self.proc.poll() is None:
@@ -206,8 +221,13 @@ class ControlPlane:
 
     def start(self, timeout=START_TIMEOUT):
         self.bin = bin_dir()
-        for tool in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
-                     "kubectl"):
+        for tool in (
+            "etcd",
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+            "kubectl",
+        ):
             if not os.access(os.path.join(self.bin, tool), os.X_OK):
                 raise RuntimeError("%s not found in %s; run %s" % (tool, self.bin, BUILD_SCRIPT))
         self.dir = tempfile.mkdtemp(prefix="vf-e2e-")
@@ -232,8 +252,10 @@ class ControlPlane:
                     # process (a test's worker on an ephemeral port) may take one in between.
                     if attempt == START_ATTEMPTS or not self._lost_a_port():
                         raise
-                    sys.stderr.write("control plane: a component's port was taken before it "
-                                     "bound it; starting again on new ports\n")
+                    sys.stderr.write(
+                        "control plane: a component's port was taken before it "
+                        "bound it; starting again on new ports\n"
+                    )
                     for component in reversed(self.components):
                         component.stop()
                         os.replace(component.log_path, "%s.%d" % (component.log_path, attempt))
@@ -250,8 +272,10 @@ class ControlPlane:
         deadline = time.monotonic() + timeout
         left = lambda: max(5, deadline - time.monotonic())  # noqa: E731
         self._certificates()
-        self.ports = {name: free_port() for name in
-                      ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler")}
+        self.ports = {
+            name: free_port()
+            for name in ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler")
+        }
         self.server = "https://127.0.0.1:%d" % self.ports["apiserver"]
         self.kubeconfig = self._write_kubeconfig("admin")
         for user in ("controller-manager", "scheduler"):
@@ -269,28 +293,41 @@ class ControlPlane:
                 return self.request("GET", "/readyz") == "ok"
             except (ApiError, OSError):
                 return False
+
         _wait("kube-apiserver /readyz", ready, left())
 
         manager = self._start_controller_manager()
         scheduler = self._start_scheduler()
         for component in (manager, scheduler):
             port = self.ports[component.name]
-            _wait("%s /healthz" % component.name,
-                  lambda: component.check_alive() or self._healthz(port), left())
+            _wait(
+                "%s /healthz" % component.name,
+                lambda: component.check_alive() or self._healthz(port),
+                left(),
+            )
         # The namespace comes from the API server, the service account from the controller
         # manager; pods cannot be created in a namespace before its `default` service account.
         # A component that died after its /healthz answered (or whose port something else
         # answers on) fails the start at once instead of at the timeout.
-        _wait("namespace default",
-              lambda: self.check_alive() or self.get("/api/v1/namespaces/default"), left())
-        _wait("service account default/default", lambda: self.check_alive() or self.get(
-            "/api/v1/namespaces/default/serviceaccounts/default"), left())
+        _wait(
+            "namespace default",
+            lambda: self.check_alive() or self.get("/api/v1/namespaces/default"),
+            left(),
+        )
+        _wait(
+            "service account default/default",
+            lambda: (
+                self.check_alive() or self.get("/api/v1/namespaces/default/serviceaccounts/default")
+            ),
+            left(),
+        )
         self.check_alive()
 
     def _lost_a_port(self):
         """True when a component exited because its port was taken."""
-        return any(not c.alive() and "address already in use" in c.tail(30)
-                   for c in self.components)
+        return any(
+            not c.alive() and "address already in use" in c.tail(30) for c in self.components
+        )
 
     def stop(self):
         """Stops every component (scheduler and controller manager first, etcd last) and removes
@@ -320,8 +357,10 @@ class ControlPlane:
         stream = stream or sys.stderr
         for component in self.components:
             state = "running" if component.alive() else "exited %s" % component.proc.returncode
-            stream.write("----- %s (%s), %s -----\n%s\n" % (
-                component.name, state, component.log_path, component.tail(lines)))
+            stream.write(
+                "----- %s (%s), %s -----\n%s\n"
+                % (component.name, state, component.log_path, component.tail(lines))
+            )
         stream.flush()
 
     # ---------------------------------------------------------------- certificates
@@ -330,14 +369,22 @@ class ControlPlane:
         return os.path.join(self.dir, name)
 
     def _openssl(self, *args):
-        proc = subprocess.run(["openssl", *args], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.run(
+            ["openssl", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         if proc.returncode != 0:
             raise RuntimeError("openssl %s failed:\n%s" % (" ".join(args), proc.stdout))
 
     def _key(self, name):
-        self._openssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048",
-                      "-out", self._path(name + ".key"))
+        self._openssl(
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+            "-out",
+            self._path(name + ".key"),
+        )
 
     def _cert(self, name, subject, extensions):
         """Signs NAME.crt for NAME.key with the CA; extensions: lines of an x509v3 section."""
@@ -345,34 +392,80 @@ class ControlPlane:
         ext = self._path(name + ".ext")
         with open(ext, "w") as f:
             f.write("[v3]\n" + "\n".join(extensions) + "\n")
-        self._openssl("req", "-new", "-key", self._path(name + ".key"), "-subj", subject,
-                      "-out", self._path(name + ".csr"))
-        self._openssl("x509", "-req", "-in", self._path(name + ".csr"), "-CA", self.ca_file,
-                      "-CAkey", self._path("ca.key"), "-set_serial", str(int(time.time() * 1e6)),
-                      "-days", "30", "-sha256", "-extfile", ext, "-extensions", "v3",
-                      "-out", self._path(name + ".crt"))
+        self._openssl(
+            "req",
+            "-new",
+            "-key",
+            self._path(name + ".key"),
+            "-subj",
+            subject,
+            "-out",
+            self._path(name + ".csr"),
+        )
+        self._openssl(
+            "x509",
+            "-req",
+            "-in",
+            self._path(name + ".csr"),
+            "-CA",
+            self.ca_file,
+            "-CAkey",
+            self._path("ca.key"),
+            "-set_serial",
+            str(int(time.time() * 1e6)),
+            "-days",
+            "30",
+            "-sha256",
+            "-extfile",
+            ext,
+            "-extensions",
+            "v3",
+            "-out",
+            self._path(name + ".crt"),
+        )
 
     def _certificates(self):
         self.ca_file = self._path("ca.crt")
         cnf = self._path("ca.cnf")
         with open(cnf, "w") as f:
-            f.write("[req]\ndistinguished_name = dn\nx509_extensions = v3\nprompt = no\n"
-                    "[dn]\nCN = virtualflow-e2e-ca\n"
-                    "[v3]\nbasicConstraints = critical, CA:TRUE\n"
-                    "keyUsage = critical, keyCertSign, cRLSign, digitalSignature\n"
-                    "subjectKeyIdentifier = hash\n")
+            f.write(
+                "[req]\ndistinguished_name = dn\nx509_extensions = v3\nprompt = no\n"
+                "[dn]\nCN = virtualflow-e2e-ca\n"
+                "[v3]\nbasicConstraints = critical, CA:TRUE\n"
+                "keyUsage = critical, keyCertSign, cRLSign, digitalSignature\n"
+                "subjectKeyIdentifier = hash\n"
+            )
         self._key("ca")
-        self._openssl("req", "-x509", "-new", "-key", self._path("ca.key"), "-config", cnf,
-                      "-days", "30", "-sha256", "-out", self.ca_file)
-        client = ["basicConstraints = critical, CA:FALSE",
-                  "keyUsage = critical, digitalSignature, keyEncipherment",
-                  "extendedKeyUsage = clientAuth"]
+        self._openssl(
+            "req",
+            "-x509",
+            "-new",
+            "-key",
+            self._path("ca.key"),
+            "-config",
+            cnf,
+            "-days",
+            "30",
+            "-sha256",
+            "-out",
+            self.ca_file,
+        )
+        client = [
+            "basicConstraints = critical, CA:FALSE",
+            "keyUsage = critical, digitalSignature, keyEncipherment",
+            "extendedKeyUsage = clientAuth",
+        ]
         sans = ["IP:127.0.0.1", "IP:" + SERVICE_IP] + ["DNS:" + n for n in API_DNS_NAMES]
-        self._cert("apiserver", "/CN=kube-apiserver",
-                   ["basicConstraints = critical, CA:FALSE",
-                    "keyUsage = critical, digitalSignature, keyEncipherment",
-                    "extendedKeyUsage = serverAuth",
-                    "subjectAltName = " + ", ".join(sans)])
+        self._cert(
+            "apiserver",
+            "/CN=kube-apiserver",
+            [
+                "basicConstraints = critical, CA:FALSE",
+                "keyUsage = critical, digitalSignature, keyEncipherment",
+                "extendedKeyUsage = serverAuth",
+                "subjectAltName = " + ", ".join(sans),
+            ],
+        )
         self._cert("admin", "/O=system:masters/CN=virtualflow-e2e-admin", client)
         # The identities the default RBAC policy grants the two components.
         self._cert("controller-manager", "/CN=system:kube-controller-manager", client)
@@ -384,12 +477,26 @@ class ControlPlane:
 
     def _write_kubeconfig(self, user):
         config = {
-            "apiVersion": "v1", "kind": "Config",
-            "clusters": [{"name": "e2e", "cluster": {
-                "server": self.server, "certificate-authority-data": _b64(self.ca_file)}}],
-            "users": [{"name": user, "user": {
-                "client-certificate-data": _b64(self._path(user + ".crt")),
-                "client-key-data": _b64(self._path(user + ".key"))}}],
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "e2e",
+                    "cluster": {
+                        "server": self.server,
+                        "certificate-authority-data": _b64(self.ca_file),
+                    },
+                }
+            ],
+            "users": [
+                {
+                    "name": user,
+                    "user": {
+                        "client-certificate-data": _b64(self._path(user + ".crt")),
+                        "client-key-data": _b64(self._path(user + ".key")),
+                    },
+                }
+            ],
             "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": user}}],
             "current-context": "e2e",
         }
@@ -409,15 +516,23 @@ class ControlPlane:
     def _start_etcd(self):
         client = "http://127.0.0.1:%d" % self.ports["etcd"]
         peer = "http://127.0.0.1:%d" % self.ports["etcd-peer"]
-        return self._spawn("etcd", [
-            os.path.join(self.bin, "etcd"),
-            "--name=e2e", "--data-dir=" + self._path("etcd-data"),
-            "--listen-client-urls=" + client, "--advertise-client-urls=" + client,
-            "--listen-peer-urls=" + peer, "--initial-advertise-peer-urls=" + peer,
-            "--initial-cluster=e2e=" + peer, "--initial-cluster-state=new",
-            # A throwaway database: no fsync, and no snapshots of history.
-            "--unsafe-no-fsync", "--log-level=warn",
-        ])
+        return self._spawn(
+            "etcd",
+            [
+                os.path.join(self.bin, "etcd"),
+                "--name=e2e",
+                "--data-dir=" + self._path("etcd-data"),
+                "--listen-client-urls=" + client,
+                "--advertise-client-urls=" + client,
+                "--listen-peer-urls=" + peer,
+                "--initial-advertise-peer-urls=" + peer,
+                "--initial-cluster=e2e=" + peer,
+                "--initial-cluster-state=new",
+                # A throwaway database: no fsync, and no snapshots of history.
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+            ],
+        )
 
     def _etcd_healthy(self):
         url = "http://127.0.0.1:%d/health" % self.ports["etcd"]
@@ -428,74 +543,88 @@ class ControlPlane:
             return False
 
     def _start_apiserver(self):
-        return self._spawn("apiserver", [
-            os.path.join(self.bin, "kube-apiserver"),
-            "--etcd-servers=http://127.0.0.1:%d" % self.ports["etcd"],
-            "--bind-address=127.0.0.1", "--secure-port=%d" % self.ports["apiserver"],
-            # The `kubernetes` Service's endpoint would be 127.0.0.1, which Endpoints reject;
-            # nothing here routes Service IPs anyway, so the API server does not publish one.
-            "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
-            "--cert-dir=" + self._path("apiserver-certs"),
-            "--tls-cert-file=" + self._path("apiserver.crt"),
-            "--tls-private-key-file=" + self._path("apiserver.key"),
-            "--client-ca-file=" + self.ca_file,
-            "--service-account-issuer=" + SA_ISSUER,
-            "--service-account-key-file=" + self._path("sa.pub"),
-            "--service-account-signing-key-file=" + self._path("sa.key"),
-            "--service-cluster-ip-range=" + SERVICE_CIDR,
-            "--authorization-mode=Node,RBAC",
-            "--allow-privileged=true",
-            "--profiling=false",
-            "--v=1",
-        ])
+        return self._spawn(
+            "apiserver",
+            [
+                os.path.join(self.bin, "kube-apiserver"),
+                "--etcd-servers=http://127.0.0.1:%d" % self.ports["etcd"],
+                "--bind-address=127.0.0.1",
+                "--secure-port=%d" % self.ports["apiserver"],
+                # The `kubernetes` Service's endpoint would be 127.0.0.1, which Endpoints reject;
+                # nothing here routes Service IPs anyway, so the API server does not publish one.
+                "--advertise-address=127.0.0.1",
+                "--endpoint-reconciler-type=none",
+                "--cert-dir=" + self._path("apiserver-certs"),
+                "--tls-cert-file=" + self._path("apiserver.crt"),
+                "--tls-private-key-file=" + self._path("apiserver.key"),
+                "--client-ca-file=" + self.ca_file,
+                "--service-account-issuer=" + SA_ISSUER,
+                "--service-account-key-file=" + self._path("sa.pub"),
+                "--service-account-signing-key-file=" + self._path("sa.key"),
+                "--service-cluster-ip-range=" + SERVICE_CIDR,
+                "--authorization-mode=Node,RBAC",
+                "--allow-privileged=true",
+                "--profiling=false",
+                "--v=1",
+            ],
+        )
 
     def _start_controller_manager(self):
         kubeconfig = self._path("controller-manager.kubeconfig")
-        return self._spawn("controller-manager", [
-            os.path.join(self.bin, "kube-controller-manager"),
-            "--kubeconfig=" + kubeconfig,
-            "--authentication-kubeconfig=" + kubeconfig,
-            "--authorization-kubeconfig=" + kubeconfig,
-            "--bind-address=127.0.0.1", "--secure-port=%d" % self.ports["controller-manager"],
-            "--cert-dir=" + self._path("controller-manager-certs"),
-            "--authentication-skip-lookup=true",
-            "--leader-elect=false",
-            "--controllers=" + CONTROLLERS,
-            # Each controller acts as its own service account (as kubeadm sets it up), so the
-            # default RBAC policy for controllers is what is exercised.
-            "--use-service-account-credentials=true",
-            "--service-account-private-key-file=" + self._path("sa.key"),
-            "--root-ca-file=" + self.ca_file,
-            "--cluster-signing-cert-file=" + self.ca_file,
-            "--cluster-signing-key-file=" + self._path("ca.key"),
-            "--service-cluster-ip-range=" + SERVICE_CIDR,
-            "--profiling=false",
-            "--v=1",
-        ])
+        return self._spawn(
+            "controller-manager",
+            [
+                os.path.join(self.bin, "kube-controller-manager"),
+                "--kubeconfig=" + kubeconfig,
+                "--authentication-kubeconfig=" + kubeconfig,
+                "--authorization-kubeconfig=" + kubeconfig,
+                "--bind-address=127.0.0.1",
+                "--secure-port=%d" % self.ports["controller-manager"],
+                "--cert-dir=" + self._path("controller-manager-certs"),
+                "--authentication-skip-lookup=true",
+                "--leader-elect=false",
+                "--controllers=" + CONTROLLERS,
+                # Each controller acts as its own service account (as kubeadm sets it up), so the
+                # default RBAC policy for controllers is what is exercised.
+                "--use-service-account-credentials=true",
+                "--service-account-private-key-file=" + self._path("sa.key"),
+                "--root-ca-file=" + self.ca_file,
+                "--cluster-signing-cert-file=" + self.ca_file,
+                "--cluster-signing-key-file=" + self._path("ca.key"),
+                "--service-cluster-ip-range=" + SERVICE_CIDR,
+                "--profiling=false",
+                "--v=1",
+            ],
+        )
 
     def _start_scheduler(self):
         kubeconfig = self._path("scheduler.kubeconfig")
-        return self._spawn("scheduler", [
-            os.path.join(self.bin, "kube-scheduler"),
-            "--kubeconfig=" + kubeconfig,
-            "--authentication-kubeconfig=" + kubeconfig,
-            "--authorization-kubeconfig=" + kubeconfig,
-            "--bind-address=127.0.0.1", "--secure-port=%d" % self.ports["scheduler"],
-            "--cert-dir=" + self._path("scheduler-certs"),
-            # No front proxy: nothing to look up for request-header authentication.
-            "--authentication-skip-lookup=true",
-            "--leader-elect=false",
-            "--profiling=false",
-            "--v=2",  # logs every binding decision
-        ])
+        return self._spawn(
+            "scheduler",
+            [
+                os.path.join(self.bin, "kube-scheduler"),
+                "--kubeconfig=" + kubeconfig,
+                "--authentication-kubeconfig=" + kubeconfig,
+                "--authorization-kubeconfig=" + kubeconfig,
+                "--bind-address=127.0.0.1",
+                "--secure-port=%d" % self.ports["scheduler"],
+                "--cert-dir=" + self._path("scheduler-certs"),
+                # No front proxy: nothing to look up for request-header authentication.
+                "--authentication-skip-lookup=true",
+                "--leader-elect=false",
+                "--profiling=false",
+                "--v=2",  # logs every binding decision
+            ],
+        )
 
     def _healthz(self, port):
         ctx = ssl.create_default_context()
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE  # self-signed serving certificates in their cert dirs
         try:
-            with urllib.request.urlopen("https://127.0.0.1:%d/healthz" % port, context=ctx,
-                                        timeout=2) as r:
+            with urllib.request.urlopen(
+                "https://127.0.0.1:%d/healthz" % port, context=ctx, timeout=2
+            ) as r:
                 return r.read() == b"ok"
         except OSError:
             return False
@@ -510,8 +639,7 @@ class ControlPlane:
         if body is not None:
             data = body if isinstance(body, bytes) else json.dumps(body).encode()
             headers["Content-Type"] = content_type
-        req = urllib.request.Request(self.server + path, data=data, method=method,
-                                     headers=headers)
+        req = urllib.request.Request(self.server + path, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, context=self._ssl, timeout=timeout) as r:
                 text = r.read().decode()
@@ -538,9 +666,11 @@ class ControlPlane:
             raise
 
     def patch(self, path, patch, kind="merge"):
-        types = {"merge": "application/merge-patch+json",
-                 "strategic": "application/strategic-merge-patch+json",
-                 "json": "application/json-patch+json"}
+        types = {
+            "merge": "application/merge-patch+json",
+            "strategic": "application/strategic-merge-patch+json",
+            "json": "application/json-patch+json",
+        }
         return self.request("PATCH", path, patch, content_type=types[kind])
 
     def kubectl(self, *args, input=None, check=False, timeout=120, token=None):
@@ -550,13 +680,27 @@ class ControlPlane:
         if token is None:
             auth = ["--kubeconfig", self.kubeconfig]
         else:
-            auth = ["--kubeconfig", os.devnull, "--server", self.server,
-                    "--certificate-authority", self.ca_file, "--token", token]
-        proc = subprocess.run([os.path.join(self.bin, "kubectl"), *auth, *args], input=input,
-                              capture_output=True, text=True, timeout=timeout)
+            auth = [
+                "--kubeconfig",
+                os.devnull,
+                "--server",
+                self.server,
+                "--certificate-authority",
+                self.ca_file,
+                "--token",
+                token,
+            ]
+        proc = subprocess.run(
+            [os.path.join(self.bin, "kubectl"), *auth, *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if check and proc.returncode != 0:
-            raise subprocess.CalledProcessError(proc.returncode, proc.args, proc.stdout,
-                                                proc.stderr)
+            raise subprocess.CalledProcessError(
+                proc.returncode, proc.args, proc.stdout, proc.stderr
+            )
         return proc
 
     def env(self):
@@ -572,24 +716,35 @@ class ControlPlane:
         """Creates namespace NAME (if missing) and waits for its `default` service account, without
         which pods cannot be created there."""
         try:
-            self.request("POST", "/api/v1/namespaces",
-                         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+            self.request(
+                "POST",
+                "/api/v1/namespaces",
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+            )
         except ApiError as e:
             if e.status != 409:
                 raise
         self.wait_for_service_account("default", name, timeout)
 
     def wait_for_service_account(self, name, namespace="default", timeout=60):
-        return _wait("service account %s/%s" % (namespace, name), lambda: self.get(
-            "/api/v1/namespaces/%s/serviceaccounts/%s" % (namespace, name)), timeout)
+        return _wait(
+            "service account %s/%s" % (namespace, name),
+            lambda: self.get("/api/v1/namespaces/%s/serviceaccounts/%s" % (namespace, name)),
+            timeout,
+        )
 
     def token(self, service_account, namespace="default", seconds=3600):
         """A token for SERVICE_ACCOUNT from the TokenRequest API (what `kubectl create token`
         does, and what a kubelet mounts into a pod)."""
         result = self.request(
-            "POST", "/api/v1/namespaces/%s/serviceaccounts/%s/token" % (namespace, service_account),
-            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-             "spec": {"expirationSeconds": seconds}})
+            "POST",
+            "/api/v1/namespaces/%s/serviceaccounts/%s/token" % (namespace, service_account),
+            {
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenRequest",
+                "spec": {"expirationSeconds": seconds},
+            },
+        )
         return result["status"]["token"]
 
     def service_account_dir(self, path, service_account, namespace="default"):
@@ -602,41 +757,85 @@ class ControlPlane:
         shutil.copyfile(self.ca_file, os.path.join(path, "ca.crt"))
         with open(os.path.join(path, "namespace"), "w") as f:
             f.write(namespace)
-        return {"KUBERNETES_SERVICE_HOST": "127.0.0.1",
-                "KUBERNETES_SERVICE_PORT": str(self.ports["apiserver"])}
+        return {
+            "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+            "KUBERNETES_SERVICE_PORT": str(self.ports["apiserver"]),
+        }
 
     # ---------------------------------------------------------------- fake GPU nodes
 
-    def add_gpu_node(self, name, gpus, product=DEFAULT_GPU_PRODUCT, cpu="64", memory="256Gi",
-                     pods="110", labels=None, pod_runner=True):
+    def add_gpu_node(
+        self,
+        name,
+        gpus,
+        product=DEFAULT_GPU_PRODUCT,
+        cpu="64",
+        memory="256Gi",
+        pods="110",
+        labels=None,
+        pod_runner=True,
+    ):
         """Creates Node NAME advertising GPUS nvidia.com/gpu of PRODUCT and marks it Ready, so that
         the scheduler binds pods to it. With POD_RUNNER (the default) the node carries the label
         virtualflow.io/pod-runner=true, so that a pod runner (start_pod_runner) runs its pods.
         Returns the Node."""
-        node_labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
-                       "kubernetes.io/arch": "amd64", GPU_PRODUCT_LABEL: product}
+        node_labels = {
+            "kubernetes.io/hostname": name,
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64",
+            GPU_PRODUCT_LABEL: product,
+        }
         if pod_runner:
             node_labels[POD_RUNNER_LABEL] = "true"
         node_labels.update(labels or {})
-        self.request("POST", "/api/v1/nodes", {
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": node_labels}})
-        resources = {GPU_RESOURCE: str(gpus), "cpu": str(cpu), "memory": str(memory),
-                     "pods": str(pods)}
+        self.request(
+            "POST",
+            "/api/v1/nodes",
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": node_labels}},
+        )
+        resources = {
+            GPU_RESOURCE: str(gpus),
+            "cpu": str(cpu),
+            "memory": str(memory),
+            "pods": str(pods),
+        }
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        conditions = [{"type": t, "status": s, "reason": r, "message": "fake node (e2e tests)",
-                       "lastHeartbeatTime": now, "lastTransitionTime": now}
-                      for t, s, r in (("Ready", "True", "KubeletReady"),
-                                      ("MemoryPressure", "False", "KubeletHasSufficientMemory"),
-                                      ("DiskPressure", "False", "KubeletHasNoDiskPressure"),
-                                      ("PIDPressure", "False", "KubeletHasSufficientPID"))]
-        self.patch("/api/v1/nodes/%s/status" % name, {"status": {
-            "capacity": resources, "allocatable": resources, "conditions": conditions,
-            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
-                          {"type": "Hostname", "address": name}],
-            "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux",
-                         "kubeletVersion": "fake", "containerRuntimeVersion": "fake://0"},
-        }})
+        conditions = [
+            {
+                "type": t,
+                "status": s,
+                "reason": r,
+                "message": "fake node (e2e tests)",
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": now,
+            }
+            for t, s, r in (
+                ("Ready", "True", "KubeletReady"),
+                ("MemoryPressure", "False", "KubeletHasSufficientMemory"),
+                ("DiskPressure", "False", "KubeletHasNoDiskPressure"),
+                ("PIDPressure", "False", "KubeletHasSufficientPID"),
+            )
+        ]
+        self.patch(
+            "/api/v1/nodes/%s/status" % name,
+            {
+                "status": {
+                    "capacity": resources,
+                    "allocatable": resources,
+                    "conditions": conditions,
+                    "addresses": [
+                        {"type": "InternalIP", "address": "127.0.0.1"},
+                        {"type": "Hostname", "address": name},
+                    ],
+                    "nodeInfo": {
+                        "architecture": "amd64",
+                        "operatingSystem": "linux",
+                        "kubeletVersion": "fake",
+                        "containerRuntimeVersion": "fake://0",
+                    },
+                }
+            },
+        )
         # The TaintNodesByCondition admission plugin taints every new node not-ready; the node
         # lifecycle controller would lift it once the node is Ready, and it does not run here.
         return self._untaint_not_ready(name)
@@ -648,9 +847,14 @@ class ControlPlane:
             kept = [t for t in taints if not t["key"].startswith("node.kubernetes.io/not-ready")]
             if kept == taints:
                 return node
-            spec_patch = [{"op": "test", "path": "/metadata/resourceVersion",
-                           "value": node["metadata"]["resourceVersion"]},
-                          {"op": "replace", "path": "/spec/taints", "value": kept}]
+            spec_patch = [
+                {
+                    "op": "test",
+                    "path": "/metadata/resourceVersion",
+                    "value": node["metadata"]["resourceVersion"],
+                },
+                {"op": "replace", "path": "/spec/taints", "value": kept},
+            ]
             try:
                 return self.patch("/api/v1/nodes/" + name, spec_patch, kind="json")
             except ApiError as e:
@@ -687,17 +891,25 @@ class ControlPlane:
                 if meta.get("deletionTimestamp"):
                     continue
                 try:
-                    self.request("POST", "/api/v1/namespaces/%s/pods/%s/eviction" % (
-                        meta["namespace"], meta["name"]), {
-                        "apiVersion": "policy/v1", "kind": "Eviction",
-                        "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
-                        "deleteOptions": {"gracePeriodSeconds": grace_period_seconds}})
+                    self.request(
+                        "POST",
+                        "/api/v1/namespaces/%s/pods/%s/eviction"
+                        % (meta["namespace"], meta["name"]),
+                        {
+                            "apiVersion": "policy/v1",
+                            "kind": "Eviction",
+                            "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+                            "deleteOptions": {"gracePeriodSeconds": grace_period_seconds},
+                        },
+                    )
                 except ApiError as e:
                     if e.status not in (404, 429):
                         raise
             if time.monotonic() > deadline:
-                raise TimeoutError("node %s still has pods after %ss: %s" % (
-                    name, timeout, [p["metadata"]["name"] for p in pods]))
+                raise TimeoutError(
+                    "node %s still has pods after %ss: %s"
+                    % (name, timeout, [p["metadata"]["name"] for p in pods])
+                )
             time.sleep(0.5)
 
     def delete_node(self, name):
@@ -737,8 +949,9 @@ class ControlPlane:
             raise RuntimeError("a pod runner is already running")
         binary = os.path.join(bin_dir, "vf-pod-runner")
         if not os.access(binary, os.X_OK):
-            raise RuntimeError("vf-pod-runner not found in %s; build the vf-pod-runner target"
-                               % bin_dir)
+            raise RuntimeError(
+                "vf-pod-runner not found in %s; build the vf-pod-runner target" % bin_dir
+            )
         if path is None:
             path = [bin_dir]
         elif isinstance(path, str):
@@ -747,9 +960,17 @@ class ControlPlane:
         os.makedirs(self.pod_log_dir, exist_ok=True)
         log_path = os.path.join(self.logs, "pod-runner.log")
         offset = os.path.getsize(log_path) if os.path.exists(log_path) else 0  # a restart appends
-        argv = [binary, "--kubeconfig", self.kubeconfig, "--log-dir", self.pod_log_dir,
-                "--path", os.pathsep.join(os.path.abspath(p) for p in path),
-                "--pod-network", pod_network]
+        argv = [
+            binary,
+            "--kubeconfig",
+            self.kubeconfig,
+            "--log-dir",
+            self.pod_log_dir,
+            "--path",
+            os.pathsep.join(os.path.abspath(p) for p in path),
+            "--pod-network",
+            pod_network,
+        ]
         if pod_network == "netns":
             if self.pod_bridge is None:
                 self.pod_bridge, self.pod_cidr, self.pod_gateway = _free_pod_bridge()
@@ -764,6 +985,7 @@ class ControlPlane:
             with open(runner.log_path, "rb") as f:
                 f.seek(offset)
                 return b" synced: " in f.read()
+
         self.wait_for("vf-pod-runner to list nodes and pods", synced, timeout)
         return runner
 
@@ -781,45 +1003,99 @@ class ControlPlane:
 
     kueue = None
 
-    KUEUE_CRDS = ("admissionchecks", "clusterqueues", "cohorts", "localqueues",
-                  "multikueueclusters", "multikueueconfigs", "provisioningrequestconfigs",
-                  "resourceflavors", "topologies", "workloadpriorityclasses", "workloads")
+    KUEUE_CRDS = (
+        "admissionchecks",
+        "clusterqueues",
+        "cohorts",
+        "localqueues",
+        "multikueueclusters",
+        "multikueueconfigs",
+        "provisioningrequestconfigs",
+        "resourceflavors",
+        "topologies",
+        "workloadpriorityclasses",
+        "workloads",
+    )
 
     def install_kueue_crds(self, plurals=KUEUE_CRDS):
         """Installs Kueue's CRDs (from the pinned Kueue module, beside the tools) named by
         PLURALS, as start_kueue() needs them (see there), and waits until they are served."""
         crds = os.path.join(os.path.dirname(self.bin), "kueue-crds")
         if not os.path.isdir(crds):
-            raise RuntimeError("Kueue's CRDs not found beside %s; run %s" % (
-                self.bin, BUILD_SCRIPT))
+            raise RuntimeError(
+                "Kueue's CRDs not found beside %s; run %s" % (self.bin, BUILD_SCRIPT)
+            )
         files = [os.path.join(crds, "kueue.x-k8s.io_%s.yaml" % p) for p in plurals]
         # Server-side: the Workload CRD is too large for kubectl's last-applied annotation;
         # --force-conflicts: again after the patches below, it takes the fields back.
-        self.kubectl("apply", "--server-side", "--force-conflicts", *["-f=" + f for f in files],
-                     check=True, timeout=180)
-        for plural in set(plurals) & {"localqueues", "clusterqueues", "cohorts", "workloads",
-                                      "multikueueclusters"}:
+        self.kubectl(
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            *["-f=" + f for f in files],
+            check=True,
+            timeout=180,
+        )
+        for plural in set(plurals) & {
+            "localqueues",
+            "clusterqueues",
+            "cohorts",
+            "workloads",
+            "multikueueclusters",
+        }:
             path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/%s.kueue.x-k8s.io" % (
-                plural)
+                plural
+            )
             # Only the stored version is served: the API server keeps a watch cache per served
             # version, and one for v1beta1 would call the conversion webhook for every object.
             versions = [v["name"] for v in self.get(path)["spec"]["versions"]]
-            self.patch(path, [
-                {"op": "test", "path": "/spec/versions/%d/name" % i, "value": name}
-                for i, name in enumerate(versions)] + [
-                {"op": "replace", "path": "/spec/versions/%d/served" % i, "value": False}
-                for i, name in enumerate(versions) if name != "v1beta2"], kind="json")
-            self.patch(path, {"spec": {"conversion": {
-                "strategy": "Webhook", "webhook": {
-                    "conversionReviewVersions": ["v1"],
-                    "clientConfig": {"service": {
-                        "namespace": "kueue-system", "name": "kueue-webhook-service",
-                        "path": "/convert"}}}}}})
+            self.patch(
+                path,
+                [
+                    {"op": "test", "path": "/spec/versions/%d/name" % i, "value": name}
+                    for i, name in enumerate(versions)
+                ]
+                + [
+                    {"op": "replace", "path": "/spec/versions/%d/served" % i, "value": False}
+                    for i, name in enumerate(versions)
+                    if name != "v1beta2"
+                ],
+                kind="json",
+            )
+            self.patch(
+                path,
+                {
+                    "spec": {
+                        "conversion": {
+                            "strategy": "Webhook",
+                            "webhook": {
+                                "conversionReviewVersions": ["v1"],
+                                "clientConfig": {
+                                    "service": {
+                                        "namespace": "kueue-system",
+                                        "name": "kueue-webhook-service",
+                                        "path": "/convert",
+                                    }
+                                },
+                            },
+                        }
+                    }
+                },
+            )
+
         def established(plural):
-            crd = self.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
-                           "%s.kueue.x-k8s.io" % plural) or {}
-            return any(c["type"] == "Established" and c["status"] == "True"
-                       for c in crd.get("status", {}).get("conditions", []))
+            crd = (
+                self.get(
+                    "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
+                    "%s.kueue.x-k8s.io" % plural
+                )
+                or {}
+            )
+            return any(
+                c["type"] == "Established" and c["status"] == "True"
+                for c in crd.get("status", {}).get("conditions", [])
+            )
+
         self.wait_for("Kueue's CRDs to be established", lambda: all(map(established, plurals)))
 
     def start_kueue(self, timeout=120):
@@ -849,29 +1125,42 @@ class ControlPlane:
         self.install_kueue_crds()
         self.create_namespace("kueue-system")
         # As in the release manifests: the rotator fills this Secret, it does not create it.
-        self.request("POST", "/api/v1/namespaces/kueue-system/secrets", {
-            "apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": "kueue-webhook-server-cert", "namespace": "kueue-system"}})
+        self.request(
+            "POST",
+            "/api/v1/namespaces/kueue-system/secrets",
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": "kueue-webhook-server-cert", "namespace": "kueue-system"},
+            },
+        )
         for name in ("kueue-metrics", "kueue-health", "kueue-webhook"):
             self.ports[name] = free_port()
         cert_dir = self._path("kueue-certs")
         os.makedirs(cert_dir, exist_ok=True)
         config = {
-            "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration",
+            "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+            "kind": "Configuration",
             "namespace": "kueue-system",
             "health": {"healthProbeBindAddress": "127.0.0.1:%d" % self.ports["kueue-health"]},
             "metrics": {"bindAddress": "127.0.0.1:%d" % self.ports["kueue-metrics"]},
-            "webhook": {"host": "127.0.0.1", "port": self.ports["kueue-webhook"],
-                        "certDir": cert_dir},
+            "webhook": {
+                "host": "127.0.0.1",
+                "port": self.ports["kueue-webhook"],
+                "certDir": cert_dir,
+            },
             "leaderElection": {"leaderElect": False},
             "featureGates": {"VisibilityOnDemand": False},
         }
         config_path = self._path("kueue-config.yaml")
         with open(config_path, "w") as f:
             json.dump(config, f, indent=2)  # JSON is YAML
-        self.kueue = Component("kueue", [binary, "--config", config_path],
-                               os.path.join(self.logs, "kueue.log"),
-                               env={"KUBECONFIG": self.kubeconfig, "PATH": os.environ["PATH"]})
+        self.kueue = Component(
+            "kueue",
+            [binary, "--config", config_path],
+            os.path.join(self.logs, "kueue.log"),
+            env={"KUBECONFIG": self.kubeconfig, "PATH": os.environ["PATH"]},
+        )
         self.components.append(self.kueue)
 
         def mount_certificates():
@@ -891,19 +1180,23 @@ class ControlPlane:
             self.kueue.check_alive()
             mount_certificates()
             try:
-                with urllib.request.urlopen("http://127.0.0.1:%d/readyz" %
-                                            self.ports["kueue-health"], timeout=2) as r:
+                with urllib.request.urlopen(
+                    "http://127.0.0.1:%d/readyz" % self.ports["kueue-health"], timeout=2
+                ) as r:
                     return r.status == 200
             except OSError:
                 return False
+
         self.wait_for("Kueue to be ready", ready, timeout)
         return self.kueue
 
     def pod_log(self, namespace, pod, container):
         """What the pod runner captured of a container's stdout and stderr ("" if nothing)."""
         try:
-            with open(os.path.join(self.pod_log_dir, "%s_%s_%s.log" % (namespace, pod, container)),
-                      errors="replace") as f:
+            with open(
+                os.path.join(self.pod_log_dir, "%s_%s_%s.log" % (namespace, pod, container)),
+                errors="replace",
+            ) as f:
                 return f.read()
         except (OSError, TypeError):
             return ""
@@ -911,9 +1204,11 @@ class ControlPlane:
     def wait_for(self, what, predicate, timeout=60, interval=0.25):
         """Polls PREDICATE until truthy (returned); on timeout raises TimeoutError. Fails fast
         when a component has died."""
+
         def check():
             self.check_alive()
             return predicate()
+
         return _wait(what, check, timeout, interval)
 
 
@@ -927,6 +1222,7 @@ def _free_pod_bridge():
     """(bridge, cidr, gateway) of a pod network no running vf-pod-runner holds, so that control
     planes of concurrent test runs do not share one."""
     import fcntl
+
     for i in range(12):
         bridge = "vfpods%d" % i
         lock = os.path.join(POD_RUNNER_STATE, bridge, "lock")

@@ -48,77 +48,183 @@ NS = "vf-system"
 OPERATOR = "virtualflow-operator"  # Deployment, Service, ServiceAccount of release RELEASE
 CRD_NAME = "virtualflowjobs.virtualflow.io"
 
-RECOMMENDED_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance",
-                      "app.kubernetes.io/version", "app.kubernetes.io/component",
-                      "app.kubernetes.io/part-of", "app.kubernetes.io/managed-by",
-                      "helm.sh/chart")
+RECOMMENDED_LABELS = (
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+    "app.kubernetes.io/component",
+    "app.kubernetes.io/part-of",
+    "app.kubernetes.io/managed-by",
+    "helm.sh/chart",
+)
 
 # Values that change what is rendered: (name, helm arguments).
 VALUE_SETS = [
     ("defaults", []),
-    ("everything-on", ["--set", "serviceMonitor.enabled=true", "--set", "dashboards.enabled=true",
-                       "--set", "serviceMonitor.labels.release=prometheus",
-                       "--set", "dashboards.annotations.grafana_folder=VirtualFlow"]),
+    (
+        "everything-on",
+        [
+            "--set",
+            "serviceMonitor.enabled=true",
+            "--set",
+            "dashboards.enabled=true",
+            "--set",
+            "serviceMonitor.labels.release=prometheus",
+            "--set",
+            "dashboards.annotations.grafana_folder=VirtualFlow",
+        ],
+    ),
     ("one-namespace", ["--set", "watchNamespace=team-a", "--set", "serviceMonitor.enabled=true"]),
     ("single-replica", ["--set", "replicaCount=1", "--set", "leaderElection.enabled=false"]),
     ("plain", ["--set", "coordinator.tls.enabled=false", "--set", "networkPolicy.enabled=false"]),
-    ("own-account", ["--set", "rbac.create=false", "--set", "serviceAccount.create=false",
-                     "--set", "serviceAccount.name=ops"]),
-    ("customised", ["--set", "image.repository=mirror/vf/operator",
-                    "--set", "image.tag=0.2.0-rc1", "--set", "image.pullPolicy=Always",
-                    "--set", "agent.image.tag=sha256:" + "ab" * 32, "--set", "policy=autoscale",
-                    "--set", "coordinator.port=9000", "--set", "metrics.port=9001",
-                    "--set", "agent.metricsPort=9102",
-                    "--set", "kubeApi.qps=40", "--set", "kubeApi.burst=80",
-                    "--set", "nodeSelector.role=infra", "--set", "priorityClassName=high",
-                    "--set", "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
-                             ".nodeSelectorTerms[0].matchExpressions[0].key=role",
-                    "--set", "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
-                             ".nodeSelectorTerms[0].matchExpressions[0].operator=Exists"]),
+    (
+        "own-account",
+        [
+            "--set",
+            "rbac.create=false",
+            "--set",
+            "serviceAccount.create=false",
+            "--set",
+            "serviceAccount.name=ops",
+        ],
+    ),
+    (
+        "customised",
+        [
+            "--set",
+            "image.repository=mirror/vf/operator",
+            "--set",
+            "image.tag=0.2.0-rc1",
+            "--set",
+            "image.pullPolicy=Always",
+            "--set",
+            "agent.image.tag=sha256:" + "ab" * 32,
+            "--set",
+            "policy=autoscale",
+            "--set",
+            "coordinator.port=9000",
+            "--set",
+            "metrics.port=9001",
+            "--set",
+            "agent.metricsPort=9102",
+            "--set",
+            "kubeApi.qps=40",
+            "--set",
+            "kubeApi.burst=80",
+            "--set",
+            "nodeSelector.role=infra",
+            "--set",
+            "priorityClassName=high",
+            "--set",
+            "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+            ".nodeSelectorTerms[0].matchExpressions[0].key=role",
+            "--set",
+            "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+            ".nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
+        ],
+    ),
 ]
 
 SCHEMA_ERROR = "values don't meet the specifications of the schema(s)"
 # Values helm must refuse before rendering: (name, helm arguments, what the error must say).
 BAD_VALUES = [
-    ("no operator", ["--set", "replicaCount=0"],
-     [SCHEMA_ERROR, "at '/replicaCount': minimum: got 0, want 1"]),
-    ("replica count as text", ["--set-string", "replicaCount=two"],
-     [SCHEMA_ERROR, "at '/replicaCount': got string, want integer"]),
-    ("unknown policy", ["--set", "policy=fastest"],
-     [SCHEMA_ERROR, "at '/policy': value must be one of 'static', 'elastic', 'autoscale'"]),
-    ("unknown pull policy", ["--set", "image.pullPolicy=Sometimes"],
-     [SCHEMA_ERROR,
-      "at '/image/pullPolicy': value must be one of 'IfNotPresent', 'Always', 'Never'"]),
-    ("port above 65535", ["--set", "coordinator.port=70000"],
-     [SCHEMA_ERROR, "at '/coordinator/port': maximum: got 70,000, want 65,535"]),
-    ("port 0", ["--set", "metrics.port=0"],
-     [SCHEMA_ERROR, "at '/metrics/port': minimum: got 0, want 1"]),
-    ("agent metrics port above 65535", ["--set", "agent.metricsPort=65536"],
-     [SCHEMA_ERROR, "at '/agent/metricsPort': maximum: got 65,536, want 65,535"]),
-    ("no API budget", ["--set", "kubeApi.qps=0"],
-     [SCHEMA_ERROR, "at '/kubeApi/qps': exclusiveMinimum: got 0, want 0"]),
-    ("no API burst", ["--set", "kubeApi.burst=0"],
-     [SCHEMA_ERROR, "at '/kubeApi/burst': minimum: got 0, want 1"]),
-    ("unknown top-level key", ["--set", "replicas=3"],
-     [SCHEMA_ERROR, "additional properties 'replicas' not allowed"]),
-    ("misspelt key", ["--set", "leaderElection.leasename=x"],
-     [SCHEMA_ERROR, "at '/leaderElection': additional properties 'leasename' not allowed"]),
-    ("namespace that is not a name", ["--set", "watchNamespace=Team_A"],
-     [SCHEMA_ERROR, "at '/watchNamespace': 'Team_A' does not match pattern"]),
-    ("interval that is not a duration", ["--set", "serviceMonitor.interval=half a minute"],
-     [SCHEMA_ERROR, "at '/serviceMonitor/interval'"]),
-    ("image tag with a space", ["--set", "image.tag=latest version"],
-     [SCHEMA_ERROR, "at '/image/tag'"]),
-    ("boolean as text", ["--set-string", "rbac.create=yes"],
-     [SCHEMA_ERROR, "at '/rbac/create': got string, want boolean"]),
+    (
+        "no operator",
+        ["--set", "replicaCount=0"],
+        [SCHEMA_ERROR, "at '/replicaCount': minimum: got 0, want 1"],
+    ),
+    (
+        "replica count as text",
+        ["--set-string", "replicaCount=two"],
+        [SCHEMA_ERROR, "at '/replicaCount': got string, want integer"],
+    ),
+    (
+        "unknown policy",
+        ["--set", "policy=fastest"],
+        [SCHEMA_ERROR, "at '/policy': value must be one of 'static', 'elastic', 'autoscale'"],
+    ),
+    (
+        "unknown pull policy",
+        ["--set", "image.pullPolicy=Sometimes"],
+        [
+            SCHEMA_ERROR,
+            "at '/image/pullPolicy': value must be one of 'IfNotPresent', 'Always', 'Never'",
+        ],
+    ),
+    (
+        "port above 65535",
+        ["--set", "coordinator.port=70000"],
+        [SCHEMA_ERROR, "at '/coordinator/port': maximum: got 70,000, want 65,535"],
+    ),
+    (
+        "port 0",
+        ["--set", "metrics.port=0"],
+        [SCHEMA_ERROR, "at '/metrics/port': minimum: got 0, want 1"],
+    ),
+    (
+        "agent metrics port above 65535",
+        ["--set", "agent.metricsPort=65536"],
+        [SCHEMA_ERROR, "at '/agent/metricsPort': maximum: got 65,536, want 65,535"],
+    ),
+    (
+        "no API budget",
+        ["--set", "kubeApi.qps=0"],
+        [SCHEMA_ERROR, "at '/kubeApi/qps': exclusiveMinimum: got 0, want 0"],
+    ),
+    (
+        "no API burst",
+        ["--set", "kubeApi.burst=0"],
+        [SCHEMA_ERROR, "at '/kubeApi/burst': minimum: got 0, want 1"],
+    ),
+    (
+        "unknown top-level key",
+        ["--set", "replicas=3"],
+        [SCHEMA_ERROR, "additional properties 'replicas' not allowed"],
+    ),
+    (
+        "misspelt key",
+        ["--set", "leaderElection.leasename=x"],
+        [SCHEMA_ERROR, "at '/leaderElection': additional properties 'leasename' not allowed"],
+    ),
+    (
+        "namespace that is not a name",
+        ["--set", "watchNamespace=Team_A"],
+        [SCHEMA_ERROR, "at '/watchNamespace': 'Team_A' does not match pattern"],
+    ),
+    (
+        "interval that is not a duration",
+        ["--set", "serviceMonitor.interval=half a minute"],
+        [SCHEMA_ERROR, "at '/serviceMonitor/interval'"],
+    ),
+    (
+        "image tag with a space",
+        ["--set", "image.tag=latest version"],
+        [SCHEMA_ERROR, "at '/image/tag'"],
+    ),
+    (
+        "boolean as text",
+        ["--set-string", "rbac.create=yes"],
+        [SCHEMA_ERROR, "at '/rbac/create': got string, want boolean"],
+    ),
     # Rules across values, worded by the chart.
-    ("two operators without leader election", ["--set", "leaderElection.enabled=false"],
-     ["replicaCount is 2 but leaderElection.enabled is false: more than one operator would act "
-      "on the same jobs; enable leader election or set replicaCount to 1"]),
-    ("one port for two endpoints", ["--set", "metrics.port=7070"],
-     ["coordinator.port and metrics.port are both 7070"]),
-    ("bindings for the default account", ["--set", "serviceAccount.create=false"],
-     ["serviceAccount.create is false and serviceAccount.name is empty"]),
+    (
+        "two operators without leader election",
+        ["--set", "leaderElection.enabled=false"],
+        [
+            "replicaCount is 2 but leaderElection.enabled is false: more than one operator would act "
+            "on the same jobs; enable leader election or set replicaCount to 1"
+        ],
+    ),
+    (
+        "one port for two endpoints",
+        ["--set", "metrics.port=7070"],
+        ["coordinator.port and metrics.port are both 7070"],
+    ),
+    (
+        "bindings for the default account",
+        ["--set", "serviceAccount.create=false"],
+        ["serviceAccount.create is false and serviceAccount.name is empty"],
+    ),
 ]
 
 # What the operator may do, as (verb, resource, subresource): exactly this and no more.
@@ -130,86 +236,135 @@ JOB_RIGHTS = [
     ("get", "virtualflowjobs.virtualflow.io", "status"),
     ("update", "virtualflowjobs.virtualflow.io", "status"),
     ("patch", "virtualflowjobs.virtualflow.io", "status"),
-    ("get", "pods", ""), ("list", "pods", ""), ("watch", "pods", ""),
-    ("create", "pods", ""), ("delete", "pods", ""),
+    ("get", "pods", ""),
+    ("list", "pods", ""),
+    ("watch", "pods", ""),
+    ("create", "pods", ""),
+    ("delete", "pods", ""),
     # Each worker's credential Secret; a job's secret is derived, never read from its namespace.
     ("create", "secrets", ""),
-    ("create", "events", ""), ("patch", "events", ""),
+    ("create", "events", ""),
+    ("patch", "events", ""),
     # Each job's NetworkPolicy: mirrored, created, written back when changed.
     ("list", "networkpolicies.networking.k8s.io", ""),
     ("watch", "networkpolicies.networking.k8s.io", ""),
     ("create", "networkpolicies.networking.k8s.io", ""),
     ("update", "networkpolicies.networking.k8s.io", ""),
     # Kueue admission: a job's Workload, and its Finished condition.
-    ("get", "workloads.kueue.x-k8s.io", ""), ("list", "workloads.kueue.x-k8s.io", ""),
-    ("watch", "workloads.kueue.x-k8s.io", ""), ("create", "workloads.kueue.x-k8s.io", ""),
+    ("get", "workloads.kueue.x-k8s.io", ""),
+    ("list", "workloads.kueue.x-k8s.io", ""),
+    ("watch", "workloads.kueue.x-k8s.io", ""),
+    ("create", "workloads.kueue.x-k8s.io", ""),
     ("update", "workloads.kueue.x-k8s.io", "status"),
 ]
 NODE_RIGHTS = [("get", "nodes", ""), ("list", "nodes", ""), ("watch", "nodes", "")]
 # Read cluster-wide even with watchNamespace: the GPU inventory counts what every pod holds.
 INVENTORY_RIGHTS = NODE_RIGHTS + [("get", "pods", ""), ("list", "pods", ""), ("watch", "pods", "")]
 # Asked with the Lease's name for get and update (the Role names it).
-LEASE_RIGHTS = [("get", "leases.coordination.k8s.io", ""),
-                ("update", "leases.coordination.k8s.io", ""),
-                ("create", "leases.coordination.k8s.io", "")]
+LEASE_RIGHTS = [
+    ("get", "leases.coordination.k8s.io", ""),
+    ("update", "leases.coordination.k8s.io", ""),
+    ("create", "leases.coordination.k8s.io", ""),
+]
 # What it must not be able to do, in a job namespace.
 DENIED = [
-    ("create", "virtualflowjobs.virtualflow.io", ""),   # jobs belong to users
+    ("create", "virtualflowjobs.virtualflow.io", ""),  # jobs belong to users
     ("update", "virtualflowjobs.virtualflow.io", ""),
     ("patch", "virtualflowjobs.virtualflow.io", ""),
     ("deletecollection", "virtualflowjobs.virtualflow.io", ""),
-    ("update", "pods", ""), ("patch", "pods", ""), ("deletecollection", "pods", ""),
-    ("update", "pods", "status"), ("create", "pods", "exec"), ("create", "pods", "eviction"),
+    ("update", "pods", ""),
+    ("patch", "pods", ""),
+    ("deletecollection", "pods", ""),
+    ("update", "pods", "status"),
+    ("create", "pods", "exec"),
+    ("create", "pods", "eviction"),
     ("get", "pods", "log"),
-    ("get", "secrets", ""), ("list", "secrets", ""), ("watch", "secrets", ""),
+    ("get", "secrets", ""),
+    ("list", "secrets", ""),
+    ("watch", "secrets", ""),
     ("update", "secrets", ""),
     ("delete", "secrets", ""),
-    ("get", "events", ""), ("list", "events", ""), ("delete", "events", ""),
+    ("get", "events", ""),
+    ("list", "events", ""),
+    ("delete", "events", ""),
     # A job's NetworkPolicy goes with the job (its owner reference), never by the operator.
     ("delete", "networkpolicies.networking.k8s.io", ""),
     ("patch", "networkpolicies.networking.k8s.io", ""),
-    ("create", "nodes", ""), ("update", "nodes", ""), ("patch", "nodes", ""),
-    ("delete", "nodes", ""), ("patch", "nodes", "status"),
-    ("create", "deployments.apps", ""), ("list", "deployments.apps", ""),
-    ("get", "configmaps", ""), ("create", "services", ""), ("list", "services", ""),
+    ("create", "nodes", ""),
+    ("update", "nodes", ""),
+    ("patch", "nodes", ""),
+    ("delete", "nodes", ""),
+    ("patch", "nodes", "status"),
+    ("create", "deployments.apps", ""),
+    ("list", "deployments.apps", ""),
+    ("get", "configmaps", ""),
+    ("create", "services", ""),
+    ("list", "services", ""),
     ("create", "serviceaccounts", "token"),
     ("create", "rolebindings.rbac.authorization.k8s.io", ""),
     ("escalate", "clusterroles.rbac.authorization.k8s.io", ""),
-    ("list", "leases.coordination.k8s.io", ""), ("delete", "leases.coordination.k8s.io", ""),
+    ("list", "leases.coordination.k8s.io", ""),
+    ("delete", "leases.coordination.k8s.io", ""),
     ("update", "customresourcedefinitions.apiextensions.k8s.io", ""),
     ("impersonate", "serviceaccounts", ""),
     # Kueue: no Workload changed but through its status, none deleted, no quota touched.
-    ("update", "workloads.kueue.x-k8s.io", ""), ("patch", "workloads.kueue.x-k8s.io", ""),
-    ("delete", "workloads.kueue.x-k8s.io", ""), ("patch", "workloads.kueue.x-k8s.io", "status"),
-    ("get", "clusterqueues.kueue.x-k8s.io", ""), ("update", "localqueues.kueue.x-k8s.io", ""),
+    ("update", "workloads.kueue.x-k8s.io", ""),
+    ("patch", "workloads.kueue.x-k8s.io", ""),
+    ("delete", "workloads.kueue.x-k8s.io", ""),
+    ("patch", "workloads.kueue.x-k8s.io", "status"),
+    ("get", "clusterqueues.kueue.x-k8s.io", ""),
+    ("update", "localqueues.kueue.x-k8s.io", ""),
 ]
 # Rules of Kubernetes' default policy that `kubectl auth can-i --list` also shows: what every
 # authenticated user may do (system:basic-user), and reading ClusterTrustBundles, which every
 # service account may (for projected volumes).
-EVERYONE = {"selfsubjectaccessreviews.authorization.k8s.io",
-            "selfsubjectrulesreviews.authorization.k8s.io",
-            "selfsubjectreviews.authentication.k8s.io",
-            "clustertrustbundles.certificates.k8s.io"}
+EVERYONE = {
+    "selfsubjectaccessreviews.authorization.k8s.io",
+    "selfsubjectrulesreviews.authorization.k8s.io",
+    "selfsubjectreviews.authentication.k8s.io",
+    "clustertrustbundles.certificates.k8s.io",
+}
 
 # The metrics the project exports (docs/metrics.md); a dashboard query may use these, a
 # histogram's _bucket/_sum/_count series, and DCGM exporter's DCGM_* metrics.
 OPERATOR_METRICS = {
-    "vf_operator_jobs", "vf_operator_job_workers", "vf_operator_resizes_total",
-    "vf_operator_job_step", "vf_operator_job_total_steps", "vf_operator_job_samples_per_second",
-    "vf_operator_reconcile_errors_total", "vf_operator_workqueue_depth",
-    "vf_operator_api_request_errors_total", "vf_operator_gpus", "vf_operator_is_leader",
-    "vf_build_info"}
+    "vf_operator_jobs",
+    "vf_operator_job_workers",
+    "vf_operator_resizes_total",
+    "vf_operator_job_step",
+    "vf_operator_job_total_steps",
+    "vf_operator_job_samples_per_second",
+    "vf_operator_reconcile_errors_total",
+    "vf_operator_workqueue_depth",
+    "vf_operator_api_request_errors_total",
+    "vf_operator_gpus",
+    "vf_operator_is_leader",
+    "vf_build_info",
+}
 AGENT_METRICS = {
-    "vf_agent_steps_total", "vf_agent_samples_per_second", "vf_agent_loss",
-    "vf_agent_virtual_nodes", "vf_agent_membership_epoch", "vf_agent_allreduce_seconds_total",
-    "vf_agent_state_transfer_bytes_total", "vf_agent_state_transfer_seconds_total",
-    "vf_agent_recoveries_total"}
+    "vf_agent_steps_total",
+    "vf_agent_samples_per_second",
+    "vf_agent_loss",
+    "vf_agent_virtual_nodes",
+    "vf_agent_membership_epoch",
+    "vf_agent_allreduce_seconds_total",
+    "vf_agent_state_transfer_bytes_total",
+    "vf_agent_state_transfer_seconds_total",
+    "vf_agent_recoveries_total",
+}
 HISTOGRAMS = {
-    "vf_operator_resize_pause_seconds", "vf_operator_reconcile_duration_seconds",
-    "vf_operator_api_request_duration_seconds", "vf_agent_step_duration_seconds",
-    "vf_agent_communicator_rebuild_seconds"}
-KNOWN_METRICS = (OPERATOR_METRICS | AGENT_METRICS |
-                 {h + s for h in HISTOGRAMS for s in ("_bucket", "_sum", "_count")})
+    "vf_operator_resize_pause_seconds",
+    "vf_operator_reconcile_duration_seconds",
+    "vf_operator_api_request_duration_seconds",
+    "vf_agent_step_duration_seconds",
+    "vf_agent_communicator_rebuild_seconds",
+}
+KNOWN_METRICS = (
+    OPERATOR_METRICS
+    | AGENT_METRICS
+    | {h + s for h in HISTOGRAMS for s in ("_bucket", "_sum", "_count")}
+)
+
 
 def selects(selector, labels):
     """Whether a Kubernetes label selector (matchLabels, matchExpressions) selects LABELS."""
@@ -217,17 +372,22 @@ def selects(selector, labels):
         return False
     for e in selector.get("matchExpressions") or []:
         key, op, values = e["key"], e["operator"], e.get("values") or []
-        if not {"In": key in labels and labels[key] in values,
-                "NotIn": key not in labels or labels[key] not in values,
-                "Exists": key in labels, "DoesNotExist": key not in labels}[op]:
+        if not {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[op]:
             return False
     return True
 
 
 def operator_binary():
     """The built virtualflow-operator ($VF_BIN_DIR, else build/bin), or None."""
-    path = os.path.join(os.environ.get("VF_BIN_DIR") or os.path.join(SOURCE_DIR, "build", "bin"),
-                        "virtualflow-operator")
+    path = os.path.join(
+        os.environ.get("VF_BIN_DIR") or os.path.join(SOURCE_DIR, "build", "bin"),
+        "virtualflow-operator",
+    )
     return path if os.access(path, os.X_OK) else None
 
 
@@ -276,11 +436,14 @@ class Helm:
         env = dict(self.env)
         if kubeconfig:
             env["KUBECONFIG"] = kubeconfig
-        proc = subprocess.run([self.path, *args], capture_output=True, text=True, env=env,
-                              timeout=timeout)
+        proc = subprocess.run(
+            [self.path, *args], capture_output=True, text=True, env=env, timeout=timeout
+        )
         if check and proc.returncode != 0:
-            raise AssertionError("helm %s failed (exit %d):\n%s%s" % (
-                " ".join(args), proc.returncode, proc.stdout, proc.stderr))
+            raise AssertionError(
+                "helm %s failed (exit %d):\n%s%s"
+                % (" ".join(args), proc.returncode, proc.stdout, proc.stderr)
+            )
         return proc
 
     def close(self):
@@ -306,10 +469,22 @@ class ChartFilesTest(unittest.TestCase):
         """The objects `helm template` renders, as JSON (kubectl reads the YAML offline)."""
         manifest = self.template(*args, release=release, namespace=namespace).stdout
         proc = subprocess.run(
-            [os.path.join(self.tools, "kubectl"), "annotate", "--local", "-f", "-",
-             "vf-test-unused-", "-o", "json"],
-            input=manifest, capture_output=True, text=True, timeout=60,
-            env=dict(os.environ, KUBECONFIG=os.devnull))
+            [
+                os.path.join(self.tools, "kubectl"),
+                "annotate",
+                "--local",
+                "-f",
+                "-",
+                "vf-test-unused-",
+                "-o",
+                "json",
+            ],
+            input=manifest,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=dict(os.environ, KUBECONFIG=os.devnull),
+        )
         self.assertEqual(proc.returncode, 0, proc.stderr)
         objs = json_stream(proc.stdout)
         self.assertEqual(len(objs), manifest.count("\n# Source: "), "objects lost in parsing")
@@ -317,8 +492,9 @@ class ChartFilesTest(unittest.TestCase):
 
     @staticmethod
     def find(objs, kind, name=None):
-        found = [o for o in objs if o["kind"] == kind and
-                 (name is None or o["metadata"]["name"] == name)]
+        found = [
+            o for o in objs if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)
+        ]
         return found[0] if len(found) == 1 else found
 
     # ------------------------------------------------------------------ chart metadata
@@ -328,16 +504,22 @@ class ChartFilesTest(unittest.TestCase):
         self.assertRegex(text, r"(?m)^apiVersion: v2$")
         self.assertRegex(text, r"(?m)^name: virtualflow$")
         self.assertRegex(text, r'(?m)^appVersion: "?%s"?$' % re.escape(APP_VERSION))
-        self.assertIn("http://json-schema.org/draft-07/schema#",
-                      json.loads(read(os.path.join(CHART, "values.schema.json")))["$schema"])
+        self.assertIn(
+            "http://json-schema.org/draft-07/schema#",
+            json.loads(read(os.path.join(CHART, "values.schema.json")))["$schema"],
+        )
 
     def test_crd_in_chart_is_a_copy_of_crds_dir(self):
-        self.assertTrue(filecmp.cmp(CRD_FILE, CHART_CRD_FILE, shallow=False),
-                        "%s differs from %s: copy it (cp %s %s)" % (
-                            os.path.relpath(CHART_CRD_FILE, SOURCE_DIR),
-                            os.path.relpath(CRD_FILE, SOURCE_DIR),
-                            os.path.relpath(CRD_FILE, SOURCE_DIR),
-                            os.path.relpath(CHART_CRD_FILE, SOURCE_DIR)))
+        self.assertTrue(
+            filecmp.cmp(CRD_FILE, CHART_CRD_FILE, shallow=False),
+            "%s differs from %s: copy it (cp %s %s)"
+            % (
+                os.path.relpath(CHART_CRD_FILE, SOURCE_DIR),
+                os.path.relpath(CRD_FILE, SOURCE_DIR),
+                os.path.relpath(CRD_FILE, SOURCE_DIR),
+                os.path.relpath(CHART_CRD_FILE, SOURCE_DIR),
+            ),
+        )
         self.assertEqual(os.listdir(os.path.join(CHART, "crds")), ["virtualflowjob.yaml"])
 
     def test_every_value_is_documented_and_in_the_schema(self):
@@ -353,8 +535,10 @@ class ChartFilesTest(unittest.TestCase):
             if m:
                 above = lines[i - 1] if i else ""
                 below = lines[i + 1] if i + 1 < len(lines) else ""
-                self.assertTrue(above.startswith("#") or below.strip().startswith("#"),
-                                "values.yaml: %s has no comment" % m.group(1))
+                self.assertTrue(
+                    above.startswith("#") or below.strip().startswith("#"),
+                    "values.yaml: %s has no comment" % m.group(1),
+                )
 
     # ------------------------------------------------------------------ lint and render
 
@@ -396,23 +580,73 @@ class ChartFilesTest(unittest.TestCase):
     def test_objects_per_value_set(self):
         def kinds(objs):
             return sorted(o["kind"] for o in objs)
-        self.assertEqual(kinds(self.objects()), [
-            "ClusterRole", "ClusterRoleBinding", "Deployment", "NetworkPolicy", "Role", "Role",
-            "RoleBinding", "RoleBinding", "Service", "ServiceAccount"])
-        self.assertEqual(kinds(self.objects(*dict(VALUE_SETS)["everything-on"])), [
-            "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "NetworkPolicy",
-            "PodMonitor", "Role", "Role", "RoleBinding", "RoleBinding", "Service",
-            "ServiceAccount", "ServiceMonitor"])
+
+        self.assertEqual(
+            kinds(self.objects()),
+            [
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "Deployment",
+                "NetworkPolicy",
+                "Role",
+                "Role",
+                "RoleBinding",
+                "RoleBinding",
+                "Service",
+                "ServiceAccount",
+            ],
+        )
+        self.assertEqual(
+            kinds(self.objects(*dict(VALUE_SETS)["everything-on"])),
+            [
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "ConfigMap",
+                "Deployment",
+                "NetworkPolicy",
+                "PodMonitor",
+                "Role",
+                "Role",
+                "RoleBinding",
+                "RoleBinding",
+                "Service",
+                "ServiceAccount",
+                "ServiceMonitor",
+            ],
+        )
         # The operator's Secrets' Role stays; the Lease's goes.
-        self.assertEqual(kinds(self.objects(*dict(VALUE_SETS)["single-replica"])), [
-            "ClusterRole", "ClusterRoleBinding", "Deployment", "NetworkPolicy", "Role",
-            "RoleBinding", "Service", "ServiceAccount"])
-        self.assertEqual(kinds(self.objects(*dict(VALUE_SETS)["own-account"])), [
-            "Deployment", "NetworkPolicy", "Service"])
+        self.assertEqual(
+            kinds(self.objects(*dict(VALUE_SETS)["single-replica"])),
+            [
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "Deployment",
+                "NetworkPolicy",
+                "Role",
+                "RoleBinding",
+                "Service",
+                "ServiceAccount",
+            ],
+        )
+        self.assertEqual(
+            kinds(self.objects(*dict(VALUE_SETS)["own-account"])),
+            ["Deployment", "NetworkPolicy", "Service"],
+        )
         # The job key's Role stays without TLS.
-        self.assertEqual(kinds(self.objects(*dict(VALUE_SETS)["plain"])), [
-            "ClusterRole", "ClusterRoleBinding", "Deployment", "Role", "Role", "RoleBinding",
-            "RoleBinding", "Service", "ServiceAccount"])
+        self.assertEqual(
+            kinds(self.objects(*dict(VALUE_SETS)["plain"])),
+            [
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "Deployment",
+                "Role",
+                "Role",
+                "RoleBinding",
+                "RoleBinding",
+                "Service",
+                "ServiceAccount",
+            ],
+        )
 
     def test_operator_deployment(self):
         objs = self.objects()
@@ -424,34 +658,49 @@ class ChartFilesTest(unittest.TestCase):
         [container] = pod["containers"]
         self.assertEqual(container["image"], "virtualflow/operator:" + APP_VERSION)
         self.assertEqual(container["imagePullPolicy"], "IfNotPresent")
-        self.assertEqual(container["args"], [
-            "--leader-elect=true",
-            "--leader-election-namespace=" + NS,
-            "--leader-election-id=virtualflow-operator",
-            "--coordinator-listen=0.0.0.0:7070",
-            "--coordinator-url=https://virtualflow-operator.%s.svc:7070" % NS,
-            "--coordinator-tls=true",
-            "--coordinator-tls-secret=virtualflow-coordinator-tls",
-            "--job-key-secret=virtualflow-job-key",
-            "--http-listen=0.0.0.0:8080",
-            "--agent-image=virtualflow/agent:" + APP_VERSION,
-            "--agent-metrics-port=9090",
-            "--policy=elastic",
-            "--kube-api-qps=150",
-            "--kube-api-burst=300",
-            "--network-policy=true",
-            "--network-policy-metrics-from=" + json.dumps(
-                [{"namespaceSelector": {},
-                  "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}],
-                separators=(",", ":"), sort_keys=True)])
+        self.assertEqual(
+            container["args"],
+            [
+                "--leader-elect=true",
+                "--leader-election-namespace=" + NS,
+                "--leader-election-id=virtualflow-operator",
+                "--coordinator-listen=0.0.0.0:7070",
+                "--coordinator-url=https://virtualflow-operator.%s.svc:7070" % NS,
+                "--coordinator-tls=true",
+                "--coordinator-tls-secret=virtualflow-coordinator-tls",
+                "--job-key-secret=virtualflow-job-key",
+                "--http-listen=0.0.0.0:8080",
+                "--agent-image=virtualflow/agent:" + APP_VERSION,
+                "--agent-metrics-port=9090",
+                "--policy=elastic",
+                "--kube-api-qps=150",
+                "--kube-api-burst=300",
+                "--network-policy=true",
+                "--network-policy-metrics-from="
+                + json.dumps(
+                    [
+                        {
+                            "namespaceSelector": {},
+                            "podSelector": {
+                                "matchLabels": {"app.kubernetes.io/name": "prometheus"}
+                            },
+                        }
+                    ],
+                    separators=(",", ":"),
+                    sort_keys=True,
+                ),
+            ],
+        )
         env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
         self.assertEqual(env, {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"})
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
         self.assertEqual(ports, {"coordinator": 7070, "metrics": 8080})
-        self.assertEqual(container["livenessProbe"]["httpGet"], {"path": "/healthz",
-                                                                 "port": "metrics"})
-        self.assertEqual(container["readinessProbe"]["httpGet"], {"path": "/readyz",
-                                                                  "port": "metrics"})
+        self.assertEqual(
+            container["livenessProbe"]["httpGet"], {"path": "/healthz", "port": "metrics"}
+        )
+        self.assertEqual(
+            container["readinessProbe"]["httpGet"], {"path": "/readyz", "port": "metrics"}
+        )
         sc = container["securityContext"]
         self.assertIs(sc["runAsNonRoot"], True)
         self.assertIs(sc["readOnlyRootFilesystem"], True)
@@ -464,8 +713,9 @@ class ChartFilesTest(unittest.TestCase):
 
         service = self.find(objs, "Service", OPERATOR)
         ports = {p["name"]: (p["port"], p["targetPort"]) for p in service["spec"]["ports"]}
-        self.assertEqual(ports, {"coordinator": (7070, "coordinator"),
-                                 "metrics": (8080, "metrics")})
+        self.assertEqual(
+            ports, {"coordinator": (7070, "coordinator"), "metrics": (8080, "metrics")}
+        )
         self.assertEqual(service["spec"]["selector"], deployment["spec"]["selector"]["matchLabels"])
 
     def test_operator_flags_follow_the_values(self):
@@ -502,8 +752,9 @@ class ChartFilesTest(unittest.TestCase):
         # No NetworkPolicies: none per job either.
         self.assertIn("--network-policy=false", args)
         self.assertFalse([a for a in args if a.startswith("--network-policy-metrics-from")])
-        args = self.find(self.objects("--set", "networkPolicy.perJob=false"), "Deployment")[
-            "spec"]["template"]["spec"]["containers"][0]["args"]
+        args = self.find(self.objects("--set", "networkPolicy.perJob=false"), "Deployment")["spec"][
+            "template"
+        ]["spec"]["containers"][0]["args"]
         self.assertIn("--network-policy=false", args)
 
         objs = self.objects(*dict(VALUE_SETS)["single-replica"])
@@ -516,17 +767,23 @@ class ChartFilesTest(unittest.TestCase):
         monitor = self.find(objs, "ServiceMonitor")
         self.assertEqual(monitor["apiVersion"], "monitoring.coreos.com/v1")
         self.assertEqual(monitor["metadata"]["labels"]["release"], "prometheus")
-        self.assertEqual(monitor["spec"]["selector"]["matchLabels"],
-                         self.find(objs, "Service")["spec"]["selector"])
+        self.assertEqual(
+            monitor["spec"]["selector"]["matchLabels"],
+            self.find(objs, "Service")["spec"]["selector"],
+        )
         [endpoint] = monitor["spec"]["endpoints"]
-        self.assertEqual((endpoint["port"], endpoint["path"], endpoint["interval"]),
-                         ("metrics", "/metrics", "30s"))
+        self.assertEqual(
+            (endpoint["port"], endpoint["path"], endpoint["interval"]),
+            ("metrics", "/metrics", "30s"),
+        )
         # Prometheus' defaults: the metrics' job_namespace/job_name collide with no target label.
         self.assertNotIn("honorLabels", endpoint)
         pods = self.find(objs, "PodMonitor")
         self.assertEqual(pods["apiVersion"], "monitoring.coreos.com/v1")
-        self.assertEqual(pods["spec"]["selector"],
-                         {"matchLabels": {"app.kubernetes.io/managed-by": "virtualflow-operator"}})
+        self.assertEqual(
+            pods["spec"]["selector"],
+            {"matchLabels": {"app.kubernetes.io/managed-by": "virtualflow-operator"}},
+        )
         self.assertEqual(pods["spec"]["namespaceSelector"], {"any": True})
         [endpoint] = pods["spec"]["podMetricsEndpoints"]
         self.assertEqual(endpoint["port"], "metrics")
@@ -537,19 +794,24 @@ class ChartFilesTest(unittest.TestCase):
         self.assertEqual(config_map["metadata"]["annotations"], {"grafana_folder": "VirtualFlow"})
         self.assertEqual(config_map["data"]["virtualflow.json"].strip(), read(DASHBOARD).strip())
 
-        objs = self.objects("--set", "serviceMonitor.enabled=true",
-                            "--set", "serviceMonitor.workers=false")
-        self.assertEqual([o["kind"] for o in objs if "monitoring" in o["apiVersion"]],
-                         ["ServiceMonitor"])
+        objs = self.objects(
+            "--set", "serviceMonitor.enabled=true", "--set", "serviceMonitor.workers=false"
+        )
+        self.assertEqual(
+            [o["kind"] for o in objs if "monitoring" in o["apiVersion"]], ["ServiceMonitor"]
+        )
 
     def test_network_policies_follow_the_values_and_the_operators_labels(self):
         # The labels the operator puts on every worker pod, as its source says
         # (operator/controller/worker_pod.h); the install test checks real pods too.
         header = read(os.path.join(SOURCE_DIR, "operator", "controller", "worker_pod.h"))
         constant = lambda name: re.search(
-            r'inline constexpr char %s\[\] = "([^"]+)";' % name, header).group(1)
-        worker = {constant("kJobLabel"): "mnist",
-                  constant("kManagedByLabel"): constant("kManagedBy")}
+            r'inline constexpr char %s\[\] = "([^"]+)";' % name, header
+        ).group(1)
+        worker = {
+            constant("kJobLabel"): "mnist",
+            constant("kManagedByLabel"): constant("kManagedBy"),
+        }
 
         policy = self.find(self.objects(), "NetworkPolicy")  # one: no job namespace is known
         self.assertEqual(policy["metadata"]["namespace"], NS)
@@ -559,12 +821,15 @@ class ChartFilesTest(unittest.TestCase):
         self.assertFalse(selects(rule["from"][0]["podSelector"], {constant("kJobLabel"): "x"}))
 
         objs = self.objects(*dict(VALUE_SETS)["one-namespace"], "--set", "agent.metricsPort=9102")
-        policies = {(p["metadata"]["namespace"], p["metadata"]["name"]): p
-                    for p in self.find(objs, "NetworkPolicy")}
+        policies = {
+            (p["metadata"]["namespace"], p["metadata"]["name"]): p
+            for p in self.find(objs, "NetworkPolicy")
+        }
         self.assertEqual(set(policies), {(NS, OPERATOR), ("team-a", OPERATOR + "-workers")})
         peer = policies[(NS, OPERATOR)]["spec"]["ingress"][0]["from"][0]
-        self.assertEqual(peer["namespaceSelector"],
-                         {"matchLabels": {"kubernetes.io/metadata.name": "team-a"}})
+        self.assertEqual(
+            peer["namespaceSelector"], {"matchLabels": {"kubernetes.io/metadata.name": "team-a"}}
+        )
         # The namespace's base isolates every worker pod and admits only the scrapers, on the
         # metrics port: each job's own policy, which the operator makes, admits the job's pods.
         workers = policies[("team-a", OPERATOR + "-workers")]["spec"]
@@ -573,23 +838,30 @@ class ChartFilesTest(unittest.TestCase):
         self.assertEqual(metrics_rule["ports"], [{"port": 9102, "protocol": "TCP"}])
         self.assertFalse(selects(metrics_rule["from"][0]["podSelector"], worker))
         # Without policies per job, the base admits the namespace's worker pods on every port.
-        objs = self.objects(*dict(VALUE_SETS)["one-namespace"], "--set", "networkPolicy.perJob=false")
-        workers = [p for p in self.find(objs, "NetworkPolicy")
-                   if p["metadata"]["namespace"] == "team-a"][0]["spec"]
+        objs = self.objects(
+            *dict(VALUE_SETS)["one-namespace"], "--set", "networkPolicy.perJob=false"
+        )
+        workers = [
+            p for p in self.find(objs, "NetworkPolicy") if p["metadata"]["namespace"] == "team-a"
+        ][0]["spec"]
         self.assertEqual(len(workers["ingress"]), 2)
         self.assertNotIn("ports", workers["ingress"][0])
         self.assertTrue(selects(workers["ingress"][0]["from"][0]["podSelector"], worker))
         self.assertEqual(workers["ingress"][1]["ports"], [{"port": 9090, "protocol": "TCP"}])
         # Nor the rights to make them.
         rules = self.find(objs, "Role")
-        self.assertFalse([r for role in rules for r in role["rules"]
-                          if "networkpolicies" in r["resources"]])
+        self.assertFalse(
+            [r for role in rules for r in role["rules"] if "networkpolicies" in r["resources"]]
+        )
 
         objs = self.objects("--set", "networkPolicy.jobNamespaces={a,b}")
-        self.assertEqual(sorted(p["metadata"]["namespace"] for p in
-                                self.find(objs, "NetworkPolicy")), ["a", "b", NS])
-        self.assertEqual(self.find(self.objects("--set", "networkPolicy.enabled=false"),
-                                   "NetworkPolicy"), [])
+        self.assertEqual(
+            sorted(p["metadata"]["namespace"] for p in self.find(objs, "NetworkPolicy")),
+            ["a", "b", NS],
+        )
+        self.assertEqual(
+            self.find(self.objects("--set", "networkPolicy.enabled=false"), "NetworkPolicy"), []
+        )
 
     def test_rbac_rules_are_exactly_the_operators_needs(self):
         def rights(rules):
@@ -609,13 +881,17 @@ class ChartFilesTest(unittest.TestCase):
             return out
 
         jobs, nodes = expected(JOB_RIGHTS), expected(NODE_RIGHTS)
-        lease = {("coordination.k8s.io", "leases", "create", ()),
-                 ("coordination.k8s.io", "leases", "get", ("virtualflow-operator",)),
-                 ("coordination.k8s.io", "leases", "update", ("virtualflow-operator",))}
-        own = {("", "secrets", "create", ()),
-               ("", "secrets", "get", ("virtualflow-job-key",)),
-               ("", "secrets", "get", ("virtualflow-coordinator-tls",)),
-               ("", "secrets", "update", ("virtualflow-coordinator-tls",))}
+        lease = {
+            ("coordination.k8s.io", "leases", "create", ()),
+            ("coordination.k8s.io", "leases", "get", ("virtualflow-operator",)),
+            ("coordination.k8s.io", "leases", "update", ("virtualflow-operator",)),
+        }
+        own = {
+            ("", "secrets", "create", ()),
+            ("", "secrets", "get", ("virtualflow-job-key",)),
+            ("", "secrets", "get", ("virtualflow-coordinator-tls",)),
+            ("", "secrets", "update", ("virtualflow-coordinator-tls",)),
+        }
 
         objs = self.objects()
         self.assertEqual(rights(self.find(objs, "ClusterRole")["rules"]), jobs | nodes)
@@ -624,22 +900,27 @@ class ChartFilesTest(unittest.TestCase):
         self.assertEqual(rights(roles[OPERATOR + "-leader-election"]["rules"]), lease)
         self.assertEqual(rights(roles[OPERATOR + "-secrets"]["rules"]), own)
         for binding in [self.find(objs, "ClusterRoleBinding")] + self.find(objs, "RoleBinding"):
-            self.assertEqual(binding["subjects"], [{"kind": "ServiceAccount", "name": OPERATOR,
-                                                    "namespace": NS}])
+            self.assertEqual(
+                binding["subjects"], [{"kind": "ServiceAccount", "name": OPERATOR, "namespace": NS}]
+            )
 
         objs = self.objects(*dict(VALUE_SETS)["one-namespace"])
-        self.assertEqual(rights(self.find(objs, "ClusterRole")["rules"]),
-                         expected(INVENTORY_RIGHTS))
+        self.assertEqual(
+            rights(self.find(objs, "ClusterRole")["rules"]), expected(INVENTORY_RIGHTS)
+        )
         roles = {}
         for r in self.find(objs, "Role"):
             roles.setdefault(r["metadata"]["namespace"], set()).update(rights(r["rules"]))
         self.assertEqual(roles, {"team-a": jobs, NS: lease | own})
         # Without TLS, only the job key.
-        roles = {r["metadata"]["name"]: r for r in self.find(
-            self.objects("--set", "coordinator.tls.enabled=false"), "Role")}
-        self.assertEqual(rights(roles[OPERATOR + "-secrets"]["rules"]),
-                         {("", "secrets", "create", ()),
-                          ("", "secrets", "get", ("virtualflow-job-key",))})
+        roles = {
+            r["metadata"]["name"]: r
+            for r in self.find(self.objects("--set", "coordinator.tls.enabled=false"), "Role")
+        }
+        self.assertEqual(
+            rights(roles[OPERATOR + "-secrets"]["rules"]),
+            {("", "secrets", "create", ()), ("", "secrets", "get", ("virtualflow-job-key",))},
+        )
 
     def test_bad_values_fail_with_a_message_naming_the_value(self):
         for name, args, expected in BAD_VALUES:
@@ -662,17 +943,22 @@ class ChartFilesTest(unittest.TestCase):
             with self.subTest(where, expr=expr):
                 names = metric_names(expr)
                 self.assertTrue(names, "no metric found in %s" % expr)
-                unknown = {n for n in names if n not in KNOWN_METRICS and
-                           not n.startswith("DCGM_")}
+                unknown = {n for n in names if n not in KNOWN_METRICS and not n.startswith("DCGM_")}
                 self.assertEqual(unknown, set(), "not a VirtualFlow or DCGM metric")
                 self.assertEqual(expr.count("("), expr.count(")"))
                 self.assertEqual(expr.count("{"), expr.count("}"))
                 used |= names
         # The panels the dashboard is for.
-        for name in ("vf_operator_job_step", "vf_operator_job_workers",
-                     "vf_operator_resizes_total", "vf_operator_job_samples_per_second",
-                     "vf_agent_loss", "vf_operator_resize_pause_seconds_bucket",
-                     "vf_operator_gpus", "DCGM_FI_DEV_GPU_UTIL"):
+        for name in (
+            "vf_operator_job_step",
+            "vf_operator_job_workers",
+            "vf_operator_resizes_total",
+            "vf_operator_job_samples_per_second",
+            "vf_agent_loss",
+            "vf_operator_resize_pause_seconds_bucket",
+            "vf_operator_gpus",
+            "DCGM_FI_DEV_GPU_UTIL",
+        ):
             self.assertIn(name, used)
         annotations = [a for a in dashboard["annotations"]["list"] if a.get("expr")]
         self.assertTrue(any("vf_operator_resizes_total" in a["expr"] for a in annotations))
@@ -683,20 +969,27 @@ class ChartFilesTest(unittest.TestCase):
         self.assertEqual(len(ids), len(set(ids)), "panel ids repeat")
 
     def test_metric_name_extraction(self):
-        self.assertEqual(metric_names(
-            'histogram_quantile(0.95, sum by (le, job) (rate(vf_agent_step_duration_seconds_bucket'
-            '{job_namespace=~"$namespace", job_name=~"$job"}[$__rate_interval])))'),
-            {"vf_agent_step_duration_seconds_bucket"})
-        self.assertEqual(metric_names(
-            'avg by (pod) (DCGM_FI_DEV_GPU_UTIL * on (namespace, pod) group_left (job_name) '
-            'count by (namespace, pod, job_name) (vf_agent_steps_total{job_name="a b"}))'),
-            {"DCGM_FI_DEV_GPU_UTIL", "vf_agent_steps_total"})
+        self.assertEqual(
+            metric_names(
+                "histogram_quantile(0.95, sum by (le, job) (rate(vf_agent_step_duration_seconds_bucket"
+                '{job_namespace=~"$namespace", job_name=~"$job"}[$__rate_interval])))'
+            ),
+            {"vf_agent_step_duration_seconds_bucket"},
+        )
+        self.assertEqual(
+            metric_names(
+                "avg by (pod) (DCGM_FI_DEV_GPU_UTIL * on (namespace, pod) group_left (job_name) "
+                'count by (namespace, pod, job_name) (vf_agent_steps_total{job_name="a b"}))'
+            ),
+            {"DCGM_FI_DEV_GPU_UTIL", "vf_agent_steps_total"},
+        )
         self.assertEqual(metric_names("up + node_load1 offset 5m"), {"up", "node_load1"})
 
 
 # Stand-ins for the Prometheus Operator's CRDs (not part of this project), so that the chart's
 # ServiceMonitor and PodMonitor can be installed; they check group, version, kind and scope only.
-MONITOR_CRDS = "".join("""---
+MONITOR_CRDS = "".join(
+    """---
 apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
 metadata:
@@ -713,8 +1006,10 @@ spec:
         openAPIV3Schema:
           type: object
           x-kubernetes-preserve-unknown-fields: true
-""" % {"kind": kind, "plural": kind.lower() + "s", "singular": kind.lower()}
-    for kind in ("ServiceMonitor", "PodMonitor"))
+"""
+    % {"kind": kind, "plural": kind.lower() + "s", "singular": kind.lower()}
+    for kind in ("ServiceMonitor", "PodMonitor")
+)
 
 
 class ChartInstallTest(ControlPlaneTestCase):
@@ -740,19 +1035,39 @@ class ChartInstallTest(ControlPlaneTestCase):
         # are asked about resources the server knows.
         cls.cp.install_kueue_crds(("workloads", "clusterqueues", "localqueues"))
         cls.run_kubectl("apply", "-f", "-", input=MONITOR_CRDS, check=True)
-        cls.run_kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                        "crd/servicemonitors.monitoring.coreos.com",
-                        "crd/podmonitors.monitoring.coreos.com", check=True)
+        cls.run_kubectl(
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/servicemonitors.monitoring.coreos.com",
+            "crd/podmonitors.monitoring.coreos.com",
+            check=True,
+        )
         for ns in (NS, "team-a", "team-b", "vf-team-system"):
             cls.cp.create_namespace(ns)
         # The operator's pods must pass the strictest Pod Security Standard.
         for ns in (NS, "vf-team-system"):
-            cls.run_kubectl("label", "namespace", ns,
-                            "pod-security.kubernetes.io/enforce=restricted", check=True)
+            cls.run_kubectl(
+                "label",
+                "namespace",
+                ns,
+                "pod-security.kubernetes.io/enforce=restricted",
+                check=True,
+            )
         cls.install = cls.helm(
-            "install", RELEASE, CHART, "-n", NS, "--set", "serviceMonitor.enabled=true",
-            "--set", "dashboards.enabled=true", "--set", "networkPolicy.jobNamespaces={team-b}",
-            kubeconfig=cls.cp.kubeconfig)
+            "install",
+            RELEASE,
+            CHART,
+            "-n",
+            NS,
+            "--set",
+            "serviceMonitor.enabled=true",
+            "--set",
+            "dashboards.enabled=true",
+            "--set",
+            "networkPolicy.jobNamespaces={team-b}",
+            kubeconfig=cls.cp.kubeconfig,
+        )
 
     @classmethod
     def tearDownClass(cls):
@@ -768,14 +1083,15 @@ class ChartInstallTest(ControlPlaneTestCase):
         return self.run_kubectl(*args, input=input, check=check)
 
     def setUp(self):
-        self.operators = {}   # operator processes this test started: pod name -> (process, URL)
+        self.operators = {}  # operator processes this test started: pod name -> (process, URL)
         self.stopped = set()  # those it stopped on purpose
 
     def run_helm(self, *args, check=True):
         return self.helm(*args, kubeconfig=self.cp.kubeconfig, check=check)
 
-    def can_i(self, verb, resource, subresource="", namespace=NS, name=None,
-              account=(NS, OPERATOR)):
+    def can_i(
+        self, verb, resource, subresource="", namespace=NS, name=None, account=(NS, OPERATOR)
+    ):
         args = ["auth", "can-i", verb, resource + ("/" + name if name else "")]
         args += ["-n", namespace, "--as=system:serviceaccount:%s:%s" % account]
         if subresource:
@@ -788,8 +1104,15 @@ class ChartInstallTest(ControlPlaneTestCase):
     def rights_list(self, namespace, account=(NS, OPERATOR)):
         """`kubectl auth can-i --list` for ACCOUNT in NAMESPACE, less what everyone may do, as
         {(resource, resource names): verbs}."""
-        out = self.kubectl("auth", "can-i", "--list", "-n", namespace,
-                              "--as=system:serviceaccount:%s:%s" % account, check=True).stdout
+        out = self.kubectl(
+            "auth",
+            "can-i",
+            "--list",
+            "-n",
+            namespace,
+            "--as=system:serviceaccount:%s:%s" % account,
+            check=True,
+        ).stdout
         rights = {}
         for line in out.splitlines()[1:]:
             m = re.match(r"(\S+)\s+\[\]\s+\[(.*?)\]\s+\[(.*?)\]\s*$", line)
@@ -815,46 +1138,77 @@ class ChartInstallTest(ControlPlaneTestCase):
         self.assertIn("https://virtualflow-operator.%s.svc:7070" % NS, self.install.stdout)  # NOTES
         crd = self.cp.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/" + CRD_NAME)
         self.assertIsNotNone(crd, "the chart's crds/ were not installed")
-        self.cp.wait_for("the CRD to be Established", lambda: any(
-            c["type"] == "Established" and c["status"] == "True" for c in (self.cp.get(
-                "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/" + CRD_NAME)
-                ["status"].get("conditions") or [])))
+        self.cp.wait_for(
+            "the CRD to be Established",
+            lambda: any(
+                c["type"] == "Established" and c["status"] == "True"
+                for c in (
+                    self.cp.get(
+                        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/" + CRD_NAME
+                    )["status"].get("conditions")
+                    or []
+                )
+            ),
+        )
 
         # Every object of the release's manifest exists, as Helm rendered it.
         manifest = self.run_helm("get", "manifest", RELEASE, "-n", NS).stdout
-        objs = json_stream(self.kubectl("get", "-f", "-", "-o", "json", input=manifest,
-                                           check=True).stdout)
+        objs = json_stream(
+            self.kubectl("get", "-f", "-", "-o", "json", input=manifest, check=True).stdout
+        )
         objs = objs[0]["items"] if objs and objs[0]["kind"] == "List" else objs
-        self.assertEqual(sorted(o["kind"] for o in objs), [
-            "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "NetworkPolicy",
-            "NetworkPolicy", "PodMonitor", "Role", "Role", "RoleBinding", "RoleBinding", "Service",
-            "ServiceAccount", "ServiceMonitor"])
+        self.assertEqual(
+            sorted(o["kind"] for o in objs),
+            [
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "ConfigMap",
+                "Deployment",
+                "NetworkPolicy",
+                "NetworkPolicy",
+                "PodMonitor",
+                "Role",
+                "Role",
+                "RoleBinding",
+                "RoleBinding",
+                "Service",
+                "ServiceAccount",
+                "ServiceMonitor",
+            ],
+        )
         for obj in objs:
             self.assertEqual(obj["metadata"]["labels"]["app.kubernetes.io/instance"], RELEASE)
             self.assertEqual(obj["metadata"]["annotations"]["meta.helm.sh/release-name"], RELEASE)
 
         service = self.cp.get("/api/v1/namespaces/%s/services/%s" % (NS, OPERATOR))
         self.assertTrue(service["spec"]["clusterIP"])
-        self.assertEqual(sorted(p["name"] for p in service["spec"]["ports"]),
-                         ["coordinator", "metrics"])
+        self.assertEqual(
+            sorted(p["name"] for p in service["spec"]["ports"]), ["coordinator", "metrics"]
+        )
 
         # The Deployment controller creates the operator's pods, so the API server (and the
         # `restricted` Pod Security admission) accepted the pod template. No kubelet runs them.
         selector = "app.kubernetes.io/instance=%s,app.kubernetes.io/component=operator" % RELEASE
-        pods = self.cp.wait_for("the operator's 2 pods", lambda: (lambda items: len(items) == 2
-                                and items)(self.cp.request(
-                                    "GET", "/api/v1/namespaces/%s/pods?labelSelector=%s" % (
-                                        NS, selector))["items"]))
+        pods = self.cp.wait_for(
+            "the operator's 2 pods",
+            lambda: (lambda items: len(items) == 2 and items)(
+                self.cp.request(
+                    "GET", "/api/v1/namespaces/%s/pods?labelSelector=%s" % (NS, selector)
+                )["items"]
+            ),
+        )
         for pod in pods:
             spec = pod["spec"]
             self.assertEqual(spec["serviceAccountName"], OPERATOR)
             container = spec["containers"][0]
-            self.assertIn("--coordinator-url=https://virtualflow-operator.%s.svc:7070" % NS,
-                          container["args"])
+            self.assertIn(
+                "--coordinator-url=https://virtualflow-operator.%s.svc:7070" % NS, container["args"]
+            )
             self.assertEqual(container["securityContext"]["capabilities"], {"drop": ["ALL"]})
         deployment = self.cp.get("/apis/apps/v1/namespaces/%s/deployments/%s" % (NS, OPERATOR))
-        failures = [c for c in deployment["status"].get("conditions") or []
-                    if c["type"] == "ReplicaFailure"]
+        failures = [
+            c for c in deployment["status"].get("conditions") or [] if c["type"] == "ReplicaFailure"
+        ]
         self.assertEqual(failures, [])
 
     # ------------------------------------------------------------------ the real operator
@@ -871,21 +1225,40 @@ class ChartInstallTest(ControlPlaneTestCase):
         kubeconfig = os.path.join(self.cp.dir, pod + ".kubeconfig")
         token = self.cp.token(pod_spec["serviceAccountName"], namespace)
         with open(kubeconfig, "w") as f:
-            json.dump({"apiVersion": "v1", "kind": "Config",
-                       "clusters": [{"name": "e2e", "cluster": {
-                           "server": self.cp.server, "certificate-authority": self.cp.ca_file}}],
-                       "users": [{"name": "sa", "user": {"token": token}}],
-                       "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "sa"}}],
-                       "current-context": "e2e"}, f)
+            json.dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [
+                        {
+                            "name": "e2e",
+                            "cluster": {
+                                "server": self.cp.server,
+                                "certificate-authority": self.cp.ca_file,
+                            },
+                        }
+                    ],
+                    "users": [{"name": "sa", "user": {"token": token}}],
+                    "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "sa"}}],
+                    "current-context": "e2e",
+                },
+                f,
+            )
         http, coordinator = free_port(), free_port()
-        args = [a.replace("0.0.0.0:8080", "127.0.0.1:%d" % http)
-                .replace("0.0.0.0:7070", "127.0.0.1:%d" % coordinator)
-                for a in container["args"]]
+        args = [
+            a.replace("0.0.0.0:8080", "127.0.0.1:%d" % http).replace(
+                "0.0.0.0:7070", "127.0.0.1:%d" % coordinator
+            )
+            for a in container["args"]
+        ]
         log = open(os.path.join(self.cp.logs, pod + ".log"), "wb")
-        proc = subprocess.Popen([operator_binary(), "--kubeconfig", kubeconfig, *args],
-                                stdout=log, stderr=subprocess.STDOUT,
-                                preexec_fn=_die_with_parent,
-                                env=dict(os.environ, POD_NAME=pod, POD_NAMESPACE=namespace))
+        proc = subprocess.Popen(
+            [operator_binary(), "--kubeconfig", kubeconfig, *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,
+            env=dict(os.environ, POD_NAME=pod, POD_NAMESPACE=namespace),
+        )
 
         def stop():
             if proc.poll() is None:
@@ -896,6 +1269,7 @@ class ChartInstallTest(ControlPlaneTestCase):
                     proc.kill()
                     proc.wait()
             log.close()
+
         self.addCleanup(stop)
         self.operators[pod] = (proc, "http://127.0.0.1:%d" % http)
         return proc, "http://127.0.0.1:%d" % http
@@ -914,8 +1288,10 @@ class ChartInstallTest(ControlPlaneTestCase):
                 continue
             self.assertIsNone(proc.poll(), "%s exited:\n%s" % (pod, self.operator_log(pod)))
             metrics = http_get(url + "/metrics")[1]
-            self.assertFalse('code="403"' in metrics, "%s was forbidden a request:\n%s" % (
-                pod, self.operator_log(pod)))
+            self.assertFalse(
+                'code="403"' in metrics,
+                "%s was forbidden a request:\n%s" % (pod, self.operator_log(pod)),
+            )
 
     def until(self, what, predicate, timeout=60):
         """Polls PREDICATE until it is truthy (returned), checking the operators meanwhile."""
@@ -933,14 +1309,28 @@ class ChartInstallTest(ControlPlaneTestCase):
         """Applies the example job to NAMESPACE and waits for the operator to create its worker
         pods (returned) and write its status."""
         self.kubectl("apply", "-n", namespace, "-f", EXAMPLE, check=True)
-        self.addCleanup(self.kubectl, "delete", "vfjob", "fashion-mnist", "-n", namespace,
-                        "--wait=false")
-        pods = self.until("the job's worker pods", lambda: self.cp.request(
-            "GET", "/api/v1/namespaces/%s/pods?labelSelector=app.kubernetes.io%%2F"
-            "managed-by%%3Dvirtualflow-operator" % namespace)["items"])
-        self.until("the job's status", lambda: self.cp.get(
-            "/apis/virtualflow.io/v1alpha1/namespaces/%s/virtualflowjobs/fashion-mnist" %
-            namespace).get("status", {}).get("phase"))
+        self.addCleanup(
+            self.kubectl, "delete", "vfjob", "fashion-mnist", "-n", namespace, "--wait=false"
+        )
+        pods = self.until(
+            "the job's worker pods",
+            lambda: self.cp.request(
+                "GET",
+                "/api/v1/namespaces/%s/pods?labelSelector=app.kubernetes.io%%2F"
+                "managed-by%%3Dvirtualflow-operator" % namespace,
+            )["items"],
+        )
+        self.until(
+            "the job's status",
+            lambda: (
+                self.cp.get(
+                    "/apis/virtualflow.io/v1alpha1/namespaces/%s/virtualflowjobs/fashion-mnist"
+                    % namespace
+                )
+                .get("status", {})
+                .get("phase")
+            ),
+        )
         return pods
 
     def test_operator_runs_with_the_charts_flags_and_rights(self):
@@ -955,17 +1345,24 @@ class ChartInstallTest(ControlPlaneTestCase):
             self.start_operator(NS, OPERATOR, pod)
 
         def leader():
-            lease = self.cp.get("/apis/coordination.k8s.io/v1/namespaces/%s/leases/"
-                                "virtualflow-operator" % NS)
+            lease = self.cp.get(
+                "/apis/coordination.k8s.io/v1/namespaces/%s/leases/virtualflow-operator" % NS
+            )
             holder = (lease or {}).get("spec", {}).get("holderIdentity")
-            codes = {pod: http_get(url + "/readyz")[0]
-                     for pod, (_, url) in self.operators.items() if pod not in self.stopped}
+            codes = {
+                pod: http_get(url + "/readyz")[0]
+                for pod, (_, url) in self.operators.items()
+                if pod not in self.stopped
+            }
             ready = {pod: code == 200 for pod, code in codes.items()}
             # Every replica answers (a standby is still starting until it does: it reads the TLS
             # Secret first), and only the holder is ready.
             answering = all(code != 0 for code in codes.values())
-            return (holder if answering and holder and ready.get(holder) and
-                    sum(ready.values()) == 1 else None)
+            return (
+                holder
+                if answering and holder and ready.get(holder) and sum(ready.values()) == 1
+                else None
+            )
 
         first = self.until("one ready leader", leader)
         [standby] = [p for p in self.operators if p != first]
@@ -975,8 +1372,7 @@ class ChartInstallTest(ControlPlaneTestCase):
         self.assertIn("not the leader", body)
         self.assertEqual(http_get(standby_url + "/healthz")[0], 200)
         self.assertIn("vf_operator_is_leader 0", http_get(standby_url + "/metrics")[1])
-        self.assertIn("vf_operator_is_leader 1",
-                      http_get(self.operators[first][1] + "/metrics")[1])
+        self.assertIn("vf_operator_is_leader 1", http_get(self.operators[first][1] + "/metrics")[1])
 
         # A job: the leader creates its NetworkPolicy, worker pods and their credential Secrets
         # and writes its status.
@@ -984,8 +1380,9 @@ class ChartInstallTest(ControlPlaneTestCase):
         container = pods[0]["spec"]["containers"][0]
         self.assertIs(pods[0]["spec"]["automountServiceAccountToken"], False)
         self.assertEqual(container["image"], "virtualflow/agent:" + APP_VERSION)
-        self.assertIn({"name": "metrics", "containerPort": 9090, "protocol": "TCP"},
-                      container["ports"])
+        self.assertIn(
+            {"name": "metrics", "containerPort": 9090, "protocol": "TCP"}, container["ports"]
+        )
         self.check_coordinator_tls(pods)
         self.check_network_policies(pods, "team-b")
         # The job's secret is derived from the key in the operator's namespace: nothing of the
@@ -1015,8 +1412,12 @@ class ChartInstallTest(ControlPlaneTestCase):
         self.assertEqual(sorted(tls["data"]), ["ca.crt", "ca.key", "tls.crt", "tls.key"])
         for pod in pods:
             name, namespace = pod["metadata"]["name"], pod["metadata"]["namespace"]
-            secret = self.until("%s's credential Secret" % name, lambda: self.cp.get(
-                "/api/v1/namespaces/%s/secrets/%s-vf-credential" % (namespace, name)))
+            secret = self.until(
+                "%s's credential Secret" % name,
+                lambda: self.cp.get(
+                    "/api/v1/namespaces/%s/secrets/%s-vf-credential" % (namespace, name)
+                ),
+            )
             self.assertEqual(sorted(secret["data"]), ["ca.crt", "token"])
             self.assertEqual(secret["data"]["ca.crt"], tls["data"]["ca.crt"])
             args = pod["spec"]["containers"][0]["args"]
@@ -1034,22 +1435,29 @@ class ChartInstallTest(ControlPlaneTestCase):
         workers = self.cp.get(path % (namespace, OPERATOR + "-workers"))
         self.assertIsNotNone(operator)
         self.assertIsNotNone(workers)
-        operator_pod = self.cp.request("GET", "/api/v1/namespaces/%s/pods?labelSelector="
-                                       "app.kubernetes.io/component=operator" % NS)["items"][0]
-        self.assertTrue(selects(operator["spec"]["podSelector"],
-                                operator_pod["metadata"]["labels"]))
-        [coordinator_rule] = [r for r in operator["spec"]["ingress"]
-                              if r["ports"][0]["port"] == "coordinator"]
+        operator_pod = self.cp.request(
+            "GET",
+            "/api/v1/namespaces/%s/pods?labelSelector=app.kubernetes.io/component=operator" % NS,
+        )["items"][0]
+        self.assertTrue(
+            selects(operator["spec"]["podSelector"], operator_pod["metadata"]["labels"])
+        )
+        [coordinator_rule] = [
+            r for r in operator["spec"]["ingress"] if r["ports"][0]["port"] == "coordinator"
+        ]
         [peer] = coordinator_rule["from"]
         self.assertEqual(peer["namespaceSelector"], {})
         stranger = {"app": "curl", "app.kubernetes.io/managed-by": "Helm"}
         # The job's own policy: made before its pods, owned by the job.
-        job = self.cp.get("/apis/virtualflow.io/v1alpha1/namespaces/%s/virtualflowjobs/"
-                          "fashion-mnist" % namespace)
+        job = self.cp.get(
+            "/apis/virtualflow.io/v1alpha1/namespaces/%s/virtualflowjobs/fashion-mnist" % namespace
+        )
         own = self.cp.get(path % (namespace, "fashion-mnist-vf-workers"))
         self.assertIsNotNone(own, "the operator made no NetworkPolicy for the job")
-        self.assertEqual([(o["kind"], o["uid"]) for o in own["metadata"]["ownerReferences"]],
-                         [("VirtualFlowJob", job["metadata"]["uid"])])
+        self.assertEqual(
+            [(o["kind"], o["uid"]) for o in own["metadata"]["ownerReferences"]],
+            [("VirtualFlowJob", job["metadata"]["uid"])],
+        )
         [own_peers, own_metrics] = own["spec"]["ingress"]
         self.assertNotIn("namespaceSelector", own_peers["from"][0])
         self.assertNotIn("ports", own_peers)
@@ -1071,8 +1479,9 @@ class ChartInstallTest(ControlPlaneTestCase):
         [metrics_rule] = workers["spec"]["ingress"]
         for rule in (metrics_rule, own_metrics):
             self.assertEqual(rule["ports"], [{"port": 9090, "protocol": "TCP"}])
-            self.assertTrue(selects(rule["from"][0]["podSelector"],
-                                    {"app.kubernetes.io/name": "prometheus"}))
+            self.assertTrue(
+                selects(rule["from"][0]["podSelector"], {"app.kubernetes.io/name": "prometheus"})
+            )
             self.assertFalse(selects(rule["from"][0]["podSelector"], another))
 
     def test_service_account_can_do_exactly_what_the_operator_needs(self):
@@ -1104,10 +1513,12 @@ class ChartInstallTest(ControlPlaneTestCase):
         self.assertTrue(self.can_i("get", "secrets", name="virtualflow-job-key"))
         self.assertFalse(self.can_i("update", "secrets", name="virtualflow-job-key"))
         for namespace in ("team-a", "kube-system"):
-            self.assertFalse(self.can_i("get", "secrets", namespace=namespace,
-                                        name="virtualflow-job-key"))
-            self.assertFalse(self.can_i("get", "secrets", namespace=namespace,
-                                        name="fashion-mnist-vf-token"))
+            self.assertFalse(
+                self.can_i("get", "secrets", namespace=namespace, name="virtualflow-job-key")
+            )
+            self.assertFalse(
+                self.can_i("get", "secrets", namespace=namespace, name="fashion-mnist-vf-token")
+            )
         self.assertFalse(self.can_i("delete", "nodes"))
 
         # Nothing else: the complete list of what the account may do.
@@ -1122,44 +1533,76 @@ class ChartInstallTest(ControlPlaneTestCase):
 
     def test_watch_namespace_limits_the_rights_to_that_namespace(self):
         account = ("vf-team-system", "vf-team-virtualflow-operator")
-        self.run_helm("install", "vf-team", CHART, "-n", "vf-team-system",
-                      "--set", "watchNamespace=team-a", "--set", "replicaCount=1")
+        self.run_helm(
+            "install",
+            "vf-team",
+            CHART,
+            "-n",
+            "vf-team-system",
+            "--set",
+            "watchNamespace=team-a",
+            "--set",
+            "replicaCount=1",
+        )
         try:
             for verb, resource, sub in JOB_RIGHTS:
                 everywhere = (verb, resource, sub) in INVENTORY_RIGHTS
                 with self.subTest("%s %s/%s" % (verb, resource, sub)):
                     self.assertTrue(self.can_i(verb, resource, sub, "team-a", account=account))
-                    self.assertEqual(self.can_i(verb, resource, sub, "team-b", account=account),
-                                     everywhere)
+                    self.assertEqual(
+                        self.can_i(verb, resource, sub, "team-b", account=account), everywhere
+                    )
                     # The operator's own Secrets are created in its own namespace.
                     tls = (verb, resource) == ("create", "secrets")
-                    self.assertEqual(self.can_i(verb, resource, sub, "vf-team-system",
-                                                account=account), everywhere or tls)
+                    self.assertEqual(
+                        self.can_i(verb, resource, sub, "vf-team-system", account=account),
+                        everywhere or tls,
+                    )
             for verb, resource, sub in INVENTORY_RIGHTS:
                 self.assertTrue(self.can_i(verb, resource, sub, "team-b", account=account))
-            self.assertTrue(self.can_i("update", "leases.coordination.k8s.io", "",
-                                       "vf-team-system", "virtualflow-operator", account=account))
-            self.assertEqual(self.rights_list("team-b", account),
-                             self.expected_list(INVENTORY_RIGHTS))
+            self.assertTrue(
+                self.can_i(
+                    "update",
+                    "leases.coordination.k8s.io",
+                    "",
+                    "vf-team-system",
+                    "virtualflow-operator",
+                    account=account,
+                )
+            )
+            self.assertEqual(
+                self.rights_list("team-b", account), self.expected_list(INVENTORY_RIGHTS)
+            )
             # No Secret read anywhere but its own two by name, not even in team-a; no pods
             # outside team-a.
             for namespace in ("kube-system", "team-a", "team-b", "default"):
-                self.assertFalse(self.can_i("get", "secrets", namespace=namespace,
-                                            account=account))
-                self.assertEqual(self.can_i("create", "pods", namespace=namespace,
-                                            account=account), namespace == "team-a")
+                self.assertFalse(self.can_i("get", "secrets", namespace=namespace, account=account))
+                self.assertEqual(
+                    self.can_i("create", "pods", namespace=namespace, account=account),
+                    namespace == "team-a",
+                )
             for own in ("vf-team-virtualflow-coordinator-tls", "vf-team-virtualflow-job-key"):
-                self.assertTrue(self.can_i("get", "secrets", namespace="vf-team-system",
-                                           name=own, account=account))
-            self.assertEqual(self.rights_list("team-a", account),
-                             self.expected_list(JOB_RIGHTS + NODE_RIGHTS))
+                self.assertTrue(
+                    self.can_i(
+                        "get", "secrets", namespace="vf-team-system", name=own, account=account
+                    )
+                )
+            self.assertEqual(
+                self.rights_list("team-a", account), self.expected_list(JOB_RIGHTS + NODE_RIGHTS)
+            )
             # The operator's own pod passes Pod Security there too.
             deployment = "vf-team-virtualflow-operator"
-            self.cp.wait_for("vf-team's operator pod", lambda: self.cp.request(
-                "GET", "/api/v1/namespaces/vf-team-system/pods?labelSelector="
-                "app.kubernetes.io/instance=vf-team")["items"])
+            self.cp.wait_for(
+                "vf-team's operator pod",
+                lambda: self.cp.request(
+                    "GET",
+                    "/api/v1/namespaces/vf-team-system/pods?labelSelector="
+                    "app.kubernetes.io/instance=vf-team",
+                )["items"],
+            )
             args = self.cp.get("/apis/apps/v1/namespaces/vf-team-system/deployments/" + deployment)[
-                "spec"]["template"]["spec"]["containers"][0]["args"]
+                "spec"
+            ]["template"]["spec"]["containers"][0]["args"]
             self.assertIn("--namespace=team-a", args)
 
             # The operator itself runs a job in its namespace with only these rights.
@@ -1174,31 +1617,64 @@ class ChartInstallTest(ControlPlaneTestCase):
             self.run_helm("uninstall", "vf-team", "-n", "vf-team-system", check=False)
 
     def test_upgrade_and_uninstall(self):
-        self.run_helm("install", "vf-upgrade", CHART, "-n", "team-b", "--set", "replicaCount=1",
-                      "--set", "leaderElection.leaseName=vf-upgrade")
+        self.run_helm(
+            "install",
+            "vf-upgrade",
+            CHART,
+            "-n",
+            "team-b",
+            "--set",
+            "replicaCount=1",
+            "--set",
+            "leaderElection.leaseName=vf-upgrade",
+        )
         path = "/apis/apps/v1/namespaces/team-b/deployments/vf-upgrade-virtualflow-operator"
+
         def args():
             return self.cp.get(path)["spec"]["template"]["spec"]["containers"][0]["args"]
+
         self.assertIn("--policy=elastic", args())
-        self.run_helm("upgrade", "vf-upgrade", CHART, "-n", "team-b", "--reuse-values",
-                      "--set", "policy=static")
+        self.run_helm(
+            "upgrade",
+            "vf-upgrade",
+            CHART,
+            "-n",
+            "team-b",
+            "--reuse-values",
+            "--set",
+            "policy=static",
+        )
         self.assertIn("--policy=static", args())
         self.assertIn("--leader-election-id=vf-upgrade", args())
         self.assertIn("REVISION", self.run_helm("history", "vf-upgrade", "-n", "team-b").stdout)
         # A bad value on upgrade changes nothing.
-        bad = self.run_helm("upgrade", "vf-upgrade", CHART, "-n", "team-b", "--reuse-values",
-                            "--set", "policy=fastest", check=False)
+        bad = self.run_helm(
+            "upgrade",
+            "vf-upgrade",
+            CHART,
+            "-n",
+            "team-b",
+            "--reuse-values",
+            "--set",
+            "policy=fastest",
+            check=False,
+        )
         self.assertNotEqual(bad.returncode, 0)
         self.assertIn("value must be one of 'static', 'elastic', 'autoscale'", bad.stderr)
         self.assertIn("--policy=static", args())
 
         self.run_helm("uninstall", "vf-upgrade", "-n", "team-b")
         self.assertIsNone(self.cp.get(path))
-        self.assertIsNone(self.cp.get("/apis/rbac.authorization.k8s.io/v1/clusterroles/"
-                                      "team-b-vf-upgrade-virtualflow-operator"))
+        self.assertIsNone(
+            self.cp.get(
+                "/apis/rbac.authorization.k8s.io/v1/clusterroles/"
+                "team-b-vf-upgrade-virtualflow-operator"
+            )
+        )
         # Helm never deletes a CRD: the jobs (and their data) outlive the operator.
-        self.assertIsNotNone(self.cp.get(
-            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/" + CRD_NAME))
+        self.assertIsNotNone(
+            self.cp.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/" + CRD_NAME)
+        )
 
 
 if __name__ == "__main__":

@@ -41,104 +41,238 @@ BASE_SPEC = {"virtualNodes": 8, "globalBatchSize": 256, "steps": 10}
 # rejection must say, what `vf run` must say). An edit of None removes the field. Every message
 # names the field and the rule.
 INVALID = [
-    ("batch-not-divisible", {"globalBatchSize": 250}, None,
-     ["spec.globalBatchSize",
-      "spec.globalBatchSize (250) must be divisible by spec.virtualNodes (8)"],
-     ["spec.globalBatchSize (250) must be divisible by spec.virtualNodes (8)"]),
-    ("max-above-virtual-nodes", {"replicas": {"min": 1, "max": 9}}, None,
-     ["spec.replicas.max", "spec.replicas.max (9) must not exceed spec.virtualNodes (8): "
-      "a worker holds at least one virtual node"],
-     ["spec.replicas.max (9) must not exceed spec.virtualNodes (8)"]),
-    ("lone-min-above-virtual-nodes", {"replicas": {"min": 9}}, None,
-     ["spec.replicas.max (9) must not exceed spec.virtualNodes (8)"],
-     ["spec.replicas.max (9) must not exceed spec.virtualNodes (8)"]),
-    ("min-above-max", {"replicas": {"min": 5, "max": 2}}, None,
-     ["spec.replicas.min", "spec.replicas.min (5) must not exceed spec.replicas.max (2)"],
-     ["spec.replicas.min (5) must not exceed spec.replicas.max (2)"]),
-    ("both-steps-and-epochs", {"epochs": 3}, None,
-     ["set exactly one of spec.steps and spec.epochs (both are set)"],
-     ["set exactly one of spec.steps and spec.epochs (both are set)"]),
-    ("neither-steps-nor-epochs", {"steps": None}, None,
-     ["set exactly one of spec.steps and spec.epochs (neither is set)"],
-     ["set exactly one of spec.steps and spec.epochs (neither is set)"]),
-    ("zero-steps", {"steps": 0}, None,
-     ["spec.steps", "should be greater than or equal to 1"],
-     ["spec.steps: must be a positive integer"]),
-    ("unknown-reduction", {"reduction": "approx"}, None,
-     ["spec.reduction", 'Unsupported value: "approx"', '"exact", "fast"'],
-     ["spec.reduction: unknown reduction 'approx'"]),
-    ("unknown-optimizer", {"optimizer": {"name": "adam"}}, None,
-     ["spec.optimizer.name", 'Unsupported value: "adam"', '"sgd", "adamw"'],
-     ["spec.optimizer.name: unknown optimizer 'adam'"]),
-    ("negative-learning-rate", {"optimizer": {"name": "sgd", "learningRate": -0.1}}, None,
-     ["spec.optimizer.learningRate", "should be greater than 0"],
-     ["spec.optimizer.learningRate: must be a finite number greater than 0"]),
-    ("momentum-one", {"optimizer": {"momentum": 1}}, None,
-     ["spec.optimizer.momentum", "should be less than 1"],
-     ["spec.optimizer.momentum: must be in [0, 1)"]),
-    ("zero-epsilon", {"optimizer": {"name": "adamw", "epsilon": 0}}, None,
-     ["spec.optimizer.epsilon", "should be greater than 0"],
-     ["spec.optimizer.epsilon: must be a finite number greater than 0"]),
-    ("negative-weight-decay", {"optimizer": {"weightDecay": -0.5}}, None,
-     ["spec.optimizer.weightDecay", "should be greater than or equal to 0"],
-     ["spec.optimizer.weightDecay: must be a finite number of at least 0"]),
-    ("unknown-model", {"model": {"name": "resnet50"}}, None,
-     ["spec.model.name", 'Unsupported value: "resnet50"', '"mlp"'],
-     ["spec.model.name: unknown model 'resnet50'"]),
-    ("no-hidden-layers", {"model": {"name": "mlp", "hiddenSizes": []}}, None,
-     ["spec.model.hiddenSizes", "should have at least 1 items"],
-     ["spec.model.hiddenSizes: must list at least one hidden layer size"]),
-    ("hidden-layer-too-wide", {"model": {"hiddenSizes": [512, 70000]}}, None,
-     ["spec.model.hiddenSizes[1]", "should be less than or equal to 65536"],
-     ["spec.model.hiddenSizes[1]: must be between 1 and 65536"]),
-    ("zero-virtual-nodes", {"virtualNodes": 0}, None,
-     ["spec.virtualNodes", "should be greater than or equal to 1"],
-     ["spec.virtualNodes: must be between 1 and 4096 (got 0)"]),
-    ("too-many-virtual-nodes", {"virtualNodes": 5000, "globalBatchSize": 5000}, None,
-     ["spec.virtualNodes", "should be less than or equal to 4096"],
-     ["spec.virtualNodes: must be between 1 and 4096 (got 5000)"]),
-    ("quoted-virtual-nodes", {"virtualNodes": "8"}, None,
-     ["spec.virtualNodes", "must be of type integer"],
-     ["spec.virtualNodes: expected an integer"]),
-    ("fashion-mnist-empty-path", {"dataset": {"name": "fashion-mnist", "path": ""}}, None,
-     ["spec.dataset.path", "spec.dataset.path: required for dataset 'fashion-mnist'"],
-     ["spec.dataset.path: required for dataset 'fashion-mnist'"]),
-    ("unknown-dataset", {"dataset": {"name": "mnist", "path": "/data"}}, None,
-     ["spec.dataset.name", 'Unsupported value: "mnist"', '"fashion-mnist", "synthetic"'],
-     ["spec.dataset.name: unknown dataset 'mnist'"]),
-    ("synthetic-smaller-than-batch", {"dataset": {"name": "synthetic", "trainSamples": 100}},
-     None,
-     ["spec.dataset.trainSamples", "spec.dataset.trainSamples (100) must be at least "
-      "spec.globalBatchSize (256): one step takes that many samples"],
-     ["spec.dataset.trainSamples (100) must be at least spec.globalBatchSize (256)"]),
-    ("synthetic-no-test-samples", {"dataset": {"name": "synthetic", "testSamples": 0}}, None,
-     ["spec.dataset.testSamples", "must be at least 1 for dataset 'synthetic' (got 0)"],
-     ["spec.dataset.testSamples: must be at least 1 (got 0)"]),
-    ("checkpoints-without-path", {"checkpoint": {"everySteps": 10}}, None,
-     ["spec.checkpoint.path", "spec.checkpoint.everySteps (10) requires spec.checkpoint.path"],
-     ["spec.checkpoint.everySteps (10) requires spec.checkpoint.path"]),
-    ("negative-checkpoint-interval", {"checkpoint": {"path": "/c", "everySteps": -1}}, None,
-     ["spec.checkpoint.everySteps", "should be greater than or equal to 0"],
-     ["spec.checkpoint.everySteps: must be at least 0 (got -1)"]),
-    ("unknown-policy", {"elasticity": {"policy": "greedy"}}, None,
-     ["spec.elasticity.policy", 'Unsupported value: "greedy"',
-      '"static", "elastic", "autoscale"'],
-     ["spec.elasticity.policy: unknown policy 'greedy'"]),
-    ("negative-cooldown", {"elasticity": {"cooldownSeconds": -1}}, None,
-     ["spec.elasticity.cooldownSeconds", "should be greater than or equal to 0"],
-     ["spec.elasticity.cooldownSeconds: must be at least 0 (got -1)"]),
-    ("negative-gpus", {"gpusPerWorker": -1}, None,
-     ["spec.gpusPerWorker", "should be greater than or equal to 0"],
-     ["spec.gpusPerWorker: must be at least 0"]),
-    ("negative-seed", {"seed": -1}, None,
-     ["spec.seed", "should be greater than or equal to 0"],
-     ["spec.seed: -1 is out of range"]),
-    ("missing-batch", {"globalBatchSize": None}, None,
-     ["spec.globalBatchSize", "Required value"],
-     ["spec.globalBatchSize: required field is missing"]),
-    ("name-not-a-label", {}, "job.v2", ["metadata.name", "'job.v2' is not a valid name",
-                                        "(a DNS-1123 label)"],
-     ["metadata.name: 'job.v2' is not a valid name"]),
+    (
+        "batch-not-divisible",
+        {"globalBatchSize": 250},
+        None,
+        [
+            "spec.globalBatchSize",
+            "spec.globalBatchSize (250) must be divisible by spec.virtualNodes (8)",
+        ],
+        ["spec.globalBatchSize (250) must be divisible by spec.virtualNodes (8)"],
+    ),
+    (
+        "max-above-virtual-nodes",
+        {"replicas": {"min": 1, "max": 9}},
+        None,
+        [
+            "spec.replicas.max",
+            "spec.replicas.max (9) must not exceed spec.virtualNodes (8): "
+            "a worker holds at least one virtual node",
+        ],
+        ["spec.replicas.max (9) must not exceed spec.virtualNodes (8)"],
+    ),
+    (
+        "lone-min-above-virtual-nodes",
+        {"replicas": {"min": 9}},
+        None,
+        ["spec.replicas.max (9) must not exceed spec.virtualNodes (8)"],
+        ["spec.replicas.max (9) must not exceed spec.virtualNodes (8)"],
+    ),
+    (
+        "min-above-max",
+        {"replicas": {"min": 5, "max": 2}},
+        None,
+        ["spec.replicas.min", "spec.replicas.min (5) must not exceed spec.replicas.max (2)"],
+        ["spec.replicas.min (5) must not exceed spec.replicas.max (2)"],
+    ),
+    (
+        "both-steps-and-epochs",
+        {"epochs": 3},
+        None,
+        ["set exactly one of spec.steps and spec.epochs (both are set)"],
+        ["set exactly one of spec.steps and spec.epochs (both are set)"],
+    ),
+    (
+        "neither-steps-nor-epochs",
+        {"steps": None},
+        None,
+        ["set exactly one of spec.steps and spec.epochs (neither is set)"],
+        ["set exactly one of spec.steps and spec.epochs (neither is set)"],
+    ),
+    (
+        "zero-steps",
+        {"steps": 0},
+        None,
+        ["spec.steps", "should be greater than or equal to 1"],
+        ["spec.steps: must be a positive integer"],
+    ),
+    (
+        "unknown-reduction",
+        {"reduction": "approx"},
+        None,
+        ["spec.reduction", 'Unsupported value: "approx"', '"exact", "fast"'],
+        ["spec.reduction: unknown reduction 'approx'"],
+    ),
+    (
+        "unknown-optimizer",
+        {"optimizer": {"name": "adam"}},
+        None,
+        ["spec.optimizer.name", 'Unsupported value: "adam"', '"sgd", "adamw"'],
+        ["spec.optimizer.name: unknown optimizer 'adam'"],
+    ),
+    (
+        "negative-learning-rate",
+        {"optimizer": {"name": "sgd", "learningRate": -0.1}},
+        None,
+        ["spec.optimizer.learningRate", "should be greater than 0"],
+        ["spec.optimizer.learningRate: must be a finite number greater than 0"],
+    ),
+    (
+        "momentum-one",
+        {"optimizer": {"momentum": 1}},
+        None,
+        ["spec.optimizer.momentum", "should be less than 1"],
+        ["spec.optimizer.momentum: must be in [0, 1)"],
+    ),
+    (
+        "zero-epsilon",
+        {"optimizer": {"name": "adamw", "epsilon": 0}},
+        None,
+        ["spec.optimizer.epsilon", "should be greater than 0"],
+        ["spec.optimizer.epsilon: must be a finite number greater than 0"],
+    ),
+    (
+        "negative-weight-decay",
+        {"optimizer": {"weightDecay": -0.5}},
+        None,
+        ["spec.optimizer.weightDecay", "should be greater than or equal to 0"],
+        ["spec.optimizer.weightDecay: must be a finite number of at least 0"],
+    ),
+    (
+        "unknown-model",
+        {"model": {"name": "resnet50"}},
+        None,
+        ["spec.model.name", 'Unsupported value: "resnet50"', '"mlp"'],
+        ["spec.model.name: unknown model 'resnet50'"],
+    ),
+    (
+        "no-hidden-layers",
+        {"model": {"name": "mlp", "hiddenSizes": []}},
+        None,
+        ["spec.model.hiddenSizes", "should have at least 1 items"],
+        ["spec.model.hiddenSizes: must list at least one hidden layer size"],
+    ),
+    (
+        "hidden-layer-too-wide",
+        {"model": {"hiddenSizes": [512, 70000]}},
+        None,
+        ["spec.model.hiddenSizes[1]", "should be less than or equal to 65536"],
+        ["spec.model.hiddenSizes[1]: must be between 1 and 65536"],
+    ),
+    (
+        "zero-virtual-nodes",
+        {"virtualNodes": 0},
+        None,
+        ["spec.virtualNodes", "should be greater than or equal to 1"],
+        ["spec.virtualNodes: must be between 1 and 4096 (got 0)"],
+    ),
+    (
+        "too-many-virtual-nodes",
+        {"virtualNodes": 5000, "globalBatchSize": 5000},
+        None,
+        ["spec.virtualNodes", "should be less than or equal to 4096"],
+        ["spec.virtualNodes: must be between 1 and 4096 (got 5000)"],
+    ),
+    (
+        "quoted-virtual-nodes",
+        {"virtualNodes": "8"},
+        None,
+        ["spec.virtualNodes", "must be of type integer"],
+        ["spec.virtualNodes: expected an integer"],
+    ),
+    (
+        "fashion-mnist-empty-path",
+        {"dataset": {"name": "fashion-mnist", "path": ""}},
+        None,
+        ["spec.dataset.path", "spec.dataset.path: required for dataset 'fashion-mnist'"],
+        ["spec.dataset.path: required for dataset 'fashion-mnist'"],
+    ),
+    (
+        "unknown-dataset",
+        {"dataset": {"name": "mnist", "path": "/data"}},
+        None,
+        ["spec.dataset.name", 'Unsupported value: "mnist"', '"fashion-mnist", "synthetic"'],
+        ["spec.dataset.name: unknown dataset 'mnist'"],
+    ),
+    (
+        "synthetic-smaller-than-batch",
+        {"dataset": {"name": "synthetic", "trainSamples": 100}},
+        None,
+        [
+            "spec.dataset.trainSamples",
+            "spec.dataset.trainSamples (100) must be at least "
+            "spec.globalBatchSize (256): one step takes that many samples",
+        ],
+        ["spec.dataset.trainSamples (100) must be at least spec.globalBatchSize (256)"],
+    ),
+    (
+        "synthetic-no-test-samples",
+        {"dataset": {"name": "synthetic", "testSamples": 0}},
+        None,
+        ["spec.dataset.testSamples", "must be at least 1 for dataset 'synthetic' (got 0)"],
+        ["spec.dataset.testSamples: must be at least 1 (got 0)"],
+    ),
+    (
+        "checkpoints-without-path",
+        {"checkpoint": {"everySteps": 10}},
+        None,
+        ["spec.checkpoint.path", "spec.checkpoint.everySteps (10) requires spec.checkpoint.path"],
+        ["spec.checkpoint.everySteps (10) requires spec.checkpoint.path"],
+    ),
+    (
+        "negative-checkpoint-interval",
+        {"checkpoint": {"path": "/c", "everySteps": -1}},
+        None,
+        ["spec.checkpoint.everySteps", "should be greater than or equal to 0"],
+        ["spec.checkpoint.everySteps: must be at least 0 (got -1)"],
+    ),
+    (
+        "unknown-policy",
+        {"elasticity": {"policy": "greedy"}},
+        None,
+        [
+            "spec.elasticity.policy",
+            'Unsupported value: "greedy"',
+            '"static", "elastic", "autoscale"',
+        ],
+        ["spec.elasticity.policy: unknown policy 'greedy'"],
+    ),
+    (
+        "negative-cooldown",
+        {"elasticity": {"cooldownSeconds": -1}},
+        None,
+        ["spec.elasticity.cooldownSeconds", "should be greater than or equal to 0"],
+        ["spec.elasticity.cooldownSeconds: must be at least 0 (got -1)"],
+    ),
+    (
+        "negative-gpus",
+        {"gpusPerWorker": -1},
+        None,
+        ["spec.gpusPerWorker", "should be greater than or equal to 0"],
+        ["spec.gpusPerWorker: must be at least 0"],
+    ),
+    (
+        "negative-seed",
+        {"seed": -1},
+        None,
+        ["spec.seed", "should be greater than or equal to 0"],
+        ["spec.seed: -1 is out of range"],
+    ),
+    (
+        "missing-batch",
+        {"globalBatchSize": None},
+        None,
+        ["spec.globalBatchSize", "Required value"],
+        ["spec.globalBatchSize: required field is missing"],
+    ),
+    (
+        "name-not-a-label",
+        {},
+        "job.v2",
+        ["metadata.name", "'job.v2' is not a valid name", "(a DNS-1123 label)"],
+        ["metadata.name: 'job.v2' is not a valid name"],
+    ),
 ]
 
 # Manifests both must accept, besides the examples.
@@ -147,29 +281,66 @@ VALID = [
     ("lone-min", {"replicas": {"min": 8}}),
     ("lone-max", {"replicas": {"max": 8}}),
     ("cpu-workers", {"gpusPerWorker": 0}),
-    ("epochs-and-checkpoints", {"steps": None, "epochs": 2,
-                                "checkpoint": {"path": "/ckpt/job.ckpt", "everySteps": 100}}),
+    (
+        "epochs-and-checkpoints",
+        {"steps": None, "epochs": 2, "checkpoint": {"path": "/ckpt/job.ckpt", "everySteps": 100}},
+    ),
     ("checkpoint-at-end-only", {"checkpoint": {"path": "/ckpt/job.ckpt"}}),
-    ("synthetic-adamw-fast", {
-        "dataset": {"name": "synthetic", "trainSamples": 256, "testSamples": 1},
-        "optimizer": {"name": "adamw", "learningRate": 0.001, "beta1": 0.0, "beta2": 0.99,
-                      "epsilon": 1e-6, "weightDecay": 0.01},
-        "reduction": "fast", "seed": 9223372036854775807}),
-    ("unused-fields-ignored", {  # the dataset's sample counts only matter for `synthetic`
-        "dataset": {"name": "fashion-mnist", "path": "/data", "trainSamples": -1}}),
+    (
+        "synthetic-adamw-fast",
+        {
+            "dataset": {"name": "synthetic", "trainSamples": 256, "testSamples": 1},
+            "optimizer": {
+                "name": "adamw",
+                "learningRate": 0.001,
+                "beta1": 0.0,
+                "beta2": 0.99,
+                "epsilon": 1e-6,
+                "weightDecay": 0.01,
+            },
+            "reduction": "fast",
+            "seed": 9223372036854775807,
+        },
+    ),
+    (
+        "unused-fields-ignored",
+        {  # the dataset's sample counts only matter for `synthetic`
+            "dataset": {"name": "fashion-mnist", "path": "/data", "trainSamples": -1}
+        },
+    ),
     ("default-dataset-path", {"dataset": {"name": "fashion-mnist"}}),
-    ("nesterov-static", {"optimizer": {"name": "sgd", "momentum": 0.0, "nesterov": True},
-                         "elasticity": {"policy": "static", "cooldownSeconds": 0}}),
-    ("autoscale-one-virtual-node", {"virtualNodes": 1, "globalBatchSize": 1,
-                                    "elasticity": {"policy": "autoscale"}}),
-    ("max-virtual-nodes", {"virtualNodes": 4096, "globalBatchSize": 8192,
-                           "replicas": {"min": 2, "max": 4096}}),
-    ("full-template", {"template": {
-        "image": "virtualflow/agent:0.1.0",
-        "resources": {"requests": {"cpu": "4", "memory": "16Gi"}, "limits": {"memory": "16Gi"}},
-        "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"},
-        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-        "env": [{"name": "NCCL_DEBUG", "value": "WARN"}]}}),
+    (
+        "nesterov-static",
+        {
+            "optimizer": {"name": "sgd", "momentum": 0.0, "nesterov": True},
+            "elasticity": {"policy": "static", "cooldownSeconds": 0},
+        },
+    ),
+    (
+        "autoscale-one-virtual-node",
+        {"virtualNodes": 1, "globalBatchSize": 1, "elasticity": {"policy": "autoscale"}},
+    ),
+    (
+        "max-virtual-nodes",
+        {"virtualNodes": 4096, "globalBatchSize": 8192, "replicas": {"min": 2, "max": 4096}},
+    ),
+    (
+        "full-template",
+        {
+            "template": {
+                "image": "virtualflow/agent:0.1.0",
+                "resources": {
+                    "requests": {"cpu": "4", "memory": "16Gi"},
+                    "limits": {"memory": "16Gi"},
+                },
+                "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"},
+                "tolerations": [
+                    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+                ],
+                "env": [{"name": "NCCL_DEBUG", "value": "WARN"}],
+            }
+        },
+    ),
 ]
 
 
@@ -180,8 +351,12 @@ def manifest(name, edits=None, metadata_name=None):
             spec.pop(key, None)
         else:
             spec[key] = value
-    return {"apiVersion": "virtualflow.io/v1alpha1", "kind": "VirtualFlowJob",
-            "metadata": {"name": metadata_name or name}, "spec": spec}
+    return {
+        "apiVersion": "virtualflow.io/v1alpha1",
+        "kind": "VirtualFlowJob",
+        "metadata": {"name": metadata_name or name},
+        "spec": spec,
+    }
 
 
 def read(path):
@@ -232,7 +407,7 @@ def reference_rows(text, section):
     lines = text.splitlines()
     start = lines.index(section)
     rows = []
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         if line.startswith("#"):
             break
         if line.startswith("|"):
@@ -267,8 +442,10 @@ class CrdTest(ControlPlaneTestCase):
             raise AssertionError("kubectl apply -f %s failed:\n%s" % (CRD_FILE, proc.stderr))
         cls.cp.wait_for("the CRD to be Established", lambda: cls.crd_condition("Established"))
         # Established means served; discovery may trail it by a moment.
-        cls.cp.wait_for("the API server to list virtualflowjobs",
-                        lambda: cls.run_kubectl("get", "vfj", "-A").returncode == 0)
+        cls.cp.wait_for(
+            "the API server to list virtualflowjobs",
+            lambda: cls.run_kubectl("get", "vfj", "-A").returncode == 0,
+        )
 
     @classmethod
     def crd_condition(cls, condition):
@@ -292,8 +469,9 @@ class CrdTest(ControlPlaneTestCase):
 
     def crd_json(self):
         """The CRD file as kubectl reads it (YAML to JSON), without touching the server's copy."""
-        out = self.kubectl("create", "--dry-run=client", "-o", "json", "-f", CRD_FILE,
-                           check=True).stdout
+        out = self.kubectl(
+            "create", "--dry-run=client", "-o", "json", "-f", CRD_FILE, check=True
+        ).stdout
         return json.loads(out)
 
     def assertLocal(self, vf, obj, expect_error=None):
@@ -303,8 +481,12 @@ class CrdTest(ControlPlaneTestCase):
             path = os.path.join(tmp, "job.yaml")
             with open(path, "w") as f:
                 f.write(obj if isinstance(obj, str) else json.dumps(obj, indent=2))
-            proc = subprocess.run([vf, "run", path, "--workers", LOCAL_WORKERS],
-                                  capture_output=True, text=True, timeout=60)
+            proc = subprocess.run(
+                [vf, "run", path, "--workers", LOCAL_WORKERS],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
         message = proc.stderr.strip()
         self.assertNotEqual(proc.returncode, 0, proc.stdout)
         if expect_error is None:
@@ -341,8 +523,10 @@ class CrdTest(ControlPlaneTestCase):
         self.assertEqual(conditions.get("NamesAccepted"), "True", conditions)
         self.assertNotIn("NonStructuralSchema", conditions)
         names = crd["status"]["acceptedNames"]
-        self.assertEqual((names["kind"], names["plural"], names["singular"]),
-                         ("VirtualFlowJob", "virtualflowjobs", "virtualflowjob"))
+        self.assertEqual(
+            (names["kind"], names["plural"], names["singular"]),
+            ("VirtualFlowJob", "virtualflowjobs", "virtualflowjob"),
+        )
         self.assertTrue({"vfjob", "vfj"} <= set(names["shortNames"]), names)
         self.assertEqual(crd["spec"]["scope"], "Namespaced")
         versions = [(v["name"], v["served"], v["storage"]) for v in crd["spec"]["versions"]]
@@ -350,9 +534,12 @@ class CrdTest(ControlPlaneTestCase):
         self.assertEqual(crd["spec"]["versions"][0]["subresources"], {"status": {}})
 
         # explain reads the published OpenAPI, which trails the CRD by a moment.
-        out = self.cp.wait_for("kubectl explain virtualflowjob.spec", lambda: (
-            lambda p: p.returncode == 0 and "virtualNodes" in p.stdout and p.stdout)(
-                self.kubectl("explain", "virtualflowjob.spec")))
+        out = self.cp.wait_for(
+            "kubectl explain virtualflowjob.spec",
+            lambda: (lambda p: p.returncode == 0 and "virtualNodes" in p.stdout and p.stdout)(
+                self.kubectl("explain", "virtualflowjob.spec")
+            ),
+        )
         for field in ("virtualNodes", "globalBatchSize", "replicas", "optimizer", "template"):
             self.assertIn(field, out)
         self.assertRegex(out, r"virtualNodes\s+<integer> -required-")
@@ -376,8 +563,11 @@ class CrdTest(ControlPlaneTestCase):
         self.assertEqual(read(EXAMPLE), text)
         # Stored as written: nothing pruned, nothing defaulted over; the one field the example
         # leaves out and the API server fills in is spec.suspend (false, as in a batch/v1 Job).
-        local = json.loads(self.kubectl("create", "--dry-run=client", "-o", "json", "-f", EXAMPLE,
-                                        check=True).stdout)
+        local = json.loads(
+            self.kubectl(
+                "create", "--dry-run=client", "-o", "json", "-f", EXAMPLE, check=True
+            ).stdout
+        )
         self.assertNotIn("suspend", local["spec"])
         self.assertEqual(self.job("fashion-mnist")["spec"], {**local["spec"], "suspend": False})
         # Re-applying the same file changes nothing.
@@ -385,8 +575,9 @@ class CrdTest(ControlPlaneTestCase):
         self.assertIn("unchanged", again.stdout)
 
         for resource in ("vfjobs", "vfj", "vfjob", "virtualflowjobs"):
-            header, rows = table(self.kubectl("get", resource, "-n", NS, "fashion-mnist",
-                                              check=True).stdout)
+            header, rows = table(
+                self.kubectl("get", resource, "-n", NS, "fashion-mnist", check=True).stdout
+            )
             self.assertEqual(header, ["NAME", "VIRTUAL NODES", "WORKERS", "STEP", "PHASE", "AGE"])
             self.assertEqual(rows[0]["NAME"], "fashion-mnist")
             self.assertEqual(rows[0]["VIRTUAL NODES"], "8")
@@ -397,58 +588,128 @@ class CrdTest(ControlPlaneTestCase):
         proc = self.apply(manifest("status-demo"))
         self.assertEqual(proc.returncode, 0, proc.stderr)
         status = {
-            "phase": "Running", "workers": 3, "readyWorkers": 3, "desiredWorkers": 4,
-            "observedGeneration": 1, "epoch": 2, "step": 120, "totalSteps": 1872,
-            "loss": 0.4394, "samplesPerSecond": 7705.5,
-            "assignment": [{"worker": "status-demo-worker-0", "rank": 0, "virtualNodes": [0, 1, 2]},
-                           {"worker": "status-demo-worker-1", "rank": 1, "virtualNodes": [3, 4, 5]},
-                           {"worker": "status-demo-worker-2", "rank": 2, "virtualNodes": [6, 7]}],
-            "lastResize": {"time": "2026-01-02T03:04:05Z", "from": 2, "to": 3,
-                           "reason": "GPUs free again", "pauseSeconds": 0.12},
+            "phase": "Running",
+            "workers": 3,
+            "readyWorkers": 3,
+            "desiredWorkers": 4,
+            "observedGeneration": 1,
+            "epoch": 2,
+            "step": 120,
+            "totalSteps": 1872,
+            "loss": 0.4394,
+            "samplesPerSecond": 7705.5,
+            "assignment": [
+                {"worker": "status-demo-worker-0", "rank": 0, "virtualNodes": [0, 1, 2]},
+                {"worker": "status-demo-worker-1", "rank": 1, "virtualNodes": [3, 4, 5]},
+                {"worker": "status-demo-worker-2", "rank": 2, "virtualNodes": [6, 7]},
+            ],
+            "lastResize": {
+                "time": "2026-01-02T03:04:05Z",
+                "from": 2,
+                "to": 3,
+                "reason": "GPUs free again",
+                "pauseSeconds": 0.12,
+            },
             "restarts": {"failure": 1, "preemption": 2},
-            "conditions": [{"type": "Running", "status": "True", "reason": "Training",
-                            "message": "3 workers", "observedGeneration": 1,
-                            "lastTransitionTime": "2026-01-02T03:04:05Z"}],
+            "conditions": [
+                {
+                    "type": "Running",
+                    "status": "True",
+                    "reason": "Training",
+                    "message": "3 workers",
+                    "observedGeneration": 1,
+                    "lastTransitionTime": "2026-01-02T03:04:05Z",
+                }
+            ],
             "message": "training on 3 workers",
-            "workerCounts": {"pending": 1, "joining": 0, "training": 3, "leaving": 0,
-                             "failed": 0},
+            "workerCounts": {"pending": 1, "joining": 0, "training": 3, "leaving": 0, "failed": 0},
         }
-        self.kubectl("patch", "vfj", "status-demo", "-n", NS, "--subresource=status",
-                     "--type=merge", "-p", json.dumps({"status": status}), check=True)
+        self.kubectl(
+            "patch",
+            "vfj",
+            "status-demo",
+            "-n",
+            NS,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps({"status": status}),
+            check=True,
+        )
         stored = self.job("status-demo")
         self.assertEqual(stored["status"], status)
         self.assertEqual(stored["metadata"]["generation"], 1)
 
-        header, rows = table(self.kubectl("get", "vfjobs", "-n", NS, "status-demo",
-                                          check=True).stdout)
+        header, rows = table(
+            self.kubectl("get", "vfjobs", "-n", NS, "status-demo", check=True).stdout
+        )
         self.assertEqual(header, ["NAME", "VIRTUAL NODES", "WORKERS", "STEP", "PHASE", "AGE"])
         row = rows[0]
-        self.assertEqual((row["VIRTUAL NODES"], row["WORKERS"], row["STEP"], row["PHASE"]),
-                         ("8", "3", "120", "Running"))
-        header, rows = table(self.kubectl("get", "vfj", "-n", NS, "status-demo", "-o", "wide",
-                                          check=True).stdout)
+        self.assertEqual(
+            (row["VIRTUAL NODES"], row["WORKERS"], row["STEP"], row["PHASE"]),
+            ("8", "3", "120", "Running"),
+        )
+        header, rows = table(
+            self.kubectl("get", "vfj", "-n", NS, "status-demo", "-o", "wide", check=True).stdout
+        )
         self.assertEqual(header[-2:], ["LOSS", "PENDING"])
         self.assertEqual((rows[0]["LOSS"], rows[0]["PENDING"]), ("0.4394", "1"))
 
         # The main resource ignores status, and the status subresource ignores spec.
-        self.kubectl("patch", "vfj", "status-demo", "-n", NS, "--type=merge", "-p",
-                     json.dumps({"status": {"phase": "Failed"}}), check=True)
-        self.kubectl("patch", "vfj", "status-demo", "-n", NS, "--subresource=status",
-                     "--type=merge", "-p", json.dumps({"spec": {"steps": 99}}), check=True)
+        self.kubectl(
+            "patch",
+            "vfj",
+            "status-demo",
+            "-n",
+            NS,
+            "--type=merge",
+            "-p",
+            json.dumps({"status": {"phase": "Failed"}}),
+            check=True,
+        )
+        self.kubectl(
+            "patch",
+            "vfj",
+            "status-demo",
+            "-n",
+            NS,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps({"spec": {"steps": 99}}),
+            check=True,
+        )
         stored = self.job("status-demo")
         self.assertEqual(stored["status"]["phase"], "Running")
         self.assertEqual(stored["spec"]["steps"], 10)
 
         # Status is validated too.
-        bad = self.kubectl("patch", "vfj", "status-demo", "-n", NS, "--subresource=status",
-                           "--type=merge", "-p", json.dumps({"status": {"phase": "Bogus"}}))
+        bad = self.kubectl(
+            "patch",
+            "vfj",
+            "status-demo",
+            "-n",
+            NS,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps({"status": {"phase": "Bogus"}}),
+        )
         self.assertNotEqual(bad.returncode, 0)
         self.assertIn("status.phase", bad.stderr)
         self.assertIn('Unsupported value: "Bogus"', bad.stderr)
         duplicate = dict(status["conditions"][0])
-        bad = self.kubectl("patch", "vfj", "status-demo", "-n", NS, "--subresource=status",
-                           "--type=merge", "-p",
-                           json.dumps({"status": {"conditions": [duplicate, duplicate]}}))
+        bad = self.kubectl(
+            "patch",
+            "vfj",
+            "status-demo",
+            "-n",
+            NS,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps({"status": {"conditions": [duplicate, duplicate]}}),
+        )
         self.assertNotEqual(bad.returncode, 0)
         self.assertIn("status.conditions[1]", bad.stderr)
         self.assertIn("Duplicate value", bad.stderr)
@@ -463,12 +724,15 @@ class CrdTest(ControlPlaneTestCase):
 
     def test_unknown_fields_are_rejected_by_strict_field_validation(self):
         for name, edits, field in (
-                ("unknown-spec-field", {"frobnicate": 1}, "spec.frobnicate"),
-                ("misspelled-field", {"replicas": {"min": 1, "maximum": 4}},
-                 "spec.replicas.maximum"),
-                # The operator owns the pod's network: a worker never gets the host's.
-                ("unknown-template-field", {"template": {"image": "x", "hostNetwork": True}},
-                 "spec.template.hostNetwork")):
+            ("unknown-spec-field", {"frobnicate": 1}, "spec.frobnicate"),
+            ("misspelled-field", {"replicas": {"min": 1, "maximum": 4}}, "spec.replicas.maximum"),
+            # The operator owns the pod's network: a worker never gets the host's.
+            (
+                "unknown-template-field",
+                {"template": {"image": "x", "hostNetwork": True}},
+                "spec.template.hostNetwork",
+            ),
+        ):
             with self.subTest(name):
                 obj = manifest(name, edits)
                 proc = self.apply(obj)  # --validate=strict is kubectl's default
@@ -484,15 +748,18 @@ class CrdTest(ControlPlaneTestCase):
 
     def test_training_math_is_immutable(self):
         self.assertEqual(self.apply(manifest("immutable")).returncode, 0)
-        for edits, field in (({"virtualNodes": 16}, "virtualNodes"),
-                             ({"globalBatchSize": 512}, "globalBatchSize"),
-                             ({"virtualNodes": 4, "globalBatchSize": 128}, "virtualNodes")):
+        for edits, field in (
+            ({"virtualNodes": 16}, "virtualNodes"),
+            ({"globalBatchSize": 512}, "globalBatchSize"),
+            ({"virtualNodes": 4, "globalBatchSize": 128}, "virtualNodes"),
+        ):
             with self.subTest(json.dumps(edits)):
                 proc = self.apply(manifest("immutable", edits))
                 self.assertNotEqual(proc.returncode, 0, proc.stdout)
                 self.assertIn('The VirtualFlowJob "immutable" is invalid', proc.stderr)
-                self.assertIn("spec.%s cannot change: it defines the training math" % field,
-                              proc.stderr)
+                self.assertIn(
+                    "spec.%s cannot change: it defines the training math" % field, proc.stderr
+                )
         # What is not the training math may change.
         changed = manifest("immutable", {"replicas": {"min": 2, "max": 8}, "steps": 20})
         proc = self.apply(changed)
@@ -506,29 +773,51 @@ class CrdTest(ControlPlaneTestCase):
         self.assertIn("spec.replicas.max (9) must not exceed spec.virtualNodes (8)", proc.stderr)
 
     def test_defaults_are_those_of_vf_run(self):
-        proc = self.apply(manifest("defaults", {"replicas": {}, "model": {}, "dataset": {},
-                                                "optimizer": {}, "elasticity": {},
-                                                "checkpoint": {}}))
+        proc = self.apply(
+            manifest(
+                "defaults",
+                {
+                    "replicas": {},
+                    "model": {},
+                    "dataset": {},
+                    "optimizer": {},
+                    "elasticity": {},
+                    "checkpoint": {},
+                },
+            )
+        )
         self.assertEqual(proc.returncode, 0, proc.stderr)
         spec = self.job("defaults")["spec"]
         # The values of runtime/job/spec.h; fields that depend on another field's value (the
         # dataset path, sgd's momentum, adamw's betas, replicas.max = min) are left to the
         # runtime, which applies the same defaults.
-        self.assertEqual(spec, {
-            "virtualNodes": 8, "globalBatchSize": 256, "steps": 10,
-            "replicas": {"min": 1}, "gpusPerWorker": 1,
-            "model": {"name": "mlp", "hiddenSizes": [512, 256]},
-            "dataset": {"name": "fashion-mnist"},
-            "optimizer": {"name": "sgd", "learningRate": 0.05, "weightDecay": 0},
-            "reduction": "exact", "seed": 0,
-            "elasticity": {"policy": "elastic", "cooldownSeconds": 30},
-            "checkpoint": {"everySteps": 0}, "suspend": False})
+        self.assertEqual(
+            spec,
+            {
+                "virtualNodes": 8,
+                "globalBatchSize": 256,
+                "steps": 10,
+                "replicas": {"min": 1},
+                "gpusPerWorker": 1,
+                "model": {"name": "mlp", "hiddenSizes": [512, 256]},
+                "dataset": {"name": "fashion-mnist"},
+                "optimizer": {"name": "sgd", "learningRate": 0.05, "weightDecay": 0},
+                "reduction": "exact",
+                "seed": 0,
+                "elasticity": {"policy": "elastic", "cooldownSeconds": 30},
+                "checkpoint": {"everySteps": 0},
+                "suspend": False,
+            },
+        )
 
     # ------------------------------------------------------------------ vf run agrees
 
     def test_crd_and_vf_run_accept_the_same_manifests(self):
-        examples = [p for p in sorted(glob.glob(os.path.join(SOURCE_DIR, "examples", "*.yaml")))
-                    if re.search(r"^kind: VirtualFlowJob$", read(p), re.M)]
+        examples = [
+            p
+            for p in sorted(glob.glob(os.path.join(SOURCE_DIR, "examples", "*.yaml")))
+            if re.search(r"^kind: VirtualFlowJob$", read(p), re.M)
+        ]
         self.assertIn(EXAMPLE, examples)
         documented = []
         for doc in sorted(glob.glob(os.path.join(SOURCE_DIR, "docs", "*.md"))):
@@ -539,8 +828,9 @@ class CrdTest(ControlPlaneTestCase):
 
         cases = [(os.path.relpath(p, SOURCE_DIR), read(p)) for p in examples]
         cases += documented
-        cases += [("valid-" + name, json.dumps(manifest("valid-" + name, edits)))
-                  for name, edits in VALID]
+        cases += [
+            ("valid-" + name, json.dumps(manifest("valid-" + name, edits))) for name, edits in VALID
+        ]
         for label, text in cases:
             with self.subTest("crd: " + label):
                 proc = self.apply(text, "--dry-run=server", namespace=NS_DRY_RUN)
@@ -557,8 +847,11 @@ class CrdTest(ControlPlaneTestCase):
             with self.subTest("vf run: invalid-" + name):
                 self.assertLocal(vf, manifest("bad-" + name, edits, metadata_name), local_error)
         self.assertLocal(vf, manifest("x", {"frobnicate": 1}), ["spec.frobnicate: unknown field"])
-        self.assertLocal(vf, manifest("x", {"replicas": {"min": 1, "maximum": 4}}),
-                         ["spec.replicas.maximum: unknown field"])
+        self.assertLocal(
+            vf,
+            manifest("x", {"replicas": {"min": 1, "maximum": 4}}),
+            ["spec.replicas.maximum: unknown field"],
+        )
 
     # ------------------------------------------------------------------ the reference
 
@@ -576,16 +869,23 @@ class CrdTest(ControlPlaneTestCase):
                 m = re.fullmatch(r"`([^`]+)`", row[0])
                 self.assertTrue(m, "%s: first cell is not a `path`: %s" % (section, row))
                 documented[m.group(1)] = row
-            self.assertEqual(sorted(set(schema) - set(documented)), [],
-                             "fields of the CRD missing from %s" % section)
-            self.assertEqual(sorted(set(documented) - set(schema)), [],
-                             "fields in %s that the CRD does not have" % section)
+            self.assertEqual(
+                sorted(set(schema) - set(documented)),
+                [],
+                "fields of the CRD missing from %s" % section,
+            )
+            self.assertEqual(
+                sorted(set(documented) - set(schema)),
+                [],
+                "fields in %s that the CRD does not have" % section,
+            )
             for path, sub in schema.items():
                 row = documented[path]
                 self.assertIn(sub["type"], row[1], "%s: type" % path)
                 if "default" in sub:
-                    self.assertIn("`%s`" % render_default(sub["default"]), row[2],
-                                  "%s: default" % path)
+                    self.assertIn(
+                        "`%s`" % render_default(sub["default"]), row[2], "%s: default" % path
+                    )
                 if "enum" in sub:
                     for value in sub["enum"]:
                         self.assertIn("`%s`" % value, row[3], "%s: values" % path)

@@ -17,8 +17,13 @@ GPU_QUOTA = 3  # GPUs in the ClusterQueue; the nodes have 4
 KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 
 
-def queued_manifest(name: str, steps: int, replicas: Tuple[int, int],
-                    delay_ms: Optional[int] = None, queue: str = QUEUE) -> Dict[str, Any]:
+def queued_manifest(
+    name: str,
+    steps: int,
+    replicas: Tuple[int, int],
+    delay_ms: Optional[int] = None,
+    queue: str = QUEUE,
+) -> Dict[str, Any]:
     manifest = job_manifest(name, steps=steps, replicas=replicas, delay_ms=delay_ms)
     manifest["metadata"]["namespace"] = NS
     manifest["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": queue}
@@ -37,35 +42,75 @@ class KueueTest(OperatorTestCase):
         super().setUpClass()
         cls.cp.start_kueue()
         # No webhook defaults these objects: they are written in full.
-        cls.cp.request("POST", KUEUE + "/resourceflavors", {
-            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
-            "metadata": {"name": "gpu"}, "spec": {}})
-        cls.cp.request("POST", KUEUE + "/clusterqueues", {
-            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
-            "metadata": {"name": CLUSTER_QUEUE},
-            "spec": {"namespaceSelector": {}, "resourceGroups": [{
-                "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
-                "flavors": [{"name": "gpu", "resources": [
-                    {"name": "cpu", "nominalQuota": "64"},
-                    {"name": "memory", "nominalQuota": "256Gi"},
-                    {"name": "nvidia.com/gpu", "nominalQuota": str(GPU_QUOTA)}]}]}]}})
-        cls.cp.request("POST", KUEUE + "/namespaces/%s/localqueues" % NS, {
-            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
-            "metadata": {"name": QUEUE, "namespace": NS},
-            "spec": {"clusterQueue": CLUSTER_QUEUE}})
-        cls.cp.wait_for("the ClusterQueue to be active", lambda: any(
-            c["type"] == "Active" and c["status"] == "True"
-            for c in (cls.cp.get(KUEUE + "/clusterqueues/" + CLUSTER_QUEUE) or {}).get(
-                "status", {}).get("conditions", [])))
+        cls.cp.request(
+            "POST",
+            KUEUE + "/resourceflavors",
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "ResourceFlavor",
+                "metadata": {"name": "gpu"},
+                "spec": {},
+            },
+        )
+        cls.cp.request(
+            "POST",
+            KUEUE + "/clusterqueues",
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "ClusterQueue",
+                "metadata": {"name": CLUSTER_QUEUE},
+                "spec": {
+                    "namespaceSelector": {},
+                    "resourceGroups": [
+                        {
+                            "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+                            "flavors": [
+                                {
+                                    "name": "gpu",
+                                    "resources": [
+                                        {"name": "cpu", "nominalQuota": "64"},
+                                        {"name": "memory", "nominalQuota": "256Gi"},
+                                        {"name": "nvidia.com/gpu", "nominalQuota": str(GPU_QUOTA)},
+                                    ],
+                                }
+                            ],
+                        }
+                    ],
+                },
+            },
+        )
+        cls.cp.request(
+            "POST",
+            KUEUE + "/namespaces/%s/localqueues" % NS,
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "LocalQueue",
+                "metadata": {"name": QUEUE, "namespace": NS},
+                "spec": {"clusterQueue": CLUSTER_QUEUE},
+            },
+        )
+        cls.cp.wait_for(
+            "the ClusterQueue to be active",
+            lambda: any(
+                c["type"] == "Active" and c["status"] == "True"
+                for c in (cls.cp.get(KUEUE + "/clusterqueues/" + CLUSTER_QUEUE) or {})
+                .get("status", {})
+                .get("conditions", [])
+            ),
+        )
 
     def workload(self, name: str) -> Optional[Dict[str, Any]]:
-        items = self.cp.request("GET", KUEUE + "/namespaces/%s/workloads?labelSelector=%s" % (
-            NS, "virtualflow.io/job%3D" + name))["items"]
+        items = self.cp.request(
+            "GET",
+            KUEUE
+            + "/namespaces/%s/workloads?labelSelector=%s" % (NS, "virtualflow.io/job%3D" + name),
+        )["items"]
         return items[0] if items else None
 
     def admitted(self, name: str) -> Dict[str, Any]:
-        return self.wait_status(name, "Admitted", lambda s: (condition(s, "Admitted") or {}).get(
-            "status") == "True")
+        return self.wait_status(
+            name, "Admitted", lambda s: (condition(s, "Admitted") or {}).get("status") == "True"
+        )
 
     def test_1_an_admitted_job_runs_and_one_over_the_quota_waits_for_its_release(self):
         self.reset_nodes(("gpu-k1", 2), ("gpu-k2", 2))
@@ -73,8 +118,10 @@ class KueueTest(OperatorTestCase):
         second = queued_manifest("second", steps=40, replicas=(2, 2))
         self.apply(first)
         status = self.admitted("first")
-        self.assertIn("Kueue admitted 2 worker(s) in ClusterQueue %s" % CLUSTER_QUEUE,
-                      condition(status, "Admitted")["message"])
+        self.assertIn(
+            "Kueue admitted 2 worker(s) in ClusterQueue %s" % CLUSTER_QUEUE,
+            condition(status, "Admitted")["message"],
+        )
         self.wait_workers("first", 2)
         workload = self.workload("first")
         self.assertEqual(workload["spec"]["queueName"], QUEUE)
@@ -84,8 +131,13 @@ class KueueTest(OperatorTestCase):
         # 2 of the 3 GPUs are taken: the second job (2 workers, all or nothing) waits, with
         # Kueue's reason, and no pods, although the nodes have 2 GPUs free.
         self.apply(second)
-        waiting = self.wait_status("second", "Kueue's reason to wait", lambda s: (condition(
-            s, "Admitted") or {}).get("reason") not in (None, "WaitingForKueue"))
+        waiting = self.wait_status(
+            "second",
+            "Kueue's reason to wait",
+            lambda s: (
+                (condition(s, "Admitted") or {}).get("reason") not in (None, "WaitingForKueue")
+            ),
+        )
         self.assertEqual(condition(waiting, "Admitted")["status"], "False")
         self.assertEqual(waiting["phase"], "Pending")
         message = condition(waiting, "Admitted")["message"]
@@ -99,8 +151,10 @@ class KueueTest(OperatorTestCase):
         # The first job ends: its Workload is marked finished, Kueue releases the quota and
         # admits the second, which runs.
         done = self.wait_succeeded("first")
-        finished = self.cp.wait_for("the first job's Workload to be finished", lambda: condition(
-            self.workload("first").get("status", {}), "Finished"))
+        finished = self.cp.wait_for(
+            "the first job's Workload to be finished",
+            lambda: condition(self.workload("first").get("status", {}), "Finished"),
+        )
         self.assertEqual((finished["status"], finished["reason"]), ("True", "Succeeded"))
         self.wait_succeeded("second")
         workload = self.workload("second")
@@ -135,13 +189,19 @@ class KueueTest(OperatorTestCase):
 
     def test_3_a_job_naming_a_queue_that_does_not_exist_waits_saying_so(self):
         self.apply(queued_manifest("lost", steps=10, replicas=(1, 1), queue="nowhere"))
-        waiting = self.wait_status("lost", "Kueue's reason to wait", lambda s: (condition(
-            s, "Admitted") or {}).get("reason") not in (None, "WaitingForKueue"))
+        waiting = self.wait_status(
+            "lost",
+            "Kueue's reason to wait",
+            lambda s: (
+                (condition(s, "Admitted") or {}).get("reason") not in (None, "WaitingForKueue")
+            ),
+        )
         admitted = condition(waiting, "Admitted")
         self.assertEqual(admitted["status"], "False")
         self.assertEqual(admitted["reason"], "Inadmissible")
-        self.assertIn("in LocalQueue nowhere: LocalQueue nowhere doesn't exist",
-                      admitted["message"])
+        self.assertIn(
+            "in LocalQueue nowhere: LocalQueue nowhere doesn't exist", admitted["message"]
+        )
         self.assertEqual(self.pods("lost"), [])
         self.delete_job("lost")
 

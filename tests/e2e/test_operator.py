@@ -30,31 +30,48 @@ import urllib.request
 from controlplane import Component, ControlPlaneTestCase, free_port
 from test_chart import selects
 
-SOURCE_DIR = os.environ.get("VF_SOURCE_DIR",
-                            os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+SOURCE_DIR = os.environ.get(
+    "VF_SOURCE_DIR", os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+)
 BIN_DIR = os.environ.get("VF_BIN_DIR", os.path.join(SOURCE_DIR, "build", "bin"))
 CRD_FILE = os.path.join(SOURCE_DIR, "crds", "virtualflowjob.yaml")
 EXAMPLE = os.path.join(SOURCE_DIR, "examples", "fashion-mnist.yaml")
 NS = "training"
 
 
-def job_manifest(name, steps, virtual_nodes=8, replicas=(1, 4), delay_ms=None, batch=256,
-                 hidden=(128,), cooldown=0):
+def job_manifest(
+    name,
+    steps,
+    virtual_nodes=8,
+    replicas=(1, 4),
+    delay_ms=None,
+    batch=256,
+    hidden=(128,),
+    cooldown=0,
+):
     """A VirtualFlowJob as a dict; DELAY_MS paces each virtual node so events land mid-run."""
     spec = {
-        "virtualNodes": virtual_nodes, "globalBatchSize": batch,
-        "replicas": {"min": replicas[0], "max": replicas[1]}, "gpusPerWorker": 1,
+        "virtualNodes": virtual_nodes,
+        "globalBatchSize": batch,
+        "replicas": {"min": replicas[0], "max": replicas[1]},
+        "gpusPerWorker": 1,
         "model": {"name": "mlp", "hiddenSizes": list(hidden)},
         "dataset": {"name": "fashion-mnist"},
         "optimizer": {"name": "sgd", "learningRate": 0.05, "momentum": 0.9},
-        "steps": steps, "reduction": "exact", "seed": 7,
+        "steps": steps,
+        "reduction": "exact",
+        "seed": 7,
         "elasticity": {"policy": "elastic", "cooldownSeconds": cooldown},
         "template": {"image": "virtualflow/agent:e2e"},
     }
     if delay_ms:
         spec["template"]["env"] = [{"name": "VF_VNODE_DELAY_MS", "value": str(delay_ms)}]
-    return {"apiVersion": "virtualflow.io/v1alpha1", "kind": "VirtualFlowJob",
-            "metadata": {"name": name, "namespace": NS}, "spec": spec}
+    return {
+        "apiVersion": "virtualflow.io/v1alpha1",
+        "kind": "VirtualFlowJob",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": spec,
+    }
 
 
 def local_sha(manifest, workers):
@@ -66,11 +83,23 @@ def local_sha(manifest, workers):
         with open(path, "w") as f:
             json.dump(manifest, f)
         summary = os.path.join(tmp, "summary.json")
-        run = subprocess.run([os.path.join(BIN_DIR, "vf"), "run", path, "--workers", str(workers),
-                              "--progress-interval", "0", "--summary-json", summary],
-                             capture_output=True, text=True, timeout=900,
-                             env={"PATH": BIN_DIR + os.pathsep + "/usr/bin:/bin",
-                                  "HOSTNAME": "local"})
+        run = subprocess.run(
+            [
+                os.path.join(BIN_DIR, "vf"),
+                "run",
+                path,
+                "--workers",
+                str(workers),
+                "--progress-interval",
+                "0",
+                "--summary-json",
+                summary,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env={"PATH": BIN_DIR + os.pathsep + "/usr/bin:/bin", "HOSTNAME": "local"},
+        )
         if run.returncode != 0:
             raise AssertionError("local run failed:\n%s\n%s" % (run.stdout, run.stderr))
         with open(summary) as f:
@@ -87,6 +116,7 @@ def local_sha_meanwhile(manifest: dict, workers: int) -> "concurrent.futures.Fut
 class OperatorTestCase(ControlPlaneTestCase):
     """A control plane with the CRD, the pod runner and an operator; helpers for jobs in the
     namespace `ns`. The tests are in subclasses."""
+
     ns = NS
     pod_path = [BIN_DIR]  # where the pods' commands are found, first
 
@@ -95,8 +125,10 @@ class OperatorTestCase(ControlPlaneTestCase):
         super().setUpClass()
         cls.cp.create_namespace(cls.ns)
         cls.cp.kubectl("apply", "-f", CRD_FILE, check=True)
-        cls.cp.wait_for("virtualflowjobs to be served",
-                        lambda: cls.cp.kubectl("get", "vfj", "-A").returncode == 0)
+        cls.cp.wait_for(
+            "virtualflowjobs to be served",
+            lambda: cls.cp.kubectl("get", "vfj", "-A").returncode == 0,
+        )
         # The pods' logs outlive the control plane under ctest (controlplane.py, work_dir).
         cls.runner_logs = os.path.join(cls.cp.work_dir, "pods")
         cls.cp.start_pod_runner(BIN_DIR, path=cls.pod_path, log_dir=cls.runner_logs)
@@ -120,20 +152,43 @@ class OperatorTestCase(ControlPlaneTestCase):
         gateway = getattr(cls.cp, "pod_gateway", None)
         coordinator = ["--coordinator-listen", "127.0.0.1:%d" % cls.coordinator_port]
         if gateway:
-            coordinator = ["--coordinator-listen", "0.0.0.0:%d" % cls.coordinator_port,
-                           "--coordinator-url", "https://%s:%d" % (gateway, cls.coordinator_port)]
-        argv = [os.path.join(BIN_DIR, "virtualflow-operator"), "--kubeconfig", cls.cp.kubeconfig,
-                *coordinator,
-                "--http-listen", "127.0.0.1:0", "--agent-metrics-port", "0",
-                "--join-batch-seconds", "3", "--leader-election-namespace", "default",
-                # A short Lease, so that a successor takes over from a killed operator quickly.
-                "--leader-election-lease-duration", "4", "--leader-election-renew-deadline", "3",
-                "--leader-election-retry-period", "1",
-                "--identity", identity, *extra]
+            coordinator = [
+                "--coordinator-listen",
+                "0.0.0.0:%d" % cls.coordinator_port,
+                "--coordinator-url",
+                "https://%s:%d" % (gateway, cls.coordinator_port),
+            ]
+        argv = [
+            os.path.join(BIN_DIR, "virtualflow-operator"),
+            "--kubeconfig",
+            cls.cp.kubeconfig,
+            *coordinator,
+            "--http-listen",
+            "127.0.0.1:0",
+            "--agent-metrics-port",
+            "0",
+            "--join-batch-seconds",
+            "3",
+            "--leader-election-namespace",
+            "default",
+            # A short Lease, so that a successor takes over from a killed operator quickly.
+            "--leader-election-lease-duration",
+            "4",
+            "--leader-election-renew-deadline",
+            "3",
+            "--leader-election-retry-period",
+            "1",
+            "--identity",
+            identity,
+            *extra,
+        ]
         # Not one of the control plane's components: the tests kill it on purpose, and the
         # control plane's waits fail fast when a component dies.
-        cls.operator = Component("operator-%d" % cls.operators, argv,
-                                 os.path.join(cls.cp.logs, "operator-%d.log" % cls.operators))
+        cls.operator = Component(
+            "operator-%d" % cls.operators,
+            argv,
+            os.path.join(cls.cp.logs, "operator-%d.log" % cls.operators),
+        )
         return cls.operator
 
     def run(self, result=None):
@@ -143,10 +198,13 @@ class OperatorTestCase(ControlPlaneTestCase):
         out = super().run(result)
         if len(result.failures) + len(result.errors) > before:
             if self.operator:
-                sys.stderr.write("----- %s -----\n%s\n" % (self.operator.name,
-                                                           self.operator.tail(60)))
-            sys.stderr.write(self.failed_pod_logs(since=self.runner_log_offset) or
-                             "(no pod of this test failed)\n")
+                sys.stderr.write(
+                    "----- %s -----\n%s\n" % (self.operator.name, self.operator.tail(60))
+                )
+            sys.stderr.write(
+                self.failed_pod_logs(since=self.runner_log_offset)
+                or "(no pod of this test failed)\n"
+            )
         return out
 
     def setUp(self):
@@ -177,8 +235,11 @@ class OperatorTestCase(ControlPlaneTestCase):
             return []
         prefix = "%s/%s-worker-" % (self.ns, name) if name else "%s/" % self.ns
         out = []
-        for m in re.finditer(r"pod (\S+) \(pid \d+\) (exited with code (\d+)|was killed by "
-                             r"signal \d+)", text):
+        for m in re.finditer(
+            r"pod (\S+) \(pid \d+\) (exited with code (\d+)|was killed by "
+            r"signal \d+)",
+            text,
+        ):
             if m.group(1).startswith(prefix) and m.group(3) != "0":
                 out.append((m.group(1), m.group(2)))
         return out
@@ -195,30 +256,40 @@ class OperatorTestCase(ControlPlaneTestCase):
                     with open(os.path.join(self.runner_logs, f), errors="replace") as log:
                         text += log.read()
             tail = "\n".join(text.splitlines()[-lines:]) or "(its log is empty)"
-            parts.append("----- pod %s %s; the end of its log (%s) -----\n%s\n" % (
-                pod, how, self.runner_logs, tail))
+            parts.append(
+                "----- pod %s %s; the end of its log (%s) -----\n%s\n"
+                % (pod, how, self.runner_logs, tail)
+            )
         return "".join(parts)
 
     def job_failed(self, name: str, status: dict) -> AssertionError:
         """The AssertionError for job NAME found Failed with STATUS: its message and the end of
         the log of each of its pods that failed."""
         logs = self.failed_pod_logs(name)
-        return AssertionError("job %s failed: %s%s" % (
-            name, status.get("message"), "\n" + logs if logs else ""))
+        return AssertionError(
+            "job %s failed: %s%s" % (name, status.get("message"), "\n" + logs if logs else "")
+        )
 
     def apply(self, manifest):
         self.cp.kubectl("apply", "-f", "-", input=json.dumps(manifest), check=True)
 
     def job(self, name):
-        return self.cp.get("/apis/virtualflow.io/v1alpha1/namespaces/%s/virtualflowjobs/%s" % (
-            self.ns, name)) or {}
+        return (
+            self.cp.get(
+                "/apis/virtualflow.io/v1alpha1/namespaces/%s/virtualflowjobs/%s" % (self.ns, name)
+            )
+            or {}
+        )
 
     def status(self, name):
         return self.job(name).get("status") or {}
 
     def pods(self, name):
-        return self.cp.request("GET", "/api/v1/namespaces/%s/pods?labelSelector=%s" % (
-            self.ns, "virtualflow.io/job%3D" + name))["items"]
+        return self.cp.request(
+            "GET",
+            "/api/v1/namespaces/%s/pods?labelSelector=%s"
+            % (self.ns, "virtualflow.io/job%3D" + name),
+        )["items"]
 
     def wait_status(self, name, what, predicate, timeout=240):
         def check():
@@ -227,25 +298,34 @@ class OperatorTestCase(ControlPlaneTestCase):
             if status.get("phase") == "Failed":
                 raise self.job_failed(name, status)
             return status if predicate(status) else None
+
         return self.cp.wait_for("job %s: %s" % (name, what), check, timeout=timeout)
 
     def wait_step(self, name, step, timeout=240):
-        return self.wait_status(name, "step >= %d" % step,
-                                lambda s: s.get("step", 0) >= step and s.get("phase") != "Succeeded",
-                                timeout)
+        return self.wait_status(
+            name,
+            "step >= %d" % step,
+            lambda s: s.get("step", 0) >= step and s.get("phase") != "Succeeded",
+            timeout,
+        )
 
     def wait_workers(self, name, workers, timeout=120):
         return self.wait_status(
-            name, "%d workers running" % workers,
-            lambda s: s.get("workers") == workers and s.get("phase") == "Running", timeout)
+            name,
+            "%d workers running" % workers,
+            lambda s: s.get("workers") == workers and s.get("phase") == "Running",
+            timeout,
+        )
 
     def wait_succeeded(self, name, timeout=600):
         return self.wait_status(name, "Succeeded", lambda s: s.get("phase") == "Succeeded", timeout)
 
     def network_policy(self, name):
         """The NetworkPolicy the operator keeps for job NAME, or None."""
-        return self.cp.get("/apis/networking.k8s.io/v1/namespaces/%s/networkpolicies/%s-vf-workers"
-                           % (self.ns, name))
+        return self.cp.get(
+            "/apis/networking.k8s.io/v1/namespaces/%s/networkpolicies/%s-vf-workers"
+            % (self.ns, name)
+        )
 
     def delete_job(self, name):
         self.cp.kubectl("delete", "vfj", "-n", self.ns, name, "--wait=false")
@@ -270,12 +350,23 @@ class OperatorTestCase(ControlPlaneTestCase):
         return "\n".join(logs)
 
     def events(self, name):
-        out = self.cp.kubectl("get", "events", "-n", self.ns, "--field-selector",
-                              "involvedObject.name=" + name, "-o", "json", check=True).stdout
+        out = self.cp.kubectl(
+            "get",
+            "events",
+            "-n",
+            self.ns,
+            "--field-selector",
+            "involvedObject.name=" + name,
+            "-o",
+            "json",
+            check=True,
+        ).stdout
         # One entry per occurrence: a repeated Event is one object with a count.
-        return [(e["reason"], e["message"]) for e in json.loads(out)["items"]
-                for _ in range(e.get("count") or 1)]
-
+        return [
+            (e["reason"], e["message"])
+            for e in json.loads(out)["items"]
+            for _ in range(e.get("count") or 1)
+        ]
 
 
 class OperatorTest(OperatorTestCase):
@@ -283,8 +374,11 @@ class OperatorTest(OperatorTestCase):
         """kubectl apply of the example; printer columns; status with step, loss, assignment."""
         self.reset_nodes(("gpu-a", 2), ("gpu-b", 2))
         self.cp.kubectl("apply", "-n", NS, "-f", EXAMPLE, check=True)
-        self.wait_status("fashion-mnist", "running on 4 workers",
-                         lambda s: s.get("workers") == 4 and s.get("phase") == "Running")
+        self.wait_status(
+            "fashion-mnist",
+            "running on 4 workers",
+            lambda s: s.get("workers") == 4 and s.get("phase") == "Running",
+        )
         pods = self.pods("fashion-mnist")
         self.assertEqual({p["spec"]["nodeName"] for p in pods}, {"gpu-a", "gpu-b"})
         for p in pods:
@@ -298,11 +392,15 @@ class OperatorTest(OperatorTestCase):
         self.assertEqual(len(status["assignment"]), 4)
         held = sorted(v for a in status["assignment"] for v in a["virtualNodes"])
         self.assertEqual(held, list(range(8)))
-        self.assertEqual(status["observedGeneration"], self.job("fashion-mnist")["metadata"]["generation"])
+        self.assertEqual(
+            status["observedGeneration"], self.job("fashion-mnist")["metadata"]["generation"]
+        )
         conditions = {c["type"]: c["status"] for c in status["conditions"]}
         self.assertEqual(conditions["Succeeded"], "True")
         table = self.cp.kubectl("get", "vfjobs", "-n", NS, check=True).stdout.splitlines()
-        self.assertEqual(table[0].split()[:6], ["NAME", "VIRTUAL", "NODES", "WORKERS", "STEP", "PHASE"])
+        self.assertEqual(
+            table[0].split()[:6], ["NAME", "VIRTUAL", "NODES", "WORKERS", "STEP", "PHASE"]
+        )
         row = table[1].split()
         self.assertEqual(row[:5], ["fashion-mnist", "8", "4", str(status["step"]), "Succeeded"])
         self.check_coordinator_speaks_tls_only()
@@ -317,7 +415,8 @@ class OperatorTest(OperatorTestCase):
             urllib.request.urlopen("http://" + url, timeout=30).read()
         secret = self.cp.get("/api/v1/namespaces/default/secrets/virtualflow-coordinator-tls")
         context = ssl.create_default_context(
-            cadata=base64.b64decode(secret["data"]["ca.crt"]).decode())
+            cadata=base64.b64decode(secret["data"]["ca.crt"]).decode()
+        )
         with self.assertRaises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen("https://" + url, timeout=30, context=context)
         self.assertEqual(refused.exception.code, 401)
@@ -342,13 +441,20 @@ class OperatorTest(OperatorTestCase):
         # Preemption of a training pod: its worker leaves, a replacement joins.
         member = self.status(name)["assignment"][1]["worker"]
         self.cp.kubectl("delete", "pod", "-n", NS, member, "--wait=false", check=True)
-        self.wait_status(name, "pod %s replaced" % member,
-                         lambda s: s.get("workers") == 2 and s.get("phase") == "Running" and
-                         member not in [a["worker"] for a in s.get("assignment", [])])
+        self.wait_status(
+            name,
+            "pod %s replaced" % member,
+            lambda s: (
+                s.get("workers") == 2
+                and s.get("phase") == "Running"
+                and member not in [a["worker"] for a in s.get("assignment", [])]
+            ),
+        )
         # A worker killed outright (force delete, no grace): the others redo the step.
         victim = self.status(name)["assignment"][0]["worker"]
-        self.cp.kubectl("delete", "pod", "-n", NS, victim, "--grace-period=0", "--force",
-                        check=True)
+        self.cp.kubectl(
+            "delete", "pod", "-n", NS, victim, "--grace-period=0", "--force", check=True
+        )
         status = self.wait_succeeded(name)
         self.assertGreaterEqual(status["restarts"].get("preemption", 0), 1, status)
         reasons = [r for r, _ in self.events(name)]
@@ -377,8 +483,11 @@ class OperatorTest(OperatorTestCase):
         after = {p["metadata"]["name"]: p["metadata"]["uid"] for p in self.pods(name)}
         self.assertEqual(after, before, "workers were replaced")
         # Each worker exits 0 once the job is over (rank 0 after evaluating the test set).
-        self.cp.wait_for("the workers to exit 0", lambda: all(
-            p["status"].get("phase") == "Succeeded" for p in self.pods(name)), timeout=120)
+        self.cp.wait_for(
+            "the workers to exit 0",
+            lambda: all(p["status"].get("phase") == "Succeeded" for p in self.pods(name)),
+            timeout=120,
+        )
         self.assertEqual(status["epoch"], epoch, "the restart switched membership")
         self.assertGreater(status["step"], step_at_kill)
         self.assertEqual(status["weightsSha256"], static.result(timeout=900))
@@ -396,8 +505,11 @@ class OperatorTest(OperatorTestCase):
         # Fair share: two each; neither below its minimum; the third cannot get its 3.
         self.wait_workers("share-a", 2)
         self.wait_workers("share-b", 2)
-        waiting = self.wait_status("share-c", "Pending with a reason",
-                                   lambda s: s.get("phase") == "Pending" and s.get("conditions"))
+        waiting = self.wait_status(
+            "share-c",
+            "Pending with a reason",
+            lambda s: s.get("phase") == "Pending" and s.get("conditions"),
+        )
         running = {c["type"]: c for c in waiting["conditions"]}["Running"]
         self.assertEqual(running["status"], "False")
         self.assertEqual(running["reason"], "WaitingForGPUs")
@@ -428,36 +540,55 @@ class OperatorTest(OperatorTestCase):
         self.assertIsNone(self.cp.get("/api/v1/namespaces/%s/secrets/%s-vf-token" % (NS, name)))
         self.assertIsNotNone(self.cp.get("/api/v1/namespaces/default/secrets/virtualflow-job-key"))
         # Each worker pod has a credential Secret of its own, owned by the pod.
-        credentials = ["/api/v1/namespaces/%s/secrets/%s-vf-credential" % (NS, pod)
-                       for pod in (p["metadata"]["name"] for p in self.pods(name))]
+        credentials = [
+            "/api/v1/namespaces/%s/secrets/%s-vf-credential" % (NS, pod)
+            for pod in (p["metadata"]["name"] for p in self.pods(name))
+        ]
         for path in credentials:
             owners = self.cp.get(path)["metadata"]["ownerReferences"]
             self.assertEqual([o["kind"] for o in owners], ["Pod"])
         # The job's NetworkPolicy, owned by the job, written once and left alone since.
         uid = self.job(name)["metadata"]["uid"]
         policy = self.network_policy(name)
-        self.assertEqual([(o["kind"], o["uid"]) for o in policy["metadata"]["ownerReferences"]],
-                         [("VirtualFlowJob", uid)])
+        self.assertEqual(
+            [(o["kind"], o["uid"]) for o in policy["metadata"]["ownerReferences"]],
+            [("VirtualFlowJob", uid)],
+        )
         self.assertEqual(policy["metadata"]["generation"], 1)
         built = policy["spec"]
         # Deleted, it is made again; changed, it is written back as it was.
-        self.cp.request("DELETE", "/apis/networking.k8s.io/v1/namespaces/%s/networkpolicies/"
-                        "%s-vf-workers" % (NS, name))
-        policy = self.cp.wait_for("the NetworkPolicy to be made again", lambda: (
-            lambda p: p if p and p["metadata"]["uid"] != policy["metadata"]["uid"] else None)(
-                self.network_policy(name)))
+        self.cp.request(
+            "DELETE",
+            "/apis/networking.k8s.io/v1/namespaces/%s/networkpolicies/%s-vf-workers" % (NS, name),
+        )
+        policy = self.cp.wait_for(
+            "the NetworkPolicy to be made again",
+            lambda: (
+                lambda p: p if p and p["metadata"]["uid"] != policy["metadata"]["uid"] else None
+            )(self.network_policy(name)),
+        )
         self.assertEqual(policy["spec"], built)
-        self.cp.request("PATCH", "/apis/networking.k8s.io/v1/namespaces/%s/networkpolicies/"
-                        "%s-vf-workers" % (NS, name), {"spec": {"ingress": [{}]}},
-                        content_type="application/merge-patch+json")
-        self.cp.wait_for("the NetworkPolicy to be restored",
-                         lambda: self.network_policy(name)["spec"] == built)
+        self.cp.request(
+            "PATCH",
+            "/apis/networking.k8s.io/v1/namespaces/%s/networkpolicies/%s-vf-workers" % (NS, name),
+            {"spec": {"ingress": [{}]}},
+            content_type="application/merge-patch+json",
+        )
+        self.cp.wait_for(
+            "the NetworkPolicy to be restored", lambda: self.network_policy(name)["spec"] == built
+        )
         self.delete_job(name)
         # The garbage collector follows the owner references (it may take it a while to learn
         # about a new custom resource type).
-        self.cp.wait_for("pods, Secrets and the NetworkPolicy to be collected",
-                         lambda: not self.pods(name) and all(self.cp.get(path) is None for path in credentials) and
-                         self.network_policy(name) is None, timeout=120)
+        self.cp.wait_for(
+            "pods, Secrets and the NetworkPolicy to be collected",
+            lambda: (
+                not self.pods(name)
+                and all(self.cp.get(path) is None for path in credentials)
+                and self.network_policy(name) is None
+            ),
+            timeout=120,
+        )
 
     def test_5a_pods_a_quota_refuses_are_a_condition_and_one_counted_event(self):
         """A real ResourceQuota rejection at pod creation blocks the job: the job says so in a
@@ -466,30 +597,55 @@ class OperatorTest(OperatorTestCase):
         name = "quota"
         quota = "/api/v1/namespaces/%s/resourcequotas/no-pods" % NS
         self.reset_nodes(("gpu-q", 1))
-        self.cp.request("POST", "/api/v1/namespaces/%s/resourcequotas" % NS, {
-            "apiVersion": "v1", "kind": "ResourceQuota",
-            "metadata": {"name": "no-pods", "namespace": NS}, "spec": {"hard": {"pods": "0"}}})
+        self.cp.request(
+            "POST",
+            "/api/v1/namespaces/%s/resourcequotas" % NS,
+            {
+                "apiVersion": "v1",
+                "kind": "ResourceQuota",
+                "metadata": {"name": "no-pods", "namespace": NS},
+                "spec": {"hard": {"pods": "0"}},
+            },
+        )
         try:
             # Until the quota controller has counted it, the refusal reads differently ("status
             # unknown for quota"), which would start a second Event series.
-            self.cp.wait_for("the quota to be counted",
-                             lambda: (self.cp.get(quota) or {}).get("status", {}).get("used"))
+            self.cp.wait_for(
+                "the quota to be counted",
+                lambda: (self.cp.get(quota) or {}).get("status", {}).get("used"),
+            )
             self.apply(job_manifest(name, steps=5000, delay_ms=8, replicas=(1, 1)))
-            status = self.wait_status(name, "ReconcileError", lambda s: any(
-                c["type"] == "ReconcileError" and c["status"] == "True"
-                for c in s.get("conditions", [])))
+            status = self.wait_status(
+                name,
+                "ReconcileError",
+                lambda s: any(
+                    c["type"] == "ReconcileError" and c["status"] == "True"
+                    for c in s.get("conditions", [])
+                ),
+            )
             blocked = {c["type"]: c for c in status["conditions"]}["ReconcileError"]
             self.assertEqual(blocked["reason"], "FailedCreatePod")
             self.assertIn("forbidden", blocked["message"])
             self.assertIn("no-pods", blocked["message"])
 
             def refusals():
-                out = self.cp.kubectl("get", "events", "-n", NS, "--field-selector",
-                                      "involvedObject.name=" + name, "-o", "json",
-                                      check=True).stdout
+                out = self.cp.kubectl(
+                    "get",
+                    "events",
+                    "-n",
+                    NS,
+                    "--field-selector",
+                    "involvedObject.name=" + name,
+                    "-o",
+                    "json",
+                    check=True,
+                ).stdout
                 return [e for e in json.loads(out)["items"] if e["reason"] == "FailedCreatePod"]
-            self.cp.wait_for("the refusal's Event to be counted",
-                             lambda: any(e.get("count", 1) >= 2 for e in refusals()))
+
+            self.cp.wait_for(
+                "the refusal's Event to be counted",
+                lambda: any(e.get("count", 1) >= 2 for e in refusals()),
+            )
             # One Event per distinct message (the quota's usage may change while older pods
             # go), never two with the same one.
             events = refusals()
@@ -500,25 +656,32 @@ class OperatorTest(OperatorTestCase):
             self.cp.request("DELETE", quota)
         # Any change to the job queues it at once (a retry after many failures waits long).
         self.cp.kubectl("annotate", "vfj", "-n", NS, name, "test/quota=removed", check=True)
-        self.wait_status(name, "ReconcileError cleared", lambda s: any(
-            c["type"] == "ReconcileError" and c["status"] == "False"
-            for c in s.get("conditions", [])))
+        self.wait_status(
+            name,
+            "ReconcileError cleared",
+            lambda s: any(
+                c["type"] == "ReconcileError" and c["status"] == "False"
+                for c in s.get("conditions", [])
+            ),
+        )
         self.cp.wait_for("the worker pod", lambda: self.pods(name))
         self.delete_job(name)
 
     def test_6_an_operator_that_lost_its_lease_stops_acting(self):
         lease_path = "/apis/coordination.k8s.io/v1/namespaces/default/leases/virtualflow-operator"
-        self.cp.wait_for("the operator to hold the Lease",
-                         lambda: (self.cp.get(lease_path) or {}).get("spec", {}).get(
-                             "holderIdentity"))
+        self.cp.wait_for(
+            "the operator to hold the Lease",
+            lambda: (self.cp.get(lease_path) or {}).get("spec", {}).get("holderIdentity"),
+        )
         self.reset_nodes(("gpu-l", 2))
         lease = self.cp.get(lease_path)
         holder = lease["spec"]["holderIdentity"]
         lease["spec"]["holderIdentity"] = "someone-else"
         lease["spec"]["leaseDurationSeconds"] = 3600
         self.cp.request("PUT", lease_path, lease)
-        self.cp.wait_for("the operator %s to exit" % holder,
-                         lambda: not self.operator.alive(), timeout=60)
+        self.cp.wait_for(
+            "the operator %s to exit" % holder, lambda: not self.operator.alive(), timeout=60
+        )
         self.assertEqual(self.operator.proc.returncode, 1)
         self.assertIn("leadership lost", self.operator.tail(20))
         # Nobody acts on a new job now.
@@ -543,38 +706,70 @@ class OperatorTest(OperatorTestCase):
         # No periodic checkpoint: the file on the volume is the one written on leaving.
         manifest["spec"]["checkpoint"] = {"path": mount + "/job.ckpt"}
         manifest["spec"]["runPolicy"] = {"activeDeadlineSeconds": 3600}
-        manifest["spec"]["template"]["volumes"] = [{"name": "store",
-                                                    "hostPath": {"path": store}}]
+        manifest["spec"]["template"]["volumes"] = [{"name": "store", "hostPath": {"path": store}}]
         manifest["spec"]["template"]["volumeMounts"] = [{"name": "store", "mountPath": mount}]
         self.reset_nodes(("gpu-s", 2))
         try:
             self.apply(manifest)
             self.wait_workers(name, 2)
             # status.workerCounts: both pods train (none pending, joining or leaving).
-            self.wait_status(name, "2 workers counted training", lambda s: s.get(
-                "workerCounts") == {"pending": 0, "joining": 0, "training": 2, "leaving": 0,
-                                    "failed": 0})
+            self.wait_status(
+                name,
+                "2 workers counted training",
+                lambda s: (
+                    s.get("workerCounts")
+                    == {"pending": 0, "joining": 0, "training": 2, "leaving": 0, "failed": 0}
+                ),
+            )
             self.wait_step(name, 20)
-            self.cp.kubectl("patch", "vfj", "-n", NS, name, "--type=merge", "-p",
-                            '{"spec":{"suspend":true}}', check=True)
+            self.cp.kubectl(
+                "patch",
+                "vfj",
+                "-n",
+                NS,
+                name,
+                "--type=merge",
+                "-p",
+                '{"spec":{"suspend":true}}',
+                check=True,
+            )
             status = self.wait_status(name, "Suspended", lambda s: s.get("phase") == "Suspended")
             suspended = self.condition(status, "Suspended")
             self.assertEqual((suspended["status"], suspended["reason"]), ("True", "JobSuspended"))
             self.assertEqual(self.condition(status, "Running")["status"], "False")
             self.assertNotIn("startTime", status)  # the deadline counts again from the resume
-            self.cp.wait_for("the worker pods to be gone", lambda: not self.pods(name),
-                             timeout=120)
-            self.wait_status(name, "no worker counted", lambda s: s.get("workers") == 0 and
-                             not any(s.get("workerCounts", {"leaving": 1}).values()))
-            self.assertTrue(os.path.exists(os.path.join(store, "job.ckpt")),
-                            "no checkpoint written on leaving:\n" + self.pod_logs(name))
+            self.cp.wait_for("the worker pods to be gone", lambda: not self.pods(name), timeout=120)
+            self.wait_status(
+                name,
+                "no worker counted",
+                lambda s: (
+                    s.get("workers") == 0
+                    and not any(s.get("workerCounts", {"leaving": 1}).values())
+                ),
+            )
+            self.assertTrue(
+                os.path.exists(os.path.join(store, "job.ckpt")),
+                "no checkpoint written on leaving:\n" + self.pod_logs(name),
+            )
             self.assertIn("leaving; checkpoint at step", self.pod_logs(name))
             self.assertIn("Suspended", [r for r, _ in self.events(name)])
 
-            self.cp.kubectl("patch", "vfj", "-n", NS, name, "--type=merge", "-p",
-                            '{"spec":{"suspend":false}}', check=True)
-            self.wait_status(name, "Suspended False", lambda s: self.condition(
-                s, "Suspended").get("status") == "False")
+            self.cp.kubectl(
+                "patch",
+                "vfj",
+                "-n",
+                NS,
+                name,
+                "--type=merge",
+                "-p",
+                '{"spec":{"suspend":false}}',
+                check=True,
+            )
+            self.wait_status(
+                name,
+                "Suspended False",
+                lambda s: self.condition(s, "Suspended").get("status") == "False",
+            )
             status = self.wait_succeeded(name)
             resumed = self.condition(status, "Suspended")
             self.assertEqual((resumed["status"], resumed["reason"]), ("False", "JobResumed"))
@@ -595,9 +790,11 @@ class OperatorTest(OperatorTestCase):
         manifest["spec"]["runPolicy"] = {"backoffLimit": 1}
         self.reset_nodes(("gpu-b", 1))
         self.apply(manifest)
-        status = self.cp.wait_for("job %s to fail" % name, lambda: (
-            self.status(name) if self.status(name).get("phase") == "Failed" else None),
-            timeout=120)
+        status = self.cp.wait_for(
+            "job %s to fail" % name,
+            lambda: self.status(name) if self.status(name).get("phase") == "Failed" else None,
+            timeout=120,
+        )
         failed = self.condition(status, "Failed")
         self.assertEqual((failed["status"], failed["reason"]), ("True", "BackoffLimitExceeded"))
         self.assertIn("more than spec.runPolicy.backoffLimit (1)", failed["message"])
@@ -613,10 +810,16 @@ class OperatorTest(OperatorTestCase):
         self.reset_nodes(("gpu-t", 1))
         self.apply(manifest)
         self.wait_succeeded(name, timeout=120)
-        self.cp.wait_for("job %s to be deleted" % name,
-                         lambda: self.cp.get("/apis/virtualflow.io/v1alpha1/namespaces/%s/"
-                                             "virtualflowjobs/%s" % (NS, name)) is None,
-                         timeout=60)
+        self.cp.wait_for(
+            "job %s to be deleted" % name,
+            lambda: (
+                self.cp.get(
+                    "/apis/virtualflow.io/v1alpha1/namespaces/%s/virtualflowjobs/%s" % (NS, name)
+                )
+                is None
+            ),
+            timeout=60,
+        )
         self.cp.wait_for("its pods to be collected", lambda: not self.pods(name), timeout=120)
 
 

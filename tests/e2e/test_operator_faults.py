@@ -31,10 +31,15 @@ def with_timeout(manifest: dict[str, Any], seconds: int) -> dict[str, Any]:
     program, with the facts the operator hands it in VF_* variables), so that a hung member's
     peers give up on it in seconds rather than the default minute. Same training, same weights."""
     manifest = copy.deepcopy(manifest)
-    manifest["spec"]["template"]["command"] = ["sh", "-c", (
-        "exec virtualflow-agent --coordinator \"$VF_COORDINATOR\" --job-id \"$VF_JOB_ID\" "
-        "--worker \"$VF_WORKER\" --token-file \"$VF_JOB_TOKEN_FILE\" "
-        "--metrics-port \"$VF_METRICS_PORT\" --timeout %d" % seconds)]
+    manifest["spec"]["template"]["command"] = [
+        "sh",
+        "-c",
+        (
+            'exec virtualflow-agent --coordinator "$VF_COORDINATOR" --job-id "$VF_JOB_ID" '
+            '--worker "$VF_WORKER" --token-file "$VF_JOB_TOKEN_FILE" '
+            '--metrics-port "$VF_METRICS_PORT" --timeout %d' % seconds
+        ),
+    ]
     return manifest
 
 
@@ -49,9 +54,24 @@ def partition(pid: int, cut: bool) -> None:
     if os.readlink(netns) == os.readlink("/proc/self/ns/net"):
         raise AssertionError("pod process %d runs in the host's network namespace" % pid)
     for chain, interface in (("INPUT", "-i"), ("OUTPUT", "-o")):
-        subprocess.run(["nsenter", "--net=" + netns, "iptables", "-w",
-                        "-I" if cut else "-D", chain, "!", interface, "lo", "-j", "DROP"],
-                       check=True, capture_output=True, timeout=30)
+        subprocess.run(
+            [
+                "nsenter",
+                "--net=" + netns,
+                "iptables",
+                "-w",
+                "-I" if cut else "-D",
+                chain,
+                "!",
+                interface,
+                "lo",
+                "-j",
+                "DROP",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
 
 
 # Long enough for the longest series of faults to land mid-run with room to spare: test 3's
@@ -80,13 +100,15 @@ CNN_TEST_SAMPLES = 500
 def cnn_faults_manifest(name: str, checkpoint_dir: str, delay_ms: int) -> dict[str, Any]:
     """The CNN example (examples/torch/cnn.py) as a job of CNN_STEPS steps of CNN_BATCH samples
     reading the host's Fashion-MNIST, checkpointing into CHECKPOINT_DIR."""
-    manifest = cnn_manifest(name, NS, DATASET, os.path.join(checkpoint_dir, name + ".ckpt"),
-                            delay_ms=delay_ms)
+    manifest = cnn_manifest(
+        name, NS, DATASET, os.path.join(checkpoint_dir, name + ".ckpt"), delay_ms=delay_ms
+    )
     manifest["spec"]["steps"] = CNN_STEPS
     manifest["spec"]["globalBatchSize"] = CNN_BATCH
     manifest["spec"]["template"]["env"] += [
         {"name": "VF_TIMEOUT", "value": "15"},
-        {"name": "CNN_TEST_SAMPLES", "value": str(CNN_TEST_SAMPLES)}]
+        {"name": "CNN_TEST_SAMPLES", "value": str(CNN_TEST_SAMPLES)},
+    ]
     return manifest
 
 
@@ -97,16 +119,31 @@ def cnn_local_sha(manifest: dict[str, Any], workers: int) -> str:
         manifest = copy.deepcopy(manifest)
         manifest["spec"]["checkpoint"]["path"] = os.path.join(tmp, "cnn.ckpt")
         manifest["spec"]["template"]["env"] = [
-            e for e in manifest["spec"]["template"]["env"] if e["name"] != "VF_VNODE_DELAY_MS"]
+            e for e in manifest["spec"]["template"]["env"] if e["name"] != "VF_VNODE_DELAY_MS"
+        ]
         path = os.path.join(tmp, "job.json")
         with open(path, "w") as f:
             json.dump(manifest, f)
         summary = os.path.join(tmp, "summary.json")
         env = dict(os.environ, PATH=os.path.dirname(PYTHON) + os.pathsep + os.environ["PATH"])
-        run = subprocess.run([os.path.join(BIN_DIR, "vf"), "run", path, "--workers", str(workers),
-                              "--progress-interval", "0", "--summary-json", summary],
-                             capture_output=True, text=True, timeout=900, env=env,
-                             cwd=SOURCE_DIR)
+        run = subprocess.run(
+            [
+                os.path.join(BIN_DIR, "vf"),
+                "run",
+                path,
+                "--workers",
+                str(workers),
+                "--progress-interval",
+                "0",
+                "--summary-json",
+                summary,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env=env,
+            cwd=SOURCE_DIR,
+        )
         if run.returncode != 0:
             raise AssertionError("local run failed:\n%s\n%s" % (run.stdout, run.stderr))
         with open(summary) as f:
@@ -122,15 +159,17 @@ class OperatorFaultsTest(OperatorTestCase):
         super().setUpClass()
         # The static run the jobs must match, computed once, beside the first test.
         cls.static = concurrent.futures.ThreadPoolExecutor(1).submit(
-            local_sha, faults_manifest("static", 0), 1)
+            local_sha, faults_manifest("static", 0), 1
+        )
 
     def static_sha(self) -> str:
         return self.static.result(timeout=900)
 
     # -------------------------------------------------------------- helpers
 
-    def start_operator_with(self, identity: str, env: dict[str, str],
-                            extra: tuple[str, ...] = ()) -> Any:
+    def start_operator_with(
+        self, identity: str, env: dict[str, str], extra: tuple[str, ...] = ()
+    ) -> Any:
         """An operator whose environment adds ENV (the test-only settings), with the flags
         EXTRA."""
         saved = {k: os.environ.get(k) for k in env}
@@ -156,6 +195,7 @@ class OperatorFaultsTest(OperatorTestCase):
             if name:
                 self.status_quiet(name)
             return not op.alive()
+
         self.cp.wait_for("the operator to be killed at " + phase, killed, timeout=timeout)
         self.assertEqual(op.proc.returncode, -signal.SIGKILL, op.tail(20))
         self.assertIn("killing the operator at " + phase, op.tail(20))
@@ -197,12 +237,18 @@ class OperatorFaultsTest(OperatorTestCase):
         self.assertNotEqual(started_on, new_image)
         before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in self.pods(name)}
         self.stop_operator()
-        self.start_operator_with("operator-upgraded", {BUILD_ENV: "virtualflow 99.0.0-test"},
-                                 extra=("--agent-image", new_image))
+        self.start_operator_with(
+            "operator-upgraded",
+            {BUILD_ENV: "virtualflow 99.0.0-test"},
+            extra=("--agent-image", new_image),
+        )
 
         def image_kept(status: dict[str, Any]) -> bool:
-            return any(c["type"] == "ImageKept" and c["status"] == "True"
-                       for c in status.get("conditions", []))
+            return any(
+                c["type"] == "ImageKept" and c["status"] == "True"
+                for c in status.get("conditions", [])
+            )
+
         kept = self.wait_status(name, "condition ImageKept", image_kept)
         self.assertEqual(kept["workerImage"], started_on)
         self.cp.add_gpu_node("gpu-u2", gpus=1)
@@ -232,8 +278,7 @@ class OperatorFaultsTest(OperatorTestCase):
         manifest = faults_manifest(name, delay_ms=8)
         # No periodic checkpoint: the job resumes from the one rank 0 writes as it leaves.
         manifest["spec"]["checkpoint"] = {"path": mount + "/job.ckpt"}
-        manifest["spec"]["template"]["volumes"] = [{"name": "store",
-                                                    "hostPath": {"path": store}}]
+        manifest["spec"]["template"]["volumes"] = [{"name": "store", "hostPath": {"path": store}}]
         manifest["spec"]["template"]["volumeMounts"] = [{"name": "store", "mountPath": mount}]
         self.reset_nodes(("gpu-v", 2))
         since = self.runner_log_size()
@@ -245,15 +290,20 @@ class OperatorFaultsTest(OperatorTestCase):
             old = {p["metadata"]["name"] for p in self.pods(name)}
             self.stop_operator()
             self.start_operator_with("operator-protocol", {PROTOCOL_ENV: str(ours)})
-            self.wait_status(name, "restarted after the drain", lambda s: self.condition(
-                s, "Draining").get("reason") == "RestartedFromCheckpoint")
+            self.wait_status(
+                name,
+                "restarted after the drain",
+                lambda s: self.condition(s, "Draining").get("reason") == "RestartedFromCheckpoint",
+            )
             status = self.wait_succeeded(name)
             self.assertIn("posing as coordinator protocol %d" % ours, self.operator.tail(400))
             self.assertEqual(status["workerProtocol"], ours)
             drained = self.condition(status, "Draining")
             self.assertEqual(drained["status"], "False")
-            why = "the job's workers speak coordinator protocol %d and this operator speaks " \
-                  "protocol %d" % (theirs, ours)
+            why = (
+                "the job's workers speak coordinator protocol %d and this operator speaks "
+                "protocol %d" % (theirs, ours)
+            )
             self.assertIn(why, drained["message"])
             events = self.events(name)
             self.assertTrue([m for r, m in events if r == "Draining" and why in m], events)
@@ -265,8 +315,7 @@ class OperatorFaultsTest(OperatorTestCase):
             self.assertIn("resuming from checkpoint %s/job.ckpt" % mount, logs)
             self.assertIn("testing: speaking coordinator protocol %d" % ours, logs)
             # The old workers left cleanly (exit 0), none of the new ones failed.
-            self.assertEqual(self.failed_pods(name, since), [],
-                             self.failed_pod_logs(name, since))
+            self.assertEqual(self.failed_pods(name, since), [], self.failed_pod_logs(name, since))
             self.assertEqual(status["weightsSha256"], self.static_sha())
         finally:
             self.delete_job(name)
@@ -279,22 +328,35 @@ class OperatorFaultsTest(OperatorTestCase):
         replacement can take its place meanwhile. Woken (kill -CONT), it is fenced by its stale
         epoch: it exits 0 and the operator replaces its pod."""
         self.left_out_then_fenced(
-            "hung", "gpu-h", "stopped",
-            lambda pid: os.kill(pid, signal.SIGSTOP), lambda pid: os.kill(pid, signal.SIGCONT))
+            "hung",
+            "gpu-h",
+            "stopped",
+            lambda pid: os.kill(pid, signal.SIGSTOP),
+            lambda pid: os.kill(pid, signal.SIGCONT),
+        )
 
-    def test_2a_a_partitioned_worker_is_left_out_then_fenced_when_the_network_heals(
-            self) -> None:
+    def test_2a_a_partitioned_worker_is_left_out_then_fenced_when_the_network_heals(self) -> None:
         """One of 3 worker pods cut off the network (every packet in and out of its network
         namespace dropped, as a failed switch port does: no reset, no error, only silence) while
         its process runs on: its peers' collective times out, the coordinator hears nothing from
         it, and the next plan goes on without it. Back on the network, it learns that its epoch
         is stale: it exits 0 and the operator replaces its pod."""
-        self.left_out_then_fenced("partitioned", "gpu-p", "partitioned",
-                                  lambda pid: partition(pid, True),
-                                  lambda pid: partition(pid, False))
+        self.left_out_then_fenced(
+            "partitioned",
+            "gpu-p",
+            "partitioned",
+            lambda pid: partition(pid, True),
+            lambda pid: partition(pid, False),
+        )
 
-    def left_out_then_fenced(self, name: str, node: str, what: str,
-                             fault: Callable[[int], None], undo: Callable[[int], None]) -> None:
+    def left_out_then_fenced(
+        self,
+        name: str,
+        node: str,
+        what: str,
+        fault: Callable[[int], None],
+        undo: Callable[[int], None],
+    ) -> None:
         """Tests 2 and 2a: a 3-worker job on 3 one-GPU nodes NODE-0..2, FAULT(pid) on its last
         member's process at step 30, a plan without it, 20 more steps, UNDO(pid); the member
         exits 0 on its stale epoch, its pod is replaced without a WorkerFailed Event, and the
@@ -313,9 +375,15 @@ class OperatorFaultsTest(OperatorTestCase):
         fault(pid)
         try:
             left_out = self.wait_status(
-                name, "a plan without the %s %s" % (what, victim),
-                lambda s: s.get("phase") == "Running" and s.get("workers") == 2 and
-                victim not in [a["worker"] for a in s.get("assignment", [])], timeout=180)
+                name,
+                "a plan without the %s %s" % (what, victim),
+                lambda s: (
+                    s.get("phase") == "Running"
+                    and s.get("workers") == 2
+                    and victim not in [a["worker"] for a in s.get("assignment", [])]
+                ),
+                timeout=180,
+            )
             self.assertGreater(left_out["epoch"], status["epoch"])
             step = left_out.get("step", 0)
             self.wait_step(name, step + 20)
@@ -332,13 +400,21 @@ class OperatorFaultsTest(OperatorTestCase):
         def exited_0() -> bool:
             back = self.cp.get(path)  # the operator deletes a pod that succeeded early
             return back is None or back["status"].get("phase") == "Succeeded"
+
         self.cp.wait_for("the %s %s to exit 0" % (what, victim), exited_0, timeout=120)
         self.assertEqual([m for r, m in self.events(name) if r == "WorkerFailed"], [])
-        self.wait_status(name, "a replacement of %s in the plan" % victim,
-                         lambda s: s.get("phase") == "Succeeded" or (
-                             s.get("workers") == 3 and
-                             victim not in [a["worker"] for a in s.get("assignment", [])]),
-                         timeout=180)
+        self.wait_status(
+            name,
+            "a replacement of %s in the plan" % victim,
+            lambda s: (
+                s.get("phase") == "Succeeded"
+                or (
+                    s.get("workers") == 3
+                    and victim not in [a["worker"] for a in s.get("assignment", [])]
+                )
+            ),
+            timeout=180,
+        )
         status = self.wait_succeeded(name)
         self.assertEqual(status["weightsSha256"], self.static_sha())
         self.delete_job(name)
@@ -390,10 +466,12 @@ class OperatorFaultsTest(OperatorTestCase):
 
     def wait_pods_ended(self, name: str, timeout: float = 120) -> list[dict[str, Any]]:
         """Waits, with no operator running, for every pod of job NAME to end."""
+
         def ended() -> Any:
             pods = self.pods(name)
             done = pods and all(p["status"].get("phase") in ("Succeeded", "Failed") for p in pods)
             return pods if done else None
+
         return self.cp.wait_for("the pods of %s to succeed" % name, ended, timeout=timeout)
 
     def rank_0_message(self, pods: list[dict[str, Any]]) -> dict[str, Any]:
@@ -406,8 +484,9 @@ class OperatorFaultsTest(OperatorTestCase):
         self.assertEqual(len(reports), 1, [p["status"] for p in pods])
         return reports[0]
 
-    def finish_after_a_final_report_kill(self, name: str,
-                                         env: dict[str, str] | None = None) -> dict[str, Any]:
+    def finish_after_a_final_report_kill(
+        self, name: str, env: dict[str, str] | None = None
+    ) -> dict[str, Any]:
         """With the operator armed at final-report for job NAME: waits for it to die there (the
         coordinator holds rank 0's report, the status does not say Succeeded), then for the
         workers to end (rank 0 exits once its report is accepted), then starts an operator
@@ -425,16 +504,22 @@ class OperatorFaultsTest(OperatorTestCase):
         for pod in pods:
             if pod["metadata"]["name"] == rank_0:
                 terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
-                self.assertEqual((terminated.get("exitCode"), terminated.get("signal")), (0, None),
-                                 "rank 0 %s did not exit cleanly: %s\n%s" % (
-                                     rank_0, terminated, self.failed_pod_logs(name)))
+                self.assertEqual(
+                    (terminated.get("exitCode"), terminated.get("signal")),
+                    (0, None),
+                    "rank 0 %s did not exit cleanly: %s\n%s"
+                    % (rank_0, terminated, self.failed_pod_logs(name)),
+                )
         uids = sorted(p["metadata"]["uid"] for p in pods)
         self.start_operator_with("operator-after-final-report", env or {})
         status = self.wait_succeeded(name, timeout=120)
         self.assertEqual(status["weightsSha256"], report["weightsSha256"])
         self.assertIn("the outcome is read from pod", self.operator.tail(100))
-        self.assertEqual(sorted(p["metadata"]["uid"] for p in self.pods(name)), uids,
-                         "workers were started again")
+        self.assertEqual(
+            sorted(p["metadata"]["uid"] for p in self.pods(name)),
+            uids,
+            "workers were started again",
+        )
         return status
 
     def test_4_operator_killed_during_the_final_report(self) -> None:
@@ -492,12 +577,14 @@ class OperatorFaultsTest(OperatorTestCase):
         self.stop_operator()
         # Another protocol: the job is drained and started again, then the final report is cut.
         ours = str(self.status(name)["workerProtocol"] + 1)
-        self.start_operator_with("operator-protocol", {PROTOCOL_ENV: ours,
-                                                       FAULT_ENV: "final-report"})
+        self.start_operator_with(
+            "operator-protocol", {PROTOCOL_ENV: ours, FAULT_ENV: "final-report"}
+        )
         status = self.finish_after_a_final_report_kill(name, {PROTOCOL_ENV: ours})
         self.assertEqual(status["step"], CNN_STEPS)
-        self.assertEqual(self.condition(status, "Draining").get("reason"),
-                         "RestartedFromCheckpoint", status)
+        self.assertEqual(
+            self.condition(status, "Draining").get("reason"), "RestartedFromCheckpoint", status
+        )
         self.assertFalse(set(before) & {p["metadata"]["name"] for p in self.pods(name)})
         logs = self.pod_logs(name)
         self.assertIn("leaving; checkpoint at step", logs)

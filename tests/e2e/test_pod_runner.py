@@ -28,13 +28,25 @@ POOL = "e2e.virtualflow.io/pool"
 def runner_bin_dir():
     path = os.environ.get("VF_BIN_DIR")
     if not path or not os.access(os.path.join(path, "vf-pod-runner"), os.X_OK):
-        raise RuntimeError("vf-pod-runner not found in VF_BIN_DIR=%r: build the vf-pod-runner "
-                           "target and set VF_BIN_DIR to the build's bin directory" % path)
+        raise RuntimeError(
+            "vf-pod-runner not found in VF_BIN_DIR=%r: build the vf-pod-runner "
+            "target and set VF_BIN_DIR to the build's bin directory" % path
+        )
     return path
 
 
-def pod(name, command, pool="run", env=None, gpus=None, grace=None, restart="Never", volumes=None,
-        mounts=None, node=None):
+def pod(
+    name,
+    command,
+    pool="run",
+    env=None,
+    gpus=None,
+    grace=None,
+    restart="Never",
+    volumes=None,
+    mounts=None,
+    node=None,
+):
     """A pod in NS whose one container runs COMMAND. Commands and args go through Kubernetes'
     $(VAR) expansion, in which $$ stands for $: a shell's $$ is written $$$$. NODE binds it
     directly, past the scheduler."""
@@ -54,8 +66,12 @@ def pod(name, command, pool="run", env=None, gpus=None, grace=None, restart="Nev
         spec["restartPolicy"] = restart
     if grace is not None:
         spec["terminationGracePeriodSeconds"] = grace
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS},
-            "spec": spec}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": spec,
+    }
 
 
 def container_state(p):
@@ -138,11 +154,14 @@ class PodRunnerTest(ControlPlaneTestCase):
         def reached():
             p = self.get(name)
             return p if p and (p.get("status") or {}).get("phase") == phase else None
+
         try:
             return self.cp.wait_for("pod %s to be %s" % (name, phase), reached, timeout)
         except TimeoutError:
-            raise AssertionError("pod %s is not %s: %s" % (name, phase, json.dumps(
-                (self.get(name) or {}).get("status"), indent=1))) from None
+            raise AssertionError(
+                "pod %s is not %s: %s"
+                % (name, phase, json.dumps((self.get(name) or {}).get("status"), indent=1))
+            ) from None
 
     def wait_file(self, path, timeout=30):
         def written():
@@ -152,6 +171,7 @@ class PodRunnerTest(ControlPlaneTestCase):
                 return text if text.endswith("\n") else None
             except OSError:
                 return None
+
         return self.cp.wait_for("%s to be written" % path, written, timeout).strip()
 
     def wait_gone(self, name, timeout=60):
@@ -179,16 +199,18 @@ class PodRunnerTest(ControlPlaneTestCase):
     # ---------------------------------------------------------------- exits
 
     def test_exit_zero_succeeds_as_completed(self):
-        p = self.run_to_end("exit-zero", ["sh", "-c", "echo hello from $HOSTNAME; exit 0"],
-                            "Succeeded")
+        p = self.run_to_end(
+            "exit-zero", ["sh", "-c", "echo hello from $HOSTNAME; exit 0"], "Succeeded"
+        )
         t = self.terminated(p)
         self.assertEqual(t["exitCode"], 0)
         self.assertEqual(t["reason"], "Completed")
         self.assertNotIn("message", t)
         self.assertTrue(t["startedAt"] and t["finishedAt"])
         self.assertIn(p["spec"]["nodeName"], ("run-1", "run-2"))
-        self.assertIn(ipaddress.ip_address(p["status"]["podIP"]),
-                      ipaddress.ip_network(self.cp.pod_cidr))
+        self.assertIn(
+            ipaddress.ip_address(p["status"]["podIP"]), ipaddress.ip_network(self.cp.pod_cidr)
+        )
         self.assertEqual(condition(p, "Ready")["status"], "False")
         self.assertEqual(condition(p, "PodScheduled")["status"], "True")
         self.assertIn("hello from exit-zero", self.cp.pod_log(NS, "exit-zero", "main"))
@@ -196,8 +218,11 @@ class PodRunnerTest(ControlPlaneTestCase):
         self.assertIn("Completed", out)
 
     def test_exit_three_fails_with_the_log_tail(self):
-        p = self.run_to_end("exit-three", ["sh", "-c", "echo starting; "
-                                           "echo something went wrong >&2; exit 3"], "Failed")
+        p = self.run_to_end(
+            "exit-three",
+            ["sh", "-c", "echo starting; echo something went wrong >&2; exit 3"],
+            "Failed",
+        )
         t = self.terminated(p)
         self.assertEqual(t["exitCode"], 3)
         self.assertEqual(t["reason"], "Error")
@@ -217,41 +242,62 @@ class PodRunnerTest(ControlPlaneTestCase):
         self.assertEqual(p["spec"]["restartPolicy"], "Always")
         log = self.cp.pod_log(NS, "on-path", "main")
         self.assertIn("hello from %s/vf-e2e-hello with PATH=%s:" % (self.tools, self.tools), log)
-        self.assertIn("pod %s/on-path has restartPolicy Always, treated as Never" % NS,
-                      self.runner_log())
+        self.assertIn(
+            "pod %s/on-path has restartPolicy Always, treated as Never" % NS, self.runner_log()
+        )
 
     # ---------------------------------------------------------------- environment
 
     def test_env_from_literals_secrets_config_maps_and_field_refs(self):
-        self.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds"},
-                     "data": {"password": base64.b64encode(b"secretvalue").decode()}})
-        self.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings"},
-                     "data": {"mode": "fast"}})
+        self.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": "creds"},
+                "data": {"password": base64.b64encode(b"secretvalue").decode()},
+            }
+        )
+        self.create(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": "settings"},
+                "data": {"mode": "fast"},
+            }
+        )
 
         def field(path):
             return {"fieldRef": {"fieldPath": path}}
-        env = [{"name": "A", "value": "x"},
-               {"name": "S", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "password"}}},
-               {"name": "C", "valueFrom": {"configMapKeyRef": {"name": "settings",
-                                                               "key": "mode"}}},
-               {"name": "O", "valueFrom": {"secretKeyRef": {"name": "absent", "key": "k",
-                                                            "optional": True}}},
-               {"name": "N", "valueFrom": field("metadata.name")},
-               {"name": "NS", "valueFrom": field("metadata.namespace")},
-               {"name": "UID", "valueFrom": field("metadata.uid")},
-               {"name": "NODE", "valueFrom": field("spec.nodeName")},
-               {"name": "IP", "valueFrom": field("status.podIP")},
-               {"name": "REF", "value": "$(A)-$(N)"}]
-        checks = ('test "$A" = x && test "$S" = secretvalue && test "$C" = fast && '
-                  'test "$N" = "$POD" && test "$NS" = %s && test -n "$IP" && '
-                  'test "$REF" = "x-$POD" && test "$HOSTNAME" = "$POD" && test -z "${O+set}" && '
-                  'test -z "${HOME+set}"' % NS)
+
+        env = [
+            {"name": "A", "value": "x"},
+            {"name": "S", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "password"}}},
+            {"name": "C", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "mode"}}},
+            {
+                "name": "O",
+                "valueFrom": {"secretKeyRef": {"name": "absent", "key": "k", "optional": True}},
+            },
+            {"name": "N", "valueFrom": field("metadata.name")},
+            {"name": "NS", "valueFrom": field("metadata.namespace")},
+            {"name": "UID", "valueFrom": field("metadata.uid")},
+            {"name": "NODE", "valueFrom": field("spec.nodeName")},
+            {"name": "IP", "valueFrom": field("status.podIP")},
+            {"name": "REF", "value": "$(A)-$(N)"},
+        ]
+        checks = (
+            'test "$A" = x && test "$S" = secretvalue && test "$C" = fast && '
+            'test "$N" = "$POD" && test "$NS" = %s && test -n "$IP" && '
+            'test "$REF" = "x-$POD" && test "$HOSTNAME" = "$POD" && test -z "${O+set}" && '
+            'test -z "${HOME+set}"' % NS
+        )
         script = 'env | sort; echo "node=$NODE uid=$UID ip=$IP."; %s'
         good = env + [{"name": "POD", "value": "env-good"}]
         p = self.run_to_end("env-good", ["sh", "-c", script % checks], "Succeeded", env=good)
-        self.assertIn("node=%s uid=%s ip=%s." % (p["spec"]["nodeName"], p["metadata"]["uid"],
-                                                 p["status"]["podIP"]),
-                      self.cp.pod_log(NS, "env-good", "main"))
+        self.assertIn(
+            "node=%s uid=%s ip=%s."
+            % (p["spec"]["nodeName"], p["metadata"]["uid"], p["status"]["podIP"]),
+            self.cp.pod_log(NS, "env-good", "main"),
+        )
         # The same checks fail when one value is not what it should be.
         wrong = env + [{"name": "POD", "value": "some-other-pod"}]
         p = self.run_to_end("env-wrong", ["sh", "-c", script % checks], "Failed", env=wrong)
@@ -264,12 +310,19 @@ class PodRunnerTest(ControlPlaneTestCase):
         def waiting():
             p = self.get("needs-secret")
             return container_state(p).get("waiting") if p else None
+
         state = self.cp.wait_for("needs-secret to wait for its secret", waiting)
         self.assertEqual(state["reason"], "CreateContainerConfigError")
         self.assertIn('secret "later" not found', state["message"])
         self.assertEqual(self.get("needs-secret")["status"]["phase"], "Pending")
-        self.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "later"},
-                     "stringData": {"token": "tok"}})
+        self.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": "later"},
+                "stringData": {"token": "tok"},
+            }
+        )
         self.wait_phase("needs-secret", "Succeeded")
 
     # ---------------------------------------------------------------- deletion
@@ -281,17 +334,21 @@ class PodRunnerTest(ControlPlaneTestCase):
         def waiting():
             p = self.get("never-started")
             return container_state(p).get("waiting") if p else None
+
         self.cp.wait_for("never-started to wait for its secret", waiting)
         elapsed = self.kubectl_delete("never-started")  # the default grace period: 30 s
         self.assertIsNone(self.get("never-started"))
         self.assertLess(elapsed, 20, "nothing runs: the runner deletes it at once")
-        self.assertIn("pod %s/never-started is being deleted and never started" % NS,
-                      self.runner_log())
+        self.assertIn(
+            "pod %s/never-started is being deleted and never started" % NS, self.runner_log()
+        )
 
     def test_delete_runs_the_term_trap_and_removes_the_pod(self):
         marker, ready = self.path("trap-ran"), self.path("trap-ready")
-        script = ('trap "echo term > %s; exit 0" TERM; echo ready > %s; '
-                  'while true; do sleep 0.2; done' % (marker, ready))
+        script = (
+            'trap "echo term > %s; exit 0" TERM; echo ready > %s; '
+            "while true; do sleep 0.2; done" % (marker, ready)
+        )
         self.create(pod("trap", ["sh", "-c", script]))
         self.wait_phase("trap", "Running")
         self.wait_file(ready)
@@ -312,8 +369,9 @@ class PodRunnerTest(ControlPlaneTestCase):
         self.assertIsNone(self.get("stubborn"))
         self.assertGreaterEqual(elapsed, 2, "TERM is ignored: only SIGKILL, 2 s later, ends it")
         self.assertFalse(alive(pid))
-        self.assertIn("pod %s/stubborn: grace period of 2s is over: SIGKILL" % NS,
-                      self.runner_log())
+        self.assertIn(
+            "pod %s/stubborn: grace period of 2s is over: SIGKILL" % NS, self.runner_log()
+        )
 
     def test_force_delete_kills_the_process_at_once(self):
         pid_file = self.path("forced.pid")
@@ -322,14 +380,17 @@ class PodRunnerTest(ControlPlaneTestCase):
         pid = int(self.wait_file(pid_file))
         self.assertTrue(alive(pid))
         self.kubectl_delete("forced", "--grace-period=0", "--force")
-        self.cp.wait_for("the process of the force-deleted pod to die", lambda: not alive(pid),
-                         timeout=10)
+        self.cp.wait_for(
+            "the process of the force-deleted pod to die", lambda: not alive(pid), timeout=10
+        )
         self.assertIsNone(self.get("forced"))
         # Whether the runner saw the deletion as an update with grace period 0 or only as the
         # object's removal, its process got SIGKILL at once.
-        self.assertRegex(self.runner_log(),
-                         r"pod %s/forced (is being deleted with grace period 0|was deleted "
-                         r"outright): SIGKILL to pid %d" % (NS, pid))
+        self.assertRegex(
+            self.runner_log(),
+            r"pod %s/forced (is being deleted with grace period 0|was deleted "
+            r"outright): SIGKILL to pid %d" % (NS, pid),
+        )
 
     # ---------------------------------------------------------------- scheduling
 
@@ -341,13 +402,18 @@ class PodRunnerTest(ControlPlaneTestCase):
         def settled():
             pods = [self.get(n) for n in names]
             running = [p for p in pods if p["status"].get("phase") == "Running"]
-            pending = [p for p in pods if (condition(p, "PodScheduled") or {}).get("reason")
-                       == "Unschedulable"]
+            pending = [
+                p
+                for p in pods
+                if (condition(p, "PodScheduled") or {}).get("reason") == "Unschedulable"
+            ]
             return (running, pending) if len(running) == 2 and len(pending) == 1 else None
+
         running, pending = self.cp.wait_for("two GPU pods running, one unschedulable", settled)
         self.assertEqual(sorted(p["spec"]["nodeName"] for p in running), ["gpu-1", "gpu-2"])
-        self.assertIn("Insufficient %s" % GPU_RESOURCE, condition(pending[0], "PodScheduled")
-                      ["message"])
+        self.assertIn(
+            "Insufficient %s" % GPU_RESOURCE, condition(pending[0], "PodScheduled")["message"]
+        )
         self.assertEqual(pending[0]["status"]["phase"], "Pending")
         self.assertFalse(pending[0]["spec"].get("nodeName"))
         self.assertFalse(pending[0]["status"].get("containerStatuses"))
@@ -362,8 +428,10 @@ class PodRunnerTest(ControlPlaneTestCase):
         for kind in ("PodScheduled", "Initialized", "ContainersReady", "Ready"):
             self.assertEqual(condition(running[0], kind)["status"], "True", kind)
         c = s["containerStatuses"][0]
-        self.assertEqual((c["name"], c["image"], c["ready"], c["started"], c["restartCount"]),
-                         ("main", "busybox:e2e", True, True, 0))
+        self.assertEqual(
+            (c["name"], c["image"], c["ready"], c["started"], c["restartCount"]),
+            ("main", "busybox:e2e", True, True, 0),
+        )
         self.assertTrue(c["imageID"])
         self.assertTrue(c["state"]["running"]["startedAt"])
 
@@ -377,8 +445,10 @@ class PodRunnerTest(ControlPlaneTestCase):
     def test_pods_on_nodes_without_the_label_are_left_alone(self):
         marker = self.path("unmanaged-ran")
         self.create(pod("unmanaged", ["sh", "-c", "echo ran > %s" % marker], pool="plain"))
-        self.cp.wait_for("unmanaged to be bound",
-                         lambda: self.get("unmanaged")["spec"].get("nodeName") == "plain-1")
+        self.cp.wait_for(
+            "unmanaged to be bound",
+            lambda: self.get("unmanaged")["spec"].get("nodeName") == "plain-1",
+        )
         # The runner handles pods in the order it sees them: once a later pod on a managed node
         # has run, it has seen (and ignored) the earlier one.
         self.run_to_end("managed-after", ["true"], "Succeeded")
@@ -393,18 +463,22 @@ class PodRunnerTest(ControlPlaneTestCase):
 
     def test_pods_have_addresses_of_their_own_and_reach_each_other(self):
         # The server listens on its pod IP; 127.0.0.1 in the client is the client's own.
-        server = ("import socket, os; s = socket.create_server((os.environ['IP'], 7070)); "
-                  "c, _ = s.accept(); c.sendall(b'hello from ' + os.environ['IP'].encode())")
-        client = ("import socket, sys, os\n"
-                  "try:\n"
-                  "    socket.create_connection(('127.0.0.1', 7070), timeout=2)\n"
-                  "    sys.exit('reached the server on 127.0.0.1: not isolated')\n"
-                  "except OSError:\n"
-                  "    pass\n"
-                  "got = socket.create_connection((os.environ['SERVER'], 7070), timeout=10)"
-                  ".recv(100)\n"
-                  "print(got.decode())\n"
-                  "sys.exit(0 if got == b'hello from ' + os.environ['SERVER'].encode() else 1)\n")
+        server = (
+            "import socket, os; s = socket.create_server((os.environ['IP'], 7070)); "
+            "c, _ = s.accept(); c.sendall(b'hello from ' + os.environ['IP'].encode())"
+        )
+        client = (
+            "import socket, sys, os\n"
+            "try:\n"
+            "    socket.create_connection(('127.0.0.1', 7070), timeout=2)\n"
+            "    sys.exit('reached the server on 127.0.0.1: not isolated')\n"
+            "except OSError:\n"
+            "    pass\n"
+            "got = socket.create_connection((os.environ['SERVER'], 7070), timeout=10)"
+            ".recv(100)\n"
+            "print(got.decode())\n"
+            "sys.exit(0 if got == b'hello from ' + os.environ['SERVER'].encode() else 1)\n"
+        )
         ip = [{"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
         self.create(pod("net-server", ["python3", "-c", server], env=ip))
         s = self.wait_phase("net-server", "Running")["status"]
@@ -436,11 +510,14 @@ class PodRunnerTest(ControlPlaneTestCase):
                 conn.close()
             except OSError:
                 pass
+
         t = threading.Thread(target=serve, daemon=True)
         t.start()
         host_ip = [{"name": "HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}]
-        script = ("import socket, os; socket.create_connection((os.environ['HOST'], %d), "
-                  "timeout=10).sendall(b'from the pod')" % port)
+        script = (
+            "import socket, os; socket.create_connection((os.environ['HOST'], %d), "
+            "timeout=10).sendall(b'from the pod')" % port
+        )
         p = self.run_to_end("to-host", ["python3", "-c", script], "Succeeded", env=host_ip)
         t.join(10)
         self.assertEqual(p["status"]["hostIP"], self.cp.pod_gateway)
@@ -449,27 +526,40 @@ class PodRunnerTest(ControlPlaneTestCase):
     # ---------------------------------------------------------------- volumes
 
     def test_empty_dir_host_path_and_secret_volumes(self):
-        self.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "vol-secret"},
-                     "data": {"token": base64.b64encode(b"s3cret").decode()}})
+        self.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": "vol-secret"},
+                "data": {"token": base64.b64encode(b"s3cret").decode()},
+            }
+        )
         host_dir = self.path("host-dir")
         os.makedirs(host_dir)
         mnt = os.path.join(self.cp.dir, "mnt")  # missing on the host: made for the pod
-        volumes = [{"name": "scratch", "emptyDir": {}},
-                   {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
-                   {"name": "host", "hostPath": {"path": host_dir}},
-                   {"name": "creds", "secret": {"secretName": "vol-secret", "defaultMode": 0o400}}]
-        mounts = [{"name": "scratch", "mountPath": mnt + "/scratch"},
-                  {"name": "shm", "mountPath": mnt + "/shm"},
-                  {"name": "host", "mountPath": mnt + "/host", "subPath": "sub"},
-                  {"name": "creds", "mountPath": mnt + "/creds"}]
-        script = ("set -e; echo kept > {m}/scratch/a; test \"$(cat {m}/scratch/a)\" = kept; "
-                  "df {m}/shm | grep -q tmpfs; echo via-pod > {m}/host/out; "
-                  "test \"$(cat {m}/creds/token)\" = s3cret; "
-                  "test \"$(stat -L -c %a {m}/creds/token)\" = 400; "
-                  "if touch {m}/creds/new 2>/dev/null; then echo secret not read-only; exit 1; fi; "
-                  "echo all good").format(m=mnt)
-        p = self.run_to_end("volumes", ["sh", "-c", script], "Succeeded", volumes=volumes,
-                            mounts=mounts)
+        volumes = [
+            {"name": "scratch", "emptyDir": {}},
+            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
+            {"name": "host", "hostPath": {"path": host_dir}},
+            {"name": "creds", "secret": {"secretName": "vol-secret", "defaultMode": 0o400}},
+        ]
+        mounts = [
+            {"name": "scratch", "mountPath": mnt + "/scratch"},
+            {"name": "shm", "mountPath": mnt + "/shm"},
+            {"name": "host", "mountPath": mnt + "/host", "subPath": "sub"},
+            {"name": "creds", "mountPath": mnt + "/creds"},
+        ]
+        script = (
+            'set -e; echo kept > {m}/scratch/a; test "$(cat {m}/scratch/a)" = kept; '
+            "df {m}/shm | grep -q tmpfs; echo via-pod > {m}/host/out; "
+            'test "$(cat {m}/creds/token)" = s3cret; '
+            'test "$(stat -L -c %a {m}/creds/token)" = 400; '
+            "if touch {m}/creds/new 2>/dev/null; then echo secret not read-only; exit 1; fi; "
+            "echo all good"
+        ).format(m=mnt)
+        p = self.run_to_end(
+            "volumes", ["sh", "-c", script], "Succeeded", volumes=volumes, mounts=mounts
+        )
         self.assertIn("all good", self.cp.pod_log(NS, "volumes", "main"))
         with open(os.path.join(host_dir, "sub", "out")) as f:
             self.assertEqual(f.read(), "via-pod\n")
@@ -485,25 +575,52 @@ class PodRunnerTest(ControlPlaneTestCase):
         os.makedirs(data)
         volumes = [{"name": "data", "persistentVolumeClaim": {"claimName": "ckpt"}}]
         mounts = [{"name": "data", "mountPath": "/vf-e2e-ckpt"}]
-        self.create(pod("with-claim", ["sh", "-c", "echo saved > /vf-e2e-ckpt/model.pt"],
-                        volumes=volumes, mounts=mounts, node="run-1"))
+        self.create(
+            pod(
+                "with-claim",
+                ["sh", "-c", "echo saved > /vf-e2e-ckpt/model.pt"],
+                volumes=volumes,
+                mounts=mounts,
+                node="run-1",
+            )
+        )
 
         def waiting():
             p = self.get("with-claim")
             return container_state(p).get("waiting") if p else None
+
         state = self.cp.wait_for("with-claim to wait for its claim", waiting)
         self.assertEqual(state["reason"], "ContainerCreating")
         self.assertIn('persistentvolumeclaim "ckpt" not found', state["message"])
         self.assertEqual(self.get("with-claim")["status"]["phase"], "Pending")
 
-        self.cp.request("POST", "/api/v1/persistentvolumes", {
-            "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "e2e-ckpt"},
-            "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
-                     "storageClassName": "manual", "hostPath": {"path": data}}})
-        self.create({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                     "metadata": {"name": "ckpt"},
-                     "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "manual",
-                              "resources": {"requests": {"storage": "1Gi"}}}})
+        self.cp.request(
+            "POST",
+            "/api/v1/persistentvolumes",
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": "e2e-ckpt"},
+                "spec": {
+                    "capacity": {"storage": "1Gi"},
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": "manual",
+                    "hostPath": {"path": data},
+                },
+            },
+        )
+        self.create(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "ckpt"},
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": "manual",
+                    "resources": {"requests": {"storage": "1Gi"}},
+                },
+            }
+        )
         self.wait_phase("with-claim", "Succeeded", timeout=60)
         with open(os.path.join(data, "model.pt")) as f:
             self.assertEqual(f.read(), "saved\n")
@@ -547,15 +664,17 @@ class PodRunnerTest(ControlPlaneTestCase):
         try:
             os.kill(self.cp.pod_runner.proc.pid, signal.SIGKILL)
             self.cp.stop_pod_runner()
-            self.cp.wait_for("the killed runner's process to die", lambda: not alive(pid),
-                             timeout=10)
+            self.cp.wait_for(
+                "the killed runner's process to die", lambda: not alive(pid), timeout=10
+            )
             self.assertIn(name, netns_names(), "a SIGKILLed runner cannot clean up")
         finally:
             self.start_runner()
         self.assertNotIn(name, netns_names())
         self.assertFalse(link_exists(name))
-        self.assertIn("removing network namespace %s left by an earlier runner" % name,
-                      self.runner_log())
+        self.assertIn(
+            "removing network namespace %s left by an earlier runner" % name, self.runner_log()
+        )
         self.wait_phase("orphaned", "Failed")
 
 

@@ -63,16 +63,21 @@ def http_get(url, timeout=5):
 
 def promtool_check(text):
     """(exit status, output) of `promtool check metrics` on an exposition."""
-    proc = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        ["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+    )
     return proc.returncode, (proc.stdout + proc.stderr).strip()
 
 
 def documented_metrics():
     """{name: type} of the metrics table in docs/metrics.md."""
     with open(METRICS_DOC) as f:
-        return {m.group(1): m.group(2) for m in re.finditer(
-            r"^\| `(vf_[a-z0-9_]+)` \| (counter|gauge|histogram) \|", f.read(), re.M)}
+        return {
+            m.group(1): m.group(2)
+            for m in re.finditer(
+                r"^\| `(vf_[a-z0-9_]+)` \| (counter|gauge|histogram) \|", f.read(), re.M
+            )
+        }
 
 
 def changes(values):
@@ -96,21 +101,31 @@ class Prometheus:
         self.dir = directory
         self.port = free_port()
         self.url = "http://127.0.0.1:%d" % self.port
-        config = {"global": {"scrape_interval": "%ds" % SCRAPE_SECONDS,
-                             "scrape_timeout": "%ds" % SCRAPE_SECONDS,
-                             "evaluation_interval": "%ds" % SCRAPE_SECONDS},
-                  "scrape_configs": scrape_configs}
+        config = {
+            "global": {
+                "scrape_interval": "%ds" % SCRAPE_SECONDS,
+                "scrape_timeout": "%ds" % SCRAPE_SECONDS,
+                "evaluation_interval": "%ds" % SCRAPE_SECONDS,
+            },
+            "scrape_configs": scrape_configs,
+        }
         path = os.path.join(directory, "prometheus.yml")
         with open(path, "w") as f:
             json.dump(config, f, indent=1)  # JSON is YAML
         rc, out = self._promtool("check", "config", path)
         if rc != 0:
             raise AssertionError("promtool check config:\n" + out)
-        self.component = Component("prometheus", [
-            "prometheus", "--config.file=" + path,
-            "--storage.tsdb.path=" + os.path.join(directory, "data"),
-            "--web.listen-address=127.0.0.1:%d" % self.port,
-            "--storage.tsdb.retention.time=1d"], log_path)
+        self.component = Component(
+            "prometheus",
+            [
+                "prometheus",
+                "--config.file=" + path,
+                "--storage.tsdb.path=" + os.path.join(directory, "data"),
+                "--web.listen-address=127.0.0.1:%d" % self.port,
+                "--storage.tsdb.retention.time=1d",
+            ],
+            log_path,
+        )
 
     @staticmethod
     def _promtool(*args):
@@ -130,8 +145,10 @@ class Prometheus:
         except ValueError:
             raise AssertionError("%s: HTTP %s: %s" % (url, status, body[:300]))
         if answer.get("status") != "success":
-            raise AssertionError("%s: %s: %s" % (params.get("query", path),
-                                                 answer.get("errorType"), answer.get("error")))
+            raise AssertionError(
+                "%s: %s: %s"
+                % (params.get("query", path), answer.get("errorType"), answer.get("error"))
+            )
         return answer["data"]
 
     def query(self, expr, at=None):
@@ -141,8 +158,9 @@ class Prometheus:
         return self.api("query", **params)["result"]
 
     def query_range(self, expr, start, end, step=SCRAPE_SECONDS):
-        return self.api("query_range", query=expr, start="%.3f" % start, end="%.3f" % end,
-                        step=str(step))["result"]
+        return self.api(
+            "query_range", query=expr, start="%.3f" % start, end="%.3f" % end, step=str(step)
+        )["result"]
 
     def tail(self, lines=40):
         return self.component.tail(lines)
@@ -159,8 +177,8 @@ class WorkerTargets(threading.Thread):
         super().__init__(daemon=True)
         self.cp = cp
         self.path = path
-        self.ports = {}       # pod -> metrics port
-        self.checked = {}     # pod -> (promtool status, output, exposition)
+        self.ports = {}  # pod -> metrics port
+        self.checked = {}  # pod -> (promtool status, output, exposition)
         self.error = None
         self._stop_event = threading.Event()
         self._written = None
@@ -183,8 +201,10 @@ class WorkerTargets(threading.Thread):
                 self.error = "%s: %s" % (type(e).__name__, e)
 
     def _poll(self):
-        pods = self.cp.request("GET", "/api/v1/namespaces/%s/pods?labelSelector=%s" % (
-            NS, "virtualflow.io/job%3D" + JOB))["items"]
+        pods = self.cp.request(
+            "GET",
+            "/api/v1/namespaces/%s/pods?labelSelector=%s" % (NS, "virtualflow.io/job%3D" + JOB),
+        )["items"]
         targets = []
         for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
             name = pod["metadata"]["name"]
@@ -209,15 +229,18 @@ class WorkerTargets(threading.Thread):
         self.join(10)
 
 
-@unittest.skipUnless(os.access(os.path.join(BIN_DIR, "virtualflow-operator"), os.X_OK),
-                     "virtualflow-operator is not built in %s" % BIN_DIR)
+@unittest.skipUnless(
+    os.access(os.path.join(BIN_DIR, "virtualflow-operator"), os.X_OK),
+    "virtualflow-operator is not built in %s" % BIN_DIR,
+)
 class PrometheusTest(ControlPlaneTestCase):
     @classmethod
     def setUpClass(cls):
         for tool in ("prometheus", "promtool"):
             if shutil.which(tool) is None:
-                raise RuntimeError("%s not found: scripts/setup.sh installs Debian's prometheus "
-                                   "package" % tool)
+                raise RuntimeError(
+                    "%s not found: scripts/setup.sh installs Debian's prometheus package" % tool
+                )
         super().setUpClass()
         try:
             cls.start_and_run()
@@ -236,29 +259,58 @@ class PrometheusTest(ControlPlaneTestCase):
         cp = cls.cp
         cp.create_namespace(NS)
         cp.kubectl("apply", "-f", CRD_FILE, check=True)
-        cp.wait_for("virtualflowjobs to be served",
-                    lambda: cp.kubectl("get", "vfj", "-A").returncode == 0)
+        cp.wait_for(
+            "virtualflowjobs to be served", lambda: cp.kubectl("get", "vfj", "-A").returncode == 0
+        )
         cp.start_pod_runner(BIN_DIR, path=BIN_DIR, log_dir=os.path.join(cp.dir, "pods"))
         cls.operator_port = free_port()
         coordinator_port = free_port()
         # Not one of the control plane's components (those must never die), but stopped with it.
-        cls.operator = Component("operator", [
-            os.path.join(BIN_DIR, "virtualflow-operator"), "--kubeconfig", cp.kubeconfig,
-            # Pods reach the coordinator at the pod network's gateway, the host's address there.
-            "--coordinator-listen", "0.0.0.0:%d" % coordinator_port,
-            "--coordinator-url", "https://%s:%d" % (cp.pod_gateway, coordinator_port),
-            "--http-listen", "127.0.0.1:%d" % cls.operator_port, "--agent-metrics-port", "0",
-            "--join-batch-seconds", "3", "--leader-election-namespace", "default",
-            "--identity", "operator-1"], os.path.join(cp.logs, "operator.log"))
+        cls.operator = Component(
+            "operator",
+            [
+                os.path.join(BIN_DIR, "virtualflow-operator"),
+                "--kubeconfig",
+                cp.kubeconfig,
+                # Pods reach the coordinator at the pod network's gateway, the host's address there.
+                "--coordinator-listen",
+                "0.0.0.0:%d" % coordinator_port,
+                "--coordinator-url",
+                "https://%s:%d" % (cp.pod_gateway, coordinator_port),
+                "--http-listen",
+                "127.0.0.1:%d" % cls.operator_port,
+                "--agent-metrics-port",
+                "0",
+                "--join-batch-seconds",
+                "3",
+                "--leader-election-namespace",
+                "default",
+                "--identity",
+                "operator-1",
+            ],
+            os.path.join(cp.logs, "operator.log"),
+        )
         cls.targets_file = os.path.join(cp.dir, "workers.json")
         cls.targets = WorkerTargets(cp, cls.targets_file)
-        cls.prometheus = Prometheus(cp.dir, os.path.join(cp.logs, "prometheus.log"), [
-            {"job_name": "virtualflow-operator",
-             "static_configs": [{"targets": ["127.0.0.1:%d" % cls.operator_port],
-                                 "labels": {"pod": "operator-1"}}]},
-            {"job_name": "virtualflow-workers",
-             "file_sd_configs": [{"files": [cls.targets_file], "refresh_interval": "1s"}]},
-        ])
+        cls.prometheus = Prometheus(
+            cp.dir,
+            os.path.join(cp.logs, "prometheus.log"),
+            [
+                {
+                    "job_name": "virtualflow-operator",
+                    "static_configs": [
+                        {
+                            "targets": ["127.0.0.1:%d" % cls.operator_port],
+                            "labels": {"pod": "operator-1"},
+                        }
+                    ],
+                },
+                {
+                    "job_name": "virtualflow-workers",
+                    "file_sd_configs": [{"files": [cls.targets_file], "refresh_interval": "1s"}],
+                },
+            ],
+        )
         cls.targets.start()
         cp.wait_for("Prometheus to be ready", cls.prometheus.ready, timeout=60)
         cls.run_elastic_job()
@@ -274,8 +326,10 @@ class PrometheusTest(ControlPlaneTestCase):
 
     @classmethod
     def status(cls):
-        job = cls.cp.get("/apis/virtualflow.io/v1alpha1/namespaces/%s/virtualflowjobs/%s" % (
-            NS, JOB)) or {}
+        job = (
+            cls.cp.get("/apis/virtualflow.io/v1alpha1/namespaces/%s/virtualflowjobs/%s" % (NS, JOB))
+            or {}
+        )
         return job.get("status") or {}
 
     @classmethod
@@ -286,12 +340,15 @@ class PrometheusTest(ControlPlaneTestCase):
             if status.get("phase") == "Failed":
                 raise AssertionError("job failed: %s" % status.get("message"))
             return status if predicate(status) else None
+
         return cls.cp.wait_for("job %s: %s" % (JOB, what), check, timeout=timeout)
 
     @classmethod
     def wait_workers(cls, n):
-        cls.wait_status("%d workers running" % n,
-                        lambda s: s.get("workers") == n and s.get("phase") == "Running")
+        cls.wait_status(
+            "%d workers running" % n,
+            lambda s: s.get("workers") == n and s.get("phase") == "Running",
+        )
 
     @classmethod
     def wait_steps(cls, n):
@@ -313,22 +370,35 @@ class PrometheusTest(ControlPlaneTestCase):
         for name, gpus in (("gpu-1", 2),):
             cp.add_gpu_node(name, gpus=gpus)
         cls.started = time.time()
-        cp.kubectl("apply", "-f", "-", check=True,
-                   input=json.dumps(job_manifest(JOB, steps=STEPS, delay_ms=8)))
+        cp.kubectl(
+            "apply",
+            "-f",
+            "-",
+            check=True,
+            input=json.dumps(job_manifest(JOB, steps=STEPS, delay_ms=8)),
+        )
         cls.wait_workers(2)
         cls.phases = [(2, time.time())]
         prometheus = cls.prometheus
         # A step rate needs two scrapes of a worker: the first membership lasts until both
         # workers have been scraped twice, however fast the machine runs the steps.
-        cp.wait_for("Prometheus to scrape 2 workers twice", lambda: prometheus.query(
-            'count(count_over_time(vf_agent_steps_total{job_namespace="%s",job_name="%s"}[5s])'
-            ' >= 2) == 2' % (NS, JOB)), timeout=60)
+        cp.wait_for(
+            "Prometheus to scrape 2 workers twice",
+            lambda: prometheus.query(
+                'count(count_over_time(vf_agent_steps_total{job_namespace="%s",job_name="%s"}[5s])'
+                " >= 2) == 2" % (NS, JOB)
+            ),
+            timeout=60,
+        )
         cls.wait_steps(100)
         cp.add_gpu_node("gpu-2", gpus=2)
         cls.wait_workers(4)
         cls.phases.append((4, time.time()))
-        cp.wait_for("Prometheus to scrape 4 workers", lambda: prometheus.query(
-            'count(up{job="virtualflow-workers"} == 1) == 4'), timeout=60)
+        cp.wait_for(
+            "Prometheus to scrape 4 workers",
+            lambda: prometheus.query('count(up{job="virtualflow-workers"} == 1) == 4'),
+            timeout=60,
+        )
         cls.wait_steps(150)
         cls.operator_mid_run = cls.operator_exposition()
         # Prometheus keeps metadata (HELP, TYPE) only for the targets it scrapes now.
@@ -336,8 +406,9 @@ class PrometheusTest(ControlPlaneTestCase):
         cp.drain("gpu-2", grace_period_seconds=30, timeout=120)
         cls.wait_workers(2)
         cls.phases.append((2, time.time()))
-        cls.final_status = cls.wait_status("Succeeded", lambda s: s.get("phase") == "Succeeded",
-                                           timeout=600)
+        cls.final_status = cls.wait_status(
+            "Succeeded", lambda s: s.get("phase") == "Succeeded", timeout=600
+        )
         cls.ended = time.time()
         # Two more scrapes of the operator, which keeps the job's series until it is deleted.
         time.sleep(3 * SCRAPE_SECONDS)
@@ -360,9 +431,11 @@ class PrometheusTest(ControlPlaneTestCase):
             cls.job_deleted = cls.cp.get(path) is None
             cls.operator_after_ttl = cls.operator_exposition()
             return cls.job_deleted and 'job_name="%s"' % JOB not in cls.operator_after_ttl
+
         try:
-            cls.cp.wait_for("the operator to delete job %s and drop its series" % JOB, gone,
-                            timeout=60)
+            cls.cp.wait_for(
+                "the operator to delete job %s and drop its series" % JOB, gone, timeout=60
+            )
         except TimeoutError as e:  # the test on it says what was left
             cls.ttl_error = str(e)
         else:
@@ -372,8 +445,9 @@ class PrometheusTest(ControlPlaneTestCase):
         """{frozenset of labels: [(time, float value)]} of EXPR over the whole run."""
         out = {}
         for series in self.prometheus.query_range(expr, self.started - 5, self.ended + 5):
-            out[frozenset(series["metric"].items())] = [(float(t), float(v))
-                                                        for t, v in series["values"]]
+            out[frozenset(series["metric"].items())] = [
+                (float(t), float(v)) for t, v in series["values"]
+            ]
         return out
 
     def single_range(self, expr):
@@ -385,8 +459,10 @@ class PrometheusTest(ControlPlaneTestCase):
 
     def test_every_exposition_passes_promtool(self):
         self.assertIsNone(self.targets.error)
-        for where, text in (("mid-run", self.operator_mid_run), ("at the end",
-                                                                  self.operator_at_end)):
+        for where, text in (
+            ("mid-run", self.operator_mid_run),
+            ("at the end", self.operator_at_end),
+        ):
             with self.subTest("operator " + where):
                 self.assertIn("vf_operator_resizes_total{", text)
                 rc, out = promtool_check(text)
@@ -396,50 +472,71 @@ class PrometheusTest(ControlPlaneTestCase):
         for pod, (rc, out, text) in sorted(self.targets.checked.items()):
             with self.subTest(pod):
                 # In whichever order the exporter writes the two labels.
-                self.assertRegex(text, r'(?m)^vf_agent_virtual_nodes\{(%s|%s)\} ' % (
-                    re.escape('job_namespace="%s",job_name="%s"' % (NS, JOB)),
-                    re.escape('job_name="%s",job_namespace="%s"' % (JOB, NS))))
+                self.assertRegex(
+                    text,
+                    r"(?m)^vf_agent_virtual_nodes\{(%s|%s)\} "
+                    % (
+                        re.escape('job_namespace="%s",job_name="%s"' % (NS, JOB)),
+                        re.escape('job_name="%s",job_namespace="%s"' % (JOB, NS)),
+                    ),
+                )
                 self.assertEqual(rc, 0, out)
 
     def test_prometheus_scraped_every_worker_and_the_operator(self):
         up = self.range('up{job="virtualflow-workers"}')
-        pods = {dict(labels)["pod"] for labels, values in up.items()
-                if any(v == 1 for _, v in values)}
+        pods = {
+            dict(labels)["pod"] for labels, values in up.items() if any(v == 1 for _, v in values)
+        }
         self.assertEqual(pods, set(self.targets.checked), "pods scraped vs pods seen training")
         operator = self.single_range('up{job="virtualflow-operator"}')
         self.assertTrue(all(v == 1 for _, v in operator), "the operator was down for a scrape")
         # Default scraping: the job's namespace and name as the metrics say, and Prometheus'
         # own `job` (the scrape job) beside them.
         labels = self.prometheus.query(
-            'count by (job, job_namespace, job_name) (vf_agent_steps_total)', at=self.ended - 5)
-        self.assertIn({"job": "virtualflow-workers", "job_namespace": NS, "job_name": JOB},
-                      [s["metric"] for s in labels])
+            "count by (job, job_namespace, job_name) (vf_agent_steps_total)", at=self.ended - 5
+        )
+        self.assertIn(
+            {"job": "virtualflow-workers", "job_namespace": NS, "job_name": JOB},
+            [s["metric"] for s in labels],
+        )
         labels = self.prometheus.query(
-            'count by (job, job_namespace, job_name) (vf_operator_job_step)', at=self.ended - 5)
-        self.assertIn({"job": "virtualflow-operator", "job_namespace": NS, "job_name": JOB},
-                      [s["metric"] for s in labels])
+            "count by (job, job_namespace, job_name) (vf_operator_job_step)", at=self.ended - 5
+        )
+        self.assertIn(
+            {"job": "virtualflow-operator", "job_namespace": NS, "job_name": JOB},
+            [s["metric"] for s in labels],
+        )
         # No label of ours collided with a target label: nothing was renamed exported_*.
         renamed = self.prometheus.query(
             'count by (__name__) ({__name__=~"vf_.+", exported_job!=""} or '
             '{__name__=~"vf_.+", exported_namespace!=""} or {__name__=~"vf_.+", '
-            'exported_instance!=""} or {__name__=~"vf_.+", exported_pod!=""})', at=self.ended - 5)
+            'exported_instance!=""} or {__name__=~"vf_.+", exported_pod!=""})',
+            at=self.ended - 5,
+        )
         self.assertEqual(renamed, [])
 
     def test_resizes_are_visible(self):
         sel = 'job_namespace="%s",job_name="%s"' % (NS, JOB)
-        by_reason = {s["metric"]["reason"]: float(s["value"][1]) for s in self.prometheus.query(
-            "sum by (reason) (vf_operator_resizes_total{%s})" % sel, at=self.ended)}
+        by_reason = {
+            s["metric"]["reason"]: float(s["value"][1])
+            for s in self.prometheus.query(
+                "sum by (reason) (vf_operator_resizes_total{%s})" % sel, at=self.ended
+            )
+        }
         self.assertGreaterEqual(by_reason.get("grow", 0), 1, by_reason)
         # The drain's workers leave gracefully (SIGTERM): "leave", or "shrink" when the operator
         # took them back first.
-        self.assertGreaterEqual(by_reason.get("leave", 0) + by_reason.get("shrink", 0), 1,
-                                by_reason)
-        pauses = self.prometheus.query("vf_operator_resize_pause_seconds_count{%s}" % sel,
-                                       at=self.ended)
+        self.assertGreaterEqual(
+            by_reason.get("leave", 0) + by_reason.get("shrink", 0), 1, by_reason
+        )
+        pauses = self.prometheus.query(
+            "vf_operator_resize_pause_seconds_count{%s}" % sel, at=self.ended
+        )
         self.assertEqual(len(pauses), 1)
         self.assertGreaterEqual(float(pauses[0]["value"][1]), 2)
-        workers = [v for _, v in self.single_range(
-            'vf_operator_job_workers{%s,kind="current"}' % sel)]
+        workers = [
+            v for _, v in self.single_range('vf_operator_job_workers{%s,kind="current"}' % sel)
+        ]
         self.assertTrue(is_subsequence([2, 4, 2], changes(workers)), changes(workers))
         ready = [v for _, v in self.single_range('vf_operator_job_workers{%s,kind="ready"}' % sel)]
         self.assertTrue(is_subsequence([2, 4, 2], changes(ready)), changes(ready))
@@ -455,7 +552,8 @@ class PrometheusTest(ControlPlaneTestCase):
     def test_step_rate_in_every_membership(self):
         sel = 'job_namespace="%s",job_name="%s"' % (NS, JOB)
         rate = self.single_range(
-            "max by (job_namespace, job_name) (rate(vf_agent_steps_total{%s}[5s]))" % sel)
+            "max by (job_namespace, job_name) (rate(vf_agent_steps_total{%s}[5s]))" % sel
+        )
         bounds = [t for _, t in self.phases] + [self.ended]
         for (workers, start), end in zip(self.phases, bounds[1:]):
             with self.subTest(workers=workers, seconds=round(end - start, 1)):
@@ -487,8 +585,11 @@ class PrometheusTest(ControlPlaneTestCase):
         for workers in (2, 4):
             with self.subTest(workers=workers):
                 values = seen.get(workers, [])
-                self.assertTrue(values, "never %d workers scraped at once on one plan: %s "
-                                "(%d instants mixed plans)" % (workers, seen, mixed))
+                self.assertTrue(
+                    values,
+                    "never %d workers scraped at once on one plan: %s "
+                    "(%d instants mixed plans)" % (workers, seen, mixed),
+                )
                 # A joiner not yet scraped at all can still leave an instant short; the rest
                 # must hold the job's 8 virtual nodes.
                 self.assertGreaterEqual(values.count(VIRTUAL_NODES), len(values) * 0.8, values)
@@ -499,8 +600,13 @@ class PrometheusTest(ControlPlaneTestCase):
         metadata = self.metadata
         names = set(self.prometheus.api("label/__name__/values"))
         run = "%ds" % int(self.ended - self.started + 10)
-        substitutions = {"$namespace": NS, "$job": JOB, "$__rate_interval": "5s",
-                         "$__interval": "5s", "$__range": run}
+        substitutions = {
+            "$namespace": NS,
+            "$job": JOB,
+            "$__rate_interval": "5s",
+            "$__interval": "5s",
+            "$__range": run,
+        }
         with_data = 0
         for where, expr in queries:
             with self.subTest(where, expr=expr):
@@ -515,8 +621,9 @@ class PrometheusTest(ControlPlaneTestCase):
                 ours = {n for n in used if not n.startswith("DCGM_")}
                 for name in ours:
                     family = re.sub(r"_(bucket|sum|count)$", "", name)
-                    known = name in metadata or (family in metadata and
-                                                 metadata[family][0]["type"] == "histogram")
+                    known = name in metadata or (
+                        family in metadata and metadata[family][0]["type"] == "histogram"
+                    )
                     self.assertTrue(known, "%s: not a metric Prometheus scraped" % name)
                 # DCGM's metrics come from NVIDIA's DCGM exporter, which does not run here.
                 if ours == used and ours <= names:
@@ -526,26 +633,34 @@ class PrometheusTest(ControlPlaneTestCase):
 
     def test_metrics_reference_matches_what_prometheus_scraped(self):
         metadata = self.metadata
-        scraped = {name: entries[0]["type"] for name, entries in metadata.items()
-                   if name.startswith("vf_")}
+        scraped = {
+            name: entries[0]["type"] for name, entries in metadata.items() if name.startswith("vf_")
+        }
         self.assertEqual(scraped, documented_metrics())
         for name, entries in metadata.items():
             if name.startswith("vf_"):
                 self.assertTrue(entries[0]["help"], "%s has no HELP" % name)
 
-
     def test_both_endpoints_report_the_builds_version(self):
-        run = subprocess.run([os.path.join(BIN_DIR, "vf"), "--version"], capture_output=True,
-                             text=True, timeout=30, check=True)
+        run = subprocess.run(
+            [os.path.join(BIN_DIR, "vf"), "--version"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
         version = run.stdout.split()[-1]  # "vf 0.1.0"
         series = self.prometheus.query("vf_build_info", at=self.ended - 5)
         self.assertTrue(series)
         by_job = {}
         for s in series:
             by_job.setdefault(s["metric"]["job"], set()).add(
-                (s["metric"].get("version"), float(s["value"][1])))
-        self.assertEqual(by_job, {"virtualflow-operator": {(version, 1.0)},
-                                  "virtualflow-workers": {(version, 1.0)}})
+                (s["metric"].get("version"), float(s["value"][1]))
+            )
+        self.assertEqual(
+            by_job,
+            {"virtualflow-operator": {(version, 1.0)}, "virtualflow-workers": {(version, 1.0)}},
+        )
 
     def test_a_finished_jobs_series_leave_the_operator_after_its_ttl(self):
         self.assertIn('vf_operator_job_step{job_name="%s"' % JOB, self.operator_at_end)

@@ -32,23 +32,37 @@ def cnn_manifest(name, ns, data_dir, checkpoint, volume=None, delay_ms=60):
         "image": "virtualflow/torch-agent:e2e",
         "command": ["python3", CNN],
         "workingDir": SOURCE_DIR,
-        "env": [{"name": "PYTHONPATH", "value": PACKAGE},
-                {"name": "FASHION_MNIST", "value": data_dir},
-                {"name": "VF_VNODE_DELAY_MS", "value": str(delay_ms)}],
+        "env": [
+            {"name": "PYTHONPATH", "value": PACKAGE},
+            {"name": "FASHION_MNIST", "value": data_dir},
+            {"name": "VF_VNODE_DELAY_MS", "value": str(delay_ms)},
+        ],
     }
     if volume:
         claim, root = volume
         template["volumes"] = [{"name": "store", "persistentVolumeClaim": {"claimName": claim}}]
         template["volumeMounts"] = [
             {"name": "store", "mountPath": root + "/data", "subPath": "data", "readOnly": True},
-            {"name": "store", "mountPath": root + "/checkpoints", "subPath": "checkpoints"}]
-    spec = {"virtualNodes": 8, "globalBatchSize": 256, "replicas": {"min": 1, "max": 4},
-            "gpusPerWorker": 1, "steps": STEPS, "seed": 42, "reduction": "exact",
-            "elasticity": {"policy": "elastic", "cooldownSeconds": 0},
-            "checkpoint": {"path": checkpoint, "everySteps": 20},
-            "template": template}
-    return {"apiVersion": "virtualflow.io/v1alpha1", "kind": "VirtualFlowJob",
-            "metadata": {"name": name, "namespace": ns}, "spec": spec}
+            {"name": "store", "mountPath": root + "/checkpoints", "subPath": "checkpoints"},
+        ]
+    spec = {
+        "virtualNodes": 8,
+        "globalBatchSize": 256,
+        "replicas": {"min": 1, "max": 4},
+        "gpusPerWorker": 1,
+        "steps": STEPS,
+        "seed": 42,
+        "reduction": "exact",
+        "elasticity": {"policy": "elastic", "cooldownSeconds": 0},
+        "checkpoint": {"path": checkpoint, "everySteps": 20},
+        "template": template,
+    }
+    return {
+        "apiVersion": "virtualflow.io/v1alpha1",
+        "kind": "VirtualFlowJob",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": spec,
+    }
 
 
 @unittest.skipUnless(PYTHON, "no Python environment with PyTorch (scripts/setup-python.sh)")
@@ -59,8 +73,14 @@ class TorchJobTest(OperatorTestCase):
     def setUpClass(cls):
         cls.pod_path = [BIN_DIR, os.path.dirname(PYTHON)]
         super().setUpClass()
-        cls.cp.kubectl("label", "namespace", cls.ns, "--overwrite",
-                       "pod-security.kubernetes.io/enforce=restricted", check=True)
+        cls.cp.kubectl(
+            "label",
+            "namespace",
+            cls.ns,
+            "--overwrite",
+            "pod-security.kubernetes.io/enforce=restricted",
+            check=True,
+        )
         # A hostPath PersistentVolume (the test's stand-in for a cluster's storage) and a claim
         # that the real controller-manager binds to it.
         cls.store = tempfile.mkdtemp(prefix="vf-e2e-store-")
@@ -68,18 +88,47 @@ class TorchJobTest(OperatorTestCase):
         os.makedirs(os.path.join(cls.store, "checkpoints"))
         for f in os.listdir(DATASET):
             shutil.copy(os.path.join(DATASET, f), os.path.join(cls.store, "data"))
-        cls.cp.request("POST", "/api/v1/persistentvolumes", {
-            "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "train-store"},
-            "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"],
-                     "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "manual",
-                     "hostPath": {"path": cls.store}}})
-        cls.cp.request("POST", "/api/v1/namespaces/%s/persistentvolumeclaims" % cls.ns, {
-            "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "train"},
-            "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "manual",
-                     "volumeName": "train-store", "resources": {"requests": {"storage": "1Gi"}}}})
-        cls.cp.wait_for("the claim to be bound", lambda: (cls.cp.get(
-            "/api/v1/namespaces/%s/persistentvolumeclaims/train" % cls.ns) or {}).get(
-                "status", {}).get("phase") == "Bound", timeout=120)
+        cls.cp.request(
+            "POST",
+            "/api/v1/persistentvolumes",
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": "train-store"},
+                "spec": {
+                    "capacity": {"storage": "1Gi"},
+                    "accessModes": ["ReadWriteMany"],
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "storageClassName": "manual",
+                    "hostPath": {"path": cls.store},
+                },
+            },
+        )
+        cls.cp.request(
+            "POST",
+            "/api/v1/namespaces/%s/persistentvolumeclaims" % cls.ns,
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "train"},
+                "spec": {
+                    "accessModes": ["ReadWriteMany"],
+                    "storageClassName": "manual",
+                    "volumeName": "train-store",
+                    "resources": {"requests": {"storage": "1Gi"}},
+                },
+            },
+        )
+        cls.cp.wait_for(
+            "the claim to be bound",
+            lambda: (
+                (cls.cp.get("/api/v1/namespaces/%s/persistentvolumeclaims/train" % cls.ns) or {})
+                .get("status", {})
+                .get("phase")
+                == "Bound"
+            ),
+            timeout=120,
+        )
 
     @classmethod
     def tearDownClass(cls):
@@ -90,17 +139,32 @@ class TorchJobTest(OperatorTestCase):
         """weights_sha256 of `vf run` of the same job (data from the host's copy, checkpoint in a
         temporary directory: neither is part of the training math) on WORKERS workers."""
         with tempfile.TemporaryDirectory() as tmp:
-            manifest = cnn_manifest("torch-cnn", "default", DATASET,
-                                    os.path.join(tmp, "cnn.ckpt"), delay_ms=0)
+            manifest = cnn_manifest(
+                "torch-cnn", "default", DATASET, os.path.join(tmp, "cnn.ckpt"), delay_ms=0
+            )
             path = os.path.join(tmp, "job.json")
             with open(path, "w") as f:
                 json.dump(manifest, f)
             summary = os.path.join(tmp, "summary.json")
             env = dict(os.environ, PATH=os.path.dirname(PYTHON) + os.pathsep + os.environ["PATH"])
-            run = subprocess.run([os.path.join(BIN_DIR, "vf"), "run", path, "--workers",
-                                  str(workers), "--progress-interval", "0", "--summary-json",
-                                  summary], capture_output=True, text=True, timeout=900, env=env,
-                                 cwd=SOURCE_DIR)
+            run = subprocess.run(
+                [
+                    os.path.join(BIN_DIR, "vf"),
+                    "run",
+                    path,
+                    "--workers",
+                    str(workers),
+                    "--progress-interval",
+                    "0",
+                    "--summary-json",
+                    summary,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=900,
+                env=env,
+                cwd=SOURCE_DIR,
+            )
             if run.returncode != 0:
                 raise AssertionError("local run failed:\n%s\n%s" % (run.stdout, run.stderr))
             with open(summary) as f:
@@ -109,10 +173,20 @@ class TorchJobTest(OperatorTestCase):
     def test_0_the_namespace_enforces_the_restricted_standard(self):
         """Without this the rest would prove nothing about Pod Security."""
         with self.assertRaises(ApiError) as refused:
-            self.cp.request("POST", "/api/v1/namespaces/%s/pods" % self.ns, {
-                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "privileged"},
-                "spec": {"containers": [{"name": "c", "image": "x",
-                                         "securityContext": {"privileged": True}}]}})
+            self.cp.request(
+                "POST",
+                "/api/v1/namespaces/%s/pods" % self.ns,
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": "privileged"},
+                    "spec": {
+                        "containers": [
+                            {"name": "c", "image": "x", "securityContext": {"privileged": True}}
+                        ]
+                    },
+                },
+            )
         self.assertEqual(refused.exception.status, 403)
         self.assertIn("restricted", str(refused.exception))
 
@@ -141,18 +215,30 @@ class TorchJobTest(OperatorTestCase):
         # A training pod deleted: its worker leaves, a replacement joins.
         member = self.status(name)["assignment"][1]["worker"]
         self.cp.kubectl("delete", "pod", "-n", self.ns, member, "--wait=false", check=True)
-        self.wait_status(name, "pod %s replaced" % member,
-                         lambda s: s.get("workers") == 2 and s.get("phase") == "Running" and
-                         member not in [a["worker"] for a in s.get("assignment", [])],
-                         timeout=240)
+        self.wait_status(
+            name,
+            "pod %s replaced" % member,
+            lambda s: (
+                s.get("workers") == 2
+                and s.get("phase") == "Running"
+                and member not in [a["worker"] for a in s.get("assignment", [])]
+            ),
+            timeout=240,
+        )
         status = self.wait_succeeded(name, timeout=900)
         self.assertEqual(status["step"], STEPS)
         resizes = [r for r, _ in self.events(name) if r == "Resized"]
         self.assertGreaterEqual(len(resizes), 2, self.events(name))
         # The trained weights are on the volume, and the status says where.
-        self.assertEqual(status["finalCheckpoint"], {
-            "path": checkpoint, "volume": "store", "claimName": "train",
-            "subPath": "checkpoints/cnn.ckpt"})
+        self.assertEqual(
+            status["finalCheckpoint"],
+            {
+                "path": checkpoint,
+                "volume": "store",
+                "claimName": "train",
+                "subPath": "checkpoints/cnn.ckpt",
+            },
+        )
         on_volume = os.path.join(self.store, "checkpoints", "cnn.ckpt")
         self.assertTrue(os.path.getsize(on_volume) > 0, on_volume)
         self.assertFalse(os.path.exists(checkpoint), "written outside the volume")

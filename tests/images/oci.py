@@ -22,10 +22,13 @@ import tempfile
 import uuid
 from dataclasses import dataclass, field
 
-SOURCE_DIR = os.environ.get("VF_SOURCE_DIR",
-                            os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
-CACHE_DIR = os.environ.get("VF_CACHE_DIR", os.path.join(
-    os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "virtualflow"))
+SOURCE_DIR = os.environ.get(
+    "VF_SOURCE_DIR", os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+)
+CACHE_DIR = os.environ.get(
+    "VF_CACHE_DIR",
+    os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "virtualflow"),
+)
 IMAGES_DIR = os.environ.get("VF_IMAGES_DIR", os.path.join(CACHE_DIR, "images"))
 BUNDLES_DIR = os.path.join(IMAGES_DIR, "bundles")
 # How many of an image's bundles are kept: checkouts sharing the cache keep their own.
@@ -99,13 +102,21 @@ def snapshot(image: str, layers: list[dict]) -> str:
         os.makedirs(partial)
     # GNU tar replaces a file it extracts over (unlinks it first), so a hard-linked file of the
     # snapshot below is never written through.
-    subprocess.run(["tar", "-xpf", blob_path(image, layers[-1]["digest"]), "-C", partial,
-                    "--numeric-owner"], check=True)
-    whiteouts = subprocess.run(["find", partial, "-name", ".wh.*", "-print", "-quit"],
-                               capture_output=True, text=True, check=True).stdout
+    subprocess.run(
+        ["tar", "-xpf", blob_path(image, layers[-1]["digest"]), "-C", partial, "--numeric-owner"],
+        check=True,
+    )
+    whiteouts = subprocess.run(
+        ["find", partial, "-name", ".wh.*", "-print", "-quit"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     if whiteouts:
-        raise RuntimeError("%s: layer %s deletes files (%s); images.sh never makes such layers"
-                           % (image, layers[-1]["digest"], whiteouts.strip()))
+        raise RuntimeError(
+            "%s: layer %s deletes files (%s); images.sh never makes such layers"
+            % (image, layers[-1]["digest"], whiteouts.strip())
+        )
     os.rename(partial, path)
     return path
 
@@ -122,13 +133,17 @@ def runtime_spec(image: str, rootfs: str) -> dict:
     uid, _, gid = config.get("User", "0:0").partition(":")
     env = list(config.get("Env", []))
     with open(os.path.join(rootfs, "etc", "passwd")) as f:
-        homes = {fields[2]: fields[5] for fields in (line.split(":") for line in f)
-                 if len(fields) > 5}
+        homes = {
+            fields[2]: fields[5] for fields in (line.split(":") for line in f) if len(fields) > 5
+        }
     if uid in homes and not any(e.startswith("HOME=") for e in env):
         env.append("HOME=" + homes[uid])
-    spec["process"].update(user={"uid": int(uid), "gid": int(gid or uid)}, env=env,
-                           cwd=config.get("WorkingDir") or "/",
-                           args=config.get("Entrypoint", []) + config.get("Cmd", []))
+    spec["process"].update(
+        user={"uid": int(uid), "gid": int(gid or uid)},
+        env=env,
+        cwd=config.get("WorkingDir") or "/",
+        args=config.get("Entrypoint", []) + config.get("Cmd", []),
+    )
     spec["root"] = {"path": rootfs, "readonly": True}
     return spec
 
@@ -156,7 +171,9 @@ def bundle(image: str) -> str:
 def retire(directory: str, image: str, keep: int) -> None:
     """Removes IMAGE's entries of DIRECTORY (named IMAGE-KEY) beyond the KEEP most recently
     used."""
-    mine = [e for e in os.listdir(directory) if re.fullmatch(re.escape(image) + r"-[0-9a-f]{16}", e)]
+    mine = [
+        e for e in os.listdir(directory) if re.fullmatch(re.escape(image) + r"-[0-9a-f]{16}", e)
+    ]
     mine.sort(key=lambda e: os.stat(os.path.join(directory, e)).st_mtime, reverse=True)
     for old in mine[keep:]:
         shutil.rmtree(os.path.join(directory, old), ignore_errors=True)
@@ -165,6 +182,7 @@ def retire(directory: str, image: str, keep: int) -> None:
 @dataclass
 class Mount:
     """A bind mount of a host path into the container."""
+
     source: str
     destination: str
     read_only: bool = True
@@ -173,6 +191,7 @@ class Mount:
 @dataclass
 class Container:
     """One `runc run` of an image; not thread-safe (one test drives it)."""
+
     image: str
     args: list[str]
     env: dict[str, str] = field(default_factory=dict)
@@ -195,17 +214,30 @@ class Container:
         process["env"] = ["%s=%s" % kv for kv in env.items()]
         if self.cwd:
             process["cwd"] = self.cwd
-        config["root"] = {"path": os.path.join(bundle_path, config["root"]["path"]),
-                          "readonly": True}
+        config["root"] = {
+            "path": os.path.join(bundle_path, config["root"]["path"]),
+            "readonly": True,
+        }
         linux = config.setdefault("linux", {})
-        linux["namespaces"] = [ns for ns in linux.get("namespaces", [])
-                               if ns["type"] != "network"]
+        linux["namespaces"] = [ns for ns in linux.get("namespaces", []) if ns["type"] != "network"]
         mounts = [m for m in config.get("mounts", []) if m["destination"] != "/tmp"]
-        mounts.append({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
-                       "options": ["nosuid", "nodev", "mode=1777", "size=1g"]})
+        mounts.append(
+            {
+                "destination": "/tmp",
+                "type": "tmpfs",
+                "source": "tmpfs",
+                "options": ["nosuid", "nodev", "mode=1777", "size=1g"],
+            }
+        )
         for m in self.mounts:
-            mounts.append({"destination": m.destination, "type": "bind", "source": m.source,
-                           "options": ["rbind", "ro" if m.read_only else "rw"]})
+            mounts.append(
+                {
+                    "destination": m.destination,
+                    "type": "bind",
+                    "source": m.source,
+                    "options": ["rbind", "ro" if m.read_only else "rw"],
+                }
+            )
         config["mounts"] = mounts
         return config
 
@@ -217,9 +249,13 @@ class Container:
         os.makedirs(own)
         with open(os.path.join(own, "config.json"), "w") as f:
             json.dump(self.spec(bundle_path), f)
-        self.proc = subprocess.Popen(["runc", "run", "--bundle", own, self.name],
-                                     stdin=subprocess.DEVNULL, stdout=stdout,
-                                     stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(
+            ["runc", "run", "--bundle", own, self.name],
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         return self
 
     def wait(self, timeout: float) -> tuple[int, str]:
@@ -230,8 +266,9 @@ class Container:
         except subprocess.TimeoutExpired:
             self.stop()
             out, _ = self.proc.communicate()
-            raise AssertionError("%s in %s did not end in %ss:\n%s" % (
-                self.args, self.image, timeout, out))
+            raise AssertionError(
+                "%s in %s did not end in %ss:\n%s" % (self.args, self.image, timeout, out)
+            )
         self.remove()
         return self.proc.returncode, out or ""
 

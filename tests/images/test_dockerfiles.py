@@ -14,8 +14,9 @@ import re
 import subprocess
 import unittest
 
-SOURCE_DIR = os.environ.get("VF_SOURCE_DIR",
-                            os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+SOURCE_DIR = os.environ.get(
+    "VF_SOURCE_DIR", os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+)
 DOCKER_DIR = os.path.join(SOURCE_DIR, "docker")
 IMAGES_SCRIPT = os.path.join(SOURCE_DIR, "scripts", "images.sh")
 SETUP_SCRIPT = os.path.join(SOURCE_DIR, "scripts", "setup.sh")
@@ -25,15 +26,33 @@ IMAGES = ("operator", "agent", "torch-agent")
 # gives the end-to-end tests' pods their networks; clang builds the fuzzers, which a build of
 # named targets skips; python3-venv is the PyTorch environment's, only the PyTorch image's;
 # mmdebstrap, umoci, runc and skopeo build, run and push images).
-NOT_FOR_BUILDING = {"dataset-fashion-mnist", "procps", "prometheus", "clang-format", "clang-tidy",
-                    "openssl", "util-linux", "ccache", "python3-venv", "fortunes", "iproute2",
-                    "clang-14", "libclang-rt-14-dev", "mmdebstrap", "umoci", "runc", "skopeo"}
+NOT_FOR_BUILDING = {
+    "dataset-fashion-mnist",
+    "procps",
+    "prometheus",
+    "clang-format",
+    "clang-tidy",
+    "openssl",
+    "util-linux",
+    "ccache",
+    "python3-venv",
+    "fortunes",
+    "iproute2",
+    "clang-14",
+    "libclang-rt-14-dev",
+    "mmdebstrap",
+    "umoci",
+    "runc",
+    "skopeo",
+}
 # What each image's build needs besides: pip for the CUDA wheels (setup-cuda.sh) and the venv
 # module for the PyTorch environment (setup-python.sh).
 BUILD_EXTRAS = {"operator": set(), "agent": {"python3-pip"}, "torch-agent": {"python3-venv"}}
-BUILD_TARGETS = {"operator": "virtualflow-operator",
-                 "agent": "virtualflow-agent vf virtualflow-cuda",
-                 "torch-agent": "vf virtualflow_python"}
+BUILD_TARGETS = {
+    "operator": "virtualflow-operator",
+    "agent": "virtualflow-agent vf virtualflow-cuda",
+    "torch-agent": "vf virtualflow_python",
+}
 
 
 def read(path: str) -> str:
@@ -71,8 +90,9 @@ def apt_installed(stage: str) -> set[str]:
 
 
 def instructions(stage: str, keyword: str) -> list[str]:
-    return [line[len(keyword) + 1:] for line in stage.splitlines()
-            if line.startswith(keyword + " ")]
+    return [
+        line[len(keyword) + 1 :] for line in stage.splitlines() if line.startswith(keyword + " ")
+    ]
 
 
 def labels(stage: str) -> dict[str, str]:
@@ -84,8 +104,9 @@ def labels(stage: str) -> dict[str, str]:
 
 def describe(image: str) -> dict[str, list[str]]:
     """scripts/images.sh --describe IMAGE as {key: [values]}."""
-    out = subprocess.run([IMAGES_SCRIPT, "--describe", image], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        [IMAGES_SCRIPT, "--describe", image], capture_output=True, text=True, check=True
+    ).stdout
     result: dict[str, list[str]] = {}
     for line in out.splitlines():
         key, _, value = line.partition(" ")
@@ -94,8 +115,11 @@ def describe(image: str) -> dict[str, list[str]]:
 
 
 def project_version() -> str:
-    match = re.search(r"^project\(VirtualFlow VERSION ([0-9.]+)", read(
-        os.path.join(SOURCE_DIR, "CMakeLists.txt")), re.M)
+    match = re.search(
+        r"^project\(VirtualFlow VERSION ([0-9.]+)",
+        read(os.path.join(SOURCE_DIR, "CMakeLists.txt")),
+        re.M,
+    )
     assert match is not None
     return match.group(1)
 
@@ -107,18 +131,20 @@ class DockerfilesTest(unittest.TestCase):
         self.assertIn("ARG BUILD_IMAGE=debian:bookworm\n", text)
         self.assertIn("ARG RUNTIME_IMAGE=debian:bookworm-slim\n", text)
         found = stages(path)
-        self.assertEqual([f for f, _ in found], ["FROM ${BUILD_IMAGE} AS build",
-                                                 "FROM ${RUNTIME_IMAGE}"])
+        self.assertEqual(
+            [f for f, _ in found], ["FROM ${BUILD_IMAGE} AS build", "FROM ${RUNTIME_IMAGE}"]
+        )
         return text, found[0][1], found[1][1], describe(image)
 
     def test_build_stages_run_the_readmes_build(self):
         for image in IMAGES:
             with self.subTest(image):
                 _, build, _, _ = self.image(image)
-                self.assertEqual(apt_installed(build),
-                                 setup_packages() - NOT_FOR_BUILDING | BUILD_EXTRAS[image],
-                                 "docker/%s.Dockerfile installs other packages than "
-                                 "scripts/setup.sh" % image)
+                self.assertEqual(
+                    apt_installed(build),
+                    setup_packages() - NOT_FOR_BUILDING | BUILD_EXTRAS[image],
+                    "docker/%s.Dockerfile installs other packages than scripts/setup.sh" % image,
+                )
                 self.assertIn("./scripts/build.sh %s " % BUILD_TARGETS[image], build)
 
     def test_both_install_the_images_package_list(self):
@@ -148,8 +174,11 @@ class DockerfilesTest(unittest.TestCase):
                 self.assertIn("virtualflow:x:$USER_ID:$USER_ID:", images_text)
                 self.assertEqual(instructions(final, "WORKDIR"), described["workingdir"])
                 for key, keyword in (("entrypoint", "ENTRYPOINT"), ("cmd", "CMD")):
-                    self.assertEqual([json.loads(v) for v in instructions(final, keyword)],
-                                     [[v] for v in described.get(key, [])], keyword)
+                    self.assertEqual(
+                        [json.loads(v) for v in instructions(final, keyword)],
+                        [[v] for v in described.get(key, [])],
+                        keyword,
+                    )
                 ports = [p.split("/")[0] for p in described.get("exposedports", [])]
                 self.assertEqual(" ".join(instructions(final, "EXPOSE")).split(), ports)
 
@@ -171,15 +200,22 @@ class DockerfilesTest(unittest.TestCase):
                 _, _, final, described = self.image(image)
                 # No sources in the final image: everything comes from the build stage.
                 self.assertNotRegex(final, r"(?m)^COPY (?!--from=build )")
-                copied = [line.split()[-1] for line in instructions(final, "COPY")
-                          if not line.endswith(" /tmp/packages")]
+                copied = [
+                    line.split()[-1]
+                    for line in instructions(final, "COPY")
+                    if not line.endswith(" /tmp/packages")
+                ]
                 files = described["file"]
                 for f in files:
-                    self.assertTrue(any(f == c or f.startswith(c + "/") for c in copied),
-                                    "%s: images.sh adds %s, the Dockerfile does not" % (image, f))
+                    self.assertTrue(
+                        any(f == c or f.startswith(c + "/") for c in copied),
+                        "%s: images.sh adds %s, the Dockerfile does not" % (image, f),
+                    )
                 for c in copied:
-                    self.assertTrue(any(f == c or f.startswith(c + "/") for f in files),
-                                    "%s: the Dockerfile adds %s, images.sh does not" % (image, c))
+                    self.assertTrue(
+                        any(f == c or f.startswith(c + "/") for f in files),
+                        "%s: the Dockerfile adds %s, images.sh does not" % (image, c),
+                    )
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ import unittest
 
 BIN_DIR = os.environ.get("VF_BIN_DIR", os.path.join(os.getcwd(), "build"))
 SOURCE_DIR = os.environ.get(
-    "VF_SOURCE_DIR", os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    "VF_SOURCE_DIR", os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+)
 VF = os.path.join(BIN_DIR, "vf")
 EXAMPLE = os.path.join(SOURCE_DIR, "examples", "fashion-mnist.yaml")
 DATASET_DIR = "/usr/share/datasets/fashion-mnist"
@@ -63,8 +64,13 @@ def job_yaml(**overrides):
         "seed": "42",
     }
     spec.update(overrides)
-    lines = ["apiVersion: virtualflow.io/v1alpha1", "kind: VirtualFlowJob",
-             "metadata:", "  name: integration", "spec:"]
+    lines = [
+        "apiVersion: virtualflow.io/v1alpha1",
+        "kind: VirtualFlowJob",
+        "metadata:",
+        "  name: integration",
+        "spec:",
+    ]
     for key, value in spec.items():
         if value is not None:
             lines.append("  %s: %s" % (key, value))
@@ -95,15 +101,20 @@ def read_state(path):
         return list(take("%d%s" % (n, code))) if n else []
 
     (n,) = take("Q")
-    fingerprint = data[pos:pos + n].decode()
+    fingerprint = data[pos : pos + n].decode()
     pos += n
     seed, step, data_epoch, membership_epoch, optimizer_steps = take("Qqqqq")
     exponents = vector("i")
     params = vector("f")
     (slots,) = take("Q")
     optimizer_slots = [vector("f") for _ in range(slots)]
-    return {"fingerprint": fingerprint, "step": step, "parameters": params,
-            "optimizer_slots": optimizer_slots, "exponents": exponents}
+    return {
+        "fingerprint": fingerprint,
+        "step": step,
+        "parameters": params,
+        "optimizer_slots": optimizer_slots,
+        "exponents": exponents,
+    }
 
 
 class VfTestCase(unittest.TestCase):

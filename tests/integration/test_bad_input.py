@@ -32,24 +32,36 @@ class BadInputTest(VfTestCase):
         self.assertOneLineError(vf("run", path), "comma.yaml", "line 2, column 1", "','")
 
     def test_batch_not_divisible_by_virtual_nodes(self):
-        self.assertOneLineError(vf("run", self.job(globalBatchSize="250")),
-                                "spec.globalBatchSize", "divisible", "spec.virtualNodes")
+        self.assertOneLineError(
+            vf("run", self.job(globalBatchSize="250")),
+            "spec.globalBatchSize",
+            "divisible",
+            "spec.virtualNodes",
+        )
 
     def test_more_workers_than_virtual_nodes(self):
-        self.assertOneLineError(vf("run", self.job(), "--workers", "9"), "--workers 9",
-                                "virtualNodes")
+        self.assertOneLineError(
+            vf("run", self.job(), "--workers", "9"), "--workers 9", "virtualNodes"
+        )
 
     def test_suspended_job_is_refused(self):
-        self.assertOneLineError(vf("run", self.job(suspend="true")), "spec.suspend is true",
-                                "suspended job runs no workers")
+        self.assertOneLineError(
+            vf("run", self.job(suspend="true")),
+            "spec.suspend is true",
+            "suspended job runs no workers",
+        )
 
     def test_unknown_model(self):
-        self.assertOneLineError(vf("run", self.job(model="{name: resnet50}")), "spec.model.name",
-                                "resnet50")
+        self.assertOneLineError(
+            vf("run", self.job(model="{name: resnet50}")), "spec.model.name", "resnet50"
+        )
 
     def test_unknown_optimizer(self):
-        self.assertOneLineError(vf("run", self.job(optimizer="{name: lamb, learningRate: 0.1}")),
-                                "spec.optimizer.name", "lamb")
+        self.assertOneLineError(
+            vf("run", self.job(optimizer="{name: lamb, learningRate: 0.1}")),
+            "spec.optimizer.name",
+            "lamb",
+        )
 
     def test_missing_dataset(self):
         run = vf("run", self.job(dataset="{name: fashion-mnist, path: %s/none}" % self.tmp))
@@ -61,7 +73,7 @@ class BadInputTest(VfTestCase):
         with gzip.open(path, "rb") as f:
             raw = f.read()
         with gzip.open(path, "wb") as f:
-            f.write(raw[:len(raw) // 2])
+            f.write(raw[: len(raw) // 2])
         run = vf("run", self.job(dataset="{name: fashion-mnist, path: %s}" % d))
         self.assertOneLineError(run, "train-labels-idx1-ubyte", "truncated")
 
@@ -77,10 +89,11 @@ class BadInputTest(VfTestCase):
     def test_wrong_idx_magic(self):
         d = self.dataset_copy()
         # Swap images and labels: both are valid gzip, but the magic numbers are wrong.
-        os.replace(os.path.join(d, "train-labels-idx1-ubyte.gz"),
-                   os.path.join(d, "tmp.gz"))
-        shutil.copy(os.path.join(d, "train-images-idx3-ubyte.gz"),
-                    os.path.join(d, "train-labels-idx1-ubyte.gz"))
+        os.replace(os.path.join(d, "train-labels-idx1-ubyte.gz"), os.path.join(d, "tmp.gz"))
+        shutil.copy(
+            os.path.join(d, "train-images-idx3-ubyte.gz"),
+            os.path.join(d, "train-labels-idx1-ubyte.gz"),
+        )
         run = vf("run", self.job(dataset="{name: fashion-mnist, path: %s}" % d))
         self.assertOneLineError(run, "train-labels-idx1-ubyte", "magic")
 
@@ -121,7 +134,9 @@ class BadInputTest(VfTestCase):
         # Each replacement fails the same way: after five in a row with no step done, vf gives
         # up with the last worker's message instead of replacing workers until its stall limit.
         path = os.path.join(self.tmp, "crash.yaml")
-        write(path, """apiVersion: virtualflow.io/v1alpha1
+        write(
+            path,
+            """apiVersion: virtualflow.io/v1alpha1
 kind: VirtualFlowJob
 metadata: {name: crash}
 spec:
@@ -131,15 +146,33 @@ spec:
   steps: 5
   template:
     command: [python3, -c, "import sys; print('no module named my_model', file=sys.stderr); sys.exit(1)"]
-""")
-        self.assertOneLineError(vf("run", path, "--workers", "2"), "5 workers in a row failed",
-                                "no progress", "exited with code 1", "no module named my_model")
+""",
+        )
+        self.assertOneLineError(
+            vf("run", path, "--workers", "2"),
+            "5 workers in a row failed",
+            "no progress",
+            "exited with code 1",
+            "no module named my_model",
+        )
 
     def agent(self, *args):
         """virtualflow-agent for this test's job, with a coordinator nobody serves."""
-        return subprocess.run([os.path.join(BIN_DIR, "virtualflow-agent"), "--job", self.job(),
-                               "--coordinator", "http://127.0.0.1:1", "--worker", "w0", *args],
-                              capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [
+                os.path.join(BIN_DIR, "virtualflow-agent"),
+                "--job",
+                self.job(),
+                "--coordinator",
+                "http://127.0.0.1:1",
+                "--worker",
+                "w0",
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     def test_unreadable_token_or_ca_file_is_waited_for_then_the_worker_is_replaced(self):
         # Exit 1 (its pod is replaced), not 3 (the job fails): the kubelet mounts the volume
@@ -147,8 +180,11 @@ spec:
         missing = os.path.join(self.tmp, "missing")
         run = self.agent("--token-file", missing, "--timeout", "1")
         self.assertEqual(run.returncode, 1, run.stderr)
-        self.assertIn("cannot read this worker's token file %s (No such file or directory); "
-                      "trying again for up to 1 s" % missing, run.stderr)
+        self.assertIn(
+            "cannot read this worker's token file %s (No such file or directory); "
+            "trying again for up to 1 s" % missing,
+            run.stderr,
+        )
         self.assertIn("error: cannot read this worker's token file " + missing, run.stderr)
         token = write(os.path.join(self.tmp, "token"), "t0\n")
         run = self.agent("--token-file", token, "--ca-file", missing, "--timeout", "1")
@@ -157,10 +193,23 @@ spec:
 
     def test_a_token_file_that_appears_while_waited_for_is_read(self):
         token = os.path.join(self.tmp, "token")
-        proc = subprocess.Popen([os.path.join(BIN_DIR, "virtualflow-agent"), "--job", self.job(),
-                                 "--coordinator", "http://127.0.0.1:1", "--worker", "w0",
-                                 "--token-file", token, "--timeout", "3"],
-                                stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [
+                os.path.join(BIN_DIR, "virtualflow-agent"),
+                "--job",
+                self.job(),
+                "--coordinator",
+                "http://127.0.0.1:1",
+                "--worker",
+                "w0",
+                "--token-file",
+                token,
+                "--timeout",
+                "3",
+            ],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         first = proc.stderr.readline()  # it has found no file, and says it waits
         self.assertIn("cannot read this worker's token file", first)
         write(token, "t0\n")
@@ -175,16 +224,25 @@ class OperatorFlagsTest(unittest.TestCase):
     """The operator's own command line: a bad value is one line naming the flag."""
 
     def operator(self, *args):
-        return subprocess.run([os.path.join(BIN_DIR, "virtualflow-operator"), *args],
-                              capture_output=True, text=True, timeout=30)
+        return subprocess.run(
+            [os.path.join(BIN_DIR, "virtualflow-operator"), *args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
 
     def test_api_budget_must_be_positive(self):
-        for flag, value in (("--kube-api-qps", "0"), ("--kube-api-qps", "-5"),
-                            ("--kube-api-burst", "0")):
+        for flag, value in (
+            ("--kube-api-qps", "0"),
+            ("--kube-api-qps", "-5"),
+            ("--kube-api-burst", "0"),
+        ):
             run = self.operator(flag, value)
             self.assertEqual(run.returncode, 2, run.stderr)
-            self.assertEqual(run.stderr.strip(), "virtualflow-operator: error: %s: must be "
-                             "greater than 0, got %s" % (flag, value))
+            self.assertEqual(
+                run.stderr.strip(),
+                "virtualflow-operator: error: %s: must be greater than 0, got %s" % (flag, value),
+            )
 
     def test_help_names_the_api_budget(self):
         run = self.operator("--help")

@@ -40,8 +40,13 @@ def credential_file(tmp, info, worker):
 
 
 def elastic_job(tmp, name="job.yaml", **overrides):
-    spec = dict(virtualNodes="12", globalBatchSize="192", replicas="{min: 1, max: 4}",
-                elasticity="{policy: elastic, cooldownSeconds: 0}", steps="260")
+    spec = dict(
+        virtualNodes="12",
+        globalBatchSize="192",
+        replicas="{min: 1, max: 4}",
+        elasticity="{policy: elastic, cooldownSeconds: 0}",
+        steps="260",
+    )
     spec.update(overrides)
     return write(os.path.join(tmp, name), job_yaml(**spec))
 
@@ -89,10 +94,24 @@ class Background:
     def __init__(self, tmp, *args, env=None, progress="0"):
         self.info_path = os.path.join(tmp, "run-info.json")
         self.summary_path = os.path.join(tmp, "summary.json")
-        cmd = [VF, "run", *args, "--run-info", self.info_path, "--summary-json",
-               self.summary_path, "--progress-interval", progress]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env={**os.environ, **(env or {})})
+        cmd = [
+            VF,
+            "run",
+            *args,
+            "--run-info",
+            self.info_path,
+            "--summary-json",
+            self.summary_path,
+            "--progress-interval",
+            progress,
+        ]
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
         self.out = []
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -108,11 +127,15 @@ class Background:
                 with open(self.info_path) as f:
                     return json.load(f)
             if self.proc.poll() is not None:
-                raise AssertionError("vf exited with %d before it served: %s%s" % (
-                    self.proc.returncode, "".join(self.out), self.proc.stderr.read()))
+                raise AssertionError(
+                    "vf exited with %d before it served: %s%s"
+                    % (self.proc.returncode, "".join(self.out), self.proc.stderr.read())
+                )
             time.sleep(0.05)
-        raise AssertionError("vf never started serving within %d s; its output so far: %s" % (
-            timeout, "".join(self.out)))
+        raise AssertionError(
+            "vf never started serving within %d s; its output so far: %s"
+            % (timeout, "".join(self.out))
+        )
 
     def step(self):
         """the newest step a progress line has reported (0 before the first)."""
@@ -134,8 +157,9 @@ class Background:
     def plan_members(self):
         """names of the workers in the coordinator's newest plan."""
         info = self.info()
-        req = urllib.request.Request("%s/v1/jobs/%s/plan?after=0&timeout_ms=1000" %
-                                     (info["coordinator"], info["job"]))
+        req = urllib.request.Request(
+            "%s/v1/jobs/%s/plan?after=0&timeout_ms=1000" % (info["coordinator"], info["job"])
+        )
         req.add_header("Authorization", "Bearer " + credential(info, "observer"))
         req.add_header("X-VirtualFlow-Worker", "observer")
         with urllib.request.urlopen(req, timeout=30) as resp:
@@ -145,8 +169,9 @@ class Background:
 
     def workers(self):
         """pids of the live worker processes, by worker name."""
-        out = subprocess.run(["pgrep", "-P", str(self.proc.pid), "-a"], capture_output=True,
-                             text=True).stdout
+        out = subprocess.run(
+            ["pgrep", "-P", str(self.proc.pid), "-a"], capture_output=True, text=True
+        ).stdout
         found = {}
         for line in out.splitlines():
             pid, _, cmd = line.partition(" ")
@@ -191,13 +216,23 @@ class ElasticTest(VfTestCase):
         return ElasticTest._reference[text]
 
     def test_resized_run_matches_static_run_for_momentum_and_adamw(self):
-        for name, optimizer in (("sgd", "{name: sgd, learningRate: 0.05, momentum: 0.9}"),
-                                ("adamw", "{name: adamw, learningRate: 0.002, weightDecay: 0.01}")):
+        for name, optimizer in (
+            ("sgd", "{name: sgd, learningRate: 0.05, momentum: 0.9}"),
+            ("adamw", "{name: adamw, learningRate: 0.002, weightDecay: 0.01}"),
+        ):
             with self.subTest(optimizer=name):
                 job = elastic_job(self.tmp, name + ".yaml", optimizer=optimizer)
                 expected = self.reference(job)
-                run = vf("run", job, "--capacity", "0:2,20:4,120:1,160:3", "--slowdown", SLOW,
-                         "--progress-interval", "0.01")
+                run = vf(
+                    "run",
+                    job,
+                    "--capacity",
+                    "0:2,20:4,120:1,160:3",
+                    "--slowdown",
+                    SLOW,
+                    "--progress-interval",
+                    "0.01",
+                )
                 self.assertSucceeded(run)
                 sizes = [(r["from"], r["to"]) for r in run.summary["resizes"]]
                 self.assertEqual(sizes, [(2, 4), (4, 1), (1, 3)], run.stdout)
@@ -226,8 +261,16 @@ class ElasticTest(VfTestCase):
         # worker-1 dies between computing and reducing step 40; the first replacement
         # (worker-4) dies while the state is being sent to it.
         faults = "worker-1:allreduce@40,worker-4:state-transfer"
-        bg = Background(self.tmp, job, "--workers", "3", "--slowdown", SLOW,
-                        env={"VF_FAULT_INJECT": faults}, progress="0.05")
+        bg = Background(
+            self.tmp,
+            job,
+            "--workers",
+            "3",
+            "--slowdown",
+            SLOW,
+            env={"VF_FAULT_INJECT": faults},
+            progress="0.05",
+        )
         bg.info()
         # The two random kills land at random steps after the injected faults have played out,
         # paced by the run's own progress rather than by wall time, so a fast or a loaded machine
@@ -235,9 +278,10 @@ class ElasticTest(VfTestCase):
         targets = sorted(rng.sample(range(90, 260), 2))
         killed = []
         for target in targets:
-            self.assertTrue(bg.wait_for_step(target),
-                            "chaos seed %d: run ended before step %d:\n%s" %
-                            (seed, target, "".join(bg.out)))
+            self.assertTrue(
+                bg.wait_for_step(target),
+                "chaos seed %d: run ended before step %d:\n%s" % (seed, target, "".join(bg.out)),
+            )
             time.sleep(rng.uniform(0.0, 0.5))
             # Only a member of the running plan: killing a joiner that is still warming up
             # would not disturb a collective.
@@ -286,8 +330,9 @@ class ElasticTest(VfTestCase):
         # A collective timeout (20 s) past the coordinator's 10 s of silence: the survivors'
         # failed step finds the stopped worker already silent, so one new plan suffices, well
         # within the runner's stall limit (3 x --timeout) even on a loaded machine.
-        bg = Background(self.tmp, job, "--workers", "3", "--slowdown", SLOW, "--timeout", "20",
-                        progress="0.2")
+        bg = Background(
+            self.tmp, job, "--workers", "3", "--slowdown", SLOW, "--timeout", "20", progress="0.2"
+        )
         bg.info()
         deadline = time.monotonic() + 60
         while bg.plan_members() != {"worker-0", "worker-1", "worker-2"}:
@@ -307,10 +352,26 @@ class ElasticTest(VfTestCase):
         bg = Background(self.tmp, job, "--workers", "2", "--slowdown", SLOW)
         info = bg.info()
         agent = os.path.join(os.path.dirname(VF), "virtualflow-agent")
-        extra = subprocess.Popen([agent, "--job", job, "--coordinator", info["coordinator"],
-                                  "--job-id", info["job"], "--worker", "extra", "--token-file",
-                                  credential_file(self.tmp, info, "extra"), "--timeout", "600"],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        extra = subprocess.Popen(
+            [
+                agent,
+                "--job",
+                job,
+                "--coordinator",
+                info["coordinator"],
+                "--job-id",
+                info["job"],
+                "--worker",
+                "extra",
+                "--token-file",
+                credential_file(self.tmp, info, "extra"),
+                "--timeout",
+                "600",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         lines = []
         reader = threading.Thread(target=lambda: lines.extend(extra.stderr), daemon=True)
         reader.start()
@@ -349,11 +410,24 @@ class ElasticTest(VfTestCase):
         agent = os.path.join(os.path.dirname(VF), "virtualflow-agent")
         for field, value in (("virtualNodes", "6"), ("model", "{name: mlp, hiddenSizes: [64]}")):
             other = elastic_job(self.tmp, "other-%s.yaml" % field, **{field: value})
-            rogue = subprocess.run([agent, "--job", other, "--coordinator", info["coordinator"],
-                                    "--job-id", info["job"], "--worker", "rogue-" + field,
-                                    "--token-file",
-                                    credential_file(self.tmp, info, "rogue-" + field)],
-                                   capture_output=True, text=True, timeout=60)
+            rogue = subprocess.run(
+                [
+                    agent,
+                    "--job",
+                    other,
+                    "--coordinator",
+                    info["coordinator"],
+                    "--job-id",
+                    info["job"],
+                    "--worker",
+                    "rogue-" + field,
+                    "--token-file",
+                    credential_file(self.tmp, info, "rogue-" + field),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             self.assertEqual(rogue.returncode, 3, rogue.stderr)
             self.assertIn("refused", rogue.stderr)
             self.assertIn("job spec differs", rogue.stderr)
@@ -393,39 +467,94 @@ class ElasticTest(VfTestCase):
         status, plan = call("GET", "/plan?after=0&timeout_ms=60000")
         self.assertEqual(status, 200)
         rank1 = [m["worker"] for m in plan["members"] if m["rank"] != 0][0]
-        report = {"worker": rank1, "epoch": plan["epoch"], "step": 1, "loss": 0.1,
-                  "samplesPerSecond": 1.0, "secondsPerVirtualNode": 0.1, "hasState": True}
+        report = {
+            "worker": rank1,
+            "epoch": plan["epoch"],
+            "step": 1,
+            "loss": 0.1,
+            "samplesPerSecond": 1.0,
+            "secondsPerVirtualNode": 0.1,
+            "hasState": True,
+        }
         cases = [
             ("malformed JSON", ("POST", "/report", b"{not json"), 400),
             ("missing credential", ("POST", "/report", b"{}", "worker-0", ""), 401),
             ("wrong credential", ("POST", "/report", b"{}", "worker-0", "nope"), 401),
             ("no worker named", ("POST", "/report", b"{}", ""), 401),
             # Answered as a wrong credential is, so that nobody learns which jobs exist.
-            ("unknown job", ("GET", "", b"", "worker-0", None,
-                             info["coordinator"] + "/v1/jobs/default/nosuchjob/plan"), 401),
-            ("one worker's credential presented as another's",
-             ("POST", "/leave", b'{"worker": "worker-0"}', "worker-0",
-              credential(info, "worker-1")), 401),
-            ("a worker acting as another", ("POST", "/leave", b'{"worker": "worker-0"}',
-                                            "worker-1"), 403),
-            ("a failure reported for another worker",
-             ("POST", "/failure", json.dumps({"worker": "worker-1", "epoch": plan["epoch"],
-                                              "step": 1, "message": "x"}).encode()), 403),
-            ("the job reported finished by a rank other than 0",
-             ("POST", "/report", json.dumps(dict(report, finished=True,
-                                                 weightsSha256="0" * 64)).encode(), rank1), 403),
-            ("epoch from the past", ("POST", "/report", json.dumps(
-                dict(report, worker="worker-0", epoch=0)).encode()), 409),
+            (
+                "unknown job",
+                (
+                    "GET",
+                    "",
+                    b"",
+                    "worker-0",
+                    None,
+                    info["coordinator"] + "/v1/jobs/default/nosuchjob/plan",
+                ),
+                401,
+            ),
+            (
+                "one worker's credential presented as another's",
+                (
+                    "POST",
+                    "/leave",
+                    b'{"worker": "worker-0"}',
+                    "worker-0",
+                    credential(info, "worker-1"),
+                ),
+                401,
+            ),
+            (
+                "a worker acting as another",
+                ("POST", "/leave", b'{"worker": "worker-0"}', "worker-1"),
+                403,
+            ),
+            (
+                "a failure reported for another worker",
+                (
+                    "POST",
+                    "/failure",
+                    json.dumps(
+                        {"worker": "worker-1", "epoch": plan["epoch"], "step": 1, "message": "x"}
+                    ).encode(),
+                ),
+                403,
+            ),
+            (
+                "the job reported finished by a rank other than 0",
+                (
+                    "POST",
+                    "/report",
+                    json.dumps(dict(report, finished=True, weightsSha256="0" * 64)).encode(),
+                    rank1,
+                ),
+                403,
+            ),
+            (
+                "epoch from the past",
+                ("POST", "/report", json.dumps(dict(report, worker="worker-0", epoch=0)).encode()),
+                409,
+            ),
             ("oversized body", ("POST", "/register", b"x" * (2 << 20)), 413),
             ("store write to a past epoch", ("PUT", "/store/epoch-0/rank-0", b"x"), 409),
             ("store write to an epoch far ahead", ("PUT", "/store/epoch-999/rank-0", b"x"), 409),
-            ("store write to the next epoch", ("PUT", "/store/epoch-%d/rank-0" % (plan["epoch"] + 1),
-                                               b"x"), 409),
-            ("a rendezvous key planted by a worker outside the plan",
-             ("PUT", "/store/epoch-%d/rank-0" % plan["epoch"], b"x", "observer"), 403),
+            (
+                "store write to the next epoch",
+                ("PUT", "/store/epoch-%d/rank-0" % (plan["epoch"] + 1), b"x"),
+                409,
+            ),
+            (
+                "a rendezvous key planted by a worker outside the plan",
+                ("PUT", "/store/epoch-%d/rank-0" % plan["epoch"], b"x", "observer"),
+                403,
+            ),
             ("store key over 1 KiB", ("PUT", "/store/" + "k" * 2000, b"x"), 400),
-            ("digest that is not one", ("POST", "/report", json.dumps(
-                dict(report, weightsSha256="zz")).encode(), rank1), 400),
+            (
+                "digest that is not one",
+                ("POST", "/report", json.dumps(dict(report, weightsSha256="zz")).encode(), rank1),
+                400,
+            ),
         ]
         for name, args, status in cases:
             with self.subTest(case=name):

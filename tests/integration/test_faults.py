@@ -70,13 +70,17 @@ def reference_meanwhile(job, workers):
     """A static, unpaced `vf run` of JOB on WORKERS workers, started now in a thread of its own
     so that it runs while the faulted run trains; .result() is its Run."""
     return concurrent.futures.ThreadPoolExecutor(1).submit(
-        vf, "run", job, "--workers", str(workers), "--progress-interval", "0")
+        vf, "run", job, "--workers", str(workers), "--progress-interval", "0"
+    )
 
 
 def mount_tmpfs(path):
     """Mounts a TMPFS_SIZE tmpfs at PATH; the reason it cannot, or None."""
-    run = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=" + TMPFS_SIZE, "tmpfs", path],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=" + TMPFS_SIZE, "tmpfs", path],
+        capture_output=True,
+        text=True,
+    )
     if run.returncode != 0:
         return "cannot mount a tmpfs (needs root and mount(2)): " + run.stderr.strip()
     return None
@@ -98,12 +102,22 @@ class CheckpointFaultTest(VfTestCase):
 
     def checkpoint_job(self, name):
         ckpt = os.path.join(self.mnt, "job.ckpt")
-        return self.job(name, model=HIDDEN, steps=str(STEPS),
-                        checkpoint="{path: %s, everySteps: %d}" % (ckpt, EVERY)), ckpt
+        return self.job(
+            name,
+            model=HIDDEN,
+            steps=str(STEPS),
+            checkpoint="{path: %s, everySteps: %d}" % (ckpt, EVERY),
+        ), ckpt
 
     def test_full_disk_is_retried_and_the_run_keeps_its_weights(self):
-        straight = vf("run", self.job("straight.yaml", model=HIDDEN, steps=str(STEPS)),
-                      "--workers", "2", "--progress-interval", "0")
+        straight = vf(
+            "run",
+            self.job("straight.yaml", model=HIDDEN, steps=str(STEPS)),
+            "--workers",
+            "2",
+            "--progress-interval",
+            "0",
+        )
         self.assertSucceeded(straight)
 
         job, ckpt = self.checkpoint_job("full.yaml")
@@ -121,10 +135,13 @@ class CheckpointFaultTest(VfTestCase):
         filler = os.path.join(self.mnt, "filler")
         with open(filler, "wb") as f:
             f.write(b"\0" * filler_bytes)
-        proc = subprocess.Popen([VF, "run", job, "--workers", "2", "--progress-interval", "0",
-                                 *args],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                cwd=SOURCE_DIR)
+        proc = subprocess.Popen(
+            [VF, "run", job, "--workers", "2", "--progress-interval", "0", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=SOURCE_DIR,
+        )
         stderr = []
         freed = threading.Event()
 
@@ -160,8 +177,7 @@ class CheckpointFaultTest(VfTestCase):
         without checkpoints."""
         old_path = python_on_path()
         try:
-            subprocess.run(["mount", "-o", "remount,size=" + CNN_TMPFS_SIZE, self.mnt],
-                           check=True)
+            subprocess.run(["mount", "-o", "remount,size=" + CNN_TMPFS_SIZE, self.mnt], check=True)
             steps, every = 12, 3
             straight = reference_meanwhile(cnn_job(os.path.join(self.tmp, "cnn.yaml"), steps), 2)
             ckpt = os.path.join(self.mnt, "cnn.ckpt")
@@ -191,7 +207,9 @@ class CheckpointFaultTest(VfTestCase):
     @unittest.skipUnless(PYTHON, "no Python environment with PyTorch (scripts/setup-python.sh)")
     def test_the_torch_library_goes_on_after_a_failed_checkpoint_and_fails_on_the_final_one(self):
         ckpt = os.path.join(self.mnt, "cnn.ckpt")
-        job = write(os.path.join(self.tmp, "cnn.yaml"), textwrap.dedent("""\
+        job = write(
+            os.path.join(self.tmp, "cnn.yaml"),
+            textwrap.dedent("""\
             apiVersion: virtualflow.io/v1alpha1
             kind: VirtualFlowJob
             metadata: {name: torch-faults}
@@ -204,11 +222,19 @@ class CheckpointFaultTest(VfTestCase):
               checkpoint: {path: %s, everySteps: 3}
               template:
                 command: [python3, examples/torch/cnn.py]
-            """) % ckpt)
+            """)
+            % ckpt,
+        )
         subprocess.run(["mount", "-o", "remount,ro", self.mnt], check=True)
         env = {**os.environ, "PATH": os.path.dirname(PYTHON) + os.pathsep + os.environ["PATH"]}
-        run = subprocess.run([VF, "run", job, "--workers", "1", "--progress-interval", "0"],
-                             capture_output=True, text=True, timeout=600, cwd=SOURCE_DIR, env=env)
+        run = subprocess.run(
+            [VF, "run", job, "--workers", "1", "--progress-interval", "0"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=SOURCE_DIR,
+            env=env,
+        )
         self.assertNotEqual(run.returncode, 0, "vf succeeded without saving:\n" + run.stdout)
         self.assertLess(run.returncode, 128, "vf died from a signal")
         self.assertIn("vf: warning: checkpoint at step 3 not written", run.stderr)
@@ -246,12 +272,14 @@ class Partition:
         with open(os.path.join(root, self.name, "cgroup.procs"), "w") as f:
             f.write(str(pid))
         self.rule = ["OUTPUT", "-m", "cgroup", "--path", self.name, "-j", "DROP"]
-        subprocess.run(["iptables", "-w", "-I", *self.rule], check=True, capture_output=True,
-                       timeout=30)
+        subprocess.run(
+            ["iptables", "-w", "-I", *self.rule], check=True, capture_output=True, timeout=30
+        )
 
     def heal(self):
-        subprocess.run(["iptables", "-w", "-D", *self.rule], check=True, capture_output=True,
-                       timeout=30)
+        subprocess.run(
+            ["iptables", "-w", "-D", *self.rule], check=True, capture_output=True, timeout=30
+        )
         try:
             with open(os.path.join(self.root, "cgroup.procs"), "w") as f:
                 f.write(str(self.pid))
@@ -266,6 +294,7 @@ class Partition:
 class TorchBackgroundRun(Background):
     """`vf run` of a PyTorch job in the background: its workers are python3 processes, found
     by VF_WORKER in their environment."""
+
     workers = TorchBackground.workers
 
 
@@ -299,6 +328,7 @@ class TorchHungMemberTest(VfTestCase):
 
         def heal(pid):
             partitions.pop(pid).heal()
+
         self.silence_one_of_three("partitioned", cut, heal)
 
     def silence_one_of_three(self, name, silence=None, undo=None):
@@ -313,8 +343,17 @@ class TorchHungMemberTest(VfTestCase):
         # than 20: until the first step, starting the workers (3 Python processes importing
         # PyTorch and loading the data) counts against the run's stall limit, 3 x --timeout,
         # and took over 60 s on a 2-core machine busy with other builds.
-        bg = TorchBackgroundRun(self.tmp, job, "--workers", "3", "--vnode-delay-ms", "60",
-                                "--timeout", "30", progress="0.2")
+        bg = TorchBackgroundRun(
+            self.tmp,
+            job,
+            "--workers",
+            "3",
+            "--vnode-delay-ms",
+            "60",
+            "--timeout",
+            "30",
+            progress="0.2",
+        )
         bg.info()
         deadline = time.monotonic() + 240
         while True:

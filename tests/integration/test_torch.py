@@ -19,7 +19,9 @@ PYTHON = os.environ.get("VF_PYTHON", "")
 
 def torch_job(path, command, steps, virtual_nodes=8, batch=256, extra=""):
     """A job whose workers run `command` (a list of words), with `steps` steps."""
-    return write(path, textwrap.dedent("""\
+    return write(
+        path,
+        textwrap.dedent("""\
         apiVersion: virtualflow.io/v1alpha1
         kind: VirtualFlowJob
         metadata: {name: torch-test}
@@ -31,16 +33,22 @@ def torch_job(path, command, steps, virtual_nodes=8, batch=256, extra=""):
           seed: 11
           template:
             command: [%s]
-        %s""") % (virtual_nodes, batch, steps, ", ".join(command), extra))
+        %s""")
+        % (virtual_nodes, batch, steps, ", ".join(command), extra),
+    )
 
 
 class Background:
     """`vf run` in the background, with its progress lines and its workers' pids."""
 
     def __init__(self, args):
-        self.proc = subprocess.Popen([VF, "run", *args, "--progress-interval", "0.05"],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     cwd=SOURCE_DIR)
+        self.proc = subprocess.Popen(
+            [VF, "run", *args, "--progress-interval", "0.05"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=SOURCE_DIR,
+        )
         self.out = []
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -66,8 +74,9 @@ class Background:
 
     def workers(self):
         """pids of the live worker processes, by worker name (VF_WORKER in their environment)."""
-        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True,
-                             text=True).stdout
+        out = subprocess.run(
+            ["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True
+        ).stdout
         found = {}
         for pid in out.split():
             try:
@@ -146,8 +155,12 @@ class TorchTest(VfTestCase):
 
     def example(self, name, steps, **kw):
         """The example `name` as a job of `steps` steps (`extra`: more spec lines)."""
-        return torch_job(os.path.join(self.tmp, name + ".yaml"),
-                         ["python3", "examples/torch/%s.py" % name], steps, **kw)
+        return torch_job(
+            os.path.join(self.tmp, name + ".yaml"),
+            ["python3", "examples/torch/%s.py" % name],
+            steps,
+            **kw,
+        )
 
     def run_ok(self, job, *args):
         run = vf("run", job, "--progress-interval", "0", *args)
@@ -170,13 +183,17 @@ class TorchTest(VfTestCase):
                     # nodes in flight.
                     os.environ.update(VF_TORCH_STAGING="2", VF_TORCH_FOLD="host")
                     try:
-                        digests["staged"] = self.run_ok(job, "--workers", "2").summary["weights_sha256"]
+                        digests["staged"] = self.run_ok(job, "--workers", "2").summary[
+                            "weights_sha256"
+                        ]
                     finally:
                         del os.environ["VF_TORCH_STAGING"], os.environ["VF_TORCH_FOLD"]
                 self.assertEqual(len(set(digests.values())), 1, "weights differ: %s" % digests)
                 self.assertRegex(digests[1], r"^[0-9a-f]{64}$")
 
-    def test_cnn_folded_on_its_device_has_the_weights_of_the_host_fold_through_recomputed_steps(self):
+    def test_cnn_folded_on_its_device_has_the_weights_of_the_host_fold_through_recomputed_steps(
+        self,
+    ):
         # A GPU's default (VF_TORCH_FOLD=device: each node folded by PyTorch operations where its
         # gradients are, the reducer given the step's sums once) against the C++ fold of every
         # node on the host, through the first step (no scale yet) and a last step whose
@@ -229,8 +246,17 @@ class TorchTest(VfTestCase):
     def test_cnn_survives_two_kill_9_with_the_weights_of_a_static_run(self):
         expected = self.elastic_reference(40)
         job = self.example("cnn", 40)
-        bg = Background([job, "--workers", "2", "--vnode-delay-ms", "60",
-                         "--summary-json", os.path.join(self.tmp, "kill.json")])
+        bg = Background(
+            [
+                job,
+                "--workers",
+                "2",
+                "--vnode-delay-ms",
+                "60",
+                "--summary-json",
+                os.path.join(self.tmp, "kill.json"),
+            ]
+        )
         killed = []
         for target in (8, 30):
             self.assertTrue(bg.wait_for_step(target), "".join(bg.out))
@@ -305,13 +331,19 @@ class TorchMisuseTest(VfTestCase):
 
     def misuse(self, mode, workers=2, env=None):
         script = write(os.path.join(self.tmp, mode + ".py"), "MODE = %r\n" % mode + MISUSE)
-        job = torch_job(os.path.join(self.tmp, mode + ".yaml"), ["python3", script], 6,
-                        virtual_nodes=4, batch=16)
+        job = torch_job(
+            os.path.join(self.tmp, mode + ".yaml"),
+            ["python3", script],
+            6,
+            virtual_nodes=4,
+            batch=16,
+        )
         saved = dict(os.environ)
         os.environ.update(env or {})
         try:
-            return vf("run", job, "--workers", str(workers), "--progress-interval", "0",
-                      timeout=300)
+            return vf(
+                "run", job, "--workers", str(workers), "--progress-interval", "0", timeout=300
+            )
         finally:
             os.environ.clear()
             os.environ.update(saved)
@@ -322,34 +354,46 @@ class TorchMisuseTest(VfTestCase):
         self.assertEqual(run.summary["steps"], 6)
 
     def test_backward_outside_a_virtual_node_is_refused(self):
-        self.assertOneLineError(self.misuse("backward"), "backward() outside a virtual node",
-                                "node.backward(loss)")
+        self.assertOneLineError(
+            self.misuse("backward"), "backward() outside a virtual node", "node.backward(loss)"
+        )
 
     def test_an_optimizer_step_before_the_reduction_is_refused(self):
-        self.assertOneLineError(self.misuse("optimizer"), "optimizer.step() before the step's reduction")
+        self.assertOneLineError(
+            self.misuse("optimizer"), "optimizer.step() before the step's reduction"
+        )
 
     def test_a_worker_with_a_different_model_is_refused_at_join(self):
         line = self.assertOneLineError(self.misuse("model"), "different model", "weight")
         self.assertIn("[3, 4]", line)
 
     def test_a_model_on_several_devices_is_refused(self):
-        self.assertOneLineError(self.misuse("devices", workers=1), "several devices (cpu, meta)",
-                                "model.to(device)")
+        self.assertOneLineError(
+            self.misuse("devices", workers=1), "several devices (cpu, meta)", "model.to(device)"
+        )
 
     def test_a_parameter_that_is_not_float32_is_refused(self):
-        self.assertOneLineError(self.misuse("float64", workers=1), "'weight' is torch.float64",
-                                "float32 parameters only")
+        self.assertOneLineError(
+            self.misuse("float64", workers=1),
+            "'weight' is torch.float64",
+            "float32 parameters only",
+        )
 
     def test_nan_gradients_end_the_job_with_a_numerical_error(self):
         self.assertOneLineError(self.misuse("nan", workers=1), "NumericalError")
 
     def test_nan_gradients_folded_on_their_device_end_the_job_too(self):
-        self.assertOneLineError(self.misuse("nan", workers=1, env={"VF_TORCH_FOLD": "device"}),
-                                "NumericalError")
+        self.assertOneLineError(
+            self.misuse("nan", workers=1, env={"VF_TORCH_FOLD": "device"}), "NumericalError"
+        )
 
     def test_check_mode_names_the_first_step_and_worker_that_diverged(self):
-        line = self.assertOneLineError(self.misuse("diverge", env={"VF_CHECK_EVERY": "1"}),
-                                       "DivergenceError", "after step 3", "worker-1")
+        line = self.assertOneLineError(
+            self.misuse("diverge", env={"VF_CHECK_EVERY": "1"}),
+            "DivergenceError",
+            "after step 3",
+            "worker-1",
+        )
         self.assertIn("not deterministic", line)
 
 

@@ -14,8 +14,9 @@ STEPS = 30
 
 class WorkerCountTest(VfTestCase):
     def run_with(self, job, workers):
-        run = vf("run", job, "--workers", str(workers), "--steps", str(STEPS),
-                 "--progress-interval", "0")
+        run = vf(
+            "run", job, "--workers", str(workers), "--steps", str(STEPS), "--progress-interval", "0"
+        )
         self.assertSucceeded(run)
         self.assertEqual(run.summary["workers"], workers)
         self.assertEqual(run.summary["virtual_nodes"], 8)
@@ -40,8 +41,7 @@ class WorkerCountTest(VfTestCase):
         weights = {}
         for n in (1, 3, 8):
             ckpt = os.path.join(self.tmp, "fast-%d.ckpt" % n)
-            job = self.job("fast-%d.yaml" % n, reduction="fast",
-                           checkpoint="{path: %s}" % ckpt)
+            job = self.job("fast-%d.yaml" % n, reduction="fast", checkpoint="{path: %s}" % ckpt)
             self.run_with(job, n)
             weights[n] = read_state(ckpt)["parameters"]
         base = weights[1]
@@ -50,8 +50,9 @@ class WorkerCountTest(VfTestCase):
             diff = math.sqrt(sum((a - b) ** 2 for a, b in zip(base, weights[n])))
             self.assertLess(diff / norm, 1e-4, "fast mode on %d workers drifted" % n)
         other = os.path.join(self.tmp, "other.ckpt")
-        self.run_with(self.job("other.yaml", reduction="fast", seed="7",
-                               checkpoint="{path: %s}" % other), 1)
+        self.run_with(
+            self.job("other.yaml", reduction="fast", seed="7", checkpoint="{path: %s}" % other), 1
+        )
         far = read_state(other)["parameters"]
         diff = math.sqrt(sum((a - b) ** 2 for a, b in zip(base, far)))
         self.assertGreater(diff / norm, 1e-2, "the tolerance would not catch a different run")
