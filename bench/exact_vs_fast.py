@@ -86,12 +86,14 @@ def main():
         f"workers {args.workers}, global batch {args.global_batch or 'as in the job'}, "
         f"median of {args.rounds} rounds"
     )
-    print(f"| fast ms/step | exact ms/step | exact / fast |")
-    print(f"|---:|---:|---:|")
+    print("| fast ms/step | exact ms/step | exact / fast |")
+    print("|---:|---:|---:|")
     print(f"| {fast:.2f} | {exact:.2f} | {exact / fast:.3f} |")
     print(
         "per-round ratios: "
-        + ", ".join(f"{e / f:.3f}" for e, f in zip(per_step["exact"], per_step["fast"]))
+        + ", ".join(
+            f"{e / f:.3f}" for e, f in zip(per_step["exact"], per_step["fast"], strict=True)
+        )
     )
 
 

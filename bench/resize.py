@@ -188,7 +188,7 @@ def main():
         cases.append(("MLP 107M params (~860MB)", BIG, 24, 3))
     with tempfile.TemporaryDirectory() as tmp:
         for name, template, steps, at in cases:
-            for label, before, after in (("grow", 1, 2), ("shrink", 2, 1)):
+            for before, after in ((1, 2), (2, 1)):  # grow, shrink
                 pause = in_place(a.vf, template, tmp, "0:%d,%d:%d" % (before, at, after), steps, at)
                 restart, write = checkpoint_restart(a.vf, template, tmp, before, after, at, steps)
                 print(

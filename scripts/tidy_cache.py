@@ -127,7 +127,7 @@ def pending(db: str, cache: str, root: str, build: str, keys_path: str, files: l
         deps = list(pool.map(dependencies, wanted))
     hasher = Hasher(root, build)
     keys = {}
-    for path, entry, d in zip(files, wanted, deps):
+    for path, entry, d in zip(files, wanted, deps, strict=True):
         keys[path] = key(entry, d, hasher, common, root)
         if not os.path.exists(os.path.join(cache, keys[path])):
             print(path)

@@ -27,10 +27,11 @@ steps (exact reduction computes the first step twice, and every process warms it
 CPU ratio beside it compares CPU time per step summed over the job's processes (all threads),
 which other work on the machine disturbs much less than wall time. Threads: --threads (default
 1) intra-op threads in every process (VirtualFlow's init() reads VF_THREADS; the baselines call
-torch.set_num_threads with VF_BENCH_THREADS). Every worker process of both sides runs in a session of its own, as
-torchrun starts DDP's ranks (see bench_env).
+torch.set_num_threads with VF_BENCH_THREADS). Every worker process of both sides runs in a
+session of its own, as torchrun starts DDP's ranks (see bench_env).
 
-usage: PATH=$HOME/.cache/virtualflow/py/bin:$PATH python3 bench/torch/bench.py [all|overhead|ddp|resize|profile|ab] [--repeats N] [--threads T] [--out F]
+usage: PATH=$HOME/.cache/virtualflow/py/bin:$PATH python3 bench/torch/bench.py \
+           [all|overhead|ddp|resize|profile|ab] [--repeats N] [--threads T] [--out F]
 
 The environment reaches every worker: VF_TORCH_FOLD=device with `ab --patch
 bench/torch/gpu_host_fold.patch` measures, on the CPU, the device fold (built) against the
@@ -40,6 +41,8 @@ host's fold (patched) in one run.
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
 import json
 import os
 import platform
@@ -51,9 +54,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -186,7 +190,8 @@ def torchrun() -> str:
     exe = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
     if not exe:
         sys.exit(
-            "torchrun not found: run with the venv's python3 (PATH=$HOME/.cache/virtualflow/py/bin:$PATH)"
+            "torchrun not found: run with the venv's python3 "
+            "(PATH=$HOME/.cache/virtualflow/py/bin:$PATH)"
         )
     return exe
 
@@ -291,7 +296,9 @@ def rank0_steps(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def step_time(o: Outcome, warmup: int) -> float:
     """Median interval between successive step ends of rank 0, after `warmup` steps."""
     steps = rank0_steps(o.records)[warmup:]
-    gaps = [b["t_end"] - a["t_end"] for a, b in zip(steps, steps[1:]) if b["step"] == a["step"] + 1]
+    gaps = [
+        b["t_end"] - a["t_end"] for a, b in itertools.pairwise(steps) if b["step"] == a["step"] + 1
+    ]
     if len(gaps) < 3:
         sys.exit(f"too few steps recorded ({len(steps)} after warm-up)")
     return statistics.median(gaps)
@@ -309,7 +316,7 @@ def step_cpu(o: Outcome, warmup: int) -> float:
     per_step: dict[int, float] = {}
     for recs in by_pid.values():
         recs.sort(key=lambda r: r["step"])
-        for a, b in zip(recs, recs[1:]):
+        for a, b in itertools.pairwise(recs):
             if b["step"] == a["step"] + 1 and a["step"] >= warmup:
                 per_step[b["step"]] = per_step.get(b["step"], 0.0) + b["cpu"] - a["cpu"]
     if len(per_step) < 3:
@@ -367,7 +374,7 @@ def compare(values: dict[str, list[float]], vf: str, base: str) -> dict[str, Any
 
 
 def ratios(num: list[float], den: list[float]) -> list[float]:
-    return [a / b for a, b in zip(num, den)]
+    return [a / b for a, b in zip(num, den, strict=True)]
 
 
 def med(xs: list[float]) -> float:
@@ -442,7 +449,8 @@ def bench_ddp(a: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
                 a.repeats,
                 a.warmup,
                 {
-                    "vf": lambda: run_vf(
+                    "vf": functools.partial(
+                        run_vf,
                         a.vf,
                         tmp,
                         vnodes=vnodes,
@@ -451,7 +459,7 @@ def bench_ddp(a: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
                         max_workers=world,
                         workers=world,
                     ),
-                    "ddp": lambda: run_ddp(tmp, world=world, batch=batch, steps=steps),
+                    "ddp": functools.partial(run_ddp, tmp, world=world, batch=batch, steps=steps),
                 },
             )
             rows.append(
@@ -822,48 +830,50 @@ def bench_ab(a: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
     """The built library against the same with --patch applied, interleaved: step time, CPU
     time, and whether the final weights are bitwise the same."""
     lib = patched_library(tmp, a.vf, Path(a.patch))
+    return [ab_row(a, tmp, lib, world, vnodes=8, batch=256) for world in a.worlds]
+
+
+def ab_row(
+    a: argparse.Namespace, tmp: Path, lib: Path, world: int, vnodes: int, batch: int
+) -> dict[str, Any]:
+    """bench_ab's comparison on `world` workers."""
     steps = a.warmup + a.steps
-    rows = []
-    for world, vnodes, batch in ((w, 8, 256) for w in a.worlds):
-        label = f"{world} worker{'s' if world > 1 else ''}, V={vnodes}, B={batch}: patched / built"
-        print(f"ab: {label}, {a.repeats} rounds ({a.patch})", flush=True)
-        shas: dict[str, set[str]] = {"built": set(), "patched": set()}
+    label = f"{world} worker{'s' if world > 1 else ''}, V={vnodes}, B={batch}: patched / built"
+    print(f"ab: {label}, {a.repeats} rounds ({a.patch})", flush=True)
+    shas: dict[str, set[str]] = {"built": set(), "patched": set()}
 
-        def run(which: str) -> Outcome:
-            o = run_vf(
-                a.vf,
-                tmp,
-                vnodes=vnodes,
-                batch=batch,
-                steps=steps,
-                max_workers=world,
-                workers=world,
-                env_more={"VF_BENCH_LIBRARY": str(lib)} if which == "patched" else {},
-            )
-            assert o.summary is not None
-            shas[which].add(o.summary["weights_sha256"])
-            return o
+    def run(which: str) -> Outcome:
+        o = run_vf(
+            a.vf,
+            tmp,
+            vnodes=vnodes,
+            batch=batch,
+            steps=steps,
+            max_workers=world,
+            workers=world,
+            env_more={"VF_BENCH_LIBRARY": str(lib)} if which == "patched" else {},
+        )
+        assert o.summary is not None
+        shas[which].add(o.summary["weights_sha256"])
+        return o
 
-        v = interleaved(
-            a.repeats, a.warmup, {"built": lambda: run("built"), "patched": lambda: run("patched")}
-        )
-        same = len(shas["built"]) == 1 and shas["built"] == shas["patched"]
-        print(
-            f"  final weights: {'bitwise the same' if same else 'DIFFERENT'} "
-            f"({', '.join(sorted(shas['built'] | shas['patched']))[:80]})",
-            flush=True,
-        )
-        rows.append(
-            {
-                "bench": "ab",
-                "case": label,
-                "baseline": "built library",
-                "target": None,
-                "same_weights": same,
-                **compare(v, "patched", "built"),
-            }
-        )
-    return rows
+    v = interleaved(
+        a.repeats, a.warmup, {"built": lambda: run("built"), "patched": lambda: run("patched")}
+    )
+    same = len(shas["built"]) == 1 and shas["built"] == shas["patched"]
+    print(
+        f"  final weights: {'bitwise the same' if same else 'DIFFERENT'} "
+        f"({', '.join(sorted(shas['built'] | shas['patched']))[:80]})",
+        flush=True,
+    )
+    return {
+        "bench": "ab",
+        "case": label,
+        "baseline": "built library",
+        "target": None,
+        "same_weights": same,
+        **compare(v, "patched", "built"),
+    }
 
 
 # Output ---------------------------------------------------------------------------------------
@@ -923,7 +933,9 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(
-        description="virtualflow.torch against plain PyTorch, DDP and torchrun elastic (the example CNN)",
+        description=(
+            "virtualflow.torch against plain PyTorch, DDP and torchrun elastic (the example CNN)"
+        ),
         epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -54,7 +54,7 @@ def main() -> None:
         for k in range(8):
             if mode == modes[1]:
                 flat.zero_()
-                for p, v in zip(params, views):
+                for p, v in zip(params, views, strict=True):
                     p.grad = v
             idx = batch[k * 32 : (k + 1) * 32]
             t0 = time.perf_counter()
@@ -72,7 +72,8 @@ def main() -> None:
         f = statistics.median(t[0] for t in times[m])
         b = statistics.median(t[1] for t in times[m])
         print(
-            f"{m:<44} forward {1000 * f:6.1f} ms  backward {1000 * b:6.1f} ms  ({len(times[m])} steps)"
+            f"{m:<44} forward {1000 * f:6.1f} ms  backward {1000 * b:6.1f} ms  "
+            f"({len(times[m])} steps)"
         )
 
 

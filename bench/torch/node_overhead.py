@@ -18,6 +18,7 @@ Started by `vf run` (VF_WORKER set) it is the worker.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -112,7 +113,7 @@ def run(a: argparse.Namespace, tmp: Path, lib: Path | None) -> tuple[float, str]
         stdout=subprocess.DEVNULL,
     )
     ends = json.loads(times.read_text())[a.warmup :]
-    step = statistics.median(b - e for e, b in zip(ends, ends[1:]))
+    step = statistics.median(b - e for e, b in itertools.pairwise(ends))
     return step, json.loads(summary.read_text())["weights_sha256"]
 
 
@@ -145,7 +146,8 @@ def main() -> None:
         print(
             f"patched / built: {statistics.median(ratios):.3f} (rounds "
             f"{', '.join(f'{x:.3f}' for x in ratios)}); final weights "
-            f"{'bitwise the same' if len(shas) == 1 else 'DIFFERENT'} ({', '.join(sorted(shas))[:80]})"
+            f"{'bitwise the same' if len(shas) == 1 else 'DIFFERENT'} "
+            f"({', '.join(sorted(shas))[:80]})"
         )
 
 

@@ -18,12 +18,11 @@ import time
 T_START = time.time()
 
 import os  # noqa: E402
+import sys  # noqa: E402
 from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-
-import sys  # noqa: E402
 
 if os.environ.get("VF_BENCH_LIBRARY"):
     # bench.py ab: a patched copy of the virtualflow package ahead of the built one (vf run puts

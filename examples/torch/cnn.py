@@ -45,7 +45,8 @@ def load(split: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class Block(nn.Module):
-    """Two 3x3 convolutions with BatchNorm and a shortcut (a 1x1 projection when the shape changes)."""
+    """Two 3x3 convolutions with BatchNorm and a shortcut (a 1x1 projection when the shape
+    changes)."""
 
     def __init__(self, cin: int, cout: int, stride: int) -> None:
         super().__init__()

@@ -27,6 +27,7 @@ Usage: validate_step_time.py --bin-dir build/bin [--rounds 3] [--steps 1500] [--
 """
 
 import argparse
+import itertools
 import json
 import os
 import pty
@@ -137,7 +138,7 @@ def step_seconds(vf, job, workers, steps, interval):
               it shares its two cores with;
       median  the median window."""
     rows = step_windows(vf, job, workers, steps, interval)[1:-1]
-    w = [(tb - ta) / (sb - sa) for (ta, sa), (tb, sb) in zip(rows, rows[1:]) if sb > sa]
+    w = [(tb - ta) / (sb - sa) for (ta, sa), (tb, sb) in itertools.pairwise(rows) if sb > sa]
     if len(w) < 5:
         raise RuntimeError("too few progress windows (%d); run more --steps" % len(w))
     mean = (rows[-1][0] - rows[0][0]) / (rows[-1][1] - rows[0][1])
@@ -176,8 +177,8 @@ def fit_ring(points, nbytes, cores):
     s11 = sum(x[0] * x[0] for x in xs)
     s12 = sum(x[0] * x[1] for x in xs)
     s22 = sum(x[1] * x[1] for x in xs)
-    b1 = sum(x[0] * y for x, y in zip(xs, ys))
-    b2 = sum(x[1] * y for x, y in zip(xs, ys))
+    b1 = sum(x[0] * y for x, y in zip(xs, ys, strict=True))
+    b2 = sum(x[1] * y for x, y in zip(xs, ys, strict=True))
     det = s11 * s22 - s12 * s12
     lat = (b1 * s22 - b2 * s12) / det
     inv_bw = (s11 * b2 - s12 * b1) / det

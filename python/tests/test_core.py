@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from virtualflow import _core
 import virtualflow.torch as vf
+from virtualflow import _core
 
 JOB = textwrap.dedent(
     """\

@@ -10,8 +10,8 @@ import struct
 import pytest
 import torch
 
-from virtualflow import _core
 import virtualflow.torch as vf
+from virtualflow import _core
 
 UNSET = -(1 << 31)
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -37,7 +37,7 @@ def fold_both(device: str, nodes: list[list[float]], sizes: list[int], exponents
     torch.use_deterministic_algorithms(True)
     try:
         fold = vf._DeviceFold(
-            torch.device(device), list(zip(offsets, sizes)), sum(sizes), len(nodes)
+            torch.device(device), list(zip(offsets, sizes, strict=True)), sum(sizes), len(nodes)
         )
         fold.begin(exponents)
         for row in grads:

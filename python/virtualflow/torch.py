@@ -35,8 +35,9 @@ import os
 import struct
 import sys
 import time
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
-from typing import Any, Generator, Iterator
+from typing import Any
 
 import torch
 
@@ -241,7 +242,10 @@ class _Holder:
             )
         if header.get("signature") != [list(x) for x in _signature(self._state.model)]:
             diff = _signature_difference(_signature(self._state.model), header["signature"])
-            return f"this worker builds a different model than the job's: {diff}; every worker must build the same model"
+            return (
+                f"this worker builds a different model than the job's: {diff}; "
+                "every worker must build the same model"
+            )
         return ""
 
     def _load(self, blob: bytes) -> None:

@@ -302,7 +302,9 @@ class ControlPlane:
             port = self.ports[component.name]
             _wait(
                 "%s /healthz" % component.name,
-                lambda: component.check_alive() or self._healthz(port),
+                lambda component=component, port=port: (
+                    component.check_alive() or self._healthz(port)
+                ),
                 left(),
             )
         # The namespace comes from the API server, the service account from the controller

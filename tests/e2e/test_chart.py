@@ -211,8 +211,8 @@ BAD_VALUES = [
         "two operators without leader election",
         ["--set", "leaderElection.enabled=false"],
         [
-            "replicaCount is 2 but leaderElection.enabled is false: more than one operator would act "
-            "on the same jobs; enable leader election or set replicaCount to 1"
+            "replicaCount is 2 but leaderElection.enabled is false: more than one operator "
+            "would act on the same jobs; enable leader election or set replicaCount to 1"
         ],
     ),
     (
@@ -805,9 +805,10 @@ class ChartFilesTest(unittest.TestCase):
         # The labels the operator puts on every worker pod, as its source says
         # (operator/controller/worker_pod.h); the install test checks real pods too.
         header = read(os.path.join(SOURCE_DIR, "operator", "controller", "worker_pod.h"))
-        constant = lambda name: re.search(
-            r'inline constexpr char %s\[\] = "([^"]+)";' % name, header
-        ).group(1)
+
+        def constant(name):
+            return re.search(r'inline constexpr char %s\[\] = "([^"]+)";' % name, header).group(1)
+
         worker = {
             constant("kJobLabel"): "mnist",
             constant("kManagedByLabel"): constant("kManagedBy"),
@@ -971,7 +972,8 @@ class ChartFilesTest(unittest.TestCase):
     def test_metric_name_extraction(self):
         self.assertEqual(
             metric_names(
-                "histogram_quantile(0.95, sum by (le, job) (rate(vf_agent_step_duration_seconds_bucket"
+                "histogram_quantile(0.95, sum by (le, job) "
+                "(rate(vf_agent_step_duration_seconds_bucket"
                 '{job_namespace=~"$namespace", job_name=~"$job"}[$__rate_interval])))'
             ),
             {"vf_agent_step_duration_seconds_bucket"},
@@ -1414,7 +1416,7 @@ class ChartInstallTest(ControlPlaneTestCase):
             name, namespace = pod["metadata"]["name"], pod["metadata"]["namespace"]
             secret = self.until(
                 "%s's credential Secret" % name,
-                lambda: self.cp.get(
+                lambda namespace=namespace, name=name: self.cp.get(
                     "/api/v1/namespaces/%s/secrets/%s-vf-credential" % (namespace, name)
                 ),
             )

@@ -427,7 +427,10 @@ def table(text):
     """`kubectl get` output as a list of {HEADER: value}; columns split on 2+ spaces."""
     lines = [line for line in text.splitlines() if line.strip()]
     header = re.split(r"\s{2,}", lines[0].strip())
-    return header, [dict(zip(header, re.split(r"\s{2,}", line.strip()))) for line in lines[1:]]
+    # A row with empty last columns has fewer cells than the header: those keys are left out.
+    return header, [
+        dict(zip(header, re.split(r"\s{2,}", line.strip()), strict=False)) for line in lines[1:]
+    ]
 
 
 class CrdTest(ControlPlaneTestCase):

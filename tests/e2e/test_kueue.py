@@ -6,7 +6,7 @@ with Kueue's reason in its Admitted condition and runs once the first job's end 
 quota; partial admission gives a job fewer workers than the free GPUs would."""
 
 import unittest
-from typing import Any, Dict, Optional, Tuple
+from typing import Any
 
 from test_operator import OperatorTestCase, job_manifest, local_sha
 
@@ -20,17 +20,17 @@ KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 def queued_manifest(
     name: str,
     steps: int,
-    replicas: Tuple[int, int],
-    delay_ms: Optional[int] = None,
+    replicas: tuple[int, int],
+    delay_ms: int | None = None,
     queue: str = QUEUE,
-) -> Dict[str, Any]:
+) -> dict[str, Any]:
     manifest = job_manifest(name, steps=steps, replicas=replicas, delay_ms=delay_ms)
     manifest["metadata"]["namespace"] = NS
     manifest["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": queue}
     return manifest
 
 
-def condition(status: Dict[str, Any], kind: str) -> Optional[Dict[str, Any]]:
+def condition(status: dict[str, Any], kind: str) -> dict[str, Any] | None:
     return {c["type"]: c for c in status.get("conditions", [])}.get(kind)
 
 
@@ -99,7 +99,7 @@ class KueueTest(OperatorTestCase):
             ),
         )
 
-    def workload(self, name: str) -> Optional[Dict[str, Any]]:
+    def workload(self, name: str) -> dict[str, Any] | None:
         items = self.cp.request(
             "GET",
             KUEUE
@@ -107,7 +107,7 @@ class KueueTest(OperatorTestCase):
         )["items"]
         return items[0] if items else None
 
-    def admitted(self, name: str) -> Dict[str, Any]:
+    def admitted(self, name: str) -> dict[str, Any]:
         return self.wait_status(
             name, "Admitted", lambda s: (condition(s, "Admitted") or {}).get("status") == "True"
         )

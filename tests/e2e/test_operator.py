@@ -2,13 +2,14 @@
 VirtualFlowJob runs it on fake GPU nodes through the real scheduler and the pod runner; the job
 grows when a node is added, shrinks on cordon and drain, survives pod deletion and an operator
 restart (their credentials derived again from the operator's key), and ends with the weights of
-a local static run; each job's NetworkPolicy selects its
-own worker pods and not another job's, and is made again when deleted and restored when changed;
-deleting the job collects its pods, Secrets and NetworkPolicy; a quota that refuses its pods is a condition and one counted Event on it; an operator
-that loses its Lease stops acting; jobs competing for too few GPUs share them within their
-bounds and the one that cannot start says why; a suspended job has no pods and, resumed, ends with
-the weights of an uninterrupted run; a crash-looping worker fails its job past spec.runPolicy's
-backoffLimit; a finished job is deleted after its ttlSecondsAfterFinished."""
+a local static run; each job's NetworkPolicy selects its own worker pods and not another
+job's, and is made again when deleted and restored when changed; deleting the job collects its
+pods, Secrets and NetworkPolicy; a quota that refuses its pods is a condition and one counted
+Event on it; an operator that loses its Lease stops acting; jobs competing for too few GPUs
+share them within their bounds and the one that cannot start says why; a suspended job has no
+pods and, resumed, ends with the weights of an uninterrupted run; a crash-looping worker fails
+its job past spec.runPolicy's backoffLimit; a finished job is deleted after its
+ttlSecondsAfterFinished."""
 
 import base64
 import concurrent.futures

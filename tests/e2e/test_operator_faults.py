@@ -16,7 +16,8 @@ import signal
 import subprocess
 import tempfile
 import unittest
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from test_operator import BIN_DIR, NS, SOURCE_DIR, OperatorTestCase, job_manifest, local_sha
 from test_torch_job import DATASET, PYTHON, cnn_manifest

@@ -550,13 +550,13 @@ class PodRunnerTest(ControlPlaneTestCase):
             {"name": "creds", "mountPath": mnt + "/creds"},
         ]
         script = (
-            'set -e; echo kept > {m}/scratch/a; test "$(cat {m}/scratch/a)" = kept; '
-            "df {m}/shm | grep -q tmpfs; echo via-pod > {m}/host/out; "
-            'test "$(cat {m}/creds/token)" = s3cret; '
-            'test "$(stat -L -c %a {m}/creds/token)" = 400; '
-            "if touch {m}/creds/new 2>/dev/null; then echo secret not read-only; exit 1; fi; "
+            f'set -e; echo kept > {mnt}/scratch/a; test "$(cat {mnt}/scratch/a)" = kept; '
+            f"df {mnt}/shm | grep -q tmpfs; echo via-pod > {mnt}/host/out; "
+            f'test "$(cat {mnt}/creds/token)" = s3cret; '
+            f'test "$(stat -L -c %a {mnt}/creds/token)" = 400; '
+            f"if touch {mnt}/creds/new 2>/dev/null; then echo secret not read-only; exit 1; fi; "
             "echo all good"
-        ).format(m=mnt)
+        )
         p = self.run_to_end(
             "volumes", ["sh", "-c", script], "Succeeded", volumes=volumes, mounts=mounts
         )

@@ -142,8 +142,8 @@ class Prometheus:
         status, body = http_get(url, timeout=30)
         try:
             answer = json.loads(body)
-        except ValueError:
-            raise AssertionError("%s: HTTP %s: %s" % (url, status, body[:300]))
+        except ValueError as e:
+            raise AssertionError("%s: HTTP %s: %s" % (url, status, body[:300])) from e
         if answer.get("status") != "success":
             raise AssertionError(
                 "%s: %s: %s"
@@ -555,7 +555,7 @@ class PrometheusTest(ControlPlaneTestCase):
             "max by (job_namespace, job_name) (rate(vf_agent_steps_total{%s}[5s]))" % sel
         )
         bounds = [t for _, t in self.phases] + [self.ended]
-        for (workers, start), end in zip(self.phases, bounds[1:]):
+        for (workers, start), end in zip(self.phases, bounds[1:], strict=True):
             with self.subTest(workers=workers, seconds=round(end - start, 1)):
                 inside = [v for t, v in rate if start <= t <= end]
                 self.assertTrue(inside, "no sample")

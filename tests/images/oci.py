@@ -268,7 +268,7 @@ class Container:
             out, _ = self.proc.communicate()
             raise AssertionError(
                 "%s in %s did not end in %ss:\n%s" % (self.args, self.image, timeout, out)
-            )
+            ) from None
         self.remove()
         return self.proc.returncode, out or ""
 

@@ -17,8 +17,9 @@ import subprocess
 import sys
 import tempfile
 import unittest
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 import oci
 
@@ -116,7 +117,7 @@ class ImageTest(unittest.TestCase):
                 for image in IMAGES
             ]
         )
-        for image, (status, out) in zip(IMAGES, runs):
+        for image, (status, out) in zip(IMAGES, runs, strict=True):
             with self.subTest(image):
                 _, manifest = oci.manifest(image)
                 annotations = manifest.get("annotations", {})

@@ -138,7 +138,7 @@ class VfTestCase(unittest.TestCase):
         fragment (case-insensitive)."""
         self.assertNotEqual(run.returncode, 0, "vf unexpectedly succeeded:\n%s" % run.stdout)
         self.assertLess(run.returncode, 128, "vf died from a signal")
-        lines = [l for l in run.stderr.splitlines() if l.strip()]
+        lines = [line for line in run.stderr.splitlines() if line.strip()]
         self.assertEqual(len(lines), 1, "expected one error line, got:\n%s" % run.stderr)
         self.assertTrue(lines[0].startswith("vf: error: "), lines[0])
         for fragment in fragments:

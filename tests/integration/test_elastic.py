@@ -16,7 +16,7 @@ import unittest
 import urllib.error
 import urllib.request
 
-from harness import VF, VfTestCase, vf, job_yaml, write
+from harness import VF, VfTestCase, job_yaml, vf, write
 
 # virtualNodes 12 splits unevenly over 1..4 workers. The sleep-based slowdown paces steps at a
 # few tens of milliseconds without using CPU, so joiners warm up within a predictable number of
@@ -184,7 +184,7 @@ class Background:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            raise AssertionError("vf run hung")
+            raise AssertionError("vf run hung") from None
         self.reader.join(timeout=10)
         err = self.proc.stderr.read()
         self.proc.stdout.close()
@@ -238,14 +238,16 @@ class ElasticTest(VfTestCase):
                 self.assertEqual(sizes, [(2, 4), (4, 1), (1, 3)], run.stdout)
                 self.assertEqual(run.summary["recoveries"], 0)
                 self.assertEqual(run.summary["weights_sha256"], expected)
-                lines = [l for l in run.stdout.splitlines() if l.startswith("resize at step")]
+                lines = [
+                    line for line in run.stdout.splitlines() if line.startswith("resize at step")
+                ]
                 self.assertEqual(len(lines), 3, run.stdout)
                 self.assertRegex(lines[0], r"resize at step \d+: 2 -> 4 workers, pause \d+\.\d\d s")
                 for r in run.summary["resizes"]:
                     self.assertGreater(r["pause_seconds"], 0)
                     self.assertTrue(r["reason"])
                 # Every progress line shows a trained step, also right after a resize.
-                progress = [l for l in run.stdout.splitlines() if l.startswith("step ")]
+                progress = [line for line in run.stdout.splitlines() if line.startswith("step ")]
                 self.assertGreater(len(progress), 3, run.stdout)
                 for line in progress:
                     m = re.search(r"loss (\S+) .* ([\d.]+) samples/s", line)
@@ -378,10 +380,10 @@ class ElasticTest(VfTestCase):
         try:
             # It names its device once registered and warmed up; then it waits for a plan.
             deadline = time.monotonic() + 60
-            while not any("device cpu" in l for l in lines) and time.monotonic() < deadline:
+            while not any("device cpu" in line for line in lines) and time.monotonic() < deadline:
                 self.assertIsNone(extra.poll(), "".join(lines))
                 time.sleep(0.05)
-            self.assertTrue(any("device cpu" in l for l in lines), "".join(lines))
+            self.assertTrue(any("device cpu" in line for line in lines), "".join(lines))
             time.sleep(2)
             self.assertIsNone(bg.proc.poll(), "".join(bg.out))  # the job still trains
             self.assertIsNone(extra.poll(), "".join(lines))

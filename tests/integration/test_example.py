@@ -1,7 +1,6 @@
 """The shipped example trains Fashion-MNIST to at least 85% test accuracy (its full length, as
 `vf run examples/fashion-mnist.yaml` runs it), with progress lines on the way."""
 
-import re
 import unittest
 
 from harness import EXAMPLE, VfTestCase, vf
@@ -12,7 +11,7 @@ class ExampleTest(VfTestCase):
         run = vf("run", EXAMPLE)
         self.assertSucceeded(run)
         self.assertGreaterEqual(run.summary["test_accuracy"], 0.85)
-        progress = [l for l in run.stdout.splitlines() if l.startswith("step ")]
+        progress = [line for line in run.stdout.splitlines() if line.startswith("step ")]
         self.assertGreater(len(progress), 3, run.stdout)
         self.assertRegex(progress[-1], r"loss \d+\.\d+ .* samples/s\s+ETA \d+:\d\d")
         self.assertRegex(run.stdout, r"weights sha256 [0-9a-f]{64}")

@@ -166,7 +166,9 @@ class CheckpointFaultTest(VfTestCase):
         self.assertIn("vf: warning: checkpoint at step %d not written" % every, text)
         self.assertIn("No space left on device", text)
         self.assertIn("vf: checkpoint written again at step", text)
-        sha = [l.split()[-1] for l in stdout.splitlines() if l.startswith("weights sha256")]
+        sha = [
+            line.split()[-1] for line in stdout.splitlines() if line.startswith("weights sha256")
+        ]
         self.assertEqual(len(sha), 1, stdout)
         return sha[0]
 
@@ -199,7 +201,7 @@ class CheckpointFaultTest(VfTestCase):
         # The periodic checkpoints were said and training went on to the end.
         self.assertIn("vf: warning: checkpoint at step 5 not written", run.stderr)
         self.assertIn("vf: warning: checkpoint at step 10 not written", run.stderr)
-        last = [l for l in run.stderr.splitlines() if l.strip()][-1]
+        last = [line for line in run.stderr.splitlines() if line.strip()][-1]
         self.assertTrue(last.startswith("vf: error: the final weights could not be saved"), last)
         self.assertIn("Read-only file system", last)
         self.assertFalse(os.path.exists(ckpt))
@@ -239,7 +241,7 @@ class CheckpointFaultTest(VfTestCase):
         self.assertLess(run.returncode, 128, "vf died from a signal")
         self.assertIn("vf: warning: checkpoint at step 3 not written", run.stderr)
         self.assertIn("vf: warning: checkpoint at step 6 not written", run.stderr)
-        last = [l for l in run.stderr.splitlines() if l.strip()][-1]
+        last = [line for line in run.stderr.splitlines() if line.strip()][-1]
         self.assertIn("the final weights could not be saved", last)
         self.assertIn("Read-only file system", last)
 

@@ -62,7 +62,7 @@ class SimulateTest(VfTestCase):
         summary = run["summary"]
         self.assertEqual(summary["unfinished_jobs"], 0)
         jcts = []
-        for job, spec in zip(jobs, trace_jobs):
+        for job, spec in zip(jobs, trace_jobs, strict=True):
             where = "%s %s" % (run["policy"], job["id"])
             self.assertEqual(job["arrival_seconds"], spec["arrival_time"], where)
             self.assertGreaterEqual(job["start_seconds"], job["arrival_seconds"], where)
@@ -187,7 +187,7 @@ class SimulateTest(VfTestCase):
 
     def assertOneLine(self, proc, *fragments):
         self.assertNotEqual(proc.returncode, 0)
-        lines = [l for l in proc.stderr.splitlines() if l.strip()]
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
         self.assertEqual(len(lines), 1, proc.stderr)
         self.assertTrue(lines[0].startswith("vf: error: "), lines[0])
         for fragment in fragments:

@@ -93,7 +93,7 @@ class Background:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            raise AssertionError("vf run hung:\n" + "".join(self.out))
+            raise AssertionError("vf run hung:\n" + "".join(self.out)) from None
         self.reader.join(timeout=10)
         err = self.proc.stderr.read()
         self.proc.stdout.close()
@@ -299,7 +299,9 @@ MISUSE = textwrap.dedent("""\
                 model.weight[0, 0] += 1.0
         rng_before = torch.get_rng_state()
         for node in step.virtual_nodes():
-            assert node.indices.dtype == torch.int64 and node.indices.device.type == "cpu", node.indices
+            assert (
+                node.indices.dtype == torch.int64 and node.indices.device.type == "cpu"
+            ), node.indices
             torch.rand(1)  # the node's own draw: the generator's state from before comes back
             idx = node.indices
             loss = F.cross_entropy(model(x[idx]), y[idx])

@@ -47,14 +47,14 @@ class WorkerCountTest(VfTestCase):
         base = weights[1]
         norm = math.sqrt(sum(w * w for w in base))
         for n in (3, 8):
-            diff = math.sqrt(sum((a - b) ** 2 for a, b in zip(base, weights[n])))
+            diff = math.sqrt(sum((a - b) ** 2 for a, b in zip(base, weights[n], strict=True)))
             self.assertLess(diff / norm, 1e-4, "fast mode on %d workers drifted" % n)
         other = os.path.join(self.tmp, "other.ckpt")
         self.run_with(
             self.job("other.yaml", reduction="fast", seed="7", checkpoint="{path: %s}" % other), 1
         )
         far = read_state(other)["parameters"]
-        diff = math.sqrt(sum((a - b) ** 2 for a, b in zip(base, far)))
+        diff = math.sqrt(sum((a - b) ** 2 for a, b in zip(base, far, strict=True)))
         self.assertGreater(diff / norm, 1e-2, "the tolerance would not catch a different run")
 
 
