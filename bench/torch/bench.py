@@ -296,7 +296,7 @@ def rank0_steps(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def step_time(o: Outcome, warmup: int) -> float:
     """Median interval between successive step ends of rank 0, after `warmup` steps."""
     steps = rank0_steps(o.records)[warmup:]
-    gaps = [
+    gaps: list[float] = [
         b["t_end"] - a["t_end"] for a, b in itertools.pairwise(steps) if b["step"] == a["step"] + 1
     ]
     if len(gaps) < 3:
@@ -778,7 +778,8 @@ def bench_profile(a: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
     rows = []
     for label, vf_fn, base_fn, nodes in cases:
         print(f"profile: {label}, {a.repeats} rounds", flush=True)
-        vfs, bases = [], []
+        vfs: list[dict[str, float]] = []
+        bases: list[dict[str, float]] = []
         for r in range(a.repeats):
             pair = [(vfs, vf_fn), (bases, base_fn)]
             for dest, fn in pair if r % 2 == 0 else pair[::-1]:

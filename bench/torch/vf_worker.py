@@ -70,7 +70,8 @@ def main() -> None:
         # Where a step's time goes: the library's calls into C++ (the per-node fold `add`, the
         # reduction `finish`, ...), node.backward() (autograd plus the library's checks), the
         # user's forward and optimizer step; the rest is Python in the library's step loop.
-        job._worker = Timed(job._worker, times, "worker.")
+        # A proxy in the worker's place, the same calls timed.
+        job._worker = Timed(job._worker, times, "worker.")  # type: ignore[assignment]
         backward = job._backward
 
         def timed_backward(node: Any, loss: torch.Tensor) -> None:
@@ -98,7 +99,7 @@ def main() -> None:
 
         def prepare(state: vf.State, dataset_size: int) -> None:
             job._prepare_original(state, dataset_size)  # type: ignore[attr-defined]
-            job._sharder = Timed(job._sharder, times, "sharder.")
+            job._sharder = Timed(job._sharder, times, "sharder.")  # type: ignore[assignment]
 
         job._prepare = prepare  # type: ignore[method-assign]
     node_times = os.environ.get("VF_BENCH_NODE_TIMES", "") == "1"  # also each node's start

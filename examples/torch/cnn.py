@@ -79,7 +79,8 @@ class Net(nn.Module):
         x = self.layer2(self.layer1(self.stem(x)))
         # Global average pooling as a mean: adaptive_avg_pool2d's CUDA backward has no
         # deterministic implementation, and the weights must repeat bit for bit.
-        return self.fc(x.mean(dim=(2, 3)))
+        logits: torch.Tensor = self.fc(x.mean(dim=(2, 3)))
+        return logits
 
 
 def augment(x: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -90,10 +91,11 @@ class GPT(nn.Module):
         )
         for block in self.blocks:
             h = block(h)
-        return self.head(self.ln(h))
+        logits: torch.Tensor = self.head(self.ln(h))
+        return logits
 
 
-def warmup_cosine(total: int, warmup: int):
+def warmup_cosine(total: int, warmup: int) -> Callable[[int], float]:
     def factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
@@ -144,10 +146,10 @@ def main() -> None:
         if job.rank == 0 and (step.index + 1) % 100 == 0:
             print(f"step {step.index + 1}/{total} loss {step.loss:.4f}", flush=True)
 
-    loss = validation_loss(model, val) if job.rank == 0 else None
-    if loss is not None:
-        print(f"validation loss {loss:.4f}", flush=True)
-    job.finish(test_loss=loss)
+    val_loss = validation_loss(model, val) if job.rank == 0 else None
+    if val_loss is not None:
+        print(f"validation loss {val_loss:.4f}", flush=True)
+    job.finish(test_loss=val_loss)
 
 
 if __name__ == "__main__":
