@@ -45,7 +45,9 @@ int Run(int argc, char** argv) {
       "leave between two steps without restarting; a worker that dies is replaced and its step\n"
       "redone. With `reduction: exact` the final weights are bitwise identical whatever the\n"
       "number of workers and resizes. Prints progress, one line per resize, then the test-set\n"
-      "accuracy and the SHA-256 of the final weights.",
+      "accuracy and the SHA-256 of the final weights. The built-in model's workers all share\n"
+      "the machine's GPU when it has one (VF_DEVICE=cpu keeps them on the CPU); a job's own\n"
+      "program chooses its device itself.",
       "vf run");
   app.add_option("JOB.yaml", o.job_path, "the VirtualFlowJob manifest to train");
   app.add_option("--workers", workers,
