@@ -75,31 +75,28 @@ def job_manifest(
     }
 
 
-def local_sha(manifest, workers):
-    """weights_sha256 of a local static `vf run` of the same job file, in the environment the pod
-    runner gives pods (their own env only): OpenBLAS picks its kernels from the environment
-    (OPENBLAS_CORETYPE), and bitwise identity needs the same kernels."""
+def local_sha(manifest, workers, env=None, cwd=None):
+    """weights_sha256 of a local static `vf run` of the same job file on WORKERS workers, by
+    default in the environment the pod runner gives pods (their own env only): OpenBLAS picks its
+    kernels from the environment (OPENBLAS_CORETYPE), and bitwise identity needs the same
+    kernels. ENV and CWD replace the environment and the directory (a user's program that needs
+    the PyTorch environment on PATH and its own files)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "job.json")
         with open(path, "w") as f:
             json.dump(manifest, f)
         summary = os.path.join(tmp, "summary.json")
+        vf = os.path.join(BIN_DIR, "vf")
         run = subprocess.run(
-            [
-                os.path.join(BIN_DIR, "vf"),
-                "run",
-                path,
-                "--workers",
-                str(workers),
-                "--progress-interval",
-                "0",
-                "--summary-json",
-                summary,
-            ],
+            [vf, "run", path, "--workers", str(workers), "--progress-interval", "0"]
+            + ["--summary-json", summary],
             capture_output=True,
             text=True,
             timeout=900,
-            env={"PATH": BIN_DIR + os.pathsep + "/usr/bin:/bin", "HOSTNAME": "local"},
+            env=env
+            if env is not None
+            else {"PATH": BIN_DIR + os.pathsep + "/usr/bin:/bin", "HOSTNAME": "local"},
+            cwd=cwd,
         )
         if run.returncode != 0:
             raise AssertionError("local run failed:\n%s\n%s" % (run.stdout, run.stderr))

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from test_operator import BIN_DIR, NS, SOURCE_DIR, OperatorTestCase, job_manifest, local_sha
-from test_torch_job import DATASET, PYTHON, cnn_manifest
+from test_torch_job import DATASET, PYTHON, cnn_manifest, torch_env
 
 FAULT_ENV = "VF_FAULT_OPERATOR_EXIT_AT"
 BUILD_ENV = "VF_TEST_OPERATOR_BUILD"
@@ -122,33 +122,7 @@ def cnn_local_sha(manifest: dict[str, Any], workers: int) -> str:
         manifest["spec"]["template"]["env"] = [
             e for e in manifest["spec"]["template"]["env"] if e["name"] != "VF_VNODE_DELAY_MS"
         ]
-        path = os.path.join(tmp, "job.json")
-        with open(path, "w") as f:
-            json.dump(manifest, f)
-        summary = os.path.join(tmp, "summary.json")
-        env = dict(os.environ, PATH=os.path.dirname(PYTHON) + os.pathsep + os.environ["PATH"])
-        run = subprocess.run(
-            [
-                os.path.join(BIN_DIR, "vf"),
-                "run",
-                path,
-                "--workers",
-                str(workers),
-                "--progress-interval",
-                "0",
-                "--summary-json",
-                summary,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=900,
-            env=env,
-            cwd=SOURCE_DIR,
-        )
-        if run.returncode != 0:
-            raise AssertionError("local run failed:\n%s\n%s" % (run.stdout, run.stderr))
-        with open(summary) as f:
-            return str(json.load(f)["weights_sha256"])
+        return str(local_sha(manifest, workers, env=torch_env(), cwd=SOURCE_DIR))
 
 
 class OperatorFaultsTest(OperatorTestCase):

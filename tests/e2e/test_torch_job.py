@@ -7,15 +7,13 @@ the volume. A CPU-only job (gpusPerWorker: 0) runs on the nodes its nodeSelector
 workers as their CPUs fit."""
 
 import concurrent.futures
-import json
 import os
 import shutil
-import subprocess
 import tempfile
 import unittest
 
 from controlplane import ApiError
-from test_operator import BIN_DIR, SOURCE_DIR, OperatorTestCase, job_manifest
+from test_operator import BIN_DIR, SOURCE_DIR, OperatorTestCase, job_manifest, local_sha
 
 PYTHON = os.environ.get("VF_PYTHON", "")
 DATASET = "/usr/share/datasets/fashion-mnist"
@@ -23,6 +21,12 @@ CNN = os.path.join(SOURCE_DIR, "examples", "torch", "cnn.py")
 PACKAGE = os.path.join(os.path.dirname(BIN_DIR), "python")  # build/python
 STEPS = 60
 RESTRICTED = "restricted"
+
+
+def torch_env() -> dict[str, str]:
+    """This process's environment with the PyTorch environment's python3 first on PATH: what a
+    local `vf run` of a PyTorch job needs to start its workers."""
+    return dict(os.environ, PATH=os.path.dirname(PYTHON) + os.pathsep + os.environ["PATH"])
 
 
 def cnn_manifest(name, ns, data_dir, checkpoint, volume=None, delay_ms=60):
@@ -142,33 +146,7 @@ class TorchJobTest(OperatorTestCase):
             manifest = cnn_manifest(
                 "torch-cnn", "default", DATASET, os.path.join(tmp, "cnn.ckpt"), delay_ms=0
             )
-            path = os.path.join(tmp, "job.json")
-            with open(path, "w") as f:
-                json.dump(manifest, f)
-            summary = os.path.join(tmp, "summary.json")
-            env = dict(os.environ, PATH=os.path.dirname(PYTHON) + os.pathsep + os.environ["PATH"])
-            run = subprocess.run(
-                [
-                    os.path.join(BIN_DIR, "vf"),
-                    "run",
-                    path,
-                    "--workers",
-                    str(workers),
-                    "--progress-interval",
-                    "0",
-                    "--summary-json",
-                    summary,
-                ],
-                capture_output=True,
-                text=True,
-                timeout=900,
-                env=env,
-                cwd=SOURCE_DIR,
-            )
-            if run.returncode != 0:
-                raise AssertionError("local run failed:\n%s\n%s" % (run.stdout, run.stderr))
-            with open(summary) as f:
-                return json.load(f)["weights_sha256"]
+            return local_sha(manifest, workers, env=torch_env(), cwd=SOURCE_DIR)
 
     def test_0_the_namespace_enforces_the_restricted_standard(self):
         """Without this the rest would prove nothing about Pod Security."""
