@@ -140,6 +140,12 @@ class Device {
   // order changes; a device that overlaps lanes makes it safe to run concurrently). Each lane
   // has its own scratch and its own Record() keys. A device without lanes runs them in turn.
   virtual int Lanes() const { return 1; }
+  // Fast mode's float sums: a step's nodes on this device add into this many partial sums (node
+  // k into sum k mod n), which are then added in order. Part of fast mode's arithmetic on this
+  // kind of device, not a tuning: the lanes never change it, so a device tuned to any number of
+  // lanes trains to the same weights. A device whose lanes run at once gives each of its default
+  // lanes a sum of its own (a GPU: 4); the CPU, which would only pay for the extra additions, 1.
+  virtual int FastPartialSums() const { return 1; }
   virtual void Fork(int lanes) { (void)lanes; }
   virtual void UseLane(int lane) { (void)lane; }
   virtual void Join() {}

@@ -252,11 +252,13 @@ Status Executor::ComputeNode(size_t lane, size_t k, float* sum) {
 Status Executor::ComputeNodes(std::span<const int> local_vnodes, float* sum) {
   // Exact mode's nodes share nothing but the reducer's integer sums, so a device with lanes runs
   // several at once, node k on lane k mod lanes. Fast mode's float sums depend on the order of
-  // their additions, so its grouping is fixed whatever the device: node k adds into partial sum
-  // k mod kFastPartialSums (partial 0 is the reducer's own), each partial belongs to one lane,
-  // and the partials are added in order at the end (FoldFastPartials).
+  // their additions, so its grouping is the device kind's, whatever its lanes: node k adds into
+  // partial sum k mod FastPartialSums() (partial 0 is the reducer's own), each partial belongs
+  // to one lane, and the partials are added in order at the end (FoldFastPartials).
   const size_t nodes = local_vnodes.size();
-  const size_t most = sum != nullptr ? std::min(nodes, kFastPartialSums) : nodes;
+  const size_t groups =
+      static_cast<size_t>(std::clamp(device_.FastPartialSums(), 1, kMaxLanes));
+  const size_t most = sum != nullptr ? std::min(nodes, groups) : nodes;
   const size_t lanes =
       std::clamp<size_t>(static_cast<size_t>(device_.Lanes()), 1, std::max<size_t>(most, 1));
   VF_RETURN_IF_ERROR(ReserveLanes(lanes));
@@ -266,7 +268,7 @@ Status Executor::ComputeNodes(std::span<const int> local_vnodes, float* sum) {
   if (lanes > 1) device_.Fork(static_cast<int>(lanes));
   Status status = Status::Ok();
   for (size_t k = 0; k < nodes && status.ok(); ++k) {
-    const size_t group = sum != nullptr ? k % kFastPartialSums : k;
+    const size_t group = sum != nullptr ? k % groups : k;
     const size_t lane = group % lanes;
     if (lanes > 1) device_.UseLane(static_cast<int>(lane));
     sharder_.MicroBatch(step_, local_vnodes[k], &indices_);

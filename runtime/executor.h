@@ -40,8 +40,8 @@ struct StepResult {
 // compute its gradient and add it to the reducer; reduce across ranks; apply the optimizer.
 // A device with lanes (Device::Fork) computes several nodes at once. In exact mode node k runs on
 // lane k mod lanes and the fixed-point sum makes the result the same bits; in fast mode node k
-// adds into float partial sum k mod kFastPartialSums, which one lane owns, and the partials are
-// added in order, so the weights do not depend on the lanes either. Memory is sized by the
+// adds into float partial sum k mod Device::FastPartialSums(), which one lane owns, and the
+// partials are added in order, so the weights do not depend on the lanes either. Memory is sized by the
 // micro-batch and the lanes, never by the global batch. Not thread-safe.
 class Executor {
  public:
@@ -133,10 +133,6 @@ class Executor {
   // Fast mode: adds partial sums 1..used-1 into `sum` (partial 0), in order, after the lanes join.
   void FoldFastPartials(size_t used, float* sum);
 
-  // Fast mode's grouping of a step's nodes into float partial sums (see the class comment): a
-  // constant, not the device's lane count, so that the sums' order is the same on any device.
-  static constexpr size_t kFastPartialSums = 4;
-
   JobSpec job_;
   std::string fingerprint_;
   Device& device_;
@@ -153,7 +149,7 @@ class Executor {
   std::vector<LossStats> host_node_stats_;
   std::vector<DeviceBuffer<float>> slots_;
   std::vector<Lane> lanes_;  // lanes_[0] always exists
-  // Fast mode's partial sums 1..kFastPartialSums-1 (partial 0 is the reducer's sum).
+  // Fast mode's partial sums 1..Device::FastPartialSums()-1 (partial 0 is the reducer's sum).
   std::vector<DeviceBuffer<float>> fast_partials_;
   int staged_capacity_ = 0;
   // Per slot: `staged_capacity_` samples' pixels, then their labels as int32 (see Stage).

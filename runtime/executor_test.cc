@@ -5,6 +5,8 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/device/cpu/device.h"
+
 namespace vf {
 namespace {
 
@@ -78,9 +80,9 @@ TEST(Executor, AdamWExactModeIsMappingIndependentToo) {
 }
 
 TEST(Executor, LanesDoNotChangeTheWeights) {
-  // A device's lanes get a node each in turn (their own model, gradient and staging; fast mode:
-  // partial sum k mod 4 of node k belongs to one lane); on the CPU they run in turn, which checks
-  // that every node still computes from its own buffers and lands in its own statistics and sum.
+  // A device's lanes get a node each in turn (their own model, gradient and staging; fast mode
+  // on the CPU keeps one sum, so one lane); on the CPU they run in turn, which checks that every
+  // node still computes from its own buffers and lands in its own statistics.
   for (Reduction mode : {Reduction::kExact, Reduction::kFast}) {
     const JobSpec job = SmallJob(mode);
     const auto one_lane = Train(job, {{0, 1, 2, 3, 4, 5}});
@@ -91,6 +93,39 @@ TEST(Executor, LanesDoNotChangeTheWeights) {
       for (const auto& d : Train(job, {{4, 0, 2}, {1, 5, 3}}, 3)) EXPECT_EQ(d, one_lane[0]);
     }
   }
+}
+
+// The CPU with a GPU's grouping of fast mode's sums (Device::FastPartialSums), so that the
+// executor's partial sums run here too.
+class GroupedCpuDevice : public CpuDevice {
+ public:
+  GroupedCpuDevice() : CpuDevice(1) {}
+  int FastPartialSums() const override { return kDefaultCudaLanes; }
+};
+
+TEST(Executor, FastModesPartialSumsDoNotDependOnTheLanes) {
+  // Node k adds into partial sum k mod 4, which one lane owns; the partials are added in order.
+  // Six nodes: two partials of two nodes, two of one, on 1, 2, 3 (unevenly) and 4 lanes.
+  const JobSpec job = SmallJob(Reduction::kFast);
+  auto data = LoadJobDataset(job).value();
+  std::vector<std::string> digests;
+  for (int lanes : {1, 2, 3, 4}) {
+    GroupedCpuDevice dev;
+    DeviceTuning tuning;
+    tuning.lanes = lanes;
+    dev.Tune(tuning);
+    auto ex = Executor::Create(job, dev, data.train).value();
+    ASSERT_TRUE(ex->InitializeFresh().ok());
+    auto comm = CreateLocalCommunicator();
+    while (ex->step() < ex->total_steps()) {
+      auto s = ex->Step(*comm, std::vector<int>{0, 1, 2, 3, 4, 5});
+      ASSERT_TRUE(s.ok()) << s.status().message();
+    }
+    digests.push_back(ex->WeightsSha256());
+  }
+  for (const auto& d : digests) EXPECT_EQ(d, digests[0]);
+  // The grouping is arithmetic: the CPU's one sum adds in another order (here, another result).
+  EXPECT_NE(Train(job, {{0, 1, 2, 3, 4, 5}})[0], digests[0]);
 }
 
 TEST(Executor, LanesReportEveryNodesLossAndSurviveEvaluation) {

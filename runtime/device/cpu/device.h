@@ -14,7 +14,7 @@ namespace vf {
 
 // The host CPU as a Device; every kernel runs synchronously on the calling thread (plus
 // OpenBLAS's threads inside Gemm). Not thread-safe: one thread drives a device.
-class CpuDevice final : public Device {
+class CpuDevice : public Device {
  public:
   // `threads` OpenBLAS threads (at least 1). OpenBLAS keeps the count process-wide, so the
   // last CpuDevice constructed decides it for all of them.

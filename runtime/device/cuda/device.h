@@ -63,6 +63,7 @@ class CudaDevice final : public Device {
   // Lanes are streams, each with its own cuBLAS handle, workspace and loss scratch, made the
   // first time a Fork needs them. Between Fork and Join, FoldBuckets adds with integer atomics.
   int Lanes() const override;
+  int FastPartialSums() const override { return kDefaultCudaLanes; }
   void Fork(int lanes) override;
   void UseLane(int lane) override;
   void Join() override;
