@@ -256,8 +256,7 @@ Status Executor::ComputeNodes(std::span<const int> local_vnodes, float* sum) {
   // partial sum k mod FastPartialSums() (partial 0 is the reducer's own), each partial belongs
   // to one lane, and the partials are added in order at the end (FoldFastPartials).
   const size_t nodes = local_vnodes.size();
-  const size_t groups =
-      static_cast<size_t>(std::clamp(device_.FastPartialSums(), 1, kMaxLanes));
+  const size_t groups = static_cast<size_t>(std::clamp(device_.FastPartialSums(), 1, kMaxLanes));
   const size_t most = sum != nullptr ? std::min(nodes, groups) : nodes;
   const size_t lanes =
       std::clamp<size_t>(static_cast<size_t>(device_.Lanes()), 1, std::max<size_t>(most, 1));

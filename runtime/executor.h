@@ -41,8 +41,8 @@ struct StepResult {
 // A device with lanes (Device::Fork) computes several nodes at once. In exact mode node k runs on
 // lane k mod lanes and the fixed-point sum makes the result the same bits; in fast mode node k
 // adds into float partial sum k mod Device::FastPartialSums(), which one lane owns, and the
-// partials are added in order, so the weights do not depend on the lanes either. Memory is sized by the
-// micro-batch and the lanes, never by the global batch. Not thread-safe.
+// partials are added in order, so the weights do not depend on the lanes either. Memory is sized by
+// the micro-batch and the lanes, never by the global batch. Not thread-safe.
 class Executor {
  public:
   // `train` must outlive the executor.
