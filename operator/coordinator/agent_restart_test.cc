@@ -90,6 +90,13 @@ agent::AgentOptions Options(int port, const std::string& token, milliseconds tim
   return o;
 }
 
+// `coordinator` knowing the job, served on `port`: what an operator brings up when it starts
+// (or restarts and restores the job at once).
+Result<std::unique_ptr<CoordinatorServer>> ServeJob(Coordinator& coordinator, int port) {
+  VF_RETURN_IF_ERROR(coordinator.AddJob(kJob, kToken, kFingerprint, kBuild));
+  return CoordinatorServer::Start(coordinator, "127.0.0.1", port);
+}
+
 // Waits (boundedly) until `done` holds.
 template <typename F>
 bool Eventually(F done) {
@@ -111,13 +118,12 @@ TEST(AgentAcrossCoordinatorRestart, AGrownPlansMembersMeetAgainThroughTheNewCoor
   const int port = FreeLowPort();
   ASSERT_GT(port, 0);
   auto first = std::make_unique<Coordinator>();
-  ASSERT_TRUE(first->AddJob(kJob, kToken, kFingerprint, kBuild).ok());
   std::promise<void> key_written;
   std::atomic<bool> written{false};
   first->ObserveKeySets([&](const std::string&, const std::string& key) {
     if (key.rfind("epoch-2/", 0) == 0 && !written.exchange(true)) key_written.set_value();
   });
-  auto server = CoordinatorServer::Start(*first, "127.0.0.1", port);
+  auto server = ServeJob(*first, port);
   ASSERT_TRUE(server.ok()) << server.status().message();
 
   // Far longer than the rendezvous takes when it works; a rendezvous that waits it out fails.
@@ -191,10 +197,9 @@ TEST(AgentAcrossCoordinatorRestart, AStoreWritesItsKeysAgainToTheNextCoordinator
   ASSERT_GT(port, 0);
   const std::vector<Member> plan = {{"w0", 0, {0}}, {"w1", 1, {1}}};
   auto first = std::make_unique<Coordinator>();
-  ASSERT_TRUE(first->AddJob(kJob, kToken, kFingerprint, kBuild).ok());
-  ASSERT_TRUE(first->PublishPlan(kJob, plan).ok());
-  auto server = CoordinatorServer::Start(*first, "127.0.0.1", port);
+  auto server = ServeJob(*first, port);
   ASSERT_TRUE(server.ok()) << server.status().message();
+  ASSERT_TRUE(first->PublishPlan(kJob, plan).ok());
   CoordinatorClient client("http://127.0.0.1:" + std::to_string(port), kJob, Credential("w0"), "w0",
                            seconds(1));
   CoordinatorStore store(client);
@@ -239,8 +244,7 @@ TEST(AgentAcrossCoordinatorRestart, AWrongTokenFailsAtTheTimeoutWithoutFailingTh
   const int port = FreeLowPort();
   ASSERT_GT(port, 0);
   Coordinator coordinator;
-  ASSERT_TRUE(coordinator.AddJob(kJob, kToken, kFingerprint, kBuild).ok());
-  auto server = CoordinatorServer::Start(coordinator, "127.0.0.1", port);
+  auto server = ServeJob(coordinator, port);
   ASSERT_TRUE(server.ok()) << server.status().message();
   auto joined = agent::Agent::Join(Options(port, "not-the-token", milliseconds(1500)));
   ASSERT_FALSE(joined.ok());
@@ -258,8 +262,7 @@ TEST(AgentAcrossCoordinatorRestart, AWorkerOfAnotherBuildKnowsItWasRefusedForIts
   const int port = FreeLowPort();
   ASSERT_GT(port, 0);
   Coordinator coordinator;
-  ASSERT_TRUE(coordinator.AddJob(kJob, kToken, kFingerprint, kBuild).ok());
-  auto server = CoordinatorServer::Start(coordinator, "127.0.0.1", port);
+  auto server = ServeJob(coordinator, port);
   ASSERT_TRUE(server.ok()) << server.status().message();
   // The job's first worker brought its build.
   ASSERT_TRUE(coordinator.RegisterWorker(kJob, "w1", kFingerprint, kBuild, true).ok());
@@ -288,8 +291,7 @@ TEST(AgentAcrossCoordinatorRestart, AWorkerSpeaksTheTestProtocolItsPodNames) {
   ASSERT_GT(port, 0);
   const int64_t next = kProtocolVersion + 1;
   Coordinator ours;
-  ASSERT_TRUE(ours.AddJob(kJob, kToken, kFingerprint, kBuild).ok());
-  auto server = CoordinatorServer::Start(ours, "127.0.0.1", port);
+  auto server = ServeJob(ours, port);
   ASSERT_TRUE(server.ok()) << server.status().message();
   ASSERT_EQ(setenv(kTestAgentProtocolEnv, std::to_string(next).c_str(), 1), 0);
   auto refused = agent::Agent::Join(Options(port, W0Credential(), seconds(30)));
@@ -303,8 +305,7 @@ TEST(AgentAcrossCoordinatorRestart, AWorkerSpeaksTheTestProtocolItsPodNames) {
   server->reset();
 
   Coordinator posing(Coordinator::kDefaultMemoryBudget, next);
-  ASSERT_TRUE(posing.AddJob(kJob, kToken, kFingerprint, kBuild).ok());
-  auto posing_server = CoordinatorServer::Start(posing, "127.0.0.1", port);
+  auto posing_server = ServeJob(posing, port);
   ASSERT_TRUE(posing_server.ok()) << posing_server.status().message();
   auto joined = agent::Agent::Join(Options(port, W0Credential(), seconds(30)));
   ASSERT_TRUE(joined.ok()) << joined.status().message();
@@ -327,8 +328,7 @@ TEST(AgentAcrossCoordinatorRestart, AFailedCheckpointIsCountedAndReported) {
   const int port = FreeLowPort();
   ASSERT_GT(port, 0);
   Coordinator coordinator;
-  ASSERT_TRUE(coordinator.AddJob(kJob, kToken, kFingerprint, kBuild).ok());
-  auto server = CoordinatorServer::Start(coordinator, "127.0.0.1", port);
+  auto server = ServeJob(coordinator, port);
   ASSERT_TRUE(server.ok()) << server.status().message();
   auto joined = agent::Agent::Join(Options(port, W0Credential(), seconds(30)));
   ASSERT_TRUE(joined.ok()) << joined.status().message();
@@ -358,8 +358,7 @@ TEST(AgentAcrossCoordinatorRestart, AForgottenWorkerRegistersAgainAndLeavesClean
   const int port = FreeLowPort();
   ASSERT_GT(port, 0);
   auto first = std::make_unique<Coordinator>();
-  ASSERT_TRUE(first->AddJob(kJob, kToken, kFingerprint, kBuild).ok());
-  auto server = CoordinatorServer::Start(*first, "127.0.0.1", port);
+  auto server = ServeJob(*first, port);
   ASSERT_TRUE(server.ok()) << server.status().message();
 
   auto joined = agent::Agent::Join(Options(port, W0Credential(), seconds(30)));
@@ -427,8 +426,7 @@ TEST(AgentAcrossCoordinatorRestart, AForgottenWorkerRegistersAgainAndLeavesClean
 void LeaveWithTheJobGone() {
   const int port = FreeLowPort();
   Coordinator coordinator;
-  if (!coordinator.AddJob(kJob, kToken, kFingerprint, kBuild).ok()) std::exit(10);
-  auto server = CoordinatorServer::Start(coordinator, "127.0.0.1", port);
+  auto server = ServeJob(coordinator, port);
   if (!server.ok()) std::exit(11);
   auto joined = agent::Agent::Join(Options(port, W0Credential(), seconds(30)));
   if (!joined.ok() || !(*joined)->Ready().ok()) std::exit(12);
