@@ -111,6 +111,7 @@ class Agent::Impl {
   int64_t latest_epoch() const { return watcher_ ? watcher_->latest_epoch() : 0; }
   void set_total_steps(int64_t total) { total_steps_ = total; }
   void set_staging(Device* device) { staging_ = device; }
+  void set_nccl_device(int cuda_device) { nccl_device_ = cuda_device; }
 
   const Report& last_report() const { return last_progress_; }
   AgentMetrics& metrics() { return metrics_; }
@@ -163,6 +164,8 @@ class Agent::Impl {
   std::unique_ptr<PrefixStore> prefixed_;
   std::unique_ptr<Communicator> comm_;
   Device* staging_ = nullptr;  // see Agent::StageCollectivesThrough
+  // The CUDA device of the NCCL communicator (AgentOptions::gpu, CollectivesOnNccl); -1: Gloo.
+  int nccl_device_ = o_.gpu ? 0 : -1;
   Membership membership_;
   int64_t epoch_ = 0;    // plan this worker trains under (or the last one it looked at)
   int64_t agreed_ = 0;   // epoch all members agreed in-band to switch to
@@ -242,11 +245,12 @@ Result<bool> Agent::Impl::Switch(const Plan& plan, const Member& me, TrainingSta
   CommOptions copts;
   copts.timeout = o_.timeout;
   copts.hostname = o_.host;
-  auto c = o_.gpu ? CreateNcclCommunicator(*prefixed_, me.rank, world, copts)
-                  : CreateGlooCommunicator(*prefixed_, me.rank, world, copts);
+  const bool nccl = nccl_device_ >= 0;
+  auto c = nccl ? CreateNcclCommunicator(*prefixed_, me.rank, world, copts, nccl_device_)
+                : CreateGlooCommunicator(*prefixed_, me.rank, world, copts);
   // Built (every peer has read this worker's keys) or failed: nobody needs them any more.
   coordinator_store_.ForgetKeys();
-  if (c.ok() && !o_.gpu && staging_ != nullptr) {
+  if (c.ok() && !nccl && staging_ != nullptr) {
     c = std::unique_ptr<Communicator>(
         std::make_unique<StagedCommunicator>(*staging_, std::move(c).value()));
   }
@@ -511,6 +515,7 @@ Result<std::unique_ptr<Agent>> Agent::Join(const AgentOptions& options) {
 }
 
 void Agent::StageCollectivesThrough(Device& device) { impl_->set_staging(&device); }
+void Agent::CollectivesOnNccl(int cuda_device) { impl_->set_nccl_device(cuda_device); }
 Status Agent::Ready() { return impl_->Ready(); }
 Result<std::optional<Membership>> Agent::Next(TrainingStateHolder& state) {
   return impl_->Next(state);

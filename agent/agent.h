@@ -142,6 +142,11 @@ class Agent {
   // GPU, which NCCL cannot join. `device` must outlive the agent. Call before Ready.
   void StageCollectivesThrough(Device& device);
 
+  // From the next plan on, collectives run through NCCL on CUDA device `cuda_device` (host
+  // buffers staged through it), as with `gpu` but on a device the caller chose after Join: a
+  // PyTorch worker's, once it knows where its model is. Call before Ready.
+  void CollectivesOnNccl(int cuda_device);
+
   // Warm-up is over: from now on a plan may include this worker.
   Status Ready();
 

@@ -10,7 +10,8 @@
 #   C. the GPU unit tests (ctest, after B: one of them reads the whole GPU's memory in use);
 #      then `vf run` of the built-in model with its local workers sharing the GPU (.gpu-py's vf
 #      with the CUDA library just built): the same weights on 1, 2 and 3 workers and through
-#      resizes;
+#      resizes; and the PyTorch library's NCCL collectives (VF_TORCH_COLLECTIVES=nccl) with that
+#      CUDA library, in a world of one: the CNN's weights through NCCL are Gloo's;
 #   D. then timings, one at a time: the device's speed-ups each turned off (vf-bench tuning,
 #      exact and fast), the runtime's GPU benchmarks against PyTorch eager (bench/gpu/run.sh
 #      --skip-build --no-test --quick), the CNN through virtualflow.torch against plain PyTorch
@@ -18,7 +19,7 @@
 #      $VF_GPU_AB_PATCHES measured by `bench.py ab` (the library without the change vs with it).
 #
 # VF_GPU_STAGES names the parts to run (default: all of them): build (A, and C's tests),
-# vfrun (C's `vf run`, needs build), pytest, torchtests, resize, tuning, runtime, overhead, ab. Without `build`, nothing C++ runs:
+# vfrun (C's `vf run`, needs build), nccl (C's PyTorch NCCL test, needs build), pytest, torchtests, resize, tuning, runtime, overhead, ab. Without `build`, nothing C++ runs:
 # the PyTorch parts need only .gpu-py/. VF_GPU_TORCH_TESTS (test names), VF_GPU_CTEST (a ctest
 # regex), VF_GPU_TORCH_BENCH_ARGS (bench.py's --repeats, --steps, --warmup; VF_GPU_AB_ARGS for ab
 # alone) narrow the rest; VF_GPU_OVERHEAD_SECONDS and VF_GPU_AB_SECONDS cap those two stages
@@ -39,7 +40,7 @@ mkdir -p "$final"
 t0=$(date +%s)
 deadline=$((t0 + ${VF_SESSION_SECONDS:-440}))
 
-stages=" ${VF_GPU_STAGES:-build vfrun pytest torchtests resize tuning runtime overhead ab} "
+stages=" ${VF_GPU_STAGES:-build vfrun nccl pytest torchtests resize tuning runtime overhead ab} "
 want() { [[ "$stages" == *" $1 "* ]]; }
 say() { echo "[$(($(date +%s) - t0)) s] $*" | tee -a "$work/session.log"; }
 left() { echo $((deadline - $(date +%s))); }
@@ -47,7 +48,7 @@ left() { echo $((deadline - $(date +%s))); }
 # stage leaves them).
 need() {
   local total=0 st
-  declare -A typical=([build]=40 [vfrun]=60 [resize]=30 [tuning]=10 [runtime]=60 [overhead]=50 [ab]=60)
+  declare -A typical=([build]=40 [vfrun]=60 [nccl]=25 [resize]=30 [tuning]=10 [runtime]=60 [overhead]=50 [ab]=60)
   for st; do want "$st" && total=$((total + ${typical[$st]:-30})); done
   echo "$total"
 }
@@ -163,7 +164,7 @@ if want vfrun && [ -f build-gpu/bin/libvirtualflow-cuda.so ]; then
     "--capacity 0:1,10:3,30:2,50:3 --vnode-delay-ms 80"; do
     rm -f "$work/vfrun.json"
     VF_CUDA_PLUGIN="$root/build-gpu/bin/libvirtualflow-cuda.so" \
-      timeout "$(budget 60 "$(need tuning runtime overhead ab)")" vf run "$work/fashion-mnist.yaml" \
+      timeout "$(budget 60 "$(need nccl tuning runtime overhead ab)")" vf run "$work/fashion-mnist.yaml" \
       $how --steps 70 --summary-json "$work/vfrun.json" >"$work/vfrun.out" 2>&1
     rc=$?
     cat "$work/vfrun.out" >>"$work/vfrun-all.out"
@@ -171,6 +172,23 @@ if want vfrun && [ -f build-gpu/bin/libvirtualflow-cuda.so ]; then
     python3 -c 'import json, sys; print("   devices:", sorted({w.get("device", "?") for w in json.load(open(sys.argv[1]))["worker_results"]}))' \
       "$work/vfrun.json" 2>&1 | tail -n 1 | tee -a "$work/session.log"
   done
+  pack
+fi
+
+# C''. virtualflow.torch's NCCL collectives with the CUDA library just built, in a world of one
+# (NCCL takes one rank per GPU). The library goes beside .gpu-py's vf (which has none), where
+# `vf run` finds it and hands it to its workers (VF_CUDA_PLUGIN), as it does in a build with CUDA.
+if want nccl && [ -f build-gpu/bin/libvirtualflow-cuda.so ]; then
+  say "C: the CNN through virtualflow.torch's NCCL collectives, against Gloo"
+  cp build-gpu/bin/libvirtualflow-cuda.so .gpu-py/bin/
+  (
+    cd tests/integration &&
+      CNN_DEVICE=cuda VF_BIN_DIR="$root/.gpu-py/bin" VF_SOURCE_DIR="$root" VF_PYTHON="$(command -v python3)" \
+        PYTHONDONTWRITEBYTECODE=1 timeout "$(budget 60 "$(need tuning runtime overhead ab)")" \
+        python3 -m unittest -v test_torch.TorchTest.test_cnn_reduced_through_nccl_has_the_weights_of_gloo
+  ) >"$work/torch-nccl.out" 2>&1
+  say "C: NCCL test rc $?: $(grep -E '^(OK|FAILED)' "$work/torch-nccl.out" | tail -n 1)"
+  tail -n 20 "$work/torch-nccl.out" >>"$work/session.log"
   pack
 fi
 

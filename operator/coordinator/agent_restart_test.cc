@@ -29,6 +29,9 @@
 #include "operator/coordinator/coordinator.h"
 #include "operator/coordinator/server.h"
 #include "operator/coordinator/test_util.h"
+#include "runtime/comm/communicator.h"
+#include "runtime/comm/store.h"
+#include "runtime/device.h"
 
 // As in server_test.cc: cpprest's own continuations can outlive a closed listener.
 // NOLINTNEXTLINE(bugprone-reserved-identifier): the name LeakSanitizer looks up.
@@ -417,6 +420,48 @@ TEST(AgentAcrossCoordinatorRestart, AForgottenWorkerRegistersAgainAndLeavesClean
   ASSERT_TRUE(view.ok());
   ASSERT_EQ(view->workers.count("w0"), 1u);
   EXPECT_EQ(view->workers.at("w0").acked_epoch, 2);
+}
+
+// A worker told to reduce through NCCL (CollectivesOnNccl, a PyTorch worker's choice) where this
+// process cannot: the plan's rendezvous builds NCCL's communicator, not Gloo's, fails, and is
+// reported with the reason NCCL gives here. In a child process of its own: a joiner whose
+// rendezvous failed waits for the controller's next plan as long as it takes, and the child ends
+// that by exiting.
+void ReportNcclThatCannotStart() {
+  const int port = FreeLowPort();
+  Coordinator coordinator;
+  auto server = ServeJob(coordinator, port);
+  if (!server.ok()) std::_Exit(11);
+  auto joined = agent::Agent::Join(Options(port, W0Credential(), seconds(30)));
+  if (!joined.ok()) std::_Exit(12);
+  agent::Agent& worker = **joined;
+  worker.CollectivesOnNccl(0);
+  if (!worker.Ready().ok() || !coordinator.PublishPlan(kJob, {{"w0", 0, {0, 1}}}).ok()) {
+    std::_Exit(13);
+  }
+  TinyState state;
+  std::thread([&] { (void)worker.Next(state); }).detach();
+  std::string reported;
+  const bool seen = Eventually([&] {
+    auto view = coordinator.GetJob(kJob);
+    reported = view.ok() ? view->workers.at("w0").failure_message : "";
+    return !reported.empty();
+  });
+  std::fprintf(stderr, "reported: %s\n", reported.c_str());
+  // What NCCL's communicator says on this machine when asked directly (no CUDA device here, or
+  // no CUDA library in a build without CUDA): the worker's report must carry it.
+  MemoryStore scratch;
+  auto direct = CreateNcclCommunicator(scratch, 0, 1, CommOptions{}, 0);
+  if (direct.ok()) std::_Exit(15);
+  std::fprintf(stderr, "direct: %s\n", direct.status().message().c_str());
+  std::_Exit(seen && reported.find(direct.status().message()) != std::string::npos ? 0 : 14);
+}
+
+// Only where there is no GPU: a GPU would give NCCL a world of one that works.
+TEST(AgentCollectives, NcclThatCannotStartIsReportedWithTheReason) {
+  if (CudaDeviceCount() > 0) GTEST_SKIP() << "a GPU is here: NCCL would start";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(ReportNcclThatCannotStart(), testing::ExitedWithCode(0), "reported: ");
 }
 
 // A worker asked to leave (its pod deleted) whose job the coordinator no longer knows (the job

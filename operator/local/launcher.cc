@@ -27,6 +27,7 @@
 #include "operator/local/decisions.h"
 #include "operator/policy/membership.h"
 #include "operator/policy/policy.h"
+#include "runtime/device/cuda/plugin.h"
 #include "runtime/executor.h"
 #include "runtime/job/spec.h"
 #include "runtime/split.h"
@@ -296,6 +297,12 @@ Status LocalCluster::Start() {
   // same GPU: they all train on GPU 0 when there is one, reducing with Gloo through host copies
   // (cuda-shared), and on the CPU otherwise, unless the caller set VF_DEVICE (cpu).
   setenv("VF_DEVICE", "cuda-shared", 0);
+  // A PyTorch worker that asks for NCCL (VF_TORCH_COLLECTIVES=nccl) loads the CUDA plugin built
+  // with this binary: the plugin's loader looks beside the executable, which is the
+  // interpreter there.
+  std::error_code ec;
+  const fs::path plugin = fs::read_symlink("/proc/self/exe", ec).parent_path() / kCudaPluginFile;
+  if (!ec && fs::exists(plugin, ec)) setenv("VF_CUDA_PLUGIN", plugin.c_str(), 0);
   return Status::Ok();
 }
 

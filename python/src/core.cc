@@ -210,6 +210,21 @@ class Worker {
     Check(Released([&] { return Live().Ready(); }));
   }
 
+  // Collectives through NCCL on CUDA device `cuda_device` from the first plan on (see
+  // Agent::CollectivesOnNccl), or virtualflow.Error saying why this process cannot have them:
+  // no driver, no libvirtualflow-cuda.so (a build or wheel without CUDA), no such device.
+  // Before Ready.
+  void CollectivesOnNccl(int cuda_device) {
+    std::string why;
+    const int count = CudaDeviceCount(&why);
+    if (count == 0) Raise(Internal("NCCL collectives need the CUDA plugin and a GPU: " + why));
+    if (cuda_device < 0 || cuda_device >= count) {
+      Raise(Internal("NCCL collectives on CUDA device " + std::to_string(cuda_device) +
+                     ": this process sees " + std::to_string(count) + " CUDA device(s)"));
+    }
+    Live().CollectivesOnNccl(cuda_device);
+  }
+
   std::optional<MembershipView> Next(nb::object holder) {
     auto state = std::make_shared<PyStateHolder>(std::move(holder));
     std::optional<agent::Membership> m = Take(Released([&] { return Live().Next(*state); }));
@@ -563,6 +578,7 @@ NB_MODULE(_core, m) {
           nb::arg("host") = "127.0.0.1", nb::arg("ca_file") = "",
           nb::arg("termination_message_path") = "")
       .def("ready", &Worker::Ready)
+      .def("collectives_on_nccl", &Worker::CollectivesOnNccl, nb::arg("cuda_device"))
       .def("next", &Worker::Next, nb::arg("holder"))
       .def("left_untold_on_request", &Worker::LeftUntoldOnRequest)
       .def("configure_reducer", &Worker::ConfigureReducer, nb::arg("mode"), nb::arg("sizes"),

@@ -428,6 +428,26 @@ def _fold_on_device(device: torch.device, reduction: str) -> bool:
     return device.type == "cuda"
 
 
+def _collectives(device: torch.device) -> str:
+    """How this worker's collectives run: 'gloo' (the default: over the network from host
+    memory, the gradients' sums copied off a GPU once per step) or, with
+    VF_TORCH_COLLECTIVES=nccl, 'nccl' on the model's own GPU. NCCL needs a GPU of its own for
+    every worker (it refuses two ranks on one GPU, so not `vf run`'s workers sharing one) and the
+    same setting on every worker of the job; its buffers are still the host's sums, staged
+    through the GPU."""
+    choice = os.environ.get("VF_TORCH_COLLECTIVES", "")
+    if choice not in ("", "gloo", "nccl"):
+        raise Error(
+            f"VF_TORCH_COLLECTIVES={choice!r}: set it to 'gloo' or 'nccl', or leave it unset (gloo)"
+        )
+    if choice == "nccl" and device.type != "cuda":
+        raise MisuseError(
+            f"VF_TORCH_COLLECTIVES=nccl, but the model is on {device}: NCCL reduces between "
+            "GPUs; move the model to its GPU, or leave VF_TORCH_COLLECTIVES unset for Gloo"
+        )
+    return choice or "gloo"
+
+
 class _DeviceFold:
     """A step's exact fold done by PyTorch operations on the gradients' own device (the same
     code on the CPU and on a GPU), bit for bit what the C++ reducer's Add computes
@@ -589,6 +609,7 @@ class Job:
         self._staging: _Staging | None = None
         self._device_fold: _DeviceFold | None = None
         self._device = torch.device("cpu")
+        self._collectives = "gloo"
         # The generators a node's seed sets: the CPU's and, for a model on a GPU, that GPU's.
         self._generators: list[torch.Generator] = [torch.default_generator]
         self._views: list[torch.Tensor] = []  # the current node's .grad views
@@ -714,6 +735,7 @@ class Job:
                 if self._membership
                 else [],
                 "gradient_fold": "device" if self._device_fold is not None else "host",
+                "collectives": self._collectives,
                 "recomputed_steps": self._recomputed_steps,
             }
             if self.rank == 0 and test_accuracy is not None:
@@ -761,6 +783,7 @@ class Job:
             if b.dtype != torch.float32:
                 raise MisuseError(f"buffer of dtype {b.dtype}: only float32 buffers are averaged")
         self._device = _one_device(model, self._params + self._float_buffers)
+        index = -1  # the model's CUDA device
         if self._device.type == "cuda":
             index = (
                 self._device.index
@@ -768,6 +791,9 @@ class Job:
                 else torch.cuda.current_device()
             )
             self._generators = [torch.default_generator, torch.cuda.default_generators[index]]
+        self._collectives = _collectives(self._device)
+        if self._collectives == "nccl":
+            self._worker.collectives_on_nccl(index)
         self._start_floats = [torch.empty_like(t) for t in self._float_buffers]
         self._start_ints = [torch.empty_like(t) for t in self._int_buffers]
         tensors = self._params + self._float_buffers

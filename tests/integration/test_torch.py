@@ -215,6 +215,22 @@ class TorchTest(VfTestCase):
         self.assertEqual(len(recomputed), 1, recomputed)
         self.assertGreaterEqual(recomputed.pop(), 2, "the first and the last step are recomputed")
 
+    @unittest.skipUnless(os.environ.get("CNN_DEVICE") == "cuda", "needs the CNN on a GPU")
+    def test_cnn_reduced_through_nccl_has_the_weights_of_gloo(self):
+        # NCCL takes one rank per GPU, and the machines this runs on have one: a world of one,
+        # whose communicator is NCCL's, with the sums staged through the GPU.
+        job = self.example("cnn", 4)
+        digests = {}
+        for collectives in ("gloo", "nccl"):
+            os.environ["VF_TORCH_COLLECTIVES"] = collectives
+            try:
+                summary = self.run_ok(job, "--workers", "1").summary
+            finally:
+                del os.environ["VF_TORCH_COLLECTIVES"]
+            self.assertEqual([r["collectives"] for r in summary["worker_results"]], [collectives])
+            digests[collectives] = summary["weights_sha256"]
+        self.assertEqual(digests["nccl"], digests["gloo"])
+
     # The static run's weights, made once for the class: the resize and kill -9 tests train the
     # same CNN for the same steps (the resize test's elasticity settings change no weight, and
     # if they did its comparison would fail, as it should).
@@ -354,6 +370,14 @@ class TorchMisuseTest(VfTestCase):
         run = self.misuse("right")
         self.assertSucceeded(run)
         self.assertEqual(run.summary["steps"], 6)
+        self.assertEqual([r["collectives"] for r in run.summary["worker_results"]], ["gloo"] * 2)
+
+    def test_nccl_for_a_model_on_the_cpu_is_refused(self):
+        self.assertOneLineError(
+            self.misuse("right", workers=1, env={"VF_TORCH_COLLECTIVES": "nccl"}),
+            "VF_TORCH_COLLECTIVES=nccl, but the model is on cpu",
+            "leave VF_TORCH_COLLECTIVES unset",
+        )
 
     def test_backward_outside_a_virtual_node_is_refused(self):
         self.assertOneLineError(
