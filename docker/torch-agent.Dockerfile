@@ -10,8 +10,8 @@
 # docker/packages-torch-agent.txt (held by docker/runtime-packages.sh to exactly those of the
 # libraries vf and the package's extension load, plus python3 and Fashion-MNIST), PyTorch and
 # what it requires (docker/python-files.py; without triton, torch.compile's kernel compiler),
-# the virtualflow package, vf and examples/torch. A job's command (python3
-# examples/torch/cnn.py) runs from /opt/virtualflow.
+# the virtualflow package, vf, libvirtualflow-cuda.so (on PyTorch's CUDA and NCCL libraries)
+# and examples/torch. A job's command (python3 examples/torch/cnn.py) runs from /opt/virtualflow.
 
 ARG BUILD_IMAGE=debian:bookworm
 ARG RUNTIME_IMAGE=debian:bookworm-slim
@@ -31,9 +31,10 @@ WORKDIR /src
 COPY . .
 # scripts/build.sh makes the environment (scripts/setup-python.sh) and builds as every
 # developer's and CI's build does, for vf and the package only.
-RUN VF_BUILD_DIR=/build ./scripts/build.sh vf virtualflow_python \
+RUN VF_BUILD_DIR=/build ./scripts/build.sh vf virtualflow_python virtualflow-cuda \
  && mkdir -p /out/site \
  && strip --strip-debug -o /out/vf /build/bin/vf \
+ && strip --strip-debug -o /out/libvirtualflow-cuda.so /build/bin/libvirtualflow-cuda.so \
  && cp -r /build/python/virtualflow /out/site/virtualflow \
  && ./docker/runtime-packages.sh --check docker/packages-torch-agent.txt \
       /out/vf /out/site/virtualflow/_core.*.so \
@@ -57,6 +58,11 @@ RUN apt-get update -q \
       --shell /usr/sbin/nologin virtualflow
 COPY --from=build /out/site /usr/local/lib/python3.11/dist-packages
 COPY --from=build /out/vf /usr/local/bin/vf
+# NCCL collectives (VF_TORCH_COLLECTIVES=nccl): the CUDA plugin, on the CUDA runtime, cuBLAS and
+# NCCL of PyTorch's wheels, which `import torch` loads. A worker's executable is the
+# interpreter, so the plugin is named.
+COPY --from=build /out/libvirtualflow-cuda.so /usr/local/bin/libvirtualflow-cuda.so
+ENV VF_CUDA_PLUGIN=/usr/local/bin/libvirtualflow-cuda.so
 COPY --from=build /src/examples/torch /opt/virtualflow/examples/torch
 
 LABEL org.opencontainers.image.title="virtualflow-torch-agent" \

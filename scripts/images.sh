@@ -6,7 +6,8 @@
 #   agent        virtualflow-agent, vf, libvirtualflow-cuda.so and the CUDA and NCCL libraries
 #                it loads on a GPU
 #   torch-agent  the virtualflow Python package, PyTorch from the Python environment
-#                (scripts/setup-python.sh), vf and examples/torch, for PyTorch jobs
+#                (scripts/setup-python.sh), vf, libvirtualflow-cuda.so (on PyTorch's CUDA
+#                and NCCL libraries) and examples/torch, for PyTorch jobs
 # Each is Debian 12 (mmdebstrap, variant essential, from this machine's apt sources) with
 # exactly the packages of docker/packages-<image>.txt (docker/runtime-packages.sh --check holds
 # the list to the libraries the binaries link), the files above, the user virtualflow (uid and
@@ -74,6 +75,9 @@ image_files() {
       done ;;
     torch-agent)
       echo "$build/bin/vf usr/local/bin/vf"
+      # NCCL collectives (VF_TORCH_COLLECTIVES=nccl), on PyTorch's own CUDA and NCCL libraries.
+      [ -f "$build/bin/libvirtualflow-cuda.so" ] &&
+        echo "$build/bin/libvirtualflow-cuda.so usr/local/bin/libvirtualflow-cuda.so"
       echo "$build/python/virtualflow usr/local/lib/python3.11/dist-packages/virtualflow"
       echo "$root/examples/torch opt/virtualflow/examples/torch" ;;
     *) die "unknown image $1 (operator, agent, torch-agent)" ;;
@@ -101,8 +105,12 @@ image_config() {
     agent)
       echo "--config.entrypoint=/usr/local/bin/virtualflow-agent --config.workingdir=/tmp" ;;
     torch-agent)
-      # The job's command (python3 examples/torch/cnn.py) runs from /opt/virtualflow.
-      echo "--config.cmd=python3 --config.workingdir=/opt/virtualflow" ;;
+      # The job's command (python3 examples/torch/cnn.py) runs from /opt/virtualflow. Its
+      # interpreter is the executable, so the CUDA plugin is named (vf run names it too).
+      echo "--config.cmd=python3 --config.workingdir=/opt/virtualflow"
+      [ -f "$build/bin/libvirtualflow-cuda.so" ] &&
+        echo "--config.env=VF_CUDA_PLUGIN=/usr/local/bin/libvirtualflow-cuda.so"
+      true ;;
   esac
 }
 
@@ -408,12 +416,32 @@ cuda_layer() {
   echo "$tag"
 }
 
+# torch-agent: the CUDA plugin links the CUDA runtime, cuBLAS and NCCL of PyTorch's wheels,
+# which `import torch` loads before the plugin is (the Python layer holds them under
+# site-packages/nvidia). Links those into root file system $1 where the Python layer puts them,
+# and prints their directories, for ldd to resolve the plugin with (nothing without a plugin).
+torch_cuda_libraries() {
+  local root="$1" plugin="$build/bin/libvirtualflow-cuda.so" src dirs=() dst
+  [ -f "$plugin" ] || return 0
+  while read -r src; do
+    case "$src" in
+      "$site_packages"/*) ;;
+      *) continue ;;  # a Debian library: the image's packages hold it (ldd checks)
+    esac
+    dst="$root/usr/local/lib/python3.11/dist-packages/${src#"$site_packages"/}"
+    mkdir -p "$(dirname "$dst")"
+    ln -f "$src" "$dst" 2>/dev/null || cp -L "$src" "$dst"
+    dirs+=("/usr/local/lib/python3.11/dist-packages/$(dirname "${src#"$site_packages"/}")")
+  done < <(ldd "$plugin" | awk '$2 == "=>" && $3 ~ /^\// {print $3}')
+  [ "${#dirs[@]}" -eq 0 ] || printf '%s\n' "${dirs[@]}" | sort -u | paste -sd:
+}
+
 # The project's layer of image $1 (its binaries, stripped, and files): tag app-KEY on top of tag
 # $3, keyed by that tag and the files' contents. Before packing, docker/packages-$1.txt is held
 # to the libraries the binaries link and every binary's libraries are resolved with ldd in the
 # image's root file system ($4, with the libraries of list $2).
 app_layer() {
-  local name="$1" list="$2" from="$3" tar="$4" key tag stage bin missing
+  local name="$1" list="$2" from="$3" tar="$4" key tag stage bin missing ldpath
   key="$(printf '%s\n' "$FORMAT" "$from" "$(image_files "$name" | content_key)" |
          sha256sum | cut -c1-16)"
   tag="app-$key"
@@ -432,9 +460,11 @@ app_layer() {
   stage_files "$name" "$stage/files"
   check_root "$tar" "$stage/root" "$list"
   cp -a "$stage/files/." "$stage/root/"
+  ldpath=""
+  [ "$name" = torch-agent ] && ldpath="$(torch_cuda_libraries "$stage/root")"
   for bin in $(cd "$stage/files" && find . -type f \( -perm -u+x -o -name '*.so' \) | sed 's|^\.||'); do
     is_elf "$stage/root$bin" || continue
-    missing="$(chroot "$stage/root" /usr/bin/ldd "$bin" | grep 'not found' |
+    missing="$(LD_LIBRARY_PATH="$ldpath" chroot "$stage/root" /usr/bin/ldd "$bin" | grep 'not found' |
                grep -Ev '^\s*(libcuda|libnvidia-ml|libnvidia-ptxjitcompiler)\.so' || true)"
     [ -z "$missing" ] || die "$name: in the image, $bin does not find: $missing"
   done

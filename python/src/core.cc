@@ -30,6 +30,7 @@
 #include "agent/protocol/messages.h"
 #include "runtime/data/dataset.h"
 #include "runtime/device.h"
+#include "runtime/device/cuda/plugin.h"
 #include "runtime/job/spec.h"
 #include "runtime/reduce/reducer.h"
 #include "runtime/state/training_state.h"
@@ -626,6 +627,17 @@ NB_MODULE(_core, m) {
       "The contents of a file the pod is given for the coordinator (its token, the CA), read "
       "again every half second for up to `timeout` seconds while it cannot be read or is empty; "
       "then CollectiveError: the worker exits 1 and is replaced, the job goes on.");
+  m.def(
+      "cuda_plugin",
+      [] {
+        Result<std::string> path = LoadCudaPlugin();
+        if (!path.ok()) Raise(Internal(path.status().message()));  // virtualflow.Error
+        return std::move(path).value();
+      },
+      "Loads libvirtualflow-cuda.so, which NCCL collectives need ($VF_CUDA_PLUGIN, else beside "
+      "the executable), and returns its path; virtualflow.Error says why it cannot be loaded. "
+      "Needs no GPU. Import torch first: the library uses the CUDA and NCCL libraries that "
+      "PyTorch's wheels bring.");
   m.def("request_leave", &agent::RequestLeave,
         "Leave the job gracefully at the next step boundary (what SIGTERM does).");
 }

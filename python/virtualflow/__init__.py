@@ -4,6 +4,6 @@
 by `vf run job.yaml` or by the Kubernetes operator.
 """
 
-from virtualflow._core import CollectiveError, Error, JobMismatchError, NumericalError
+from virtualflow._core import CollectiveError, Error, JobMismatchError, NumericalError, cuda_plugin
 
-__all__ = ["CollectiveError", "Error", "JobMismatchError", "NumericalError"]
+__all__ = ["CollectiveError", "Error", "JobMismatchError", "NumericalError", "cuda_plugin"]

@@ -158,6 +158,11 @@ def read_credential_file(path: str, what: str, worker: str, timeout: float) -> s
     The contents of a file the pod is given for the coordinator (its token, the CA), read again every half second for up to `timeout` seconds while it cannot be read or is empty; then CollectiveError: the worker exits 1 and is replaced, the job goes on.
     """
 
+def cuda_plugin() -> str:
+    """
+    Loads libvirtualflow-cuda.so, which NCCL collectives need ($VF_CUDA_PLUGIN, else beside the executable), and returns its path; virtualflow.Error says why it cannot be loaded. Needs no GPU. Import torch first: the library uses the CUDA and NCCL libraries that PyTorch's wheels bring.
+    """
+
 def request_leave() -> None:
     """
     Leave the job gracefully at the next step boundary (what SIGTERM does).

@@ -51,7 +51,7 @@ BUILD_EXTRAS = {"operator": set(), "agent": {"python3-pip"}, "torch-agent": {"py
 BUILD_TARGETS = {
     "operator": "virtualflow-operator",
     "agent": "virtualflow-agent vf virtualflow-cuda",
-    "torch-agent": "vf virtualflow_python",
+    "torch-agent": "vf virtualflow_python virtualflow-cuda",
 }
 
 
@@ -179,6 +179,7 @@ class DockerfilesTest(unittest.TestCase):
                         [[v] for v in described.get(key, [])],
                         keyword,
                     )
+                self.assertEqual(instructions(final, "ENV"), described.get("env", []), "ENV")
                 ports = [p.split("/")[0] for p in described.get("exposedports", [])]
                 self.assertEqual(" ".join(instructions(final, "EXPOSE")).split(), ports)
 

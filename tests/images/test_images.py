@@ -204,6 +204,20 @@ class TorchImageTest(unittest.TestCase):
         self.assertEqual(inside["steps"], 1)
         self.assertEqual(inside["weights_sha256"], host["weights_sha256"])
 
+    def test_torch_image_loads_its_cuda_plugin_on_pytorchs_libraries(self):
+        # NCCL collectives (VF_TORCH_COLLECTIVES=nccl) need the CUDA plugin, which the image
+        # names in VF_CUDA_PLUGIN. It loads without a GPU, on the CUDA runtime, cuBLAS and NCCL
+        # that `import torch` brought in from PyTorch's wheels.
+        code = "import torch\nimport virtualflow\nprint(virtualflow.cuda_plugin())"
+        status, out = oci.run("torch-agent", ["python3", "-c", code], env=RUN_ENV, timeout=120)
+        self.assertEqual(status, 0, out)
+        self.assertEqual(out.strip().splitlines()[-1], "/usr/local/bin/libvirtualflow-cuda.so")
+        # The same with no plugin there fails, saying where it looked.
+        missing = dict(RUN_ENV, VF_CUDA_PLUGIN="/usr/local/bin/none.so")
+        status, out = oci.run("torch-agent", ["python3", "-c", code], env=missing, timeout=120)
+        self.assertNotEqual(status, 0, out)
+        self.assertIn("Error: no CUDA support: /usr/local/bin/none.so not found", out)
+
 
 @unittest.skipUnless(os.geteuid() == 0, "runc needs root")
 class OperatorImageTest(unittest.TestCase):

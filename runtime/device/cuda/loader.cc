@@ -19,6 +19,7 @@ namespace {
 
 struct Loaded {
   const CudaPlugin* plugin = nullptr;
+  std::string path;   // the library's
   std::string error;  // why there is none
 };
 
@@ -36,11 +37,13 @@ const Loaded& Plugin() {
   static const Loaded loaded = [] {
     Loaded l;
     const std::string path = PluginPath();
+    l.path = path;
     std::error_code ec;
     if (!std::filesystem::exists(path, ec)) {
-      l.error = "this build has no CUDA support (" + path +
-                " not found; configure with -DVF_WITH_CUDA=ON, scripts/setup-cuda.sh provides a "
-                "toolkit)";
+      l.error = "no CUDA support: " + path +
+                " not found (a build configured with -DVF_WITH_CUDA=ON makes it beside its "
+                "binaries; $VF_CUDA_PLUGIN names it for another program, such as a Python "
+                "worker)";
       return l;
     }
     void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -77,6 +80,12 @@ int CudaDeviceCount(std::string* why) {
     return 0;
   }
   return l.plugin->device_count(why);
+}
+
+Result<std::string> LoadCudaPlugin() {
+  const Loaded& l = Plugin();
+  if (l.plugin == nullptr) return FailedPrecondition(l.error);
+  return l.path;
 }
 
 Result<std::unique_ptr<Device>> CreateCudaDevice(int ordinal) {

@@ -23,9 +23,15 @@ struct CudaPlugin {
                                                                     int cuda_device);
 };
 
-// File name of the library, looked for beside the running executable.
+// File name of the library, looked for beside the running executable unless $VF_CUDA_PLUGIN
+// names it (a Python worker's executable is the interpreter).
 inline constexpr const char* kCudaPluginFile = "libvirtualflow-cuda.so";
 // Its one exported symbol: `extern "C" const CudaPlugin* vf_cuda_plugin_v2()`.
 inline constexpr const char* kCudaPluginSymbol = "vf_cuda_plugin_v2";
+
+// Loads the library if this process has not yet (loader.cc) and returns its path, or why it
+// cannot be loaded: none there, a CUDA library it needs missing, another version. Needs no
+// driver and no GPU, so an image can be checked on any machine. Thread-safe.
+Result<std::string> LoadCudaPlugin();
 
 }  // namespace vf
