@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import textwrap
 import threading
 import time
@@ -252,12 +253,27 @@ class TorchTest(VfTestCase):
         # Each window must outlast a joiner's start: on the CPU here a step at 60 ms per node
         # takes longer than a worker takes to start, but on an H100 a worker took 9 s to start
         # (PyTorch's import, the CUDA context) while a step took 0.27 s, and the growth at step
-        # 4 was still waiting for its joiner when the slots went down at step 14.
-        delay = "250" if os.environ.get("CNN_DEVICE") == "cuda" else "60"
-        run = self.run_ok(job, "--capacity", "0:2,4:3,14:1,22:2", "--vnode-delay-ms", delay)
+        # 4 was still waiting for its joiner when the slots went down at step 14. A machine
+        # busier than usual does the same: in a fresh clone's suite, with Kubernetes compiling
+        # beside this test, a joiner took more than the 15 s that steps 4 to 14 lasted, and the
+        # run resized twice. So a run that resized fewer than three times is repeated with the
+        # nodes paced twice as slow, up to twice; every run must keep the weights.
+        delay = 250 if os.environ.get("CNN_DEVICE") == "cuda" else 60
+        for attempt in range(3):
+            run = self.run_ok(
+                job, "--capacity", "0:2,4:3,14:1,22:2", "--vnode-delay-ms", str(delay)
+            )
+            self.assertEqual(run.summary["recoveries"], 0, run.stdout)
+            self.assertEqual(run.summary["weights_sha256"], expected)
+            if len(run.summary["resizes"]) >= 3 or attempt == 2:
+                break
+            print(
+                f"{len(run.summary['resizes'])} resizes at {delay} ms per node (a joiner slower "
+                f"than its window); again at {2 * delay} ms",
+                file=sys.stderr,
+            )
+            delay *= 2
         self.assertGreaterEqual(len(run.summary["resizes"]), 3, run.stdout)
-        self.assertEqual(run.summary["recoveries"], 0, run.stdout)
-        self.assertEqual(run.summary["weights_sha256"], expected)
 
     def test_cnn_survives_two_kill_9_with_the_weights_of_a_static_run(self):
         expected = self.elastic_reference(40)
