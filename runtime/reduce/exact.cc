@@ -162,7 +162,8 @@ class ExactReducer : public Reducer {
   // statistics, and turns `h` into the MAX of every rank's header.
   //
   // Alone, a rank converts its accumulator directly. Otherwise two collectives do it all:
-  //  1. a reduce-scatter sums the int64 accumulator, leaving each rank one shard of the total;
+  //  1. a reduce-scatter sums copies of the int64 accumulators, leaving each rank one shard of
+  //     the total (the accumulator itself is left as it was);
   //  2. each rank converts its shard to float and appends its header, and an all-gather of
   //     these chunks gives everyone the whole mean gradient and every rank's header.
   // Each rank sends 1.5x the bytes of a float all-reduce (2x for an int64 all-reduce) and
@@ -200,7 +201,15 @@ class ExactReducer : public Reducer {
       VF_ASSIGN_OR_RETURN(gathered_, DeviceBuffer<float>::Create(device_, n * chunk));
     }
 
-    VF_RETURN_IF_ERROR(comm.ReduceScatter(acc_.data(), shard, ReduceOp::kSum)
+    // The collectives work on a copy, so that acc_ keeps this rank's sums whatever they do:
+    // after one fails (a member lost mid-step), the caller adds the nodes its next plan gives it
+    // to the nodes it already has rather than computing them all again (see reducer.h).
+    if (wire_.size() < shard * n) {
+      wire_.Reset();
+      VF_ASSIGN_OR_RETURN(wire_, DeviceBuffer<int64_t>::Create(device_, capacity_));
+    }
+    device_.Copy(wire_.data(), acc_.data(), shard * n * sizeof(int64_t));
+    VF_RETURN_IF_ERROR(comm.ReduceScatter(wire_.data(), shard, ReduceOp::kSum)
                            .WithContext("gradient reduce-scatter"));
     const size_t rank = static_cast<size_t>(comm.rank());
     const size_t lo = rank * shard;
@@ -212,12 +221,12 @@ class ExactReducer : public Reducer {
         const size_t begin = std::max(lo, kHead + b.offset);
         const size_t end = std::min(hi, kHead + b.offset + b.size);
         if (begin >= end) continue;
-        device_.FixedToFloat(acc_.data() + begin, end - begin, exponents_[i], inv_v,
+        device_.FixedToFloat(wire_.data() + begin, end - begin, exponents_[i], inv_v,
                              mine + (begin - lo));
       }
     }
     static_assert(kHead * sizeof(float) == kStats * sizeof(int64_t));
-    if (rank == 0) device_.Copy(mine, acc_.data(), kStats * sizeof(int64_t));
+    if (rank == 0) device_.Copy(mine, wire_.data(), kStats * sizeof(int64_t));
     device_.CopyFromHost(mine + shard, wire.data(), wire_bytes);
     VF_RETURN_IF_ERROR(
         comm.AllGather(gathered_.data(), chunk * sizeof(float)).WithContext("gradient all-gather"));
@@ -275,6 +284,7 @@ class ExactReducer : public Reducer {
   std::vector<float> local_max_;
   size_t capacity_ = 0;           // elements of acc_
   DeviceBuffer<int64_t> acc_;     // statistics, gradient sums, padding (see Init)
+  DeviceBuffer<int64_t> wire_;    // acc_'s copy that the collectives sum (see Combine)
   DeviceBuffer<float> gathered_;  // every rank's converted shard and header (see Combine)
   DeviceBuffer<uint32_t> flags_;  // per bucket: bits of max |gradient|; then overflow (Init)
   std::vector<uint32_t> host_flags_;

@@ -92,7 +92,11 @@ class Reducer {
   virtual void AddLoss(const LossStats& stats) = 0;
   // Runs the collectives and writes the mean gradient (1/V) * sum into `mean_grad` (device
   // memory). `header_extra` is MAX-reduced along with the header. A NaN or Inf anywhere is a
-  // kNumerical error on every rank; a failed collective is returned as is.
+  // kNumerical error on every rank; a failed collective is returned as is. Exact mode leaves
+  // this rank's sums of the step as the Add calls made them, also when a collective fails: the
+  // caller may then Add the nodes a new plan gives it on top (no Begin) and Finish again with
+  // the new communicator, and gets what computing them all again would give, bit for bit. (Fast
+  // mode sums in place: after a failure it starts the step again with Begin.)
   virtual Result<ReduceResult> Finish(Communicator& comm, std::span<const int64_t> header_extra,
                                       float* mean_grad) = 0;
 

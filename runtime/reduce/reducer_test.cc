@@ -304,6 +304,7 @@ TEST(ExactReducer, FoldedSumsGiveTheMeanOfAddedNodesBitForBit) {
       EXPECT_EQ(a->redo, b->redo) << scale;
       EXPECT_EQ(a->totals.loss_sum, b->totals.loss_sum);
       if (a->redo) continue;
+      // NOLINTNEXTLINE(bugprone-suspicious-memory-comparison): the bits are what must agree.
       EXPECT_EQ(0, std::memcmp(out_added.data(), out_folded.data(), kParams * sizeof(float)));
       break;
     }
@@ -329,6 +330,67 @@ TEST(ExactReducer, FoldedSumsComeOncePerStepInsteadOfAdd) {
   auto fast = CreateReducer(Reduction::kFast, *dev, Buckets(), kV).value();
   fast->Begin();
   EXPECT_EQ(fast->AddFolded(sums.data(), max_bits, false).code(), StatusCode::kFailedPrecondition);
+}
+
+// A fake for a fault no real peer can be timed to produce: a member of a world of two that dies
+// after the reduce-scatter has already added part of its data into this rank's buffer.
+class DiesMidReduceScatter : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  std::string backend() const override { return "dies-mid-reduce-scatter"; }
+  Status AllReduce(int64_t*, size_t, ReduceOp) override { return Lost(); }
+  Status AllReduce(float*, size_t, ReduceOp) override { return Lost(); }
+  Status ReduceScatter(int64_t* data, size_t shard, ReduceOp) override {
+    for (size_t i = 0; i < 2 * shard; i += 3) data[i] += 12345;
+    return Lost();
+  }
+  Status AllGather(void*, size_t) override { return Lost(); }
+  Status Broadcast(void*, size_t, int) override { return Lost(); }
+  Status Barrier() override { return Lost(); }
+
+ private:
+  static Status Lost() { return Unavailable("peer 1 closed the connection"); }
+};
+
+// A survivor keeps the nodes it had summed when a collective failed and adds the lost member's
+// on top: the mean is the one of a run that never failed, bit for bit.
+TEST(ExactReducer, AFailedFinishKeepsTheSumsForTheNodesOfTheNextPlan) {
+  auto dev = CreateCpuDevice(1);
+  auto comm = CreateLocalCommunicator();
+  auto add = [](Reducer& red, int first, int last) {
+    for (int v = first; v < last; ++v) {
+      const auto g = Gradient(v);
+      ASSERT_TRUE(red.Add(g.data()).ok());
+      red.AddLoss(LossStats{1.0 + v, v, 10});
+    }
+  };
+  auto reference = CreateReducer(Reduction::kExact, *dev, Buckets(), kV).value();
+  std::vector<float> expected(kParams);
+  reference->Begin();
+  add(*reference, 0, kV);
+  ASSERT_TRUE(reference->Finish(*comm, {}, expected.data())->redo);  // no scale yet
+  const std::vector<int32_t> exponents = reference->exponents();
+  reference->Begin();
+  add(*reference, 0, kV);
+  auto want = reference->Finish(*comm, {}, expected.data());
+  ASSERT_TRUE(want.ok() && !want->redo);
+
+  auto survivor = CreateReducer(Reduction::kExact, *dev, Buckets(), kV).value();
+  ASSERT_TRUE(survivor->set_exponents(exponents).ok());
+  survivor->Begin();
+  add(*survivor, 0, kV / 2);  // its own nodes under the old plan
+  DiesMidReduceScatter dying;
+  std::vector<float> got(kParams);
+  EXPECT_EQ(survivor->Finish(dying, {}, got.data()).status().code(), StatusCode::kUnavailable);
+  add(*survivor, kV / 2, kV);  // the lost member's, under the new plan: no Begin
+  auto after = survivor->Finish(*comm, {}, got.data());
+  ASSERT_TRUE(after.ok()) << after.status().message();
+  EXPECT_FALSE(after->redo);
+  EXPECT_EQ(after->totals.samples, want->totals.samples);
+  EXPECT_EQ(after->totals.loss_sum, want->totals.loss_sum);
+  // NOLINTNEXTLINE(bugprone-suspicious-memory-comparison): the bits are what must agree.
+  EXPECT_EQ(std::memcmp(got.data(), expected.data(), kParams * sizeof(float)), 0);
 }
 
 TEST(Reducer, RestoredExponentsMustMatchTheBuckets) {
