@@ -35,7 +35,7 @@ import os
 import struct
 import sys
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -623,6 +623,7 @@ class Job:
         # Steps whose nodes ran again because exact reduction chose a new scale (the first step,
         # a gradient that grew past the scale's headroom): in the result file.
         self._recomputed_steps = 0
+        self._kept_nodes = 0  # nodes of failed steps not computed again (_begin_nodes)
         self._last_loss = float("nan")
         self._finished = False
         self._done = False
@@ -737,6 +738,7 @@ class Job:
                 "gradient_fold": "device" if self._device_fold is not None else "host",
                 "collectives": self._collectives,
                 "recomputed_steps": self._recomputed_steps,
+                "kept_nodes": self._kept_nodes,
             }
             if self.rank == 0 and test_accuracy is not None:
                 result["test_accuracy"] = float(test_accuracy)
@@ -879,7 +881,8 @@ class Job:
 
     def _run_nodes(self, step: Step) -> Iterator[Node]:
         """Yields this worker's nodes, then reduces. Recomputes them when exact reduction picks a
-        new scale, and after a failed collective follows the next plan and redoes the step."""
+        new scale, and after a failed collective follows the next plan and runs the nodes it
+        adds (_begin_nodes: with exact reduction the nodes already summed here are kept)."""
         staging = self._staging
         assert staging is not None
         if step.reduced:
@@ -891,25 +894,26 @@ class Job:
                 _copy_all(start_buffers, self._float_buffers)
             if start_ints:
                 _copy_all(start_ints, self._int_buffers)
+        summed: list[int] = []  # this step's nodes already in the reducer's sums, in their order
+        snapshots: list[torch.Tensor] = []  # their integer buffers (see _compute_nodes)
         while True:
-            self._worker.begin()
-            if self._device_fold is not None:
-                self._device_fold.begin(self._worker.exponents())
+            todo = self._begin_nodes(step, summed, snapshots)
             t0 = time.monotonic()
             # Every node seeds the generators itself; their states are saved once and restored
             # when the nodes end, as a fork_rng around each node would leave them.
             saved = [g.get_state() for g in self._generators]
             try:
-                node_ints = yield from self._compute_nodes(step, start_buffers, start_ints)
+                yield from self._compute_nodes(step, todo, start_buffers, start_ints, snapshots)
             finally:
                 for g, state in zip(self._generators, saved):
                     g.set_state(state)
+            summed += todo
             compute = time.monotonic() - t0
             try:
                 redo, loss_sum, samples, agreed = self._worker.finish(staging.mean)
             except CollectiveError as e:
                 # A member died or stalled; nothing of the step was applied here. Follow the plan
-                # without it (state comes along if needed) and redo the step.
+                # without it (state comes along if needed) and finish the step.
                 self._worker.failed(step.index, str(e))
                 self._membership = self._next()
                 if self._holder is not None and self._holder.step_done != step.index:
@@ -923,8 +927,10 @@ class Job:
                 continue
             if redo:
                 self._recomputed_steps += 1
+                summed.clear()
                 continue
             break
+        node_ints = self._agreed_ints(snapshots)
         self._views = staging.publish_mean()
         if self._float_buffers:
             _copy_all(self._float_buffers, staging.buffer_views[0])
@@ -937,12 +943,49 @@ class Job:
         step._agreed_epoch = agreed
         step.reduced = True
 
+    def _begin_nodes(
+        self, step: Step, summed: list[int], snapshots: list[torch.Tensor]
+    ) -> list[int]:
+        """Which of the plan's nodes to run now. With exact reduction, a step whose collective
+        failed goes on from the sums this worker had made (the reducer leaves them as they were,
+        runtime/reduce/reducer.h), when the next plan still gives it those nodes: only the nodes
+        it adds are computed, and integer sums do not depend on the order they were added in, so
+        the result is the one of computing them all again. Otherwise (the first try, a redo at a
+        new scale, fast reduction, or a plan that moved one of those nodes elsewhere) the step
+        starts from nothing."""
+        plan = list(self._membership.virtual_nodes)
+        keep = bool(summed) and self.spec["reduction"] == "exact" and set(summed) <= set(plan)
+        if not keep:
+            summed.clear()
+            snapshots.clear()
+            self._worker.begin()
+            if self._device_fold is not None:
+                self._device_fold.begin(self._worker.exponents())
+            return plan
+        if self._device_fold is not None:
+            # The device fold still holds the kept nodes and hands the reducer the whole step.
+            self._worker.begin()
+        todo = [v for v in plan if v not in set(summed)]
+        self._kept_nodes += len(summed)
+        print(
+            f"virtualflow: {self.worker_name}: step {step.index + 1}: a member was lost; keeping "
+            f"the {len(summed)} nodes summed here and computing {len(todo)} more",
+            file=sys.stderr,
+            flush=True,
+        )
+        return todo
+
     def _compute_nodes(
-        self, step: Step, start_buffers: list[torch.Tensor], start_ints: list[torch.Tensor]
-    ) -> Generator[Node, None, list[torch.Tensor]]:
-        """Yields each of this worker's nodes of `step` to the script and folds its gradients
-        into the reducer, in the order of the plan's nodes. Returns the integer buffers as the
-        nodes left them (they must agree: a counter like BatchNorm's num_batches_tracked).
+        self,
+        step: Step,
+        nodes: list[int],
+        start_buffers: list[torch.Tensor],
+        start_ints: list[torch.Tensor],
+        snapshots: list[torch.Tensor],
+    ) -> Iterator[Node]:
+        """Yields each of `nodes` of `step` to the script and folds its gradients into the
+        reducer, in their order. Appends to `snapshots` each node's integer buffers as it left
+        them (they must agree: a counter like BatchNorm's num_batches_tracked).
 
         Per node it launches as few small operations as it can (one multi-tensor copy per
         group of buffers, one snapshot of the integer buffers, compared once per step) and
@@ -955,8 +998,7 @@ class Job:
         flat_ints = (
             [t.detach().view(-1) for t in ints] if all(t.is_contiguous() for t in ints) else None
         )
-        snapshots: list[torch.Tensor] = []
-        for i, v in enumerate(self._membership.virtual_nodes):
+        for i, v in enumerate(nodes):
             t0 = time.monotonic()
             slot = i % staging.slots
             if floats:
@@ -995,6 +1037,10 @@ class Job:
             self._fold(staging, b)
         if self._device_fold is not None:
             self._hand_over_fold(self._device_fold, b)
+
+    def _agreed_ints(self, snapshots: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The integer buffers as every node of the step left them; they must agree."""
+        ints = self._int_buffers
         if not snapshots:
             return []
         stacked = torch.stack(snapshots)
