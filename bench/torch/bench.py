@@ -15,7 +15,9 @@ from inside the training scripts (each step's end, wall clock, written to $VF_BE
             middle of a step (2 workers), and a worker added (1 -> 2); VirtualFlow in place
             (vf run, --capacity for the addition) against torchrun elastic (c10d rendezvous,
             --nnodes=1:4, --max-restarts=3, one agent per worker) restarting the script from
-            its checkpoint (written after every step).
+            its checkpoint (written after every step). With --patch, VirtualFlow's side runs
+            the library with the patch applied (kill_redo_all.patch: survivors compute every
+            node of the failed step again, as before they kept their own).
 
   profile   (alone) where a step's time goes: the library's C++ calls, node.backward(), the
             forward passes, the optimizer, untimed Python; the baselines likewise.
@@ -484,6 +486,16 @@ def first_end_after(records: list[dict[str, Any]], t: float) -> dict[str, Any]:
     return min(after, key=lambda r: r["t_end"])
 
 
+def resize_library(a: argparse.Namespace, tmp: Path) -> dict[str, str]:
+    """The environment that points resize's VirtualFlow workers at the patched library, if
+    --patch was given."""
+    if not a.patch:
+        return {}
+    if not hasattr(a, "resize_library"):
+        a.resize_library = str(patched_library(tmp / "resize-lib", a.vf, Path(a.patch)))
+    return {"VF_BENCH_LIBRARY": a.resize_library}
+
+
 def vf_kill(a: argparse.Namespace, tmp: Path) -> dict[str, float]:
     at = a.warmup + 3
     (tmp / "vf.kill").unlink(missing_ok=True)
@@ -499,6 +511,7 @@ def vf_kill(a: argparse.Namespace, tmp: Path) -> dict[str, float]:
             "VF_BENCH_KILL_STEP": str(at),
             "VF_BENCH_KILL_MARK": str(tmp / "vf.kill"),
             "VF_BENCH_NODE_TIMES": "1",
+            **resize_library(a, tmp),
         },
     )
     (tmp / "vf.kill").unlink(missing_ok=True)
@@ -536,7 +549,16 @@ def vf_kill(a: argparse.Namespace, tmp: Path) -> dict[str, float]:
 
 def vf_add(a: argparse.Namespace, tmp: Path) -> dict[str, float]:
     at = a.warmup + 3
-    o = run_vf(a.vf, tmp, vnodes=8, batch=256, steps=at + 30, max_workers=2, capacity=f"0:1,{at}:2")
+    o = run_vf(
+        a.vf,
+        tmp,
+        vnodes=8,
+        batch=256,
+        steps=at + 30,
+        max_workers=2,
+        capacity=f"0:1,{at}:2",
+        env_more=resize_library(a, tmp),
+    )
     assert o.summary is not None
     grow = [r for r in o.summary["resizes"] if r["from"] == 1 and r["to"] == 2]
     if len(grow) != 1:
@@ -830,6 +852,7 @@ def patched_library(tmp: Path, vf: str, patch: Path) -> Path:
 def bench_ab(a: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
     """The built library against the same with --patch applied, interleaved: step time, CPU
     time, and whether the final weights are bitwise the same."""
+    a.patch = a.patch or str(HERE / "gpu_node_host.patch")
     lib = patched_library(tmp, a.vf, Path(a.patch))
     return [ab_row(a, tmp, lib, world, vnodes=8, batch=256) for world in a.worlds]
 
@@ -958,9 +981,10 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=4, help="steps skipped before timing")
     ap.add_argument(
         "--patch",
-        default=str(HERE / "gpu_node_host.patch"),
         help="ab: the change to python/virtualflow/torch.py to measure (one that "
-        "applies to the current torch.py; bench/torch/gpu_*.patch)",
+        "applies to the current torch.py; bench/torch/gpu_*.patch; default "
+        "gpu_node_host.patch); resize: run VirtualFlow's side with it "
+        "(bench/torch/kill_redo_all.patch)",
     )
     ap.add_argument(
         "--shared-session",
