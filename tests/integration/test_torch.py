@@ -328,8 +328,12 @@ class TorchTest(VfTestCase):
         self.assertEqual(code, 0, out + err)
         for victim in killed:
             self.assertIn("%s was killed by signal 9" % victim, out)
+        # The job went on from where it was: a progress line may show the survivor one step
+        # behind the victim's last report (the victim had counted a step the survivor had not
+        # reported yet), never further back, as a job that started over from step 0 would.
         steps = [int(m) for m in re.findall(r"^step\s+(\d+)/", out, re.M)]
-        self.assertEqual(steps, sorted(steps), "the job started over:\n" + out)
+        back = max((max(steps[:i]) - s for i, s in enumerate(steps) if i), default=0)
+        self.assertLessEqual(back, 1, "the job went back %d steps:\n%s" % (back, out))
         with open(summary_path) as f:
             summary = json.load(f)
         self.assertGreaterEqual(summary["recoveries"], 2, out)
