@@ -486,32 +486,32 @@ def first_end_after(records: list[dict[str, Any]], t: float) -> dict[str, Any]:
     return min(after, key=lambda r: r["t_end"])
 
 
-def resize_library(a: argparse.Namespace, tmp: Path) -> dict[str, str]:
-    """The environment that points resize's VirtualFlow workers at the patched library, if
-    --patch was given."""
-    if not a.patch:
-        return {}
-    if not hasattr(a, "resize_library"):
-        a.resize_library = str(patched_library(tmp / "resize-lib", a.vf, Path(a.patch)))
-    return {"VF_BENCH_LIBRARY": a.resize_library}
+def run_vf_resize(
+    a: argparse.Namespace, tmp: Path, *, steps: int, env_more: dict[str, str], **kw: Any
+) -> Outcome:
+    """A resize comparison's VirtualFlow run (V=8, B=256, at most 2 workers), with the library
+    patched by --patch if it was given."""
+    if a.patch:
+        if not hasattr(a, "resize_library"):
+            a.resize_library = str(patched_library(tmp / "resize-lib", a.vf, Path(a.patch)))
+        env_more = {**env_more, "VF_BENCH_LIBRARY": a.resize_library}
+    return run_vf(
+        a.vf, tmp, vnodes=8, batch=256, steps=steps, max_workers=2, env_more=env_more, **kw
+    )
 
 
 def vf_kill(a: argparse.Namespace, tmp: Path) -> dict[str, float]:
     at = a.warmup + 3
     (tmp / "vf.kill").unlink(missing_ok=True)
-    o = run_vf(
-        a.vf,
+    o = run_vf_resize(
+        a,
         tmp,
-        vnodes=8,
-        batch=256,
         steps=at + 8,
-        max_workers=2,
         workers=2,
         env_more={
             "VF_BENCH_KILL_STEP": str(at),
             "VF_BENCH_KILL_MARK": str(tmp / "vf.kill"),
             "VF_BENCH_NODE_TIMES": "1",
-            **resize_library(a, tmp),
         },
     )
     (tmp / "vf.kill").unlink(missing_ok=True)
@@ -549,16 +549,7 @@ def vf_kill(a: argparse.Namespace, tmp: Path) -> dict[str, float]:
 
 def vf_add(a: argparse.Namespace, tmp: Path) -> dict[str, float]:
     at = a.warmup + 3
-    o = run_vf(
-        a.vf,
-        tmp,
-        vnodes=8,
-        batch=256,
-        steps=at + 30,
-        max_workers=2,
-        capacity=f"0:1,{at}:2",
-        env_more=resize_library(a, tmp),
-    )
+    o = run_vf_resize(a, tmp, steps=at + 30, capacity=f"0:1,{at}:2", env_more={})
     assert o.summary is not None
     grow = [r for r in o.summary["resizes"] if r["from"] == 1 and r["to"] == 2]
     if len(grow) != 1:

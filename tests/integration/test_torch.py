@@ -58,20 +58,20 @@ class Background:
         for line in self.proc.stdout:
             self.out.append(line)
 
-    def step(self):
+    def _last(self, pattern):
+        """The number the newest progress line matching `pattern` reports (0 before one)."""
         for line in reversed(self.out):
-            m = re.match(r"step\s+(\d+)/", line)
+            m = re.match(pattern, line)
             if m:
                 return int(m.group(1))
         return 0
 
+    def step(self):
+        return self._last(r"step\s+(\d+)/")
+
     def world(self):
         """The number of workers on the last progress line."""
-        for line in reversed(self.out):
-            m = re.match(r"step\s+\d+/\d+\s+loss\s+\S+\s+(\d+) workers", line)
-            if m:
-                return int(m.group(1))
-        return 0
+        return self._last(r"step\s+\d+/\d+\s+loss\s+\S+\s+(\d+) workers")
 
     def wait_for_step(self, step, timeout=300, workers=0):
         """Until the run is at `step` or later (with `workers` workers, if given)."""
