@@ -38,6 +38,34 @@ std::vector<double> EqualTimes(int workers) {
   return std::vector<double>(static_cast<size_t>(std::max(workers, 0)), 1.0);
 }
 
+std::vector<std::vector<int>> KeepVirtualNodes(const std::vector<int>& counts,
+                                               const std::vector<std::vector<int>>& held) {
+  int total = 0;
+  for (int c : counts) total += std::max(c, 0);
+  std::vector<bool> taken(static_cast<size_t>(total), false);
+  std::vector<std::vector<int>> out(counts.size());
+  for (size_t w = 0; w < counts.size() && w < held.size(); ++w) {
+    std::vector<int> mine = held[w];
+    std::sort(mine.begin(), mine.end());
+    for (int v : mine) {
+      if (static_cast<int>(out[w].size()) >= counts[w]) break;
+      if (v < 0 || v >= total || taken[static_cast<size_t>(v)]) continue;
+      taken[static_cast<size_t>(v)] = true;
+      out[w].push_back(v);
+    }
+  }
+  int next = 0;
+  for (size_t w = 0; w < counts.size(); ++w) {
+    while (static_cast<int>(out[w].size()) < counts[w]) {
+      while (taken[static_cast<size_t>(next)]) ++next;
+      taken[static_cast<size_t>(next)] = true;
+      out[w].push_back(next);
+    }
+    std::sort(out[w].begin(), out[w].end());
+  }
+  return out;
+}
+
 std::vector<std::vector<int>> ContiguousVirtualNodes(const std::vector<int>& counts) {
   std::vector<std::vector<int>> out;
   out.reserve(counts.size());

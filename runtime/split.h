@@ -25,6 +25,16 @@ std::vector<double> EqualTimes(int workers);
 // the next c1, and so on.
 std::vector<std::vector<int>> ContiguousVirtualNodes(const std::vector<int>& counts);
 
+// Per-worker counts turned into virtual-node lists that leave each worker as many of the nodes it
+// `held` (per worker, in the same order; empty for a joiner) as its count allows, lowest first;
+// the nodes nobody keeps go, in ascending order, to the workers short of their count, in worker
+// order. For the plan after a lost member: a survivor still holds the nodes it had computed in
+// the failed step, so it need not compute them again (virtualflow.torch keeps them). A node
+// held twice, or not below the counts' sum, is not kept. With nothing held, the same as
+// ContiguousVirtualNodes. Each list ascending.
+std::vector<std::vector<int>> KeepVirtualNodes(const std::vector<int>& counts,
+                                               const std::vector<std::vector<int>>& held);
+
 // The step time of a split: max_i(count_i * t_i). 0 for an empty split.
 double SplitStepSeconds(const std::vector<int>& counts,
                         const std::vector<double>& seconds_per_virtual_node);

@@ -150,6 +150,40 @@ TEST(ContiguousVirtualNodes, NumbersNodesInWorkerOrder) {
   EXPECT_EQ(lists[2], (std::vector<int>{4, 5}));
 }
 
+TEST(KeepVirtualNodes, SurvivorsKeepTheirNodesAndShareOutTheLostOnes) {
+  // 3 workers on 8 nodes, the middle one lost: the two left keep theirs and split its 3.
+  EXPECT_EQ(KeepVirtualNodes({4, 4}, {{0, 1, 2}, {6, 7}}),
+            (std::vector<std::vector<int>>{{0, 1, 2, 3}, {4, 5, 6, 7}}));
+  EXPECT_EQ(KeepVirtualNodes({4, 4}, {{3, 4, 5}, {6, 7}}),
+            (std::vector<std::vector<int>>{{0, 3, 4, 5}, {1, 2, 6, 7}}));
+  // A survivor's count below what it held: it keeps its lowest; a joiner holds nothing.
+  EXPECT_EQ(KeepVirtualNodes({2, 3, 3}, {{4, 5, 6, 7}, {}, {0}}),
+            (std::vector<std::vector<int>>{{4, 5}, {1, 2, 3}, {0, 6, 7}}));
+  // Nothing held: the contiguous lists.
+  EXPECT_EQ(KeepVirtualNodes({3, 1, 2}, {}), ContiguousVirtualNodes({3, 1, 2}));
+  // A node held twice or out of range is kept once at most.
+  EXPECT_EQ(KeepVirtualNodes({2, 2}, {{1, 9}, {1, 2}}),
+            (std::vector<std::vector<int>>{{0, 1}, {2, 3}}));
+}
+
+TEST(KeepVirtualNodes, EveryNodeOnceWithTheCounts) {
+  for (int v : {1, 5, 8, 12}) {
+    for (int n = 1; n <= v; ++n) {
+      const auto counts = SplitVirtualNodes(v, EqualTimes(n));
+      // What n + 1 workers held, the last of them lost.
+      auto before = ContiguousVirtualNodes(SplitVirtualNodes(v, EqualTimes(std::min(n + 1, v))));
+      before.resize(static_cast<size_t>(n));
+      const auto lists = KeepVirtualNodes(counts, before);
+      std::vector<int> seen(static_cast<size_t>(v), 0);
+      for (size_t w = 0; w < lists.size(); ++w) {
+        EXPECT_EQ(static_cast<int>(lists[w].size()), counts[w]);
+        for (int x : lists[w]) ++seen[static_cast<size_t>(x)];
+      }
+      EXPECT_EQ(seen, std::vector<int>(static_cast<size_t>(v), 1)) << v << " on " << n;
+    }
+  }
+}
+
 TEST(SplitStepSeconds, IsTheSlowestWorker) {
   EXPECT_DOUBLE_EQ(SplitStepSeconds({3, 1}, {1.0, 2.5}), 3.0);
   EXPECT_DOUBLE_EQ(SplitStepSeconds({}, {}), 0.0);

@@ -1425,6 +1425,7 @@ void Reconciler::StampTimes(Pass& p) {
 policy::MembershipInput Reconciler::MembershipInputOf(const Pass& p) const {
   policy::MembershipInput in;
   in.members = RankOrder(p.view.plan);
+  for (const Member& m : p.view.plan.members) in.held[m.worker] = m.virtual_nodes;
   in.desired = p.desired;
   in.min_workers = p.spec.replicas_min;
   in.virtual_nodes = p.spec.virtual_nodes;

@@ -659,6 +659,9 @@ Status LocalCluster::SpawnMissing(const JobView& view, int desired, int slots) {
 policy::MembershipInput LocalCluster::MembershipInputOf(const JobView& view, int desired) const {
   policy::MembershipInput in;
   if (plan_size_ > 0) in.members = plan_members_.at(plan_epoch_);
+  if (view.plan.epoch == plan_epoch_) {
+    for (const Member& m : view.plan.members) in.held[m.worker] = m.virtual_nodes;
+  }
   in.desired = desired;
   in.min_workers = job_.replicas_min;
   in.virtual_nodes = job_.virtual_nodes;

@@ -97,8 +97,10 @@ std::vector<const WorkerState*> Shrink(const std::vector<const WorkerState*>& ke
   return staying;
 }
 
+// The plan's members and their virtual nodes; after a lost member (`keep`), the survivors keep
+// the nodes they held in `in`.
 std::vector<PlannedMember> Assign(const std::vector<const WorkerState*>& chosen,
-                                  int virtual_nodes) {
+                                  const MembershipInput& in, bool keep) {
   std::vector<double> speed;
   bool measured = true;
   for (const WorkerState* w : chosen) {
@@ -106,8 +108,16 @@ std::vector<PlannedMember> Assign(const std::vector<const WorkerState*>& chosen,
     speed.push_back(w->seconds_per_virtual_node);
   }
   if (!measured) speed = EqualTimes(static_cast<int>(chosen.size()));
+  const std::vector<int> counts = SplitVirtualNodes(in.virtual_nodes, speed);
+  std::vector<std::vector<int>> held;
+  if (keep) {
+    for (const WorkerState* w : chosen) {
+      auto it = in.held.find(w->name);
+      held.push_back(it == in.held.end() ? std::vector<int>{} : it->second);
+    }
+  }
   const std::vector<std::vector<int>> nodes =
-      ContiguousVirtualNodes(SplitVirtualNodes(virtual_nodes, speed));
+      keep ? KeepVirtualNodes(counts, held) : ContiguousVirtualNodes(counts);
   std::vector<PlannedMember> members;
   for (size_t i = 0; i < chosen.size(); ++i) members.push_back({chosen[i]->name, nodes[i]});
   return members;
@@ -183,7 +193,8 @@ MembershipDecision DecideMembership(const MembershipInput& in) {
 
   out.held = false;
   out.publish = true;
-  out.members = Assign(chosen, in.virtual_nodes);
+  const bool lost = survivors.lost || in.failure_reported;
+  out.members = Assign(chosen, in, lost && !first);
   Describe(in, survivors, shrinks, chosen.size(), out);
   return out;
 }

@@ -5,6 +5,7 @@
 // wherever it runs.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,9 @@ struct WorkerState {
 // What the decision is made from. Value type.
 struct MembershipInput {
   std::vector<std::string> members;  // the current plan's workers in rank order (empty: none yet)
+  // The current plan's virtual nodes by worker (empty: not known). A plan after a lost member
+  // leaves each survivor the nodes it holds as far as its count allows (KeepVirtualNodes).
+  std::map<std::string, std::vector<int>> held;
   int desired = 0;
   int min_workers = 1;
   int virtual_nodes = 1;
@@ -87,7 +91,9 @@ struct MembershipDecision {
 // survivors keep their order so that rank 0 always holds the training state; when the job must
 // shrink, members on nodes that are going away leave first, then the highest ranks. The first plan
 // waits until `min_workers` are ready. Virtual nodes are split (runtime/split.h) in proportion to
-// measured speed when every member has a measurement, evenly otherwise.
+// measured speed when every member has a measurement, evenly otherwise; as contiguous lists,
+// except after a lost member, when the survivors keep the nodes they held (`held`) and share out
+// the lost member's: they had computed theirs in the failed step.
 MembershipDecision DecideMembership(const MembershipInput& input);
 
 }  // namespace vf::policy

@@ -313,5 +313,31 @@ TEST(MembershipTest, EvenSplitGivesTheRemainderToTheLowestRanks) {
   EXPECT_EQ(d.members[2].virtual_nodes, (std::vector<int>{6, 7}));
 }
 
+TEST(MembershipTest, AfterALostMemberSurvivorsKeepTheirNodes) {
+  MembershipInput in;
+  in.members = {"a", "b", "c"};
+  in.desired = 3;
+  in.virtual_nodes = 8;
+  in.held = {{"a", {0, 1, 2}}, {"b", {3, 4, 5}}, {"c", {6, 7}}};
+  WorkerState dead = Ready("a");
+  dead.life = WorkerLife::kFailed;
+  in.workers = {dead, Ready("b"), Ready("c")};
+  MembershipDecision d = DecideMembership(in);
+  ASSERT_TRUE(d.publish);
+  EXPECT_EQ(d.kind, "failure");
+  ASSERT_EQ(Names(d), (std::vector<std::string>{"b", "c"}));
+  // The contiguous split would give b 0-3 and c 4-7: neither would keep a node it computed.
+  EXPECT_EQ(d.members[0].virtual_nodes, (std::vector<int>{0, 3, 4, 5}));
+  EXPECT_EQ(d.members[1].virtual_nodes, (std::vector<int>{1, 2, 6, 7}));
+  // A growth (nothing failed) splits contiguously again.
+  in.members = {"b", "c"};
+  in.held = {{"b", {0, 3, 4, 5}}, {"c", {1, 2, 6, 7}}};
+  in.workers = {Ready("b"), Ready("c"), Ready("d")};
+  d = DecideMembership(in);
+  ASSERT_TRUE(d.publish);
+  EXPECT_EQ(d.kind, "grow");
+  EXPECT_EQ(d.members[0].virtual_nodes, (std::vector<int>{0, 1, 2}));
+}
+
 }  // namespace
 }  // namespace vf::policy

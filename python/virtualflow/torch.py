@@ -624,6 +624,7 @@ class Job:
         # a gradient that grew past the scale's headroom): in the result file.
         self._recomputed_steps = 0
         self._kept_nodes = 0  # nodes of failed steps not computed again (_begin_nodes)
+        self._failed_steps: list[dict[str, int]] = []  # each failed step: nodes kept, computed
         self._last_loss = float("nan")
         self._finished = False
         self._done = False
@@ -739,6 +740,7 @@ class Job:
                 "collectives": self._collectives,
                 "recomputed_steps": self._recomputed_steps,
                 "kept_nodes": self._kept_nodes,
+                "failed_steps": self._failed_steps,
             }
             if self.rank == 0 and test_accuracy is not None:
                 result["test_accuracy"] = float(test_accuracy)
@@ -896,8 +898,10 @@ class Job:
                 _copy_all(start_ints, self._int_buffers)
         summed: list[int] = []  # this step's nodes already in the reducer's sums, in their order
         snapshots: list[torch.Tensor] = []  # their integer buffers (see _compute_nodes)
+        failed = False  # the last try's reduction failed (a member lost)
         while True:
-            todo = self._begin_nodes(step, summed, snapshots)
+            todo = self._begin_nodes(step, summed, snapshots, failed)
+            failed = False
             t0 = time.monotonic()
             # Every node seeds the generators itself; their states are saved once and restored
             # when the nodes end, as a fork_rng around each node would leave them.
@@ -924,6 +928,7 @@ class Job:
                         f"fell behind its peers in a recovery at step {step.index + 1}; leaving so "
                         "that a replacement joins with their state"
                     ) from e
+                failed = True
                 continue
             if redo:
                 self._recomputed_steps += 1
@@ -944,7 +949,7 @@ class Job:
         step.reduced = True
 
     def _begin_nodes(
-        self, step: Step, summed: list[int], snapshots: list[torch.Tensor]
+        self, step: Step, summed: list[int], snapshots: list[torch.Tensor], failed: bool
     ) -> list[int]:
         """Which of the plan's nodes to run now. With exact reduction, a step whose collective
         failed goes on from the sums this worker had made (the reducer leaves them as they were,
@@ -952,27 +957,30 @@ class Job:
         it adds are computed, and integer sums do not depend on the order they were added in, so
         the result is the one of computing them all again. Otherwise (the first try, a redo at a
         new scale, fast reduction, or a plan that moved one of those nodes elsewhere) the step
-        starts from nothing."""
+        starts from nothing. After a failure it says which, on stderr and in the result's
+        failed_steps."""
         plan = list(self._membership.virtual_nodes)
         keep = bool(summed) and self.spec["reduction"] == "exact" and set(summed) <= set(plan)
+        kept = len(summed) if keep else 0
         if not keep:
             summed.clear()
             snapshots.clear()
             self._worker.begin()
             if self._device_fold is not None:
                 self._device_fold.begin(self._worker.exponents())
-            return plan
-        if self._device_fold is not None:
+        elif self._device_fold is not None:
             # The device fold still holds the kept nodes and hands the reducer the whole step.
             self._worker.begin()
         todo = [v for v in plan if v not in set(summed)]
-        self._kept_nodes += len(summed)
-        print(
-            f"virtualflow: {self.worker_name}: step {step.index + 1}: a member was lost; keeping "
-            f"the {len(summed)} nodes summed here and computing {len(todo)} more",
-            file=sys.stderr,
-            flush=True,
-        )
+        if failed:
+            self._kept_nodes += kept
+            self._failed_steps.append({"step": step.index + 1, "kept": kept, "computed": len(todo)})
+            print(
+                f"virtualflow: {self.worker_name}: step {step.index + 1}: a member was lost; "
+                f"keeping the {kept} nodes summed here and computing {len(todo)}",
+                file=sys.stderr,
+                flush=True,
+            )
         return todo
 
     def _compute_nodes(

@@ -287,43 +287,53 @@ class TorchTest(VfTestCase):
     def test_cnn_survives_two_kill_9_with_the_weights_of_a_static_run(self):
         expected = self.elastic_reference(40)
         # Both ways exact reduction folds a node (by the C++ reducer, or by PyTorch on the
-        # gradients' device as on a GPU): a survivor keeps the nodes it had folded either way.
-        for fold in ("host", "device"):
-            with self.subTest(fold=fold):
+        # gradients' device as on a GPU) on 2 workers; and 3 workers, where the plan after a
+        # kill must leave both survivors their nodes (a contiguous split of 8 nodes from 3
+        # workers to 2 takes the middle rank's: 0-2, 3-5, 6-7 becoming 0-3, 4-7).
+        for fold, workers in (("host", 2), ("device", 2), ("host", 3)):
+            with self.subTest(fold=fold, workers=workers):
                 os.environ["VF_TORCH_FOLD"] = fold
                 try:
-                    summary = self.kill_twice(fold)
+                    summary = self.kill_twice(fold, workers)
                 finally:
                     del os.environ["VF_TORCH_FOLD"]
                 self.assertEqual(summary["weights_sha256"], expected)
                 self.assertEqual({r["gradient_fold"] for r in summary["worker_results"]}, {fold})
-                # Each kill lands mid-step: the survivor kept the nodes it had summed and
-                # computed only the dead worker's, and still trained the static run's weights.
-                # The first kill's survivor is the second kill's victim, so its count is gone.
-                kept = [r["kept_nodes"] for r in summary["worker_results"]]
-                self.assertGreater(sum(kept), 0, summary["worker_results"])
 
-    def kill_twice(self, name):
-        """Runs the CNN on 2 workers and kills a member mid-step at steps 8 and 30, each time
-        with a second member to go on; returns the summary."""
+    def kill_twice(self, fold, workers):
+        """Runs the CNN on WORKERS workers and kills the oldest member mid-step at steps 8 and
+        30, each time with every slot's worker a member; returns the summary. Every survivor
+        of a kill that ran to the end kept the nodes it had computed in the failed step and
+        computed only the dead worker's share."""
         # No cooldown: the replacement of the first victim joins as soon as it is ready, so that
         # the second kill, too, leaves a member that goes on (with the default cooldown the
         # second victim was the only member, and the job started again from step 0).
         job = self.example("cnn", 40, extra="  elasticity: {policy: elastic, cooldownSeconds: 0}\n")
-        summary_path = os.path.join(self.tmp, "kill-%s.json" % name)
+        summary_path = os.path.join(self.tmp, "kill-%s-%d.json" % (fold, workers))
         bg = Background(
-            [job, "--workers", "2", "--vnode-delay-ms", "60", "--summary-json", summary_path]
+            [
+                job,
+                "--workers",
+                str(workers),
+                "--vnode-delay-ms",
+                "60",
+                "--summary-json",
+                summary_path,
+            ]
         )
-        killed = []
+        killed, survivors = [], []
         for target in (8, 30):
-            self.assertTrue(bg.wait_for_step(target, workers=2), "".join(bg.out))
+            self.assertTrue(bg.wait_for_step(target, workers=workers), "".join(bg.out))
             live = bg.workers()
-            self.assertTrue(live, "no live worker at step %d" % target)
-            # The oldest live worker: a member of the running plan (a replacement may still be
-            # warming up), killed in the middle of a step.
+            self.assertEqual(len(live), workers, "live workers at step %d: %s" % (target, live))
+            # Into the step that has just begun (each takes 0.3 s or more at 60 ms per node),
+            # not at its boundary, where the survivors could switch plans without a failure.
+            time.sleep(0.1)
+            # The oldest live worker, a member of the running plan, killed mid-step.
             victim = min(live, key=lambda name: int(name.rsplit("-", 1)[1]))
             os.kill(live[victim], signal.SIGKILL)
             killed.append(victim)
+            survivors.append((target, set(live) - {victim}))
         code, out, err = bg.wait()
         self.assertEqual(code, 0, out + err)
         for victim in killed:
@@ -337,6 +347,21 @@ class TorchTest(VfTestCase):
         with open(summary_path) as f:
             summary = json.load(f)
         self.assertGreaterEqual(summary["recoveries"], 2, out)
+        results = {r["worker"]: r for r in summary["worker_results"]}
+        checked = 0
+        for k, (target, names) in enumerate(survivors):
+            until = survivors[k + 1][0] if k + 1 < len(survivors) else float("inf")
+            for name in names & results.keys():
+                failed = [f for f in results[name]["failed_steps"] if target <= f["step"] < until]
+                self.assertTrue(
+                    failed,
+                    "%s saw no failed step after the kill at step %d: %s"
+                    % (name, target, results[name]),
+                )
+                self.assertTrue(all(f["kept"] > 0 for f in failed), results[name])
+                checked += 1
+        # At least the second kill's survivors ran to the end.
+        self.assertGreaterEqual(checked, workers - 1, results)
         return summary
 
 
