@@ -960,9 +960,11 @@ class Job:
         starts from nothing. After a failure it says which, on stderr and in the result's
         failed_steps."""
         plan = list(self._membership.virtual_nodes)
-        keep = bool(summed) and self.spec["reduction"] == "exact" and set(summed) <= set(plan)
+        done = set(summed)
+        keep = bool(done) and self.spec["reduction"] == "exact" and done <= set(plan)
         kept = len(summed) if keep else 0
         if not keep:
+            done.clear()
             summed.clear()
             snapshots.clear()
             self._worker.begin()
@@ -971,7 +973,7 @@ class Job:
         elif self._device_fold is not None:
             # The device fold still holds the kept nodes and hands the reducer the whole step.
             self._worker.begin()
-        todo = [v for v in plan if v not in set(summed)]
+        todo = [v for v in plan if v not in done]
         if failed:
             self._kept_nodes += kept
             self._failed_steps.append({"step": step.index + 1, "kept": kept, "computed": len(todo)})
