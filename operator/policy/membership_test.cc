@@ -326,7 +326,7 @@ TEST(MembershipTest, AfterALostMemberSurvivorsKeepTheirNodes) {
   ASSERT_TRUE(d.publish);
   EXPECT_EQ(d.kind, "failure");
   ASSERT_EQ(Names(d), (std::vector<std::string>{"b", "c"}));
-  // The contiguous split would give b 0-3 and c 4-7: neither would keep a node it computed.
+  // The contiguous split would give b 0-3 and c 4-7, taking 4 and 5 from b, which computed them.
   EXPECT_EQ(d.members[0].virtual_nodes, (std::vector<int>{0, 3, 4, 5}));
   EXPECT_EQ(d.members[1].virtual_nodes, (std::vector<int>{1, 2, 6, 7}));
   // A growth (nothing failed) splits contiguously again.
