@@ -258,6 +258,9 @@ Result<bool> Agent::Impl::Switch(const Plan& plan, const Member& me, TrainingSta
     (void)Persist("reporting a failed rendezvous", Clock::now(), [&] {
       return client_.ReportFailure(epoch_, state.step(), c.status().message());
     });
+    // Refused for good (NCCL refuses two ranks on one GPU): the same workers planned again
+    // would fail the same way, round after round, and the job would hang without a word.
+    if (c.status().code() == StatusCode::kInvalidArgument) return c.status();
     return false;
   }
   auto sync = SyncState(**c, state, [&] { faults_.At("state-transfer"); });

@@ -155,7 +155,9 @@ class Agent {
   // the newest state. Returns nullopt when this worker has left the job (asked to leave and
   // excluded by a plan, which it acknowledges), or left before it ever counted. Errors:
   // kDeadlineExceeded when no plan comes within the timeout; the state holder's
-  // kFailedPrecondition or kDataLoss, which mean the job cannot go on.
+  // kFailedPrecondition or kDataLoss, which mean the job cannot go on; kInvalidArgument when
+  // the plan's communicator is refused for good here (NCCL refusing two ranks on one GPU, Gloo
+  // unable to listen on `host`), after reporting it: no new plan would fare better.
   Result<std::optional<Membership>> Next(TrainingStateHolder& state);
 
   // The job's length in steps, from the data this worker loaded (only a worker knows its

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <future>
 #include <memory>
@@ -462,6 +463,53 @@ TEST(AgentCollectives, NcclThatCannotStartIsReportedWithTheReason) {
   if (CudaDeviceCount() > 0) GTEST_SKIP() << "a GPU is here: NCCL would start";
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(ReportNcclThatCannotStart(), testing::ExitedWithCode(0), "reported: ");
+}
+
+// A plan whose communicator cannot be built on this worker by any number of tries (here Gloo
+// asked to listen on an address that is not this machine's; on a GPU, NCCL refusing two ranks
+// on one GPU) ends the worker with the reason, after reporting it. Before, it reported the
+// failure and waited for the next plan, which the controller made of the same workers: the job
+// went round in failed rendezvous with nothing said. In a child process of its own, which gives
+// Next 30 s: a worker that waits for another plan instead waits as long as it takes.
+void EndOnACommunicatorRefusedForGood() {
+  const int port = FreeLowPort();
+  Coordinator coordinator;
+  auto server = ServeJob(coordinator, port);
+  if (!server.ok()) std::_Exit(11);
+  agent::AgentOptions options = Options(port, W0Credential(), seconds(10));
+  options.host = "192.0.2.1";  // TEST-NET-1 (RFC 5737): never an address of this machine
+  auto joined = agent::Agent::Join(options);
+  if (!joined.ok()) std::_Exit(12);
+  agent::Agent& worker = **joined;
+  if (!worker.Ready().ok() || !coordinator.PublishPlan(kJob, {{"w0", 0, {0, 1}}}).ok()) {
+    std::_Exit(13);
+  }
+  TinyState state;
+  std::promise<Status> ended;
+  std::future<Status> next = ended.get_future();
+  std::thread([&] {
+    auto m = worker.Next(state);
+    ended.set_value(m.ok() ? Internal("Next returned a membership") : m.status());
+  }).detach();
+  if (next.wait_for(seconds(30)) != std::future_status::ready) {
+    std::fprintf(stderr, "Next still waits after 30 s\n");
+    std::_Exit(14);
+  }
+  const Status s = next.get();
+  auto view = coordinator.GetJob(kJob);
+  const std::string reported = view.ok() ? view->workers.at("w0").failure_message : "";
+  std::fprintf(stderr, "ended: %s: %s\nreported: %s\n",
+               std::string(StatusCodeName(s.code())).c_str(), s.message().c_str(),
+               reported.c_str());
+  const bool ok = s.code() == StatusCode::kInvalidArgument &&
+                  s.message().find("cannot listen on '192.0.2.1'") != std::string::npos &&
+                  reported.find("cannot listen on '192.0.2.1'") != std::string::npos;
+  std::_Exit(ok ? 0 : 15);
+}
+
+TEST(AgentCollectives, ACommunicatorRefusedForGoodEndsTheWorkerWithTheReason) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(EndOnACommunicatorRefusedForGood(), testing::ExitedWithCode(0), "ended: ");
 }
 
 // A worker asked to leave (its pod deleted) whose job the coordinator no longer knows (the job

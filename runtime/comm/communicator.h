@@ -62,7 +62,9 @@ Result<std::unique_ptr<Communicator>> CreateGlooCommunicator(Store& store, int r
 // unique id in `store` (use a PrefixStore per epoch), the others read it; initialisation is
 // non-blocking and bounded by options.timeout, and so is every collective (a dead peer gets the
 // communicator aborted, not a hang). Returns an error, never throws, if NCCL is not compiled in,
-// there is no such device, or rendezvous fails.
+// there is no such device (kFailedPrecondition), or rendezvous fails: kInvalidArgument where
+// NCCL refuses the communicator itself, as it refuses two ranks on one GPU, which no new attempt
+// would change; another code where one may (a peer that died or never came).
 Result<std::unique_ptr<Communicator>> CreateNcclCommunicator(Store& store, int rank, int size,
                                                              const CommOptions& options,
                                                              int cuda_device = 0);

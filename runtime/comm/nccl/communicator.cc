@@ -55,6 +55,22 @@ std::string NcclError(std::string_view call, ncclResult_t result, ncclComm_t com
   return message;
 }
 
+// What a failed initialisation returns. NCCL's refusals of the communicator itself (invalid
+// usage or argument: two ranks on one GPU, say) come back the same on every try, so they are
+// kInvalidArgument, which ends the job with NCCL's reason rather than have the worker report it
+// and be planned into the same refusal again; anything else (a peer that died, a network error)
+// is kUnavailable, and a new plan may well succeed.
+Status InitFailed(std::string_view call, ncclResult_t result, ncclComm_t comm) {
+  std::string message = NcclError(call, result, comm);
+  if (result != ncclInvalidUsage && result != ncclInvalidArgument) return Unavailable(message);
+  if (message.find("Duplicate GPU") != std::string::npos) {
+    message +=
+        "; NCCL takes one rank per GPU, and these workers share one: give each worker a GPU of "
+        "its own, or reduce through Gloo";
+  }
+  return InvalidArgument("NCCL refused the communicator: " + message);
+}
+
 std::string Millis(std::chrono::milliseconds timeout) {
   return std::to_string(timeout.count()) + " ms";
 }
@@ -183,7 +199,7 @@ Status NcclCommunicator::Init(const std::string& unique_id) {
   ncclComm_t comm = nullptr;
   ncclResult_t result = ncclCommInitRankConfig(&comm, size_, id, rank_, &config);
   if (result != ncclSuccess && result != ncclInProgress) {
-    Status status = Unavailable(NcclError("ncclCommInitRankConfig", result, comm));
+    Status status = InitFailed("ncclCommInitRankConfig", result, comm);
     // NCCL 2.28 frees the communicator itself and returns null when the call fails outright;
     // anything it did hand back is aborted so that its threads stop.
     if (comm != nullptr) (void)ncclCommAbort(comm);
@@ -200,7 +216,7 @@ Status NcclCommunicator::Init(const std::string& unique_id) {
     }
     if (state == ncclSuccess) return Status::Ok();
     if (state != ncclInProgress) {
-      return Break(Unavailable(NcclError("ncclCommInitRankConfig", state, comm_)));
+      return Break(InitFailed("ncclCommInitRankConfig", state, comm_));
     }
     if (Clock::now() >= deadline) {
       return Break(DeadlineExceeded("timed out after " + Millis(timeout_) +

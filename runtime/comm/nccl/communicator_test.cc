@@ -1,6 +1,6 @@
 // Real NCCL. The rendezvous and argument cases run anywhere; the collectives need a GPU and skip,
 // saying why, without one. NCCL cannot put two ranks of one communicator on the same GPU, so
-// the collectives run in a world of one.
+// the collectives run in a world of one, and two ranks show how NCCL's refusal is reported.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <nccl.h>
@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime/comm/communicator.h"
@@ -169,6 +170,32 @@ TEST(NcclCommunicator, WorldOfOneDescribesItself) {
   EXPECT_EQ(comm->rank(), 0);
   EXPECT_EQ(comm->size(), 1);
   EXPECT_EQ(comm->backend(), "nccl");
+}
+
+// Two ranks on the one GPU (as `vf run`'s workers sharing it would be): NCCL refuses the
+// communicator on both, and says so as kInvalidArgument, which no new plan would change, naming
+// the cause and the fix; never a hang, and never kUnavailable, on which the workers would be
+// planned into the same refusal again.
+TEST(NcclCommunicator, TwoRanksOnOneGpuAreRefusedForGoodSayingWhy) {
+  std::string why;
+  if (!HaveGpu(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  MemoryStore store;
+  std::vector<Status> refused(2);
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks.emplace_back([&, rank] {
+      auto comm = CreateNcclCommunicator(store, rank, 2, Options(milliseconds(20000)), 0);
+      refused[static_cast<size_t>(rank)] =
+          comm.ok() ? Internal("NCCL built the communicator") : comm.status();
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  for (int rank = 0; rank < 2; ++rank) {
+    const Status& s = refused[static_cast<size_t>(rank)];
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << "rank " << rank << ": " << s.ToString();
+    EXPECT_NE(s.message().find("NCCL refused the communicator"), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find("one rank per GPU"), std::string::npos) << s.ToString();
+  }
 }
 
 TEST(NcclCommunicator, AllReduceInt64) {
