@@ -11,7 +11,9 @@
 #      then `vf run` of the built-in model with its local workers sharing the GPU (.gpu-py's vf
 #      with the CUDA library just built): the same weights on 1, 2 and 3 workers and through
 #      resizes; and the PyTorch library's NCCL collectives (VF_TORCH_COLLECTIVES=nccl) with that
-#      CUDA library, in a world of one: the CNN's weights through NCCL are Gloo's;
+#      CUDA library: the CNN's weights through NCCL are Gloo's in a world of one and, resized,
+#      between workers that NCCL_HOSTID makes hosts of their own; two workers sharing the GPU
+#      end the job with NCCL's refusal;
 #   D. then timings, one at a time: the device's speed-ups each turned off (vf-bench tuning,
 #      exact and fast), the runtime's GPU benchmarks against PyTorch eager (bench/gpu/run.sh
 #      --skip-build --no-test --quick), the CNN through virtualflow.torch against plain PyTorch
@@ -22,8 +24,8 @@
 # vfrun (C's `vf run`, needs build), nccl (C's PyTorch NCCL test, needs build), pytest, torchtests, resize, tuning, runtime, overhead, ab. Without `build`, nothing C++ runs:
 # the PyTorch parts need only .gpu-py/. VF_GPU_TORCH_TESTS (test names), VF_GPU_CTEST (a ctest
 # regex), VF_GPU_TORCH_BENCH_ARGS (bench.py's --repeats, --steps, --warmup; VF_GPU_AB_ARGS for ab
-# alone) narrow the rest; VF_GPU_OVERHEAD_SECONDS and VF_GPU_AB_SECONDS cap those two stages
-# (default 90 and 70 s).
+# alone) narrow the rest; VF_GPU_TORCH_SECONDS, VF_GPU_OVERHEAD_SECONDS and VF_GPU_AB_SECONDS cap
+# the torch tests, overhead and ab stages (default 150, 90 and 70 s).
 #
 # It needs .gpu-deps/ (bench/gpu/bundle.sh) and .gpu-py/ (bench/gpu/bundle_python.sh), made on a
 # machine with the Debian packages and carried along. Logs: $OUT/logs.tgz (rewritten after each
@@ -48,7 +50,7 @@ left() { echo $((deadline - $(date +%s))); }
 # stage leaves them).
 need() {
   local total=0 st
-  declare -A typical=([build]=40 [vfrun]=60 [nccl]=25 [resize]=30 [tuning]=10 [runtime]=60 [overhead]=50 [ab]=60)
+  declare -A typical=([build]=40 [vfrun]=60 [nccl]=120 [resize]=30 [tuning]=10 [runtime]=60 [overhead]=50 [ab]=60)
   for st; do want "$st" && total=$((total + ${typical[$st]:-30})); done
   echo "$total"
 }
@@ -108,7 +110,7 @@ say "B: the examples' same weights and the CNN's resizes, on CUDA"
   cd tests/integration &&
     CNN_DEVICE=cuda GPT_DEVICE=cuda VF_BIN_DIR="$root/.gpu-py/bin" VF_SOURCE_DIR="$root" \
       VF_PYTHON="$(command -v python3)" PYTHONDONTWRITEBYTECODE=1 \
-      timeout "$(budget 150 "$(need resize build vfrun tuning runtime overhead ab)")" python3 -m unittest -v \
+      timeout "$(budget "${VF_GPU_TORCH_SECONDS:-150}" "$(need resize build vfrun tuning runtime overhead ab)")" python3 -m unittest -v \
       ${VF_GPU_TORCH_TESTS:-test_torch.TorchTest.test_examples_train_to_the_same_weights_on_1_2_and_3_workers test_torch.TorchTest.test_cnn_resized_three_times_keeps_the_weights_of_a_static_run}
 ) >"$work/torch-tests.out" 2>&1
 say "B: test_torch rc $?: $(grep -E '^(OK|FAILED)' "$work/torch-tests.out" | tail -n 1)"
@@ -175,8 +177,9 @@ if want vfrun && [ -f build-gpu/bin/libvirtualflow-cuda.so ]; then
   pack
 fi
 
-# C''. virtualflow.torch's NCCL collectives with the CUDA library just built, in a world of one
-# (NCCL takes one rank per GPU). The library goes beside .gpu-py's vf (which has none), where
+# C''. virtualflow.torch's NCCL collectives with the CUDA library just built: in a world of one
+# against Gloo; two workers sharing the GPU, which NCCL refuses (the job must end saying so);
+# and workers told apart by NCCL_HOSTID, which NCCL connects as hosts of their own, resized. The library goes beside .gpu-py's vf (which has none), where
 # `vf run` finds it and hands it to its workers (VF_CUDA_PLUGIN), as it does in a build with CUDA.
 if want nccl && [ -f build-gpu/bin/libvirtualflow-cuda.so ]; then
   say "C: the CNN through virtualflow.torch's NCCL collectives, against Gloo"
@@ -184,11 +187,13 @@ if want nccl && [ -f build-gpu/bin/libvirtualflow-cuda.so ]; then
   (
     cd tests/integration &&
       CNN_DEVICE=cuda VF_BIN_DIR="$root/.gpu-py/bin" VF_SOURCE_DIR="$root" VF_PYTHON="$(command -v python3)" \
-        PYTHONDONTWRITEBYTECODE=1 timeout "$(budget 60 "$(need tuning runtime overhead ab)")" \
-        python3 -m unittest -v test_torch.TorchTest.test_cnn_reduced_through_nccl_has_the_weights_of_gloo
+        PYTHONDONTWRITEBYTECODE=1 timeout "$(budget 200 "$(need tuning runtime overhead ab)")" \
+        python3 -m unittest -v test_torch.TorchTest.test_cnn_reduced_through_nccl_has_the_weights_of_gloo \
+        test_torch.TorchTest.test_nccl_on_two_workers_sharing_a_gpu_ends_the_job_saying_why \
+        test_torch.TorchTest.test_cnn_through_nccl_between_workers_resized_keeps_the_weights_of_gloo
   ) >"$work/torch-nccl.out" 2>&1
-  say "C: NCCL test rc $?: $(grep -E '^(OK|FAILED)' "$work/torch-nccl.out" | tail -n 1)"
-  tail -n 20 "$work/torch-nccl.out" >>"$work/session.log"
+  say "C: NCCL tests rc $?: $(grep -E '^(OK|FAILED)' "$work/torch-nccl.out" | tail -n 1)"
+  grep -E ' \.\.\. (ok|FAIL|ERROR|skipped)' "$work/torch-nccl.out" | tee -a "$work/session.log"
   pack
 fi
 

@@ -241,6 +241,17 @@ class TorchTest(VfTestCase):
             digests[collectives] = summary["weights_sha256"]
         self.assertEqual(digests["nccl"], digests["gloo"])
 
+    @unittest.skipUnless(os.environ.get("CNN_DEVICE") == "cuda", "needs the CNN on a GPU")
+    def test_nccl_on_two_workers_sharing_a_gpu_ends_the_job_saying_why(self):
+        # NCCL refuses two ranks on one GPU. The job must end with that reason and the fix, not
+        # go round in failed rendezvous (as it did, silently, until the user gave up).
+        os.environ["VF_TORCH_COLLECTIVES"] = "nccl"
+        try:
+            run = vf("run", self.example("cnn", 4), "--workers", "2", "--progress-interval", "0")
+        finally:
+            del os.environ["VF_TORCH_COLLECTIVES"]
+        self.assertOneLineError(run, "NCCL refused the communicator", "one rank per GPU", "Gloo")
+
     # The static run's weights, made once for the class: the resize and kill -9 tests train the
     # same CNN for the same steps (the resize test's elasticity settings change no weight, and
     # if they did its comparison would fail, as it should).
@@ -284,6 +295,33 @@ class TorchTest(VfTestCase):
             delay *= 2
         self.assertGreaterEqual(len(run.summary["resizes"]), 3, run.stdout)
 
+    @unittest.skipUnless(os.environ.get("CNN_DEVICE") == "cuda", "needs the CNN on a GPU")
+    def test_cnn_through_nccl_between_workers_resized_keeps_the_weights_of_gloo(self):
+        # Several NCCL ranks on the one GPU of the machines this runs on: each worker gets an
+        # NCCL_HOSTID of its own, so NCCL takes it for a host of its own and connects the ranks
+        # through its socket transport instead of refusing two ranks on one GPU (the one thing
+        # staged for the test). The rest is NCCL's: the plan's communicator, rebuilt at each
+        # resize, the collectives, and the state sent to joiners. Paced as the resize test is.
+        expected = self.elastic_reference(40)
+        job = torch_job(
+            os.path.join(self.tmp, "cnn-nccl.yaml"),
+            ["sh", "-c", '"NCCL_HOSTID=$VF_WORKER exec python3 examples/torch/cnn.py"'],
+            40,
+            extra="  elasticity: {policy: elastic, cooldownSeconds: 0}\n",
+        )
+        env = {"VF_TORCH_COLLECTIVES": "nccl", "NCCL_NET": "Socket", "NCCL_SOCKET_IFNAME": "lo"}
+        os.environ.update(env)
+        try:
+            run = self.run_ok(job, "--capacity", "0:2,4:3,14:1,22:2", "--vnode-delay-ms", "250")
+        finally:
+            for name in env:
+                del os.environ[name]
+        results = run.summary["worker_results"]
+        self.assertEqual({r["collectives"] for r in results}, {"nccl"}, results)
+        self.assertEqual(run.summary["recoveries"], 0, run.stdout)
+        self.assertGreaterEqual(len(run.summary["resizes"]), 3, run.stdout)
+        self.assertEqual(run.summary["weights_sha256"], expected)
+
     def test_cnn_survives_two_kill_9_with_the_weights_of_a_static_run(self):
         expected = self.elastic_reference(40)
         # Both ways exact reduction folds a node (by the C++ reducer, or by PyTorch on the
@@ -310,13 +348,17 @@ class TorchTest(VfTestCase):
         # second victim was the only member, and the job started again from step 0).
         job = self.example("cnn", 40, extra="  elasticity: {policy: elastic, cooldownSeconds: 0}\n")
         summary_path = os.path.join(self.tmp, "kill-%s-%d.json" % (fold, workers))
+        # The first victim's replacement must join before step 30: on a GPU, where a worker
+        # takes seconds to start and a step a fraction of one, the nodes are paced as in the
+        # resize test.
+        delay = 250 if os.environ.get("CNN_DEVICE") == "cuda" else 60
         bg = Background(
             [
                 job,
                 "--workers",
                 str(workers),
                 "--vnode-delay-ms",
-                "60",
+                str(delay),
                 "--summary-json",
                 summary_path,
             ]
