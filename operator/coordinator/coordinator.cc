@@ -166,7 +166,7 @@ Result<std::string> WorkerCredential(std::string_view job_secret, std::string_vi
   }
   static constexpr char kDigits[] = "0123456789abcdef";
   std::string hex;
-  hex.reserve(2 * length);
+  hex.reserve(2 * static_cast<size_t>(length));
   for (unsigned int i = 0; i < length; ++i) {
     hex.push_back(kDigits[digest[i] >> 4]);
     hex.push_back(kDigits[digest[i] & 0xf]);
@@ -291,7 +291,7 @@ std::vector<std::string> Coordinator::ListJobs() const {
 
 Status Coordinator::CheckCredential(const std::string& job, const std::string& worker,
                                     std::string_view credential) const {
-  const Status refused =
+  Status refused =
       Unauthenticated("the credential is not valid for worker " + worker + " of job " + job);
   if (!IsName(worker)) return refused;
   std::string secret;
