@@ -1516,9 +1516,12 @@ Status Reconciler::UpdateMembership(Pass& p) {
   VF_RETURN_IF_ERROR(coordinator_.PublishPlanWithEpoch(p.key, p.epoch, next).status());
   std::fprintf(stderr, "virtualflow-operator: %s: epoch %lld: %s\n", p.key.c_str(),
                static_cast<long long>(p.epoch), p.decision.reason.c_str());
+  // A recovery names what the members reported, so that a failure that recurs (a plan whose
+  // communicator cannot be built) shows its cause among the job's events.
+  const std::string reported = kind == "failure" ? ReportedFailure(p.view, p.view.plan.epoch) : "";
   Event(p.job, kind == "failure",
         kind == "start" ? "Started" : (kind == "failure" ? "Recovered" : "Resized"),
-        p.decision.reason);
+        p.decision.reason + (reported.empty() ? "" : "; " + reported));
   if (hooks_.on_resize && kind != "start") hooks_.on_resize(p.key, kind, from, to);
   if (kind != "start") options_.fault.At("plan-published", p.key);
   // The members this plan drops are to acknowledge it before they exit (a pod deleted, a

@@ -66,6 +66,10 @@ class FakeApi {
     std::lock_guard<std::mutex> lock(mu_);
     return events_;
   }
+  std::vector<std::string> event_messages() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return event_messages_;
+  }
   // Method and path of every POST and PUT, in order.
   std::vector<std::string> writes() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -184,6 +188,7 @@ class FakeApi {
       secrets_.push_back(body);
     } else if (r.method == "POST" && path.ends_with("/events")) {
       events_.push_back(body.value("reason", ""));
+      event_messages_.push_back(body.value("message", ""));
     } else if (r.method == "PATCH" && path.starts_with("/api/v1/namespaces/team/events/")) {
       event_patches_.emplace_back(path, body);
     } else if (r.method == "DELETE") {
@@ -198,6 +203,7 @@ class FakeApi {
   std::vector<json> pods_;
   std::vector<json> secrets_;
   std::vector<std::string> events_;
+  std::vector<std::string> event_messages_;
   std::vector<std::pair<std::string, json>> deletions_;
   std::vector<std::pair<std::string, json>> event_patches_;
   std::vector<std::string> writes_;
@@ -984,6 +990,34 @@ TEST_F(ReconcilerTest, AFailedCheckpointIsAConditionAndAWarningEventPerFailure) 
   ASSERT_EQ(api_->event_patches().size(), 1u);
   EXPECT_EQ(api_->event_patches()[0].second["count"], 2);
   EXPECT_EQ(failures_counted, 2);
+}
+
+// A plan made because a member reported a failure names, in its Recovered event, what was
+// reported: a failure that recurs plan after plan (a communicator that cannot be built) shows
+// its cause among the job's events, not only "a worker failed".
+TEST_F(ReconcilerTest, ARecoveryEventNamesWhatTheMembersReported) {
+  json job = StepJob(nullptr, {{"phase", "Running"}, {"startTime", SecondsAgo(60)}});
+  job["spec"]["replicas"] = {{"min", 1}, {"max", 2}};
+  Start({job}, {RunningPod("mnist-worker-a"), RunningPod("mnist-worker-b")}, {GpuNode("gpu-a", 2)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  Ready({"mnist-worker-a", "mnist-worker-b"});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  ASSERT_EQ(coordinator_.GetPlan(kKey)->members.size(), 2u);
+  const int64_t epoch = coordinator_.GetPlan(kKey)->epoch;
+  ASSERT_TRUE(coordinator_
+                  .RecordFailure(kKey, "mnist-worker-b", epoch, 0,
+                                 "gloo rendezvous (rank 1 of 2): connection refused")
+                  .ok());
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  ASSERT_EQ(coordinator_.GetPlan(kKey)->epoch, epoch + 1);
+  ASSERT_FALSE(api_->event_reasons().empty());
+  EXPECT_EQ(api_->event_reasons().back(), "Recovered");
+  const std::string message = api_->event_messages().back();
+  EXPECT_NE(message.find("a worker failed"), std::string::npos) << message;
+  EXPECT_NE(message.find("mnist-worker-b reported: gloo rendezvous (rank 1 of 2): connection "
+                         "refused"),
+            std::string::npos)
+      << message;
 }
 
 TEST_F(ReconcilerTest, ACheckpointWrittenAgainClearsCheckpointFailing) {

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <optional>
 #include <set>
+#include <string>
+#include <tuple>
 #include <utility>
 
 #include <openssl/crypto.h>
@@ -155,6 +157,20 @@ bool IsRankZero(const Plan& plan, const std::string& worker) {
 }
 
 }  // namespace
+
+std::string ReportedFailure(const JobView& view, int64_t epoch) {
+  const WorkerInfo* newest = nullptr;
+  std::string who;
+  for (const auto& [name, info] : view.workers) {
+    if (info.failure_epoch < epoch || info.failure_epoch < 0) continue;
+    if (newest == nullptr || std::tie(info.failure_epoch, info.failure_step) >
+                                 std::tie(newest->failure_epoch, newest->failure_step)) {
+      newest = &info;
+      who = name;
+    }
+  }
+  return newest == nullptr ? "" : who + " reported: " + newest->failure_message;
+}
 
 Result<std::string> WorkerCredential(std::string_view job_secret, std::string_view worker) {
   unsigned char digest[EVP_MAX_MD_SIZE];

@@ -55,6 +55,12 @@ struct JobView {
   uint64_t generation = 0;
 };
 
+// The newest failure a worker of `view` reported under plan `epoch` or a later one, as
+// "<worker> reported: <message>" (the latest epoch, then the latest step, then the first name);
+// empty when none did. For the messages of a controller that recovers from it, so that a failure
+// that recurs is seen with its cause.
+std::string ReportedFailure(const JobView& view, int64_t epoch);
+
 // The credential of `worker` in a job whose secret is `job_secret`: the lowercase hex
 // HMAC-SHA256 of the worker's name keyed with the secret (OpenSSL). Whoever holds the job's secret
 // (the operator, `vf run`) mints one per worker; the coordinator recomputes it to check a

@@ -455,6 +455,11 @@ TEST_F(CoordinatorTest, LeaveAckAndFailureAreRecorded) {
   EXPECT_EQ(info.failure_epoch, 2);
   EXPECT_EQ(info.failure_step, 40);
   EXPECT_EQ(info.failure_message, "gloo: connection reset");
+  EXPECT_EQ(ReportedFailure(*c_.GetJob(kJob), 2), "w-0 reported: gloo: connection reset");
+  // Only failures under the plan asked about or a later one; the newest step wins.
+  EXPECT_EQ(ReportedFailure(*c_.GetJob(kJob), 3), "");
+  EXPECT_TRUE(c_.RecordFailure(kJob, "w-1", 2, 41, "gloo: timed out").ok());
+  EXPECT_EQ(ReportedFailure(*c_.GetJob(kJob), 2), "w-1 reported: gloo: timed out");
   // A stale report of an older epoch does not overwrite a newer one.
   EXPECT_TRUE(c_.RecordFailure(kJob, "w-0", 1, 10, "older").ok());
   EXPECT_EQ(c_.GetJob(kJob)->workers.at("w-0").failure_epoch, 2);

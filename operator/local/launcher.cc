@@ -248,6 +248,7 @@ class LocalCluster {
   Clock::time_point last_progress_ = Clock::now();
   Clock::time_point last_step_change_ = Clock::now();
   int64_t last_step_ = -1;
+  int64_t last_step_epoch_ = 0;  // the plan under which last_step_ was reached
   // Workers that failed (exited non-zero or were killed) since the job last made progress: a
   // worker that cannot start at all (a broken device, a missing library) fails every
   // replacement the same way, and the run ends saying why instead of replacing them until the
@@ -702,6 +703,7 @@ Status LocalCluster::Reconcile(const JobView& view) {
   if (step != last_step_) {
     last_step_ = step;
     last_step_change_ = Clock::now();
+    last_step_epoch_ = plan_epoch_;
     failures_without_progress_ = 0;
   }
   const int slots = capacity_.At(step, Since(start_));
@@ -868,8 +870,12 @@ Result<LocalRunSummary> LocalCluster::Run() {
     }
     if (Since(last_step_change_) > stall_limit) {
       StopAll();
+      // What the workers reported since (a plan whose rendezvous keeps failing, say) is the
+      // likeliest cause; without it the user has only a step number.
+      const std::string reported = ReportedFailure(view, last_step_epoch_);
       return DeadlineExceeded("no training progress for " + std::to_string(int(stall_limit)) +
-                              " s at step " + std::to_string(last_step_));
+                              " s at step " + std::to_string(last_step_) +
+                              (reported.empty() ? "" : "; last failure: " + reported));
     }
     coordinator_.WaitForChange(job_id_, generation, std::chrono::milliseconds(50));
   }
