@@ -3,11 +3,17 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 namespace vf {
 namespace {
@@ -63,12 +69,72 @@ std::string NcclError(std::string_view call, ncclResult_t result, ncclComm_t com
 Status InitFailed(std::string_view call, ncclResult_t result, ncclComm_t comm) {
   std::string message = NcclError(call, result, comm);
   if (result != ncclInvalidUsage && result != ncclInvalidArgument) return Unavailable(message);
-  if (message.find("Duplicate GPU") != std::string::npos) {
-    message +=
-        "; NCCL takes one rank per GPU, and these workers share one: give each worker a GPU of "
-        "its own, or reduce through Gloo";
-  }
   return InvalidArgument("NCCL refused the communicator: " + message);
+}
+
+// Where each rank whose initialisation NCCL refused publishes its GpuIdentity.
+std::string GpuKey(int rank) { return "nccl-refused-gpu/" + std::to_string(rank); }
+
+// How long a refused rank waits for the others' GpuIdentity: they publish it as soon as NCCL
+// refuses them too, which it does at the same point of the bootstrap for every rank.
+constexpr std::chrono::milliseconds kGpuIdentityWait(5000);
+
+// "<host>|<PCI bus id>": two ranks with the same identity are one GPU to NCCL, which then
+// refuses them both. The host is told apart as NCCL does: by NCCL_HOSTID where it is set, else
+// by the host name and the kernel's boot id. Empty where CUDA cannot name the device.
+std::string GpuIdentity(int device) {
+  char bus_id[64] = {};
+  if (cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return "";
+  }
+  std::string host;
+  if (const char* id = std::getenv("NCCL_HOSTID"); id != nullptr && id[0] != '\0') {
+    host = id;
+  } else {
+    char name[256] = {};
+    (void)gethostname(name, sizeof(name) - 1);
+    host = name;
+    std::ifstream boot("/proc/sys/kernel/random/boot_id");
+    std::string boot_id;
+    if (boot >> boot_id) host += "/" + boot_id;
+  }
+  return host + "|" + bus_id;
+}
+
+// `refused` (NCCL's kInvalidArgument from Init) with the advice to give each worker a GPU where
+// some ranks of the world share this rank's GPU. NCCL says so in its last-error text only
+// sometimes (with several ranks in a process, another rank's later warning replaces it), so the
+// ranks compare their GPUs themselves, through `store`: each refused rank publishes its
+// GpuIdentity and reads the others'.
+Status WithSharedGpuAdvice(Status refused, Store& store, int rank, int size, int device,
+                           std::chrono::milliseconds timeout) {
+  const std::string mine = GpuIdentity(device);
+  std::vector<int> sharing;
+  if (!mine.empty() && store.Set(GpuKey(rank), mine).ok()) {
+    const Clock::time_point deadline = Clock::now() + std::min(timeout, kGpuIdentityWait);
+    for (int other = 0; other < size; ++other) {
+      if (other == rank) continue;
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::max(deadline - Clock::now(), Clock::duration(std::chrono::milliseconds(1))));
+      Result<std::string> theirs = store.Get(GpuKey(other), left);
+      if (theirs.ok() && *theirs == mine) sharing.push_back(other);
+    }
+  }
+  const bool nccl_says_so = refused.message().find("Duplicate GPU") != std::string::npos;
+  if (sharing.empty() && !nccl_says_so) return refused;
+  std::string advice = "; NCCL takes one rank per GPU, and ";
+  if (sharing.empty()) {
+    advice += "these workers share one";
+  } else {
+    advice += "this rank shares GPU " + mine.substr(mine.rfind('|') + 1) + " with rank";
+    if (sharing.size() > 1) advice += "s";
+    for (size_t i = 0; i < sharing.size(); ++i) {
+      advice += (i == 0 ? " " : ", ") + std::to_string(sharing[i]);
+    }
+  }
+  advice += ": give each worker a GPU of its own, or reduce through Gloo";
+  return InvalidArgument(std::string(refused.message()) + advice);
 }
 
 std::string Millis(std::chrono::milliseconds timeout) {
@@ -167,7 +233,11 @@ Result<std::unique_ptr<Communicator>> NcclCommunicator::Create(Store& store, int
   // The destructor releases whatever Init got before it failed.
   std::unique_ptr<NcclCommunicator> comm(
       new NcclCommunicator(rank, size, cuda_device, options.timeout));
-  VF_RETURN_IF_ERROR(comm->Init(unique_id).WithContext(where));
+  Status init = comm->Init(unique_id);
+  if (init.code() == StatusCode::kInvalidArgument) {
+    init = WithSharedGpuAdvice(std::move(init), store, rank, size, cuda_device, options.timeout);
+  }
+  VF_RETURN_IF_ERROR(init.WithContext(where));
   return std::unique_ptr<Communicator>(std::move(comm));
 }
 
