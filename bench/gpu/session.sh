@@ -22,7 +22,7 @@
 #
 # VF_GPU_STAGES names the parts to run (default: all of them): build (A, and C's tests),
 # vfrun (C's `vf run`, needs build), nccl (C's PyTorch NCCL test, needs build), pytest, torchtests, resize, tuning, runtime, overhead, ab. Without `build`, nothing C++ runs:
-# the PyTorch parts need only .gpu-py/. VF_GPU_TORCH_TESTS (test names), VF_GPU_CTEST (a ctest
+# the PyTorch parts need only .gpu-py/. VF_GPU_TORCH_TESTS and VF_GPU_NCCL_TESTS (test names), VF_GPU_CTEST (a ctest
 # regex), VF_GPU_TORCH_BENCH_ARGS (bench.py's --repeats, --steps, --warmup; VF_GPU_AB_ARGS for ab
 # alone) narrow the rest; VF_GPU_TORCH_SECONDS, VF_GPU_OVERHEAD_SECONDS and VF_GPU_AB_SECONDS cap
 # the torch tests, overhead and ab stages (default 150, 90 and 70 s).
@@ -188,9 +188,9 @@ if want nccl && [ -f build-gpu/bin/libvirtualflow-cuda.so ]; then
     cd tests/integration &&
       CNN_DEVICE=cuda VF_BIN_DIR="$root/.gpu-py/bin" VF_SOURCE_DIR="$root" VF_PYTHON="$(command -v python3)" \
         PYTHONDONTWRITEBYTECODE=1 timeout "$(budget 200 "$(need tuning runtime overhead ab)")" \
-        python3 -m unittest -v test_torch.TorchTest.test_cnn_reduced_through_nccl_has_the_weights_of_gloo \
+        python3 -m unittest -v ${VF_GPU_NCCL_TESTS:-test_torch.TorchTest.test_cnn_reduced_through_nccl_has_the_weights_of_gloo \
         test_torch.TorchTest.test_nccl_on_two_workers_sharing_a_gpu_ends_the_job_saying_why \
-        test_torch.TorchTest.test_cnn_through_nccl_between_workers_resized_keeps_the_weights_of_gloo
+        test_torch.TorchTest.test_cnn_through_nccl_between_workers_resized_keeps_the_weights_of_gloo}
   ) >"$work/torch-nccl.out" 2>&1
   say "C: NCCL tests rc $?: $(grep -E '^(OK|FAILED)' "$work/torch-nccl.out" | tail -n 1)"
   grep -E ' \.\.\. (ok|FAIL|ERROR|skipped)' "$work/torch-nccl.out" | tee -a "$work/session.log"

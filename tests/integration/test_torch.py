@@ -250,7 +250,9 @@ class TorchTest(VfTestCase):
             run = vf("run", self.example("cnn", 4), "--workers", "2", "--progress-interval", "0")
         finally:
             del os.environ["VF_TORCH_COLLECTIVES"]
-        self.assertOneLineError(run, "NCCL refused the communicator", "one rank per GPU", "Gloo")
+        self.assertOneLineError(
+            run, "NCCL refused the communicator", "one rank per GPU", "with rank", "Gloo"
+        )
 
     # The static run's weights, made once for the class: the resize and kill -9 tests train the
     # same CNN for the same steps (the resize test's elasticity settings change no weight, and
