@@ -17,6 +17,17 @@ from harness import RUN_TIMEOUT, SOURCE_DIR, VF, VfTestCase, vf, write
 
 PYTHON = os.environ.get("VF_PYTHON", "")
 
+# Each example's global batch: the CNN's 8 nodes of 32 images, the GPT's 8 nodes of 8 windows.
+BATCH = {"cnn": 256, "gpt": 64}
+
+
+def pace_ms(name):
+    """The delay per virtual node for the elastic tests of example NAME: 60 ms on the CPU, and
+    250 ms where it trains on a GPU (its DEVICE variable), whose workers take seconds to start
+    (PyTorch's import, the CUDA context) while a step takes a fraction of one. The delay only
+    sleeps, which changes no weight."""
+    return 250 if os.environ.get(name.upper() + "_DEVICE") == "cuda" else 60
+
 
 def torch_job(path, command, steps, virtual_nodes=8, batch=256, extra=""):
     """A job whose workers run `command` (a list of words), with `steps` steps."""
@@ -164,7 +175,9 @@ class TorchTest(VfTestCase):
         super().tearDown()
 
     def example(self, name, steps, **kw):
-        """The example `name` as a job of `steps` steps (`extra`: more spec lines)."""
+        """The example `name` as a job of `steps` steps (`extra`: more spec lines), with its
+        global batch unless `batch` says otherwise."""
+        kw.setdefault("batch", BATCH[name])
         return torch_job(
             os.path.join(self.tmp, name + ".yaml"),
             ["python3", "examples/torch/%s.py" % name],
@@ -178,9 +191,9 @@ class TorchTest(VfTestCase):
         return run
 
     def test_examples_train_to_the_same_weights_on_1_2_and_3_workers(self):
-        for name, batch in (("cnn", 256), ("gpt", 64)):
+        for name in ("cnn", "gpt"):
             with self.subTest(example=name):
-                job = self.example(name, 4, batch=batch)
+                job = self.example(name, 4)
                 digests = {}
                 for workers in (1, 2, 3):
                     run = self.run_ok(job, "--workers", str(workers))
@@ -254,24 +267,34 @@ class TorchTest(VfTestCase):
             run, "NCCL refused the communicator", "one rank per GPU", "with rank", "Gloo"
         )
 
-    # The static run's weights, made once for the class: the resize and kill -9 tests train the
-    # same CNN for the same steps (the resize test's elasticity settings change no weight, and
-    # if they did its comparison would fail, as it should).
-    _reference: dict[int, str] = {}
+    # The static runs' weights, made once for the class: the resize and kill -9 tests train the
+    # same example for the same steps (the resize test's elasticity settings change no weight,
+    # and if they did its comparison would fail, as it should).
+    _reference: dict[tuple[str, int], str] = {}
 
-    def elastic_reference(self, steps):
-        if steps not in TorchTest._reference:
+    def elastic_reference(self, steps, name="cnn"):
+        if (name, steps) not in TorchTest._reference:
             # Unpaced: the delay only sleeps, which changes no weight, and a static run has no
             # joiner to wait for.
-            run = self.run_ok(self.example("cnn", steps), "--workers", "2")
+            run = self.run_ok(self.example(name, steps), "--workers", "2")
             self.assertEqual(run.summary["resizes"], [], "the reference run must be static")
-            TorchTest._reference[steps] = run.summary["weights_sha256"]
-        return TorchTest._reference[steps]
+            TorchTest._reference[name, steps] = run.summary["weights_sha256"]
+        return TorchTest._reference[name, steps]
 
     def test_cnn_resized_three_times_keeps_the_weights_of_a_static_run(self):
+        self.resized_three_times("cnn")
+
+    def test_gpt_resized_three_times_keeps_the_weights_of_a_static_run(self):
+        # Dropout drawn in each node's own random scope, AdamW's moments and the warm-up and
+        # cosine schedule's position all go to the joiners with the state.
+        self.resized_three_times("gpt")
+
+    def resized_three_times(self, name):
+        """Trains example NAME for 40 steps under a capacity schedule of three changes; the
+        run must resize three times and end with the weights of the static run."""
         # No cooldown: each change of the slots is followed as soon as the joiners are ready.
-        expected = self.elastic_reference(40)
-        job = self.example("cnn", 40, extra="  elasticity: {policy: elastic, cooldownSeconds: 0}\n")
+        expected = self.elastic_reference(40, name)
+        job = self.example(name, 40, extra="  elasticity: {policy: elastic, cooldownSeconds: 0}\n")
         # Each window must outlast a joiner's start: on the CPU here a step at 60 ms per node
         # takes longer than a worker takes to start, but on an H100 a worker took 9 s to start
         # (PyTorch's import, the CUDA context) while a step took 0.27 s, and the growth at step
@@ -280,7 +303,7 @@ class TorchTest(VfTestCase):
         # beside this test, a joiner took more than the 15 s that steps 4 to 14 lasted, and the
         # run resized twice. So a run that resized fewer than three times is repeated with the
         # nodes paced twice as slow, up to twice; every run must keep the weights.
-        delay = 250 if os.environ.get("CNN_DEVICE") == "cuda" else 60
+        delay = pace_ms(name)
         for attempt in range(3):
             run = self.run_ok(
                 job, "--capacity", "0:2,4:3,14:1,22:2", "--vnode-delay-ms", str(delay)
@@ -314,7 +337,9 @@ class TorchTest(VfTestCase):
         env = {"VF_TORCH_COLLECTIVES": "nccl", "NCCL_NET": "Socket", "NCCL_SOCKET_IFNAME": "lo"}
         os.environ.update(env)
         try:
-            run = self.run_ok(job, "--capacity", "0:2,4:3,14:1,22:2", "--vnode-delay-ms", "250")
+            run = self.run_ok(
+                job, "--capacity", "0:2,4:3,14:1,22:2", "--vnode-delay-ms", str(pace_ms("cnn"))
+            )
         finally:
             for name in env:
                 del os.environ[name]
@@ -334,26 +359,32 @@ class TorchTest(VfTestCase):
             with self.subTest(fold=fold, workers=workers):
                 os.environ["VF_TORCH_FOLD"] = fold
                 try:
-                    summary = self.kill_twice(fold, workers)
+                    summary = self.kill_twice("cnn", workers, fold)
                 finally:
                     del os.environ["VF_TORCH_FOLD"]
                 self.assertEqual(summary["weights_sha256"], expected)
                 self.assertEqual({r["gradient_fold"] for r in summary["worker_results"]}, {fold})
 
-    def kill_twice(self, fold, workers):
-        """Runs the CNN on WORKERS workers and kills the oldest member mid-step at steps 8 and
-        30, each time with every slot's worker a member; returns the summary. Every survivor
-        of a kill that ran to the end kept the nodes it had computed in the failed step and
-        computed only the dead worker's share."""
+    def test_gpt_survives_two_kill_9_with_the_weights_of_a_static_run(self):
+        # The replacements take the state (AdamW's moments, the schedule's position, the
+        # generators) from the survivor; the survivor keeps its nodes, dropout masks and all.
+        summary = self.kill_twice("gpt", 2, "default")
+        self.assertEqual(summary["weights_sha256"], self.elastic_reference(40, "gpt"))
+
+    def kill_twice(self, name, workers, tag):
+        """Runs example NAME on WORKERS workers and kills the oldest member mid-step at steps 8
+        and 30, each time with every slot's worker a member; returns the summary (written to a
+        file named after TAG). Every survivor of a kill that ran to the end kept the nodes it
+        had computed in the failed step and computed only the dead worker's share."""
         # No cooldown: the replacement of the first victim joins as soon as it is ready, so that
         # the second kill, too, leaves a member that goes on (with the default cooldown the
         # second victim was the only member, and the job started again from step 0).
-        job = self.example("cnn", 40, extra="  elasticity: {policy: elastic, cooldownSeconds: 0}\n")
-        summary_path = os.path.join(self.tmp, "kill-%s-%d.json" % (fold, workers))
+        job = self.example(name, 40, extra="  elasticity: {policy: elastic, cooldownSeconds: 0}\n")
+        summary_path = os.path.join(self.tmp, "kill-%s-%s-%d.json" % (name, tag, workers))
         # The first victim's replacement must join before step 30: on a GPU, where a worker
         # takes seconds to start and a step a fraction of one, the nodes are paced as in the
         # resize test.
-        delay = 250 if os.environ.get("CNN_DEVICE") == "cuda" else 60
+        delay = pace_ms(name)
         bg = Background(
             [
                 job,
