@@ -21,12 +21,38 @@ PYTHON = os.environ.get("VF_PYTHON", "")
 BATCH = {"cnn": 256, "gpt": 64}
 
 
+def _torch_sees_a_gpu():
+    """Whether the workers' PyTorch sees a CUDA device, where the examples train by default."""
+    if not PYTHON:
+        return False
+    try:
+        probe = subprocess.run(
+            [PYTHON, "-c", "import torch; print(torch.cuda.is_available())"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.stdout.strip() == "True"
+
+
+TORCH_GPU = _torch_sees_a_gpu()
+
+
+def on_gpu(name):
+    """Whether example NAME trains on a GPU: as its DEVICE variable says (CNN_DEVICE=cuda),
+    else where PyTorch sees one, as the example itself decides."""
+    chosen = os.environ.get(name.upper() + "_DEVICE")
+    return chosen.startswith("cuda") if chosen else TORCH_GPU
+
+
 def pace_ms(name):
     """The delay per virtual node for the elastic tests of example NAME: 60 ms on the CPU, and
-    250 ms where it trains on a GPU (its DEVICE variable), whose workers take seconds to start
-    (PyTorch's import, the CUDA context) while a step takes a fraction of one. The delay only
-    sleeps, which changes no weight."""
-    return 250 if os.environ.get(name.upper() + "_DEVICE") == "cuda" else 60
+    250 ms where it trains on a GPU, whose workers take seconds to start (PyTorch's import, the
+    CUDA context) while a step takes a fraction of one. The delay only sleeps, which changes no
+    weight."""
+    return 250 if on_gpu(name) else 60
 
 
 def torch_job(path, command, steps, virtual_nodes=8, batch=256, extra=""):
@@ -238,7 +264,7 @@ class TorchTest(VfTestCase):
         self.assertEqual(len(recomputed), 1, recomputed)
         self.assertGreaterEqual(recomputed.pop(), 2, "the first and the last step are recomputed")
 
-    @unittest.skipUnless(os.environ.get("CNN_DEVICE") == "cuda", "needs the CNN on a GPU")
+    @unittest.skipUnless(on_gpu("cnn"), "needs the CNN on a GPU")
     def test_cnn_reduced_through_nccl_has_the_weights_of_gloo(self):
         # NCCL takes one rank per GPU, and the machines this runs on have one: a world of one,
         # whose communicator is NCCL's, with the sums staged through the GPU.
@@ -254,7 +280,7 @@ class TorchTest(VfTestCase):
             digests[collectives] = summary["weights_sha256"]
         self.assertEqual(digests["nccl"], digests["gloo"])
 
-    @unittest.skipUnless(os.environ.get("CNN_DEVICE") == "cuda", "needs the CNN on a GPU")
+    @unittest.skipUnless(on_gpu("cnn"), "needs the CNN on a GPU")
     def test_nccl_on_two_workers_sharing_a_gpu_ends_the_job_saying_why(self):
         # NCCL refuses two ranks on one GPU. The job must end with that reason and the fix, not
         # go round in failed rendezvous (as it did, silently, until the user gave up).
@@ -320,7 +346,7 @@ class TorchTest(VfTestCase):
             delay *= 2
         self.assertGreaterEqual(len(run.summary["resizes"]), 3, run.stdout)
 
-    @unittest.skipUnless(os.environ.get("CNN_DEVICE") == "cuda", "needs the CNN on a GPU")
+    @unittest.skipUnless(on_gpu("cnn"), "needs the CNN on a GPU")
     def test_cnn_through_nccl_between_workers_resized_keeps_the_weights_of_gloo(self):
         # Several NCCL ranks on the one GPU of the machines this runs on: each worker gets an
         # NCCL_HOSTID of its own, so NCCL takes it for a host of its own and connects the ranks
