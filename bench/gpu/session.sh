@@ -65,6 +65,12 @@ pack() {
   cp "$work/session.log" "$final/summary.txt"
   tar -C "$work" -czf "$final/logs.tgz.tmp" . && mv "$final/logs.tgz.tmp" "$final/logs.tgz"
 }
+# results FILE: each test's line "name ... ok" from unittest's verbose output in FILE, also
+# where the test printed something after the dots and its result came on a line of its own.
+results() {
+  awk '/ \.\.\. / { name = $1; if (match($0, / \.\.\. (ok|FAIL|ERROR|skipped.*)$/)) { print; name = "" } next }
+       name != "" && /^(ok|FAIL|ERROR|skipped.*)$/ { print name " ... " $0; name = "" }' "$1"
+}
 # timed: prefixes each line of its input with the seconds since it started.
 timed() {
   python3 -u -c 'import sys, time
@@ -114,7 +120,7 @@ say "B: the examples' same weights and the CNN's resizes, on CUDA"
       ${VF_GPU_TORCH_TESTS:-test_torch.TorchTest.test_examples_train_to_the_same_weights_on_1_2_and_3_workers test_torch.TorchTest.test_cnn_resized_three_times_keeps_the_weights_of_a_static_run}
 ) >"$work/torch-tests.out" 2>&1
 say "B: test_torch rc $?: $(grep -E '^(OK|FAILED)' "$work/torch-tests.out" | tail -n 1)"
-grep -E ' \.\.\. (ok|FAIL|ERROR|skipped)' "$work/torch-tests.out" | tee -a "$work/session.log"
+results "$work/torch-tests.out" | tee -a "$work/session.log"
 fi
 if want resize; then
 say "B: the resize test's schedule, every line timed"
@@ -193,7 +199,7 @@ if want nccl && [ -f build-gpu/bin/libvirtualflow-cuda.so ]; then
         test_torch.TorchTest.test_cnn_through_nccl_between_workers_resized_keeps_the_weights_of_gloo}
   ) >"$work/torch-nccl.out" 2>&1
   say "C: NCCL tests rc $?: $(grep -E '^(OK|FAILED)' "$work/torch-nccl.out" | tail -n 1)"
-  grep -E ' \.\.\. (ok|FAIL|ERROR|skipped)' "$work/torch-nccl.out" | tee -a "$work/session.log"
+  results "$work/torch-nccl.out" | tee -a "$work/session.log"
   pack
 fi
 
