@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <openssl/evp.h>
+#include <openssl/rand.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -209,10 +210,37 @@ Status WriteAll(int fd, const std::string& bytes, const std::string& path, const
   return Status::Ok();
 }
 
-// Everything up to the rename; the caller removes `tmp` if this fails.
-Status WriteTempFile(const std::string& path, const std::string& tmp, const std::string& bytes) {
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return SystemError(path, "create " + tmp, errno);
+// How many names CreateTempFile draws before it gives up: another file at a name of 16 random
+// hex digits means someone plants files there, not chance.
+constexpr int kTempNameAttempts = 8;
+
+// Creates a new temporary file beside `path` (`path`.tmp.<16 random hex digits>), setting `tmp`
+// to its name. The name cannot be guessed and the file must not exist yet, not even as a
+// symbolic link: whoever can write the directory cannot make the writer follow a link planted at
+// the name to a file of its choice.
+Result<int> CreateTempFile(const std::string& path, std::string& tmp) {
+  int error = EEXIST;
+  for (int attempt = 0; attempt < kTempNameAttempts && error == EEXIST; ++attempt) {
+    uint64_t bits = 0;
+    if (RAND_bytes(reinterpret_cast<unsigned char*>(&bits), sizeof(bits)) != 1) {
+      return SystemError(path, "draw a temporary file name", EIO);
+    }
+    char suffix[17];
+    std::snprintf(suffix, sizeof(suffix), "%016llx", static_cast<unsigned long long>(bits));
+    tmp = path + ".tmp." + suffix;
+    const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd >= 0) return fd;
+    error = errno;
+  }
+  const std::string failed = "create " + tmp;
+  tmp.clear();  // nothing of ours to remove
+  return SystemError(path, failed, error);
+}
+
+// Everything up to the rename, `tmp` naming the temporary file once it exists; the caller
+// removes `tmp`, when not empty, if this fails.
+Status WriteTempFile(const std::string& path, std::string& tmp, const std::string& bytes) {
+  VF_ASSIGN_OR_RETURN(const int fd, CreateTempFile(path, tmp));
   FdCloser closer(fd);
   VF_RETURN_IF_ERROR(WriteAll(fd, bytes, path, tmp));
   if (fsync(fd) != 0) return SystemError(path, "fsync " + tmp, errno);
@@ -340,10 +368,10 @@ Status WriteAtomically(const std::string& path, const std::string& bytes) {
     fs::create_directories(parent, ec);
     if (ec) return SystemError(path, "create directory " + parent.string(), ec.value());
   }
-  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  std::string tmp;
   Status written = WriteTempFile(path, tmp, bytes);
   if (!written.ok()) {
-    unlink(tmp.c_str());
+    if (!tmp.empty()) unlink(tmp.c_str());
     return written;
   }
   // The rename is durable only once the directory entry is on disk.

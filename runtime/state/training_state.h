@@ -33,20 +33,23 @@ struct TrainingState {
 // as the last 32 bytes.
 std::string SerializeState(const TrainingState& state);
 // Decodes and verifies. `source` names the origin ("checkpoint /x/y.ckpt", "rank 0") in errors.
-// Truncated, tampered or foreign data is kDataLoss with a message that says which.
+// Truncated, corrupt or foreign data is kDataLoss with a message that says which.
 Result<TrainingState> DeserializeState(std::string_view bytes, std::string_view source);
 
 // Writes the state to `path` atomically: a temporary file in the same directory, fsync, rename,
 // fsync of the directory. A crash leaves either the old checkpoint or the new one, never a mix.
+// The temporary file has a random name and is created new (O_EXCL, O_NOFOLLOW), so that a
+// symbolic link planted in the directory is never written through.
 Status WriteCheckpoint(const std::string& path, const TrainingState& state);
-// kNotFound if there is no file at `path`; kDataLoss if it is truncated or tampered.
+// kNotFound if there is no file at `path`; kDataLoss if it is truncated or corrupt (the digest
+// detects corruption, not tampering: whoever can write the file can write a matching one).
 Result<TrainingState> ReadCheckpoint(const std::string& path);
 
 // A sealed blob: opaque state of another trainer (a PyTorch worker's serialized state) with
 // the same protection as a checkpoint: magic "VFBLOB01", the payload's size (little-endian
 // uint64), the payload, and a SHA-256 of everything before it as the last 32 bytes.
 std::string SealBlob(std::string_view payload);
-// The payload; kDataLoss naming `source` for truncated, tampered or foreign bytes.
+// The payload; kDataLoss naming `source` for truncated, corrupt or foreign bytes.
 Result<std::string> UnsealBlob(std::string_view bytes, std::string_view source);
 // Atomically, as WriteCheckpoint; and the reading side, as ReadCheckpoint.
 Status WriteSealedFile(const std::string& path, std::string_view payload);

@@ -337,8 +337,41 @@ TEST(Checkpoint, FailedWriteRemovesTheTempFileAndNamesThePath) {
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("checkpoint " + path + ": rename "), std::string::npos) << s.message();
   EXPECT_NE(s.message().find(std::strerror(EISDIR)), std::string::npos) << s.message();
-  EXPECT_FALSE(fs::exists(path + ".tmp." + std::to_string(getpid())));
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir.path())) {
+    names.push_back(entry.path().filename().string());
+  }
+  EXPECT_EQ(names, std::vector<std::string>{"job.ckpt"});  // no temporary file left
   EXPECT_TRUE(fs::is_directory(path + "/inside"));
+}
+
+// Whoever can write the checkpoint's directory cannot have the writer follow a symbolic link
+// planted where its temporary file would go (the name it used to take, `path`.tmp.<pid>) to
+// overwrite a file of their choice: the temporary file's name is drawn at random and the file
+// is created new, never through a link.
+TEST(Checkpoint, ASymlinkPlantedAtTheOldTempNameIsNotFollowed) {
+  TempDir dir;
+  const std::string path = dir.File("job.ckpt");
+  const std::string victim = dir.File("victim");
+  WriteFile(victim, "precious");
+  const std::vector<std::string> planted = {path + ".tmp." + std::to_string(getpid()),
+                                            path + ".tmp"};
+  for (const std::string& link : planted) fs::create_symlink(victim, link);
+
+  Status s = WriteCheckpoint(path, SampleState());
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(ReadFile(victim), "precious");
+  EXPECT_FALSE(fs::is_symlink(path));
+  Result<TrainingState> back = ReadCheckpoint(path);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, SampleState());
+  for (const std::string& link : planted) {
+    EXPECT_TRUE(fs::is_symlink(link)) << link;
+    EXPECT_EQ(fs::read_symlink(link), victim) << link;
+  }
+  // The sealed files of a PyTorch job go the same way.
+  ASSERT_TRUE(WriteSealedFile(path, "payload").ok());
+  EXPECT_EQ(ReadFile(victim), "precious");
 }
 
 TEST(Checkpoint, ParentThatIsAFileFailsWithThePath) {
