@@ -315,11 +315,20 @@ Status Coordinator::CheckCredential(const std::string& job, const std::string& w
     std::lock_guard<std::mutex> lock(mu_);
     auto it = jobs_.find(job);
     if (it == jobs_.end()) return refused;
+    const std::optional<std::set<std::string>>& admitted = it->second.admitted;
+    if (admitted && admitted->count(worker) == 0) return refused;  // revoked, or never given
     secret = it->second.secret;
   }
   Result<std::string> expected = WorkerCredential(secret, worker);
   if (!expected.ok()) return expected.status();
   if (!ConstantTimeEquals(*expected, credential)) return refused;
+  return Status::Ok();
+}
+
+Status Coordinator::RestrictWorkers(const std::string& job, std::set<std::string> admitted) {
+  std::lock_guard<std::mutex> lock(mu_);
+  VF_ASSIGN_OR_RETURN(JobState * state, FindLocked(job));
+  state->admitted = std::move(admitted);
   return Status::Ok();
 }
 

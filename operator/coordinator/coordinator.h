@@ -14,6 +14,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -122,6 +124,13 @@ class Coordinator {
   // nothing of the credential either.
   Status CheckCredential(const std::string& job, const std::string& worker,
                          std::string_view credential) const;
+  // Restricts `job`'s credentials to the workers named in `admitted`, replacing the set of an
+  // earlier call: from then on CheckCredential refuses every other worker's credential, with the
+  // same words as a wrong one, however validly it derives from the job's secret. A credential
+  // is a function of the worker's name and so cannot be taken back; this is how it is revoked
+  // once its worker's pod is gone or the worker left its plan. A job never restricted accepts
+  // every credential derived from its secret (vf run's workers). kNotFound for an unknown job.
+  Status RestrictWorkers(const std::string& job, std::set<std::string> admitted);
 
   // At most `max_workers` (1..kMaxWorkersPerJob) registered workers in `job`; registrations
   // past it fail with kFailedPrecondition. Workers already registered stay.
@@ -225,6 +234,8 @@ class Coordinator {
   struct JobState {
     std::string secret;
     size_t max_workers = kMaxWorkersPerJob;
+    // RestrictWorkers: the only workers whose credentials are accepted; unset: every worker.
+    std::optional<std::set<std::string>> admitted;
     size_t charged = 0;  // what this job holds of the memory budget
     std::string fingerprint;
     std::string build;
