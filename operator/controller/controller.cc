@@ -24,10 +24,13 @@ Controller::Controller(kube::Client& client, Coordinator& coordinator, Controlle
                                        // Another job's arrival or end moves GPUs around.
                                        if (before.is_null() || after.is_null()) EnqueueAllJobs();
                                      });
-  // All pods: the GPU inventory subtracts what other workloads hold.
+  // All pods: the GPU inventory subtracts what other workloads hold. Each is kept trimmed to
+  // what the operator reads of it (TrimPodForCache), so that the cache of a large cluster's
+  // pods stays small.
   pods_ = std::make_unique<Informer>(
       client_, kube::kPods, "", kube::ReflectorOptions{},
-      [this](const json& before, const json& after) { OnPodChange(before, after); });
+      [this](const json& before, const json& after) { OnPodChange(before, after); },
+      TrimPodForCache);
   // A node's heartbeats (conditions' times, images, resourceVersion) change nothing a job
   // gets; with hundreds of nodes they would have every job reconciled all the time.
   nodes_ =

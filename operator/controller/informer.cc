@@ -18,8 +18,12 @@ std::string ObjectKey(const json& object) {
 }
 
 Informer::Informer(kube::Client& client, const kube::Resource& resource, std::string ns,
-                   kube::ReflectorOptions options, OnChange on_change)
-    : client_(client), resource_(resource), ns_(std::move(ns)), on_change_(std::move(on_change)) {
+                   kube::ReflectorOptions options, OnChange on_change, Transform transform)
+    : client_(client),
+      resource_(resource),
+      ns_(std::move(ns)),
+      on_change_(std::move(on_change)),
+      transform_(std::move(transform)) {
   kube::ReflectorHandlers handlers;
   handlers.on_sync = [this](std::vector<json> items, const std::string&) {
     Sync(std::move(items));
@@ -108,6 +112,7 @@ std::vector<std::string> Informer::Keys() const {
 void Informer::Sync(std::vector<json> items) {
   std::map<std::string, std::shared_ptr<const json>> fresh;
   for (auto& item : items) {
+    if (transform_) transform_(item);
     std::string key = ObjectKey(item);
     fresh.emplace(std::move(key), std::make_shared<const json>(std::move(item)));
   }
@@ -138,6 +143,11 @@ void Informer::Sync(std::vector<json> items) {
 
 void Informer::Apply(const kube::WatchEvent& event) {
   const std::string key = ObjectKey(event.object);
+  json object;
+  if (event.type != kube::WatchEventType::kDeleted) {
+    object = event.object;
+    if (transform_) transform_(object);
+  }
   std::shared_ptr<const json> before;
   std::shared_ptr<const json> after;
   {
@@ -147,7 +157,9 @@ void Informer::Apply(const kube::WatchEvent& event) {
     if (event.type == kube::WatchEventType::kDeleted) {
       objects_.erase(key);
     } else {
-      after = std::make_shared<const json>(event.object);
+      // A change only to fields the transform drops changes nothing the cache holds.
+      if (before && *before == object) return;
+      after = std::make_shared<const json>(std::move(object));
       objects_[key] = after;
     }
     ++version_;

@@ -34,9 +34,14 @@ class Informer {
   // Called with the object's old and new state (null when absent) after every change.
   using OnChange = std::function<void(const nlohmann::json& before, const nlohmann::json& after)>;
 
-  // `client` must outlive the informer. `ns` "" watches all namespaces.
+  // Trims an object before the cache keeps it (client-go's transform): what the cache holds and
+  // what on_change sees is what it leaves. Called on the informer's thread.
+  using Transform = std::function<void(nlohmann::json& object)>;
+
+  // `client` must outlive the informer. `ns` "" watches all namespaces. `transform`, when set,
+  // is applied to every object listed or watched before it is kept.
   Informer(kube::Client& client, const kube::Resource& resource, std::string ns,
-           kube::ReflectorOptions options, OnChange on_change);
+           kube::ReflectorOptions options, OnChange on_change, Transform transform = nullptr);
   ~Informer();
   Informer(const Informer&) = delete;
   Informer& operator=(const Informer&) = delete;
@@ -78,6 +83,7 @@ class Informer {
   const kube::Resource resource_;
   const std::string ns_;
   OnChange on_change_;
+  const Transform transform_;
   std::unique_ptr<kube::Reflector> reflector_;
   std::jthread thread_;
 

@@ -1,7 +1,10 @@
 #include "operator/controller/worker_pod.h"
 
 #include <algorithm>
+#include <cstddef>
+#include <initializer_list>
 #include <set>
+#include <string_view>
 
 #include "agent/protocol/messages.h"
 #include "operator/controller/inventory.h"
@@ -9,6 +12,33 @@
 namespace vf::controller {
 
 using nlohmann::json;
+
+bool IsWorkerPodName(const std::string& job_name, const std::string& pod_name) {
+  const std::string prefix = job_name + "-worker-";
+  if (job_name.empty() || pod_name.size() != prefix.size() + kWorkerPodSuffixLength ||
+      pod_name.compare(0, prefix.size(), prefix) != 0) {
+    return false;
+  }
+  const std::string_view alphabet(kWorkerPodSuffixAlphabet);
+  return std::all_of(pod_name.begin() + static_cast<std::ptrdiff_t>(prefix.size()), pod_name.end(),
+                     [&](char c) { return alphabet.find(c) != std::string_view::npos; });
+}
+
+bool ControlledBy(const json& object, const std::string& uid) {
+  if (uid.empty() || !object.is_object() || !object.contains("metadata")) return false;
+  const json& meta = object.at("metadata");
+  if (!meta.is_object() || !meta.contains("ownerReferences")) return false;
+  const json& refs = meta.at("ownerReferences");
+  if (!refs.is_array()) return false;
+  for (const json& ref : refs) {
+    if (!ref.is_object()) continue;
+    const json controller = ref.value("controller", json());
+    if (ref.value("uid", "") == uid && controller.is_boolean() && controller.get<bool>()) {
+      return true;
+    }
+  }
+  return false;
+}
 
 std::string CredentialSecretName(const std::string& pod_name) {
   return pod_name + "-vf-credential";
@@ -470,6 +500,47 @@ std::string PodTerminationMessage(const json& pod) {
   if (nl != std::string::npos) message = message.substr(nl + 1);
   if (message.size() > 512) message = message.substr(message.size() - 512);
   return message;
+}
+
+namespace {
+
+// `object` less every member not named in `keep`; a value that is not an object is left alone.
+void KeepOnly(json& object, std::initializer_list<const char*> keep) {
+  if (!object.is_object()) return;
+  json kept = json::object();
+  for (const char* key : keep) {
+    if (object.contains(key)) kept[key] = std::move(object[key]);
+  }
+  object = std::move(kept);
+}
+
+// Each element of the array `object[key]`, if there is one, trimmed to `keep`.
+void KeepOnlyInEach(json& object, const char* key, std::initializer_list<const char*> keep) {
+  if (!object.is_object() || !object.contains(key)) return;
+  json& array = object[key];
+  if (!array.is_array()) return;
+  for (json& element : array) KeepOnly(element, keep);
+}
+
+}  // namespace
+
+void TrimPodForCache(json& pod) {
+  if (!pod.is_object()) return;
+  KeepOnly(pod, {"apiVersion", "kind", "metadata", "spec", "status"});
+  if (pod.contains("metadata")) {
+    KeepOnly(pod["metadata"], {"name", "namespace", "uid", "creationTimestamp", "deletionTimestamp",
+                               "labels", "ownerReferences"});
+  }
+  if (pod.contains("spec")) {
+    json& spec = pod["spec"];
+    KeepOnly(spec, {"nodeName", "nodeSelector", "containers"});
+    KeepOnlyInEach(spec, "containers", {"name", "image", "resources"});
+  }
+  if (pod.contains("status")) {
+    json& status = pod["status"];
+    KeepOnly(status, {"phase", "reason", "message", "containerStatuses"});
+    KeepOnlyInEach(status, "containerStatuses", {"name", "state"});
+  }
 }
 
 }  // namespace vf::controller

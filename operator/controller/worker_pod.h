@@ -2,6 +2,7 @@
 // operator reads back from one. Pure functions of JSON objects.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <set>
 #include <string>
@@ -52,6 +53,18 @@ inline constexpr char kTokenVolume[] = "vf-token";
 inline constexpr char kShmVolume[] = "vf-shm";
 // The CPU a worker of a CPU-only job requests when its template says nothing.
 inline constexpr char kDefaultWorkerCpu[] = "1";
+
+// How the operator names a job's worker pods: "<job>-worker-" and kWorkerPodSuffixLength
+// characters drawn at random from kWorkerPodSuffixAlphabet (no vowels, so that no word is
+// spelled by chance).
+inline constexpr char kWorkerPodSuffixAlphabet[] = "bcdfghjklmnpqrstvwxz2456789";
+inline constexpr size_t kWorkerPodSuffixLength = 5;
+// Whether `pod_name` is a name the operator gives a worker pod of job `job_name`.
+bool IsWorkerPodName(const std::string& job_name, const std::string& pod_name);
+// Whether `object` has an owner reference with controller true to the object of `uid`: what the
+// operator sets on every object it makes for a job (OwnerReference), and what it takes for a
+// sign that an object is its own.
+bool ControlledBy(const nlohmann::json& object, const std::string& uid);
 
 // The name of the Secret that holds the credential of the worker in pod `pod_name`: one Secret
 // per pod, so that a node's kubelet (which may read only the Secrets of its own pods) never
@@ -139,6 +152,19 @@ int64_t WorkerCpuMillis(const nlohmann::json& job);
 // {path, and when a template volume holds it: volume, claimName (a PVC), subPath}; null when
 // the job writes no checkpoint.
 nlohmann::json FinalCheckpointLocation(const nlohmann::json& job, const JobSpec& spec);
+
+// What the operator's cache of pods keeps of a pod: the fields the operator reads (the GPU
+// inventory, the reconciler, the change handler), and nothing else. The cache mirrors every pod
+// of the cluster, and most of a pod (managedFields, annotations, env, volumes, probes,
+// conditions) is never read: dropping it bounds the operator's memory by the number of pods
+// rather than their size, and spares a reconcile for a change of a field nobody reads. Kept:
+//   metadata: name, namespace, uid, creationTimestamp, deletionTimestamp, labels,
+//             ownerReferences (not resourceVersion: a pod whose kept fields are unchanged is
+//             the same pod to the cache, and queues no reconcile);
+//   spec:     nodeName, nodeSelector, and of each container name, image and resources;
+//   status:   phase, reason, message, and of each container status name and state.
+// A field read from a pod must be added here (worker_pod_test checks the list).
+void TrimPodForCache(nlohmann::json& pod);
 
 // Where a worker pod is in its life, as the operator needs to know it.
 enum class PodLife {

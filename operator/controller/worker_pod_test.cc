@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "agent/protocol/messages.h"
+#include "operator/controller/inventory.h"
 #include "operator/controller/job_spec.h"
 
 namespace vf::controller {
@@ -407,6 +408,114 @@ TEST(WorkerPodTest, GpuLimitDefaultsToTheJobSpecsOneGpuPerWorker) {
   json pod = BuildWorkerPod(job, SpecOf(job), "w", PodSettings{});
   EXPECT_EQ(pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"],
             std::to_string(JobSpec{}.gpus_per_worker));
+}
+
+TEST(WorkerPodTest, WorkerPodNamesAreTheJobsWithFiveCharactersOfTheAlphabet) {
+  EXPECT_TRUE(IsWorkerPodName("mnist", "mnist-worker-b2c4d"));
+  EXPECT_TRUE(IsWorkerPodName("mnist-x", "mnist-x-worker-zzzzz"));
+  for (const char* name : {"mnist-worker-a", "mnist-worker-bcdfgh", "mnist-worker-bcdf",
+                           "mnist-worker-BCDFG", "mnist-worker-bcdfa", "other-worker-bcdfg",
+                           "mnist-workerbcdfgh", "xmnist-worker-bcdfg", ""}) {
+    EXPECT_FALSE(IsWorkerPodName("mnist", name)) << name;
+  }
+  EXPECT_FALSE(IsWorkerPodName("", "-worker-bcdfg"));
+}
+
+TEST(WorkerPodTest, OnlyAControllerReferenceToTheUidControls) {
+  json pod = BuildWorkerPod(Job(), SpecOf(Job()), "mnist-worker-bcdfg", PodSettings{});
+  EXPECT_TRUE(ControlledBy(pod, "u-1"));
+  EXPECT_FALSE(ControlledBy(pod, "u-2"));
+  EXPECT_FALSE(ControlledBy(pod, ""));
+  pod["metadata"]["ownerReferences"][0]["controller"] = false;
+  EXPECT_FALSE(ControlledBy(pod, "u-1"));
+  pod["metadata"]["ownerReferences"][0]["controller"] = "true";
+  EXPECT_FALSE(ControlledBy(pod, "u-1"));
+  pod["metadata"]["ownerReferences"][0].erase("controller");
+  EXPECT_FALSE(ControlledBy(pod, "u-1"));
+  EXPECT_FALSE(ControlledBy(json::object(), "u-1"));
+}
+
+// A pod as the API server sends it, with much the operator never reads.
+json FullPod() {
+  return json::parse(R"({
+    "apiVersion": "v1", "kind": "Pod",
+    "metadata": {"name": "mnist-worker-bcdfg", "namespace": "team", "uid": "p-1",
+                 "resourceVersion": "42", "creationTimestamp": "2026-01-02T03:04:05Z",
+                 "deletionTimestamp": "2026-01-02T03:05:05Z",
+                 "labels": {"virtualflow.io/job": "mnist"},
+                 "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{...}"},
+                 "ownerReferences": [{"uid": "u-1", "controller": true}],
+                 "managedFields": [{"manager": "kubelet", "fieldsV1": {"f:status": {}}}],
+                 "generateName": "mnist-worker-", "finalizers": ["x"]},
+    "spec": {"nodeName": "gpu-a", "nodeSelector": {"nvidia.com/gpu.product": "V100"},
+             "serviceAccountName": "default", "tolerations": [{"key": "k"}],
+             "volumes": [{"name": "vf-token", "secret": {"secretName": "s"}}],
+             "containers": [{"name": "agent", "image": "virtualflow/agent:1",
+                             "resources": {"limits": {"nvidia.com/gpu": "2"},
+                                           "requests": {"cpu": "3"}},
+                             "env": [{"name": "VF_JOB_SPEC", "value": "{...}"}],
+                             "args": ["--worker", "mnist-worker-bcdfg"],
+                             "readinessProbe": {"httpGet": {"path": "/readyz"}}}]},
+    "status": {"phase": "Failed", "reason": "Evicted", "message": "node pressure",
+               "podIP": "10.0.0.1", "conditions": [{"type": "Ready", "status": "False"}],
+               "containerStatuses": [{"name": "agent", "restartCount": 0, "imageID": "sha",
+                                      "state": {"terminated": {"exitCode": 3,
+                                                               "message": "a\nlast"}}}]}})");
+}
+
+TEST(WorkerPodTest, ThePodCacheKeepsTheAllowListAndNothingElse) {
+  json pod = FullPod();
+  TrimPodForCache(pod);
+  const json want = json::parse(R"({
+    "apiVersion": "v1", "kind": "Pod",
+    "metadata": {"name": "mnist-worker-bcdfg", "namespace": "team", "uid": "p-1",
+                 "creationTimestamp": "2026-01-02T03:04:05Z",
+                 "deletionTimestamp": "2026-01-02T03:05:05Z",
+                 "labels": {"virtualflow.io/job": "mnist"},
+                 "ownerReferences": [{"uid": "u-1", "controller": true}]},
+    "spec": {"nodeName": "gpu-a", "nodeSelector": {"nvidia.com/gpu.product": "V100"},
+             "containers": [{"name": "agent", "image": "virtualflow/agent:1",
+                             "resources": {"limits": {"nvidia.com/gpu": "2"},
+                                           "requests": {"cpu": "3"}}}]},
+    "status": {"phase": "Failed", "reason": "Evicted", "message": "node pressure",
+               "containerStatuses": [{"name": "agent",
+                                      "state": {"terminated": {"exitCode": 3,
+                                                               "message": "a\nlast"}}}]}})");
+  EXPECT_EQ(pod, want) << pod.dump(2);
+  TrimPodForCache(pod);  // trimming twice changes nothing
+  EXPECT_EQ(pod, want);
+  json odd = json::parse(R"({"metadata": null, "spec": {"containers": [null, 3]}})");
+  TrimPodForCache(odd);  // malformed parts are left alone, not thrown on
+  EXPECT_TRUE(odd["metadata"].is_null());
+}
+
+TEST(WorkerPodTest, WhatTheOperatorReadsOfAPodIsTheSameTrimmed) {
+  json full = FullPod();
+  json trimmed = full;
+  TrimPodForCache(trimmed);
+  for (int variant = 0; variant < 2; ++variant) {
+    EXPECT_EQ(PodLifeOf(trimmed), PodLifeOf(full));
+    EXPECT_EQ(PodExitCode(trimmed), PodExitCode(full));
+    EXPECT_EQ(PodTerminationMessage(trimmed), PodTerminationMessage(full));
+    EXPECT_EQ(PodImage(trimmed), PodImage(full));
+    EXPECT_EQ(PodGpus(trimmed), PodGpus(full));
+    EXPECT_EQ(PodHoldsResources(trimmed), PodHoldsResources(full));
+    EXPECT_EQ(IsWorkerPod(trimmed), IsWorkerPod(full));
+    EXPECT_EQ(ControlledBy(trimmed, "u-1"), ControlledBy(full, "u-1"));
+    const std::vector<json> nodes = {json::parse(R"({
+      "metadata": {"name": "gpu-a", "labels": {"nvidia.com/gpu.product": "V100"}},
+      "status": {"allocatable": {"nvidia.com/gpu": "4", "cpu": "8"}}})")};
+    const ClusterGpus a = CountGpus(nodes, {trimmed});
+    const ClusterGpus b = CountGpus(nodes, {full});
+    EXPECT_EQ(a.held_by_others, b.held_by_others);
+    EXPECT_EQ(a.cpu_held_by_others, b.cpu_held_by_others);
+    // Alive and not a worker's, the other way round.
+    for (json* pod : {&full, &trimmed}) {
+      (*pod)["status"]["phase"] = "Running";
+      (*pod)["metadata"].erase("deletionTimestamp");
+      (*pod)["metadata"]["labels"].erase("virtualflow.io/job");
+    }
+  }
 }
 
 }  // namespace
