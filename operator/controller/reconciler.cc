@@ -27,17 +27,21 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr auto kExpectationTimeout = std::chrono::seconds(60);
+// How long a worker pod that has not started is taken to have its credential Secret after the
+// operator last saw that it had one (RepairCredentials).
+constexpr auto kCredentialRecheck = std::chrono::seconds(30);
 
 std::string OwnBuild() { return std::string("virtualflow ") + VF_VERSION; }
 
 std::string RandomSuffix() {
-  static constexpr char kAlphabet[] = "bcdfghjklmnpqrstvwxz2456789";
-  unsigned char bytes[5];
+  unsigned char bytes[kWorkerPodSuffixLength];
   if (RAND_bytes(bytes, sizeof(bytes)) != 1) {
     for (auto& b : bytes) b = static_cast<unsigned char>(std::rand());
   }
   std::string out;
-  for (unsigned char b : bytes) out.push_back(kAlphabet[b % (sizeof(kAlphabet) - 1)]);
+  for (unsigned char b : bytes) {
+    out.push_back(kWorkerPodSuffixAlphabet[b % (sizeof(kWorkerPodSuffixAlphabet) - 1)]);
+  }
   return out;
 }
 
@@ -70,26 +74,28 @@ const json& Obj(const json& j, const char* key) {
   return it != j.end() && it->is_object() ? *it : kEmpty;
 }
 
-// Gives the worker in `pod` (just created) its own credential, in a Secret the pod owns: the
-// kubelet starts the pod's container once the Secret is there. A pod whose Secret cannot be
-// created is deleted again, so that none waits for a credential that never comes.
-// `pod` is the API server's answer to the pod's creation, or null when the pod existed
-// already (then it is read, for its uid).
+// Gives the worker in `pod` (just created: the API server's answer to its creation) its own
+// credential, in a Secret the pod owns: the kubelet starts the pod's container once the Secret
+// is there. A pod whose Secret cannot be created is deleted again, so that none waits for a
+// credential that never comes. A Secret of that name that exists already is not the operator's:
+// the pod's name was drawn at random a moment ago, so someone else made it (the operator may
+// create Secrets but not read them, and cannot tell what it holds). It is not used: the pod,
+// which would mount it, is deleted, and kFailedPrecondition says why.
 Status CreateWorkerCredential(kube::Client& client, const json& job, const std::string& ns,
                               const std::string& pod_name, const std::string& job_secret,
-                              const std::string& coordinator_ca, json pod) {
-  if (pod.is_null()) {
-    kube::ApiResult<json> got = client.Get(kube::kPods, ns, pod_name);
-    if (!got.ok()) return got.status().WithContext("worker credential of " + pod_name);
-    pod = *got;
-  }
+                              const std::string& coordinator_ca, const json& pod) {
   VF_ASSIGN_OR_RETURN(const std::string credential, WorkerCredential(job_secret, pod_name));
   kube::ApiResult<json> created = client.Create(
       kube::kSecrets, ns, BuildCredentialSecret(job, pod, credential, coordinator_ca));
-  if (created.ok() || created.reason() == kube::Reason::kAlreadyExists) return Status::Ok();
+  if (created.ok()) return Status::Ok();
   kube::DeleteOptions del;
   del.precondition_uid = Obj(pod, "metadata").value("uid", "");
   (void)client.Delete(kube::kPods, ns, pod_name, del);
+  if (created.reason() == kube::Reason::kAlreadyExists) {
+    return FailedPrecondition("Secret " + ns + "/" + CredentialSecretName(pod_name) +
+                              " exists and was not made by the operator for pod " + pod_name +
+                              "; it is not used: the pod is deleted and another takes its place");
+  }
   return created.status().WithContext("worker credential of " + pod_name);
 }
 
@@ -308,6 +314,11 @@ struct Reconciler::Pass {
   std::string failed_pod;
   // Kueue's decision for a job with a queue label (AdmitThroughKueue); unset without one.
   std::optional<KueueAdmission> kueue;
+  // The workers whose credentials the coordinator accepts (AdmittedWorkers), and the pods this
+  // pass deleted for want of their credential Secret (RepairCredentials), which count for
+  // nothing.
+  std::set<std::string> admitted;
+  std::set<std::string> replaced;
 };
 
 namespace {
@@ -322,16 +333,15 @@ int64_t KnownTotalSteps(const JobSpec& spec, const JobView& view) {
   return total;
 }
 
+// A pod of the job: it carries the job's label and the job controls it (an owner reference
+// with controller true, as every pod the operator makes has).
 bool OwnedBy(const json& pod, const std::string& ns, const std::string& name,
              const std::string& uid) {
   const json& meta = Obj(pod, "metadata");
   if (meta.value("namespace", "") != ns || Obj(meta, "labels").value(kJobLabel, "") != name) {
     return false;
   }
-  for (const json& ref : meta.value("ownerReferences", json::array())) {
-    if (ref.value("uid", "") == uid) return true;
-  }
-  return false;
+  return ControlledBy(pod, uid);
 }
 
 std::string PodName(const json& pod) { return Obj(pod, "metadata").value("name", ""); }
@@ -344,35 +354,99 @@ std::optional<Report> FinalReportOfCoordinator(const JobView& view) {
   return std::nullopt;
 }
 
+// The worker that was rank 0 of the job's last published plan, or "" when that plan has no
+// members. Of the coordinator's plan (`coordinator_plan`, null when the coordinator does not know
+// the job) unless status.assignment is of a later epoch. Both are this operator's own record:
+// a plan is written to the status before the coordinator publishes it (UpdateMembership), and
+// an operator that restarted, whose coordinator starts empty, restores the plan of
+// status.epoch from status.assignment (EnsureCoordinatorJob). So the coordinator's plan is the
+// newest while the cache has not seen this operator's own status write, and the status is the
+// newest while the coordinator does not know the job (a drain, before registration); no worker
+// writes either.
+std::string RankZeroOfLastPlan(const Plan* coordinator_plan, const json& status) {
+  std::vector<Member> members;
+  const json epoch = status.value("epoch", json());
+  const int64_t status_epoch = epoch.is_number_integer() ? epoch.get<int64_t>() : 0;
+  if (coordinator_plan != nullptr && coordinator_plan->epoch >= status_epoch) {
+    members = coordinator_plan->members;
+  } else {
+    members = MembersFromJson(status.value("assignment", json::array()));
+  }
+  for (const Member& m : members) {
+    if (m.rank == 0) return m.worker;
+  }
+  return "";
+}
+
+// What the termination messages of a job's pods say of its outcome: the final report of the
+// worker that finished the job, if one left it, and the final reports that were not taken, with
+// the pod that carried each and why. Value type; `refused` points into the pods it was made of.
+struct PodOutcome {
+  std::optional<Report> report;
+  std::vector<std::pair<const json*, std::string>> refused;
+};
+
+// Why the final report for `worker` that `pod` carries is not job `job_name`'s (UID `uid`)
+// outcome, rank 0 of its last plan being `rank0`; empty when it is. Anyone who may create pods
+// in the job's namespace can give one the job's label and a termination message: only a pod
+// the job controls, named as the operator names its worker pods, and rank 0's, may end the job.
+std::string WhyNotTheOutcome(const json& pod, const std::string& worker,
+                             const std::string& job_name, const std::string& uid,
+                             const std::string& rank0) {
+  const std::string name = PodName(pod);
+  if (!ControlledBy(pod, uid)) {
+    return "the job does not control it (no owner reference with controller true to uid " + uid +
+           ")";
+  }
+  if (!IsWorkerPodName(job_name, name)) {
+    return "its name is not one the operator gives the job's worker pods";
+  }
+  if (worker != name) return "its report names another worker (" + worker + ")";
+  if (rank0.empty()) return "the job's last plan has no rank 0 that could have finished it";
+  if (name != rank0) return "it was not rank 0 of the job's last plan (" + rank0 + " was)";
+  return "";
+}
+
 // The final report a worker that finished the job left in its pod's termination message
-// (protocol::FinalReportMessage), if one did. Its container has ended, usually with exit code
-// 0; a worker that crashed after leaving the report (a fault while its process shut down) had
-// finished all the same: the report is written after the final weights were saved. A message
-// that names another worker than its pod, or is malformed, is not taken (and said so on stderr).
-std::optional<Report> FinalReportOfPods(const std::string& key, const std::vector<json>& pods) {
-  for (const json& pod : pods) {
-    const PodLife life = PodLifeOf(pod);
+// (protocol::FinalReportMessage), if one did, among `pods` (every pod with the job's label).
+// Its container has ended, usually with exit code 0; a worker that crashed after leaving the
+// report (a fault while its process shut down) had finished all the same: the report is written
+// after the final weights were saved. Only rank 0 of the last plan ends the job (WhyNotTheOutcome);
+// any other report is refused, and a malformed one is not taken (said on stderr).
+PodOutcome FinalReportOfPods(const std::string& key, const std::string& job_name,
+                             const std::string& uid, const std::string& rank0,
+                             const std::vector<const json*>& pods) {
+  PodOutcome out;
+  for (const json* pod : pods) {
+    const PodLife life = PodLifeOf(*pod);
     if (life != PodLife::kSucceeded && life != PodLife::kFailed) continue;
-    const json& statuses = Obj(pod, "status").value("containerStatuses", json::array());
+    const json& statuses = Obj(*pod, "status").value("containerStatuses", json::array());
     if (!statuses.is_array() || statuses.empty() || !statuses[0].is_object()) continue;
     const json terminated = Obj(Obj(statuses[0], "state"), "terminated");
     const json message = terminated.value("message", json());
     if (!message.is_string()) continue;
     auto found = protocol::FinalReportFromMessage(message.get<std::string>());
-    if (found.ok() && found->first == PodName(pod)) {
-      std::fprintf(stderr,
-                   "virtualflow-operator: %s: the outcome is read from pod %s's termination "
-                   "message (the coordinator that received it is gone)\n",
-                   key.c_str(), PodName(pod).c_str());
-      return std::move(found->second);
+    if (!found.ok()) {
+      if (found.status().code() != StatusCode::kNotFound) {
+        std::fprintf(stderr,
+                     "virtualflow-operator: %s: pod %s: termination message not taken: %s\n",
+                     key.c_str(), PodName(*pod).c_str(), found.status().message().c_str());
+      }
+      continue;
     }
-    if (found.status().code() != StatusCode::kNotFound) {
-      std::fprintf(stderr, "virtualflow-operator: %s: pod %s: termination message not taken: %s\n",
-                   key.c_str(), PodName(pod).c_str(),
-                   found.ok() ? "it names another worker" : found.status().message().c_str());
+    std::string why = WhyNotTheOutcome(*pod, found->first, job_name, uid, rank0);
+    if (!why.empty()) {
+      out.refused.emplace_back(pod, std::move(why));
+      continue;
     }
+    if (out.report) continue;
+    std::fprintf(stderr,
+                 "virtualflow-operator: %s: the outcome is read from pod %s's termination "
+                 "message (the coordinator that received it is gone)\n",
+                 key.c_str(), PodName(*pod).c_str());
+    out.report = std::move(found->second);
   }
-  return std::nullopt;
+  return out;
 }
 
 // What the members' latest reports say about the job's progress under plan `epoch`. Value type.
@@ -793,6 +867,8 @@ Result<ReconcileResult> Reconciler::Forget(const std::string& key) {
   expected_.erase(key);
   policies_created_.erase(key);
   failures_seen_.erase(key);
+  forged_seen_.erase(key);
+  credentials_checked_.erase(key);
   checkpoint_failures_seen_.erase(key);
   drain_events_.erase(key);
   times_.erase(key);
@@ -904,6 +980,8 @@ Status Reconciler::Observe(Pass& p) {
   p.epoch = p.view.plan.epoch;
   p.members = p.view.plan.members;
   for (const Member& m : p.members) p.in_plan.insert(m.worker);
+  p.admitted = AdmittedWorkers(p);
+  VF_RETURN_IF_ERROR(coordinator_.RestrictWorkers(p.key, p.admitted));
   p.image = WorkerImage(p.job, p.pods, p.in_plan, options_.pods.default_image);
   for (const auto& [k, v] : Obj(p.old_status, "restarts").items()) {
     if (v.is_number_integer()) p.restarts[k] = v.get<int64_t>();
@@ -919,7 +997,15 @@ Result<Reconciler::Next> Reconciler::RecordSuccess(Pass& p) {
   if (final) {
     options_.fault.At("final-report", p.key);
   } else {
-    final = FinalReportOfPods(p.key, p.pods);
+    std::vector<const json*> labelled;
+    auto it = p.cluster->pods_by_job.find(p.key);
+    if (it != p.cluster->pods_by_job.end()) {
+      for (const std::shared_ptr<const json>& pod : it->second) labelled.push_back(pod.get());
+    }
+    PodOutcome outcome = FinalReportOfPods(
+        p.key, p.name, p.uid, RankZeroOfLastPlan(&p.view.plan, p.old_status), labelled);
+    IgnoreForgedOutcomes(p, outcome.refused);
+    final = std::move(outcome.report);
   }
   if (final) {
     const Report& r = *final;
@@ -957,6 +1043,92 @@ Result<Reconciler::Next> Reconciler::RecordSuccess(Pass& p) {
     return Next::kDone;
   }
   return Next::kGoOn;
+}
+
+void Reconciler::IgnoreForgedOutcomes(
+    Pass& p, const std::vector<std::pair<const json*, std::string>>& refused) {
+  for (const auto& [pod, why] : refused) {
+    const std::string name = PodName(*pod);
+    bool fresh = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      fresh = forged_seen_[p.key].insert(Obj(*pod, "metadata").value("uid", name)).second;
+    }
+    if (!fresh) continue;
+    const std::string message =
+        "the final report in the termination message of pod " + name + " is ignored: " + why;
+    std::fprintf(stderr, "virtualflow-operator: %s: %s\n", p.key.c_str(), message.c_str());
+    Event(p.job, true, "ForgedOutcomeIgnored", message);
+  }
+}
+
+std::set<std::string> Reconciler::AdmittedWorkers(const Pass& p) {
+  std::set<std::string> admitted;
+  for (const json& pod : p.pods) {
+    const PodLife life = PodLifeOf(pod);
+    // Its container has ended: nothing of it talks to the coordinator again.
+    if (life == PodLife::kSucceeded || life == PodLife::kFailed) continue;
+    const std::string name = PodName(pod);
+    // It acknowledged a plan without it and is exiting: it has nothing left to say either.
+    auto worker = p.view.workers.find(name);
+    if (worker != p.view.workers.end() && worker->second.acked_epoch >= 0 &&
+        p.in_plan.count(name) == 0) {
+      continue;
+    }
+    admitted.insert(name);
+  }
+  // Created, but not in the cache yet: their agents may be starting already.
+  std::lock_guard<std::mutex> lock(mu_);
+  auto expected = expected_.find(p.key);
+  if (expected != expected_.end()) {
+    for (const auto& [name, when] : expected->second) admitted.insert(name);
+  }
+  return admitted;
+}
+
+Status Reconciler::RepairCredentials(Pass& p) {
+  const auto now = Clock::now();
+  std::map<std::string, Clock::time_point> checked;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    checked = credentials_checked_[p.key];
+  }
+  std::map<std::string, Clock::time_point> kept;  // of the pods there still are
+  for (const json& pod : p.pods) {
+    const std::string name = PodName(pod);
+    auto seen = checked.find(name);
+    if (seen != checked.end()) kept[name] = seen->second;
+    // A container that runs had its credential mounted; one that ended needs none.
+    if (PodLifeOf(pod) != PodLife::kStarting) continue;
+    if (seen != checked.end() && now - seen->second < kCredentialRecheck) continue;
+    // Asked with a Secret that holds no credential at all: the pod's volume names the key
+    // kTokenKey, so a pod that mounted this placeholder would not start either.
+    json placeholder = BuildCredentialSecret(p.job, pod, "");
+    placeholder.erase("stringData");
+    kube::ApiResult<json> created = client_.Create(kube::kSecrets, p.ns, placeholder);
+    if (created.reason() == kube::Reason::kAlreadyExists) {
+      kept[name] = now;
+      continue;
+    }
+    if (!created.ok()) return created.status().WithContext("credential Secret of pod " + name);
+    kube::DeleteOptions del;
+    del.precondition_uid = Obj(pod, "metadata").value("uid", "");
+    kube::ApiResult<json> deleted = client_.Delete(kube::kPods, p.ns, name, del);
+    if (!deleted.ok() && deleted.reason() != kube::Reason::kNotFound) {
+      p.failed_action = "FailedDeletePod";
+      return deleted.status();
+    }
+    p.replaced.insert(name);
+    p.admitted.erase(name);
+    kept.erase(name);
+    Event(p.job, true, "CredentialSecretMissing",
+          "worker pod " + name + " has no credential Secret (" + CredentialSecretName(name) +
+              "); the pod is replaced");
+  }
+  if (!p.replaced.empty()) VF_RETURN_IF_ERROR(coordinator_.RestrictWorkers(p.key, p.admitted));
+  std::lock_guard<std::mutex> lock(mu_);
+  credentials_checked_[p.key] = std::move(kept);
+  return Status::Ok();
 }
 
 Status Reconciler::FailJob(Pass& p, const std::string& reason, const std::string& event_reason,
@@ -1129,13 +1301,20 @@ Result<Reconciler::Next> Reconciler::Drain(Pass& p, ReconcileResult& result) {
   const int64_t ours = coordinator_.protocol();
   const std::optional<int64_t> theirs = WorkerProtocolOf(p.old_status);
   if (!theirs || *theirs == ours) return Next::kGoOn;
-  std::vector<json> pods;
-  for (const std::shared_ptr<const json>& shared : pods_.Snapshot()) {
-    if (OwnedBy(*shared, p.ns, p.name, p.uid)) pods.push_back(*shared);
-  }
+  const std::vector<std::shared_ptr<const json>> labelled = pods_.Snapshot([&p](const json& pod) {
+    const json& meta = Obj(pod, "metadata");
+    return meta.value("namespace", "") == p.ns &&
+           Obj(meta, "labels").value(kJobLabel, "") == p.name;
+  });
+  std::vector<const json*> pods;
+  for (const std::shared_ptr<const json>& shared : labelled) pods.push_back(shared.get());
   // Rank 0 finished the job before the upgrade: the outcome is read from its pod as after any
   // restart (RecordSuccess), and nothing is drained.
-  if (FinalReportOfPods(p.key, pods)) return Next::kGoOn;
+  Result<Plan> plan = coordinator_.GetPlan(p.key);
+  PodOutcome outcome = FinalReportOfPods(
+      p.key, p.name, p.uid, RankZeroOfLastPlan(plan.ok() ? &*plan : nullptr, p.old_status), pods);
+  IgnoreForgedOutcomes(p, outcome.refused);
+  if (outcome.report) return Next::kGoOn;
 
   // This coordinator cannot talk to the workers: it forgets the job, so that they meet a
   // coordinator that does not know it, and leave untold when their pods are deleted, rank 0
@@ -1544,6 +1723,7 @@ Status Reconciler::UpdateMembership(Pass& p) {
 Status Reconciler::ReconcilePods(Pass& p) {
   int live = 0;
   std::vector<const json*> spare;  // live pods outside the plan
+  if (!p.finishing) VF_RETURN_IF_ERROR(RepairCredentials(p));
   if (!p.finishing) VF_RETURN_IF_ERROR(DeleteEndedPods(p, live, spare));
   p.unseen = PendingCreations(p);
   live += p.unseen;
@@ -1555,6 +1735,7 @@ Status Reconciler::ReconcilePods(Pass& p) {
 Status Reconciler::DeleteEndedPods(Pass& p, int& live, std::vector<const json*>& spare) {
   for (const json& pod : p.pods) {
     const std::string pod_name = PodName(pod);
+    if (p.replaced.count(pod_name) != 0) continue;  // deleted this pass: it will never train
     const PodLife life = PodLifeOf(pod);
     const bool member = p.in_plan.count(pod_name) != 0;
     if (life == PodLife::kSucceeded || life == PodLife::kFailed) {
@@ -1658,20 +1839,36 @@ Status Reconciler::CreateMissingPods(Pass& p, int live) {
     // The image the job's workers run, which may no longer be what a new job gets.
     pod["spec"]["containers"][0]["image"] = p.image;
     auto r = client_.Create(kube::kPods, p.ns, pod);
-    if (!r.ok() && r.reason() != kube::Reason::kAlreadyExists) {
+    p.failed_pod = pod_name;
+    if (r.reason() == kube::Reason::kAlreadyExists) {
+      // Its name was drawn just now, and the client never repeats a create: a pod that has it
+      // is not one this operator made. It is not adopted: it gets no credential.
+      p.failed_action = "WorkerPodNotOwned";
+      return FailedPrecondition("pod " + p.ns + "/" + pod_name +
+                                " exists and was not created by the operator; it is not adopted "
+                                "(no credential is made for it)");
+    }
+    if (!r.ok()) {
       // RBAC, a ResourceQuota, a LimitRange or an admission webhook refused it: the job
       // cannot grow until someone acts, so it says why (RecordBlocked).
       p.failed_action = "FailedCreatePod";
-      p.failed_pod = pod_name;
       return r.status();
     }
+    // Admitted before its credential exists, so that its agent is never refused.
+    p.admitted.insert(pod_name);
+    VF_RETURN_IF_ERROR(coordinator_.RestrictWorkers(p.key, p.admitted));
     VF_ASSIGN_OR_RETURN(const std::string job_secret, JobSecret(p.job));
-    VF_RETURN_IF_ERROR(CreateWorkerCredential(client_, p.job, p.ns, pod_name, job_secret,
-                                              options_.pods.coordinator_ca,
-                                              r.ok() ? *r : json(nullptr)));
+    const Status credential = CreateWorkerCredential(client_, p.job, p.ns, pod_name, job_secret,
+                                                     options_.pods.coordinator_ca, *r);
+    if (credential.code() == StatusCode::kFailedPrecondition) {
+      p.failed_action = "CredentialSecretNotOwned";
+    }
+    VF_RETURN_IF_ERROR(credential);
+    p.failed_pod.clear();
     {
       std::lock_guard<std::mutex> lock(mu_);
       expected_[p.key][pod_name] = Clock::now();
+      credentials_checked_[p.key][pod_name] = Clock::now();
     }
     ++live;
     ++p.created;

@@ -140,6 +140,28 @@ class Reconciler {
   std::optional<int> KueueCap(const nlohmann::json& job, const JobSpec& spec) const;
   // Rank 0 reported the final weights: the job has succeeded.
   Result<Next> RecordSuccess(Pass& p);
+  // Final reports in termination messages that may not end the job (FinalReportOfPods's
+  // `refused`: a pod and why) are ignored; each pod's is recorded once, with a Warning Event
+  // ForgedOutcomeIgnored naming the pod and why.
+  void IgnoreForgedOutcomes(
+      Pass& p, const std::vector<std::pair<const nlohmann::json*, std::string>>& refused);
+  // The workers whose credentials the coordinator accepts (Coordinator::RestrictWorkers): those
+  // of the job's pods that have not ended, but for a worker that acknowledged a plan without it
+  // (it is exiting), and of the pods created but not in the cache yet. A worker whose pod is
+  // deleted or ended, or that left its plan, has its credential revoked.
+  std::set<std::string> AdmittedWorkers(const Pass& p);
+  // A worker pod that has not started yet and whose credential Secret is missing (the operator
+  // died between creating the pod and the Secret, or someone deleted the Secret) would wait
+  // forever and count as a live worker. Each such pod not seen to have its Secret within
+  // kCredentialRecheck is asked for it by creating a placeholder Secret without a credential:
+  // AlreadyExists says the Secret is there; a placeholder made says it was missing, and the pod
+  // is deleted (and replaced by CreateMissingPods) with a Warning Event
+  // CredentialSecretMissing. Replaced rather than given its credential: the operator may not
+  // read Secrets, and after a restart it cannot tell a pod it made from one that copies its
+  // label, owner reference and name, so minting a credential for a pod it did not just create
+  // would hand one to whoever made such a pod; a pod that has not started has trained nothing,
+  // and its replacement gets its credential the moment it is made.
+  Status RepairCredentials(Pass& p);
   // Counts failed pods; one whose agent found that the job cannot go on fails the job, and so
   // do more failures than spec.runPolicy.backoffLimit.
   Result<Next> RecordFailures(Pass& p);
@@ -290,6 +312,11 @@ class Reconciler {
   std::map<std::string, std::string> registered_;
   // Job key -> failed pods already counted and reported.
   std::map<std::string, std::set<std::string>> failures_seen_;
+  // Job key -> UIDs of the pods whose final reports were refused and reported.
+  std::map<std::string, std::set<std::string>> forged_seen_;
+  // Job key -> worker pod -> when the operator last saw that its credential Secret exists.
+  std::map<std::string, std::map<std::string, std::chrono::steady_clock::time_point>>
+      credentials_checked_;
   // Test-only (options_.fault armed for state-transfer): per job, the epoch of the last plan this
   // operator published and the joiners it added.
   std::map<std::string, std::pair<int64_t, std::set<std::string>>> published_joiners_;

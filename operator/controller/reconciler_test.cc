@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <stop_token>
 #include <string>
 #include <thread>
@@ -47,7 +48,13 @@ class FakeApi {
                {"/api/v1/nodes", std::move(nodes)},
                {"/apis/networking.k8s.io/v1/networkpolicies", std::move(policies)}},
         server_(
-            [this](const Request& r, Connection& c, std::stop_token stop) { Serve(r, c, stop); }) {}
+            [this](const Request& r, Connection& c, std::stop_token stop) { Serve(r, c, stop); }) {
+    // The pods it starts with have their credential Secrets.
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const json& pod : lists_.at("/api/v1/pods")) {
+      secret_names_.insert(pod["metadata"].value("name", "") + "-vf-credential");
+    }
+  }
 
   std::string url() const { return server_.url(); }
   std::vector<json> status_patches() {
@@ -116,6 +123,20 @@ class FakeApi {
     std::lock_guard<std::mutex> lock(mu_);
     refuse_pods_ = refuse;
   }
+  // The credential Secret of pod `pod` is gone (deleted, or never made).
+  void LoseSecret(const std::string& pod) {
+    std::lock_guard<std::mutex> lock(mu_);
+    secret_names_.erase(pod + "-vf-credential");
+  }
+  // While set, every name is taken: creating a Secret, or a pod, answers 409 AlreadyExists.
+  void SecretNamesTaken(bool taken) {
+    std::lock_guard<std::mutex> lock(mu_);
+    secret_names_taken_ = taken;
+  }
+  void PodNamesTaken(bool taken) {
+    std::lock_guard<std::mutex> lock(mu_);
+    pod_names_taken_ = taken;
+  }
 
  private:
   void Serve(const Request& r, Connection& c, std::stop_token stop) {
@@ -152,14 +173,25 @@ class FakeApi {
     const json body = r.body.empty() ? json() : json::parse(r.body);
     if (r.method == "POST" || r.method == "PUT") writes_.push_back(r.method + " " + path);
     constexpr char kPolicies[] = "/apis/networking.k8s.io/v1/namespaces/team/networkpolicies";
-    if (r.method == "POST" && path == kPolicies && policy_name_taken_) {
-      const json taken = {{"kind", "Status"},
-                          {"apiVersion", "v1"},
-                          {"status", "Failure"},
-                          {"message", "networkpolicies \"mnist-vf-workers\" already exists"},
-                          {"reason", "AlreadyExists"},
-                          {"code", 409}};
+    const auto already_exists = [&c](const std::string& what) {
+      const json taken = {{"kind", "Status"},          {"apiVersion", "v1"},
+                          {"status", "Failure"},       {"message", what + " already exists"},
+                          {"reason", "AlreadyExists"}, {"code", 409}};
       c.Respond(409, taken.dump());
+    };
+    if (r.method == "POST" && path == kPolicies && policy_name_taken_) {
+      already_exists("networkpolicies \"mnist-vf-workers\"");
+      return;
+    }
+    if (r.method == "POST" && path == "/api/v1/namespaces/team/secrets") {
+      const std::string name = body["metadata"].value("name", "");
+      if (secret_names_taken_ || !secret_names_.insert(name).second) {
+        already_exists("secrets \"" + name + "\"");
+        return;
+      }
+    }
+    if (r.method == "POST" && path == "/api/v1/namespaces/team/pods" && pod_names_taken_) {
+      already_exists("pods \"" + body["metadata"].value("name", "") + "\"");
       return;
     }
     if (r.method == "POST" && path == kPolicies) {
@@ -212,6 +244,9 @@ class FakeApi {
   std::vector<json> replaced_policies_;
   bool refuse_pods_ = false;
   bool policy_name_taken_ = false;
+  bool secret_names_taken_ = false;
+  bool pod_names_taken_ = false;
+  std::set<std::string> secret_names_;      // the Secrets there are
   std::vector<std::string> policy_events_;  // watch events of NetworkPolicies, in order
   FakeServer server_;                       // last: it stops serving before the rest goes away
 };
@@ -250,7 +285,12 @@ json RunningPod(const std::string& name) {
             {"uid", "pod-" + name},
             {"creationTimestamp", "2026-01-02T03:04:06Z"},
             {"labels", {{kJobLabel, "mnist"}}},
-            {"ownerReferences", {{{"uid", kUid}}}}}},
+            {"ownerReferences",
+             {{{"apiVersion", "virtualflow.io/v1alpha1"},
+               {"kind", "VirtualFlowJob"},
+               {"name", "mnist"},
+               {"uid", kUid},
+               {"controller", true}}}}}},
           {"spec",
            {{"nodeName", "gpu-a"},
             {"containers", {{{"resources", {{"limits", {{"nvidia.com/gpu", "1"}}}}}}}}}},
@@ -271,7 +311,7 @@ class ReconcilerTest : public testing::Test {
     config.server = api_->url();
     client_ = kube::Client::Create(config).value();
     jobs_ = NewInformer(kube::kVirtualFlowJobs);
-    pods_ = NewInformer(kube::kPods);
+    pods_ = NewInformer(kube::kPods, TrimPodForCache);  // as the controller keeps them
     nodes_ = NewInformer(kube::kNodes);
     ReconcilerOptions options;
     options.pods.coordinator_url = "http://operator:7070";
@@ -290,9 +330,11 @@ class ReconcilerTest : public testing::Test {
     }
   }
 
-  std::unique_ptr<Informer> NewInformer(const kube::Resource& resource) {
-    auto informer = std::make_unique<Informer>(*client_, resource, "", kube::ReflectorOptions{},
-                                               [](const json&, const json&) {});
+  std::unique_ptr<Informer> NewInformer(const kube::Resource& resource,
+                                        Informer::Transform transform = nullptr) {
+    auto informer = std::make_unique<Informer>(
+        *client_, resource, "", kube::ReflectorOptions{}, [](const json&, const json&) {},
+        transform);
     informer->Start();
     std::stop_source never;
     EXPECT_TRUE(informer->WaitForSync(never.get_token()));
@@ -530,6 +572,16 @@ TEST_F(ReconcilerTest, AnotherReconcilerWithTheSameKeyDerivesTheSameCredentials)
   ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
   const std::vector<json> secrets = api_->created_secrets();
   ASSERT_EQ(secrets.size(), 2u);
+  // The restarted operator's cache shows the pods (a worker whose pod it does not see has no
+  // credential it accepts).
+  std::vector<json> pods;
+  for (json pod : api_->created_pods()) {
+    pod["metadata"]["uid"] = "pod-" + pod["metadata"].value("name", "");
+    pod["status"] = {{"phase", "Running"}};
+    pods.push_back(pod);
+  }
+  Reset();
+  Start({EpochJob()}, pods, {GpuNode("gpu-a", 4)});
   Coordinator restarted;
   ReconcilerOptions options;
   options.job_key = kJobKey;
@@ -832,24 +884,40 @@ json SucceededPod(const std::string& name, const std::string& message) {
   return pod;
 }
 
-// An operator killed after rank 0's final report reached its coordinator and before it wrote
-// the status: the new one (a new, empty coordinator) reads the outcome rank 0 left in its pod.
-TEST_F(ReconcilerTest, AFinalReportLeftInASucceededPodEndsTheJobAfterARestart) {
+// Worker pods named as the operator names them (IsWorkerPodName), for the tests that need it.
+constexpr char kRank0[] = "mnist-worker-bbbbb";
+constexpr char kRank1[] = "mnist-worker-ccccc";
+
+Report FinalReport(char digest) {
   Report final;
   final.epoch = 1;
   final.step = 25;
   final.loss = 0.5;
   final.test_accuracy = 0.75;
-  final.weights_sha256 = std::string(64, 'b');
-  const json status = {{"phase", "Running"},
-                       {"startTime", SecondsAgo(60)},
-                       {"epoch", 1},
-                       {"assignment",
-                        {{{"worker", "mnist-worker-a"}, {"rank", 0}, {"virtualNodes", {0, 1}}},
-                         {{"worker", "mnist-worker-b"}, {"rank", 1}, {"virtualNodes", {2, 3}}}}}};
-  Start({StepJob(nullptr, status)},
-        {SucceededPod("mnist-worker-a", protocol::FinalReportMessage("mnist-worker-a", final)),
-         SucceededPod("mnist-worker-b", "")},
+  final.weights_sha256 = std::string(64, digest);
+  return final;
+}
+
+// A running job whose last plan, of epoch 1, has kRank0 at rank 0 and kRank1 at rank 1.
+json TwoWorkerJobStatus() {
+  return {{"phase", "Running"},
+          {"startTime", SecondsAgo(60)},
+          {"epoch", 1},
+          {"assignment",
+           {{{"worker", kRank0}, {"rank", 0}, {"virtualNodes", {0, 1}}},
+            {{"worker", kRank1}, {"rank", 1}, {"virtualNodes", {2, 3}}}}}};
+}
+
+size_t Count(const std::vector<std::string>& all, const std::string& one) {
+  return static_cast<size_t>(std::count(all.begin(), all.end(), one));
+}
+
+// An operator killed after rank 0's final report reached its coordinator and before it wrote
+// the status: the new one (a new, empty coordinator) reads the outcome rank 0 left in its pod.
+TEST_F(ReconcilerTest, AFinalReportLeftInASucceededPodEndsTheJobAfterARestart) {
+  Start({StepJob(nullptr, TwoWorkerJobStatus())},
+        {SucceededPod(kRank0, protocol::FinalReportMessage(kRank0, FinalReport('b'))),
+         SucceededPod(kRank1, "")},
         {GpuNode("gpu-a", 2)});
   ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
   const json done = api_->status_patches().back();
@@ -860,20 +928,16 @@ TEST_F(ReconcilerTest, AFinalReportLeftInASucceededPodEndsTheJobAfterARestart) {
   EXPECT_TRUE(api_->created_pods().empty());  // no worker is started again
   EXPECT_TRUE(api_->deletions().empty());
   EXPECT_EQ(api_->event_reasons().back(), "Succeeded");
+  EXPECT_EQ(Count(api_->event_reasons(), "ForgedOutcomeIgnored"), 0u);
 }
 
 // The report is left after the final weights were saved: a crash on the way out changes
 // nothing of the outcome.
 TEST_F(ReconcilerTest, AFinalReportLeftByAWorkerThatCrashedOnItsWayOutEndsTheJob) {
-  Report final;
-  final.step = 25;
-  final.weights_sha256 = std::string(64, 'c');
-  json crashed =
-      SucceededPod("mnist-worker-a", protocol::FinalReportMessage("mnist-worker-a", final));
+  json crashed = SucceededPod(kRank0, protocol::FinalReportMessage(kRank0, FinalReport('c')));
   crashed["status"]["phase"] = "Failed";
   crashed["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] = 139;
-  Start({StepJob(nullptr, {{"phase", "Running"}, {"startTime", SecondsAgo(60)}})}, {crashed},
-        {GpuNode("gpu-a", 1)});
+  Start({StepJob(nullptr, TwoWorkerJobStatus())}, {crashed}, {GpuNode("gpu-a", 1)});
   ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
   const json done = api_->status_patches().back();
   ASSERT_EQ(done["phase"], "Succeeded") << done;
@@ -882,15 +946,102 @@ TEST_F(ReconcilerTest, AFinalReportLeftByAWorkerThatCrashedOnItsWayOutEndsTheJob
 }
 
 TEST_F(ReconcilerTest, ATerminationMessageThatIsNoFinalReportOfItsPodIsNotTaken) {
-  Report final;
-  final.step = 25;
-  final.weights_sha256 = std::string(64, 'b');
-  Start({StepJob(nullptr, {{"phase", "Running"}, {"startTime", SecondsAgo(60)}})},
-        {SucceededPod("mnist-worker-a", "{\"kind\": \"something else\"}"),
-         SucceededPod("mnist-worker-b", protocol::FinalReportMessage("mnist-worker-x", final))},
+  Start({StepJob(nullptr, TwoWorkerJobStatus())},
+        {SucceededPod(kRank0, "{\"kind\": \"something else\"}"),
+         SucceededPod(kRank1, protocol::FinalReportMessage(kRank0, FinalReport('b')))},
         {GpuNode("gpu-a", 2)});
   ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
   for (const json& patch : api_->status_patches()) EXPECT_NE(patch.value("phase", ""), "Succeeded");
+  const std::vector<std::string> messages = api_->event_messages();
+  ASSERT_EQ(Count(api_->event_reasons(), "ForgedOutcomeIgnored"), 1u);
+  EXPECT_NE(std::find_if(messages.begin(), messages.end(),
+                         [](const std::string& m) {
+                           return m.find(
+                                      "pod mnist-worker-ccccc is ignored: its report names "
+                                      "another worker (mnist-worker-bbbbb)") != std::string::npos;
+                         }),
+            messages.end());
+}
+
+// A member that was not rank 0 has no outcome to report: its final report, however well formed,
+// is ignored, and the job goes on.
+TEST_F(ReconcilerTest, AFinalReportFromAWorkerThatWasNotRankZeroIsIgnoredWithAnEvent) {
+  Start({StepJob(nullptr, TwoWorkerJobStatus())},
+        {RunningPod(kRank0),
+         SucceededPod(kRank1, protocol::FinalReportMessage(kRank1, FinalReport('f')))},
+        {GpuNode("gpu-a", 2)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  for (const json& patch : api_->status_patches()) {
+    EXPECT_NE(patch.value("phase", ""), "Succeeded") << patch;
+    EXPECT_FALSE(patch.contains("weightsSha256")) << patch;
+  }
+  ASSERT_EQ(Count(api_->event_reasons(), "ForgedOutcomeIgnored"), 1u);
+  const std::vector<std::string> reasons = api_->event_reasons();
+  const std::string message = api_->event_messages().at(static_cast<size_t>(
+      std::find(reasons.begin(), reasons.end(), "ForgedOutcomeIgnored") - reasons.begin()));
+  EXPECT_EQ(message,
+            "the final report in the termination message of pod mnist-worker-ccccc is ignored: "
+            "it was not rank 0 of the job's last plan (mnist-worker-bbbbb was)");
+  // Recorded once, not on every pass.
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_EQ(Count(api_->event_reasons(), "ForgedOutcomeIgnored"), 1u);
+  EXPECT_TRUE(api_->event_patches().empty());
+}
+
+// Anyone who may create pods in the namespace can give one the job's label and a termination
+// message naming itself, even rank 0's name: without the job's controller reference, or with a
+// name the operator never gives, it ends nothing.
+TEST_F(ReconcilerTest, AFinalReportFromAPodTheJobDoesNotControlIsIgnoredWithAnEvent) {
+  json stranger = SucceededPod(kRank0, protocol::FinalReportMessage(kRank0, FinalReport('e')));
+  stranger["metadata"]["ownerReferences"] = json::array();
+  json misnamed =
+      SucceededPod("mnist-rank0", protocol::FinalReportMessage("mnist-rank0", FinalReport('e')));
+  Start({StepJob(nullptr, TwoWorkerJobStatus())}, {stranger, misnamed}, {GpuNode("gpu-a", 2)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  for (const json& patch : api_->status_patches()) {
+    EXPECT_NE(patch.value("phase", ""), "Succeeded") << patch;
+  }
+  EXPECT_EQ(Count(api_->event_reasons(), "ForgedOutcomeIgnored"), 2u);
+  const std::vector<std::string> messages = api_->event_messages();
+  const auto said = [&messages](const std::string& text) {
+    return std::any_of(messages.begin(), messages.end(),
+                       [&text](const std::string& m) { return m.find(text) != std::string::npos; });
+  };
+  EXPECT_TRUE(
+      said("pod mnist-worker-bbbbb is ignored: the job does not control it (no owner "
+           "reference with controller true to uid u-1)"));
+  EXPECT_TRUE(
+      said("pod mnist-rank0 is ignored: its name is not one the operator gives the "
+           "job's worker pods"));
+  // Neither counts as a worker of the job: no credential is accepted for them.
+  const std::string secret = DeriveJobSecret(kJobKey, kUid).value();
+  EXPECT_EQ(
+      coordinator_.CheckCredential(kKey, kRank0, WorkerCredential(secret, kRank0).value()).code(),
+      StatusCode::kUnauthenticated);
+}
+
+// The operator's own plan, newer than what the cache shows of the status (a plan published a
+// moment ago), says who rank 0 is.
+TEST_F(ReconcilerTest, RankZeroIsOfTheNewestPlanTheOperatorKnows) {
+  Start({StepJob(nullptr, TwoWorkerJobStatus())}, {RunningPod(kRank0), RunningPod(kRank1)},
+        {GpuNode("gpu-a", 2)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());  // restores the plan of epoch 1
+  ASSERT_TRUE(
+      coordinator_.PublishPlanWithEpoch(kKey, 5, {{kRank1, 0, {0, 1}}, {kRank0, 1, {2, 3}}}).ok());
+  Reset();
+  Start({StepJob(nullptr, TwoWorkerJobStatus())},
+        {SucceededPod(kRank0, protocol::FinalReportMessage(kRank0, FinalReport('d'))),
+         RunningPod(kRank1)},
+        {GpuNode("gpu-a", 2)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  for (const json& patch : api_->status_patches()) {
+    EXPECT_NE(patch.value("phase", ""), "Succeeded") << patch;
+  }
+  const std::vector<std::string> messages = api_->event_messages();
+  EXPECT_TRUE(std::any_of(messages.begin(), messages.end(), [](const std::string& m) {
+    return m.find("not rank 0 of the job's last plan (mnist-worker-ccccc was)") !=
+           std::string::npos;
+  }));
 }
 
 // ---------------------------------------------------------------- errors and Events
@@ -1534,14 +1685,161 @@ TEST_F(ReconcilerTest, AJobThatFinishedUnderItsOldWorkersSucceedsRatherThanDrain
   final.step = 25;
   final.finished = true;
   final.weights_sha256 = std::string(64, 'a');
-  Start({RunningJobOf({{"workerProtocol", kProtocolVersion + 1}})},
-        {SucceededPod("mnist-worker-a", protocol::FinalReportMessage("mnist-worker-a", final))},
-        {GpuNode("gpu-a", 2)});
+  const json assignment = {{{"worker", kRank0}, {"rank", 0}, {"virtualNodes", {0, 1, 2, 3}}}};
+  Start({RunningJobOf({{"workerProtocol", kProtocolVersion + 1}, {"assignment", assignment}})},
+        {SucceededPod(kRank0, protocol::FinalReportMessage(kRank0, final))}, {GpuNode("gpu-a", 2)});
   ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
   EXPECT_TRUE(api_->deletions().empty());
   const json status = api_->status_patches().back();
   EXPECT_EQ(status["phase"], "Succeeded") << status;
   EXPECT_EQ(Condition(status, "Draining"), nullptr);
+}
+
+// ---------------------------------------------------------------- credentials
+
+// The credential of `worker` of the test's job, as the operator mints it.
+std::string CredentialOf(const std::string& worker) {
+  return WorkerCredential(DeriveJobSecret(kJobKey, kUid).value(), worker).value();
+}
+
+// A credential is a function of its worker's name: it is revoked by the coordinator refusing
+// it once its worker has nothing left to say (its pod ended, or it acknowledged a plan without
+// it).
+TEST_F(ReconcilerTest, AWorkerWhosePodEndedOrThatLeftItsPlanLosesItsCredential) {
+  json job = EpochJob();
+  job["status"] = {{"phase", "Running"},
+                   {"epoch", 1},
+                   {"assignment",
+                    {{{"worker", "mnist-worker-a"}, {"rank", 0}, {"virtualNodes", {0, 1}}},
+                     {{"worker", "mnist-worker-b"}, {"rank", 1}, {"virtualNodes", {2, 3}}}}}};
+  Start(
+      {job},
+      {RunningPod("mnist-worker-a"), RunningPod("mnist-worker-b"), FailedPod("mnist-worker-c", 1)},
+      {GpuNode("gpu-a", 2)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  const auto check = [this](const std::string& worker) {
+    return coordinator_.CheckCredential(kKey, worker, CredentialOf(worker)).code();
+  };
+  EXPECT_EQ(check("mnist-worker-a"), StatusCode::kOk);
+  EXPECT_EQ(check("mnist-worker-b"), StatusCode::kOk);
+  EXPECT_EQ(check("mnist-worker-c"), StatusCode::kUnauthenticated);  // its pod failed
+  EXPECT_EQ(check("mnist-worker-x"), StatusCode::kUnauthenticated);  // no pod at all
+
+  // b leaves: a plan without it, which it acknowledges on its way out.
+  Ready({"mnist-worker-a", "mnist-worker-b"});
+  ASSERT_TRUE(
+      coordinator_.PublishPlanWithEpoch(kKey, 7, {{"mnist-worker-a", 0, {0, 1, 2, 3}}}).ok());
+  ASSERT_TRUE(coordinator_.AckPlan(kKey, "mnist-worker-b", 7).ok());
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_EQ(check("mnist-worker-a"), StatusCode::kOk);
+  EXPECT_EQ(check("mnist-worker-b"), StatusCode::kUnauthenticated);
+}
+
+TEST_F(ReconcilerTest, AWorkerWhosePodIsDeletedLosesItsCredential) {
+  Start({EpochJob()}, {}, {GpuNode("gpu-a", 2)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  const std::vector<json> created = api_->created_pods();
+  ASSERT_EQ(created.size(), 2u);
+  const std::string kept = created[0]["metadata"]["name"];
+  const std::string deleted = created[1]["metadata"]["name"];
+  EXPECT_TRUE(coordinator_.CheckCredential(kKey, deleted, CredentialOf(deleted)).ok());
+  // A later moment, seen by the operator after a restart (same coordinator): one pod runs, the
+  // other is gone.
+  json running = created[0];
+  running["metadata"]["uid"] = "pod-" + kept;
+  running["status"] = {{"phase", "Running"}};
+  Reset();
+  Start({EpochJob()}, {running}, {GpuNode("gpu-a", 2)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_TRUE(coordinator_.CheckCredential(kKey, kept, CredentialOf(kept)).ok());
+  EXPECT_EQ(coordinator_.CheckCredential(kKey, deleted, CredentialOf(deleted)).code(),
+            StatusCode::kUnauthenticated);
+}
+
+// The operator died between creating a pod and its Secret, or someone deleted the Secret: the
+// pod, which would wait for it forever, is replaced, and the replacement gets its credential.
+TEST_F(ReconcilerTest, APodWhoseCredentialSecretIsMissingIsReplaced) {
+  const std::string stuck = "mnist-worker-bbbbb";
+  Start({EpochJob()}, {PendingPod(stuck)}, {GpuNode("gpu-a", 2)});
+  api_->LoseSecret(stuck);
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  // Asked for with a Secret that holds no credential, which was made: the Secret was missing.
+  const std::vector<json> secrets = api_->created_secrets();
+  ASSERT_FALSE(secrets.empty());
+  EXPECT_EQ(secrets[0]["metadata"]["name"], stuck + "-vf-credential");
+  EXPECT_FALSE(secrets[0].contains("stringData")) << secrets[0];
+  EXPECT_FALSE(secrets[0].contains("data")) << secrets[0];
+  const auto deletions = api_->deletions();
+  ASSERT_EQ(deletions.size(), 1u);
+  EXPECT_EQ(deletions[0].first, "/api/v1/namespaces/team/pods/" + stuck);
+  EXPECT_EQ(deletions[0].second["preconditions"]["uid"], "pod-" + stuck);
+  const std::vector<std::string> reasons = api_->event_reasons();
+  EXPECT_EQ(Count(reasons, "CredentialSecretMissing"), 1u);
+  // It counts for nothing: both workers the policy wants are created, each with its credential.
+  const std::vector<json> pods = api_->created_pods();
+  ASSERT_EQ(pods.size(), 2u);
+  ASSERT_EQ(secrets.size(), 3u);
+  for (size_t i = 0; i < pods.size(); ++i) {
+    const std::string name = pods[i]["metadata"]["name"];
+    EXPECT_EQ(secrets[i + 1]["stringData"]["token"], CredentialOf(name));
+  }
+  EXPECT_EQ(coordinator_.CheckCredential(kKey, stuck, CredentialOf(stuck)).code(),
+            StatusCode::kUnauthenticated);
+}
+
+TEST_F(ReconcilerTest, APendingPodWhoseCredentialSecretExistsIsLeftToStart) {
+  const std::string pending = "mnist-worker-bbbbb";
+  Start({EpochJob()}, {PendingPod(pending)}, {GpuNode("gpu-a", 2)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_TRUE(api_->deletions().empty());
+  EXPECT_EQ(api_->created_pods().size(), 1u);  // the pending one counts
+  EXPECT_TRUE(coordinator_.CheckCredential(kKey, pending, CredentialOf(pending)).ok());
+  // Asked once: the next passes within kCredentialRecheck do not ask again.
+  const size_t writes = api_->writes().size();
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  for (size_t i = writes; i < api_->writes().size(); ++i) {
+    EXPECT_EQ(api_->writes()[i].find("/secrets"), std::string::npos) << api_->writes()[i];
+  }
+}
+
+// A Secret of the name the operator gives a new pod's credential exists already: someone else
+// made it (the pod's name was drawn a moment ago), and the pod would mount whatever it holds.
+TEST_F(ReconcilerTest, ACredentialSecretTheOperatorDidNotMakeIsNotUsed) {
+  Start({EpochJob()}, {}, {GpuNode("gpu-a", 2)});
+  api_->SecretNamesTaken(true);
+  Result<ReconcileResult> refused = reconciler_->Reconcile(kKey);
+  ASSERT_FALSE(refused.ok());
+  ASSERT_EQ(api_->created_pods().size(), 1u);
+  const std::string pod = api_->created_pods()[0]["metadata"]["name"];
+  EXPECT_TRUE(api_->created_secrets().empty());
+  const auto deletions = api_->deletions();
+  ASSERT_EQ(deletions.size(), 1u);  // the pod that would have mounted it
+  EXPECT_EQ(deletions[0].first, "/api/v1/namespaces/team/pods/" + pod);
+  const json status = api_->status_patches().back();
+  const json* blocked = Condition(status, "ReconcileError");
+  ASSERT_NE(blocked, nullptr) << status;
+  EXPECT_EQ((*blocked)["reason"], "CredentialSecretNotOwned");
+  EXPECT_NE((*blocked)["message"].get<std::string>().find(
+                "Secret team/mnist-worker-*-vf-credential exists and was not made by the operator"),
+            std::string::npos)
+      << (*blocked)["message"];
+  EXPECT_EQ(api_->event_reasons(), std::vector<std::string>{"CredentialSecretNotOwned"});
+
+  api_->SecretNamesTaken(false);
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_EQ(api_->created_secrets().size(), 2u);
+}
+
+TEST_F(ReconcilerTest, APodOfTheDrawnNameThatExistsIsNotAdopted) {
+  Start({EpochJob()}, {}, {GpuNode("gpu-a", 2)});
+  api_->PodNamesTaken(true);
+  ASSERT_FALSE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_TRUE(api_->created_secrets().empty());  // no credential for a pod it did not make
+  const json status = api_->status_patches().back();
+  const json* blocked = Condition(status, "ReconcileError");
+  ASSERT_NE(blocked, nullptr) << status;
+  EXPECT_EQ((*blocked)["reason"], "WorkerPodNotOwned");
+  EXPECT_EQ(api_->event_reasons(), std::vector<std::string>{"WorkerPodNotOwned"});
 }
 
 }  // namespace
