@@ -30,6 +30,7 @@
 #include "operator/controller/controller.h"
 #include "operator/controller/coordinator_tls.h"
 #include "operator/controller/job_key.h"
+#include "operator/controller/memory_budget.h"
 #include "operator/coordinator/server.h"
 #include "operator/kube/client.h"
 #include "operator/kube/config.h"
@@ -103,6 +104,10 @@ struct OperatorFlags {
   // and fairness, which guards the server whatever this budget allows.
   double kube_api_qps = 150;
   int64_t kube_api_burst = 300;
+  // --coordinator-memory-budget as given (empty: from the container's memory limit), and what
+  // the coordinator gets (CoordinatorMemoryBudget).
+  std::string coordinator_memory_budget;
+  uint64_t memory_budget = 0;
   // --coordinator-listen and --http-listen split into host and port.
   std::pair<std::string, int> coordinator_address;
   std::pair<std::string, int> http_address;
@@ -226,6 +231,12 @@ std::optional<int> ParseFlags(int argc, char** argv, OperatorFlags& f) {
       ->check(vf::FiniteNumber())
       ->check(Positive)
       ->capture_default_str();
+  app.add_option("--coordinator-memory-budget", f.coordinator_memory_budget,
+                 "bytes (or a quantity: 256Mi, 1Gi) the coordinator may hold for all\n"
+                 "jobs' rendezvous stores and workers together, refusing what would\n"
+                 "grow past it (default: half the container's cgroup memory limit, at\n"
+                 "most 1Gi)")
+      ->type_name("BYTES");
   app.add_option("--kube-api-burst", f.kube_api_burst,
                  "requests to the API server allowed at once above --kube-api-qps")
       ->transform(vf::Base10Integer())
@@ -263,6 +274,15 @@ std::optional<int> ParseFlags(int argc, char** argv, OperatorFlags& f) {
         "--network-policy-metrics-from must be a JSON array of NetworkPolicy peers, got '" +
         f.network_policy_metrics_from + "'");
   }
+  std::optional<uint64_t> budget_flag;
+  if (!f.coordinator_memory_budget.empty()) {
+    auto parsed = vf::controller::ParseByteQuantity(f.coordinator_memory_budget);
+    if (!parsed.ok()) return usage("--coordinator-memory-budget: " + parsed.status().message());
+    budget_flag = *parsed;
+  }
+  f.memory_budget = vf::controller::CoordinatorMemoryBudget(
+      budget_flag, budget_flag ? std::nullopt : vf::controller::CgroupMemoryLimit(),
+      vf::Coordinator::kDefaultMemoryBudget);
   if (f.identity.empty()) {
     char host[256] = {};
     gethostname(host, sizeof(host) - 1);
@@ -513,7 +533,7 @@ int main(int argc, char** argv) {
     }
     tls = std::move(started).value();
   }
-  vf::Coordinator coordinator(vf::Coordinator::kDefaultMemoryBudget,
+  vf::Coordinator coordinator(static_cast<size_t>(flags.memory_budget),
                               *test_protocol > 0 ? *test_protocol : vf::kProtocolVersion);
   auto coordinator_server =
       vf::CoordinatorServer::Start(coordinator, flags.coordinator_address.first,
@@ -530,10 +550,11 @@ int main(int argc, char** argv) {
   auto http = StartMetricsServer(metrics, flags, leadership);
   if (!http.ok()) return kExitFailed;
   std::fprintf(stderr,
-               "virtualflow-operator: coordinator on %s (workers use %s), metrics on %s, "
-               "identity %s\n",
+               "virtualflow-operator: coordinator on %s (workers use %s, memory budget %llu "
+               "bytes), metrics on %s, identity %s\n",
                (*coordinator_server)->url().c_str(), coordinator_url.c_str(),
-               (*http)->url().c_str(), flags.identity.c_str());
+               static_cast<unsigned long long>(flags.memory_budget), (*http)->url().c_str(),
+               flags.identity.c_str());
 
   // The controller, alone or while leading, until a signal or lost leadership.
   vf::controller::ControllerOptions options =

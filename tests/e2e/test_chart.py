@@ -668,6 +668,8 @@ class ChartFilesTest(unittest.TestCase):
                 "--coordinator-url=https://virtualflow-operator.%s.svc:7070" % NS,
                 "--coordinator-tls=true",
                 "--coordinator-tls-secret=virtualflow-coordinator-tls",
+                # Half the default memory limit, 512Mi.
+                "--coordinator-memory-budget=268435456",
                 "--job-key-secret=virtualflow-job-key",
                 "--http-listen=0.0.0.0:8080",
                 "--agent-image=virtualflow/agent:" + APP_VERSION,
@@ -756,6 +758,28 @@ class ChartFilesTest(unittest.TestCase):
             "template"
         ]["spec"]["containers"][0]["args"]
         self.assertIn("--network-policy=false", args)
+
+        # The coordinator's memory budget: half the memory limit, or as given, or (no limit) the
+        # operator's own rule.
+        def budget_args(*values):
+            container = self.find(self.objects(*values), "Deployment")["spec"]["template"]["spec"][
+                "containers"
+            ][0]
+            return [a for a in container["args"] if a.startswith("--coordinator-memory-budget")]
+
+        self.assertEqual(
+            budget_args("--set", "resources.limits.memory=3Gi"),
+            ["--coordinator-memory-budget=1610612736"],
+        )
+        self.assertEqual(
+            budget_args("--set", "resources.limits.memory=1000M"),
+            ["--coordinator-memory-budget=500000000"],
+        )
+        self.assertEqual(
+            budget_args("--set", "coordinator.memoryBudget=300Mi"),
+            ["--coordinator-memory-budget=300Mi"],
+        )
+        self.assertEqual(budget_args("--set", "resources.limits=null"), [])
 
         objs = self.objects(*dict(VALUE_SETS)["single-replica"])
         args = self.find(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]

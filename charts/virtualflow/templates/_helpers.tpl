@@ -83,6 +83,32 @@ namespace.
 {{- printf "%s://%s.%s.svc:%d" (ternary "https" "http" .Values.coordinator.tls.enabled) (include "virtualflow.operatorName" .) .Release.Namespace (int .Values.coordinator.port) }}
 {{- end }}
 
+{{/*
+The coordinator's memory budget (--coordinator-memory-budget): coordinator.memoryBudget when set;
+else half of resources.limits.memory, in bytes (the other half for the operator's caches and
+requests); else nothing, and the operator takes half its container's cgroup limit, at most 1Gi.
+The limit must then be an integer with at most one of the suffixes Ki, Mi, Gi, Ti, k, M, G, T.
+*/}}
+{{- define "virtualflow.coordinatorMemoryBudget" -}}
+{{- if .Values.coordinator.memoryBudget }}
+{{- .Values.coordinator.memoryBudget }}
+{{- else }}
+{{- $limit := "" }}
+{{- with .Values.resources }}{{ with .limits }}{{ with .memory }}
+{{- if kindIs "float64" . }}{{ $limit = int64 . | toString }}{{ else }}{{ $limit = toString . }}{{ end }}
+{{- end }}{{ end }}{{ end }}
+{{- if $limit }}
+{{- if not (regexMatch "^[0-9]+(Ki|Mi|Gi|Ti|k|M|G|T)?$" $limit) }}
+{{- fail (printf "resources.limits.memory %q: write it as an integer with at most a suffix Ki, Mi, Gi, Ti, k, M, G or T, or set coordinator.memoryBudget" $limit) }}
+{{- end }}
+{{- $number := regexReplaceAll "[^0-9].*$" $limit "" | int64 }}
+{{- $unit := regexReplaceAll "^[0-9]+" $limit "" }}
+{{- $scale := get (dict "" 1 "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "Ti" 1099511627776 "k" 1000 "M" 1000000 "G" 1000000000 "T" 1000000000000) $unit }}
+{{- div (mul $number $scale) 2 }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{/* The Secret holding the coordinator's CA and certificate, in the release namespace. */}}
 {{- define "virtualflow.tlsSecretName" -}}
 {{- default (printf "%s-coordinator-tls" (include "virtualflow.fullname" .)) .Values.coordinator.tls.secretName }}
