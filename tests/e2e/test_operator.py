@@ -665,6 +665,89 @@ class OperatorTest(OperatorTestCase):
         self.cp.wait_for("the worker pod", lambda: self.pods(name))
         self.delete_job(name)
 
+    def test_5b_a_forged_final_report_is_ignored_with_an_event(self):
+        """A pod that anyone who may create pods in the namespace could make: the job's label, no
+        owner reference, and a final report in its termination message. The operator does not
+        end the job with it: the job trains on, and a Warning Event ForgedOutcomeIgnored names
+        the pod and why."""
+        name = "forged"
+        forger = "forged-outcome"
+        self.reset_nodes(("gpu-f", 1))
+        self.apply(job_manifest(name, steps=5000, delay_ms=8, replicas=(1, 1)))
+        self.wait_workers(name, 1)
+        report = {
+            "epoch": 1,
+            "step": 5000,
+            "loss": 0.01,
+            "samplesPerSecond": 1.0,
+            "secondsPerVirtualNode": 1.0,
+            "pauseSeconds": 0.0,
+            "hasState": True,
+            "finished": True,
+            "weightsSha256": "f" * 64,
+            "testAccuracy": 1.0,
+            "totalSteps": 5000,
+            "checkpointStep": 0,
+            "checkpointError": "",
+        }
+        message = json.dumps({"kind": "VirtualFlowFinalReport", "worker": forger, "report": report})
+        self.cp.request(
+            "POST",
+            "/api/v1/namespaces/%s/pods" % NS,
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": forger,
+                    "namespace": NS,
+                    "labels": {"virtualflow.io/job": name},
+                },
+                "spec": {
+                    "nodeName": "gpu-f",
+                    "restartPolicy": "Never",
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "containers": [
+                        {
+                            "name": "forger",
+                            "image": "virtualflow/agent:e2e",
+                            "command": [
+                                "sh",
+                                "-c",
+                                'printf "%s" "$FORGED" > /dev/termination-log',
+                            ],
+                            "env": [{"name": "FORGED", "value": message}],
+                            "securityContext": {
+                                "allowPrivilegeEscalation": False,
+                                "capabilities": {"drop": ["ALL"]},
+                            },
+                        }
+                    ],
+                },
+            },
+        )
+        try:
+            pod = "/api/v1/namespaces/%s/pods/%s" % (NS, forger)
+            self.cp.wait_for(
+                "the forged pod to end with its message",
+                lambda: (self.cp.get(pod) or {}).get("status", {}).get("phase") == "Succeeded",
+            )
+            self.cp.wait_for(
+                "the forged outcome's Event",
+                lambda: [m for r, m in self.events(name) if r == "ForgedOutcomeIgnored"],
+            )
+            [said] = {m for r, m in self.events(name) if r == "ForgedOutcomeIgnored"}
+            self.assertIn("pod " + forger + " is ignored: the job does not control it", said)
+            # Looked at again and again, the job trains on, its outcome not the forger's.
+            status = self.wait_step(name, self.status(name).get("step", 0) + 20)
+            self.assertNotEqual(status.get("phase"), "Succeeded")
+            self.assertNotIn("weightsSha256", status)
+        finally:
+            self.cp.request("DELETE", "/api/v1/namespaces/%s/pods/%s" % (NS, forger))
+            self.delete_job(name)
+
     def test_6_an_operator_that_lost_its_lease_stops_acting(self):
         lease_path = "/apis/coordination.k8s.io/v1/namespaces/default/leases/virtualflow-operator"
         self.cp.wait_for(
