@@ -1,86 +1,45 @@
 #include "agent/http/listener.h"
 
-#include <netdb.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <openssl/ssl.h>
-
-#include <cerrno>
-#include <chrono>
+#include <atomic>
+#include <cctype>
 #include <condition_variable>
 #include <cstdint>
-#include <cstring>
+#include <cstdio>
 #include <exception>
+#include <limits>
 #include <mutex>
-#include <optional>
-#include <utility>
-#include <vector>
+#include <thread>
+#include <type_traits>
+#include <unordered_map>
 
-#include <cpprest/http_listener.h>
+// Boost.Asio's scheduler, inlined at -O2, trips GCC's -Wnull-dereference on a pointer it has
+// checked elsewhere (boost/asio/detail/impl/scheduler.ipp); the warning is Boost's, not ours.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wnull-dereference"
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
+#pragma GCC diagnostic pop
+
+#include "agent/http/request_reader.h"
 
 namespace vf::http {
 
-using web::http::http_request;
-using web::http::http_response;
-using web::http::status_code;
-using web::http::status_codes;
+namespace beast = boost::beast;
+namespace bhttp = boost::beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+using Clock = std::chrono::steady_clock;
 
-// ---- Ports and addresses ----
-
-Result<int> PickFreePort(const std::string& host) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  addrinfo* found = nullptr;
-  const int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), "0", &hints, &found);
-  if (rc != 0) return InvalidArgument("cannot resolve host '" + host + "': " + gai_strerror(rc));
-  std::string error = "no address";
-  int port = -1;
-  for (addrinfo* ai = found; ai != nullptr && port < 0; ai = ai->ai_next) {
-    const int fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
-    if (fd < 0) {
-      error = std::strerror(errno);
-      continue;
-    }
-    sockaddr_storage bound{};
-    socklen_t length = sizeof(bound);
-    if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
-        getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length) == 0) {
-      port = bound.ss_family == AF_INET6
-                 ? ntohs(reinterpret_cast<const sockaddr_in6*>(&bound)->sin6_port)
-                 : ntohs(reinterpret_cast<const sockaddr_in*>(&bound)->sin_port);
-    } else {
-      error = std::strerror(errno);
-    }
-    close(fd);
-  }
-  freeaddrinfo(found);
-  if (port < 0) return Unavailable("cannot find a free port on '" + host + "': " + error);
-  return port;
-}
-
-Status OpenOnPort(const std::string& host, int port, const std::function<Status(int)>& open) {
-  constexpr int kAttempts = 5;
-  Status last;
-  for (int attempt = 0; attempt < (port == 0 ? kAttempts : 1); ++attempt) {
-    int chosen = port;
-    if (chosen == 0) {
-      VF_ASSIGN_OR_RETURN(chosen, PickFreePort(host));
-    }
-    last = open(chosen);
-    if (last.ok()) return last;
-  }
-  return last;
-}
+// ---- Names, codes and messages ----
 
 std::string HostForUri(const std::string& host) {
   return host.find(':') != std::string::npos ? "[" + host + "]" : host;
 }
-
-// ---- Answers ----
 
 std::string OneLine(std::string text) {
   for (char& c : text) {
@@ -89,24 +48,24 @@ std::string OneLine(std::string text) {
   return text;
 }
 
-status_code HttpCode(const Status& status) {
+int HttpCode(const Status& status) {
   switch (status.code()) {
     case StatusCode::kInvalidArgument:
-      return status_codes::BadRequest;
+      return codes::kBadRequest;
     case StatusCode::kNotFound:
-      return status_codes::NotFound;
+      return codes::kNotFound;
     case StatusCode::kFailedPrecondition:
-      return status_codes::Conflict;
+      return codes::kConflict;
     case StatusCode::kDeadlineExceeded:
-      return status_codes::RequestTimeout;
+      return codes::kRequestTimeout;
     case StatusCode::kUnavailable:
-      return status_codes::ServiceUnavailable;
+      return codes::kServiceUnavailable;
     case StatusCode::kUnauthenticated:
-      return status_codes::Unauthorized;
+      return codes::kUnauthorized;
     case StatusCode::kPermissionDenied:
-      return status_codes::Forbidden;
+      return codes::kForbidden;
     default:
-      return status_codes::InternalError;
+      return codes::kInternalError;
   }
 }
 
@@ -120,420 +79,635 @@ std::string CurrentExceptionMessage() {
   }
 }
 
-void SetBody(http_response& response, const std::string& bytes, const std::string& content_type) {
-  response.headers().set_content_type(content_type);
-  response.set_body(std::vector<unsigned char>(bytes.begin(), bytes.end()));
+void Headers::Add(std::string name, std::string value) {
+  fields_.emplace_back(std::move(name), std::move(value));
 }
 
-http_response TextResponse(status_code code, const std::string& message) {
-  http_response response(code);
-  SetBody(response, OneLine(message) + "\n", "text/plain; charset=utf-8");
+void Headers::Set(const std::string& name, std::string value) {
+  std::erase_if(fields_, [&](const auto& field) { return beast::iequals(field.first, name); });
+  Add(name, std::move(value));
+}
+
+std::optional<std::string> Headers::Get(std::string_view name) const {
+  for (const auto& [field, value] : fields_) {
+    if (beast::iequals(field, beast::string_view(name.data(), name.size()))) return value;
+  }
+  return std::nullopt;
+}
+
+Response Response::With(int status, std::string body, const std::string& content_type) {
+  Response response;
+  response.status = status;
+  response.body = std::move(body);
+  response.headers.Set("Content-Type", content_type);
   return response;
 }
 
+Response Response::Text(int status, const std::string& message) {
+  return With(status, OneLine(message) + "\n", "text/plain; charset=utf-8");
+}
+
+// ---- Connections ----
+
 namespace {
 
-// Counts the answers Send has started and cpprest has not finished writing, in the whole
-// process: Listener::Stop waits for them before cpprest's close(), which would cut a
-// connection under its answer (see kCloseDrain below). Process-wide rather than per listener
-// because Send is given only the request; another listener's answers can only make a Stop wait
-// the few milliseconds they take. Thread-safe.
-class AnswersBeingWritten {
- public:
-  static AnswersBeingWritten& Get() {
-    static AnswersBeingWritten* answers = new AnswersBeingWritten();  // never destroyed
-    return *answers;
-  }
-  void Begin() {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++count_;
-  }
-  void End() {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (--count_ == 0) none_.notify_all();
-  }
-  void WaitForNone(std::chrono::milliseconds timeout) {
-    std::unique_lock<std::mutex> lock(mu_);
-    none_.wait_for(lock, timeout, [this] { return count_ == 0; });
-  }
+// How long the server still reads (and drops) what a client sends after the server's last
+// answer on a connection, so that closing it does not reset the connection under that answer
+// (a close with unread data sends RST, and the client may lose the answer).
+constexpr std::chrono::seconds kLingerTime(1);
+constexpr size_t kLingerBytes = 4 << 20;
+// Requests being handled get this long to be answered once Stop has begun.
+constexpr std::chrono::seconds kStopDrain(2);
+// After a failed accept (out of file descriptors), the next accept waits this long.
+constexpr std::chrono::milliseconds kAcceptBackoff(100);
 
- private:
-  std::mutex mu_;
-  std::condition_variable none_;
-  int64_t count_ = 0;  // guarded by mu_
+// One accepted connection as the listener sees it: answers are handed to it from any thread,
+// and it can be closed from any thread. Thread-safe (both post onto the connection's strand).
+class Connection {
+ public:
+  virtual ~Connection() = default;
+  // Writes `response` as the answer to the request being handled; `in_flight` is released once
+  // the answer is written (or cannot be).
+  virtual void Answer(Response response, std::shared_ptr<void> in_flight) = 0;
+  // Closes the connection at once, whatever it is doing.
+  virtual void Close() = 0;
+  // The listener's own error answer, in the server's shape.
+  virtual Response ServerError(int code, const std::string& message) const = 0;
+
+  // Since when this connection waits for a request head; max() when it does not.
+  std::atomic<int64_t> waiting_since{std::numeric_limits<int64_t>::max()};
 };
 
 }  // namespace
 
-pplx::task<void> Send(const http_request& request, const http_response& response) {
-  AnswersBeingWritten::Get().Begin();
-  try {
-    // The server ends the connection once the answer is out (see kCloseDrain below for why).
-    // No client of the project's servers reuses one: the coordinator's client opens a
-    // connection per request, and a Prometheus scrape every few seconds hardly notices.
-    http_response closing = response;
-    closing.headers()[web::http::header_names::connection] = "close";
-    return request.reply(closing).then([](pplx::task<void> sent) {
-      try {
-        sent.get();
-      } catch (...) {
-      }
-      AnswersBeingWritten::Get().End();
-    });
-  } catch (...) {
-    // Already answered, or the listener closed the connection: nothing left to do.
-    AnswersBeingWritten::Get().End();
-    return pplx::task_from_result();
-  }
-}
+namespace detail {
 
-// ---- Request bodies ----
-
-namespace {
-
-constexpr size_t kReadChunkBytes = 64 << 10;
-
-// Reads one request's body for ReadBody; keeps itself alive through its continuations.
-// Not thread-safe, and need not be: each step runs after the previous one finished.
-class BodyReader : public std::enable_shared_from_this<BodyReader> {
+// The state every copy of one Responder shares. Thread-safe.
+class ResponderState {
  public:
-  BodyReader(http_request request, size_t limit)
-      : request_(request), limit_(limit), chunk_(kReadChunkBytes) {}
-
-  pplx::task<Body> Read() {
-    try {
-      const concurrency::streams::istream& stream = request_.body();
-      if (!stream.is_valid()) {
-        Finish();
-      } else {
-        buffer_ = stream.streambuf();
-        Next();
-      }
-    } catch (...) {
-      body_.error = CurrentExceptionMessage();
-      Finish();
+  ResponderState(std::shared_ptr<Connection> connection, std::shared_ptr<void> in_flight)
+      : in_flight_(std::move(in_flight)), connection_(std::move(connection)) {}
+  ~ResponderState() {
+    if (!answered_.exchange(true)) {
+      connection_->Answer(
+          connection_->ServerError(codes::kInternalError, "the request was not answered"),
+          std::move(in_flight_));
     }
-    return pplx::create_task(done_);
+  }
+  ResponderState(const ResponderState&) = delete;
+  ResponderState& operator=(const ResponderState&) = delete;
+
+  void Send(Response response) {
+    if (answered_.exchange(true)) return;
+    connection_->Answer(std::move(response), std::move(in_flight_));
   }
 
  private:
-  void Next() {
-    auto self = shared_from_this();
-    buffer_.getn(chunk_.data(), chunk_.size()).then([self](pplx::task<size_t> read) {
-      self->OnChunk(std::move(read));
-    });
-  }
-
-  void OnChunk(pplx::task<size_t> read) {
-    try {
-      const size_t n = read.get();
-      if (n == 0) {
-        CheckComplete();
-        return;
-      }
-      if (!body_.too_large) {
-        if (body_.data.size() + n > limit_) {
-          body_.too_large = true;
-          std::string().swap(body_.data);
-        } else {
-          body_.data.append(reinterpret_cast<const char*>(chunk_.data()), n);
-        }
-      }
-      Next();
-    } catch (...) {
-      body_.error = CurrentExceptionMessage();
-      Finish();
-    }
-  }
-
-  // End of stream also comes when the connection broke mid-body; only the request's completion
-  // says which, and a truncated value must never reach the handler.
-  void CheckComplete() {
-    auto self = shared_from_this();
-    request_.content_ready().then([self](pplx::task<http_request> ready) {
-      try {
-        ready.get();
-        uint64_t declared = 0;
-        if (!self->body_.too_large &&
-            self->request_.headers().match(web::http::header_names::content_length, declared) &&
-            declared != self->body_.data.size()) {
-          self->body_.error = "body has " + std::to_string(self->body_.data.size()) +
-                              " bytes, Content-Length says " + std::to_string(declared);
-        }
-      } catch (...) {
-        self->body_.error = CurrentExceptionMessage();
-      }
-      self->Finish();
-    });
-  }
-
-  void Finish() { done_.set(std::move(body_)); }
-
-  http_request request_;
-  size_t limit_;
-  std::vector<uint8_t> chunk_;
-  concurrency::streams::streambuf<uint8_t> buffer_;
-  Body body_;
-  pplx::task_completion_event<Body> done_;
+  std::atomic<bool> answered_{false};
+  std::shared_ptr<void> in_flight_;  // moved into the answer's write
+  std::shared_ptr<Connection> connection_;
 };
 
-}  // namespace
+}  // namespace detail
 
-pplx::task<Body> ReadBody(const http_request& request, size_t limit) {
-  return std::make_shared<BodyReader>(request, limit)->Read();
-}
+void Responder::Send(Response response) const { state_->Send(std::move(response)); }
 
-void DrainBody(const http_request& request) {
-  try {
-    ReadBody(request, 0);
-  } catch (...) {
-  }
-}
-
-// ---- The listener ----
-
-namespace {
-
-// How long Stop waits for the TLS connections still open to end by themselves before it has
-// cpprest close them. Why it waits at all: cpprest's close() cuts every connection from the
-// calling thread while that connection's own handlers may be using its socket on cpprest's
-// threads, and Boost.Asio sockets are not safe for that. The window it hit was a TLS client
-// that had just left: its end of stream without TLS's close_notify (cpprest's client sends
-// none) reads as a truncated stream, which cpprest answers 400 on the connection it is closing;
-// the write started on a socket closed under it and the process died (SIGSEGV in
-// epoll_reactor::start_op, about 1 in 200 runs of http_tls_test). With every answer closing its
-// connection (Send), a connection ends right after its answer, so the wait is short; a client
-// that connected and says nothing keeps its connection until the wait ends, and closing one
-// that waits to read is safe.
-constexpr std::chrono::seconds kCloseDrain(2);
-
-// Counts the TLS connections of one listener that cpprest has open: one per ssl::context, which
-// cpprest makes per connection and frees with it. Thread-safe.
-class TlsConnections {
+// The listener's state: the acceptor, the I/O threads, the open connections and the count of
+// requests being handled. Shared with every connection and Responder, so that it outlives them.
+// Thread-safe.
+namespace detail {
+class ListenerCore : public std::enable_shared_from_this<ListenerCore> {
  public:
-  // Counts the connection whose context `context` is, until that context is freed.
-  static void Track(const std::shared_ptr<TlsConnections>& self, SSL_CTX* context) {
-    {
-      std::lock_guard<std::mutex> lock(self->mu_);
-      ++self->open_;
-    }
-    // Owned by the context from here; its ex_data free callback counts the connection out.
-    auto* owner = new std::shared_ptr<TlsConnections>(self);
-    if (SSL_CTX_set_ex_data(context, Index(), owner) != 1)
-      Untrack(nullptr, owner, nullptr, 0, 0, nullptr);
-  }
+  using Options = Listener::Options;
+  using Handler = Listener::Handler;
 
-  // Waits until none is open or `timeout` has passed.
-  void WaitForNone(std::chrono::milliseconds timeout) {
-    std::unique_lock<std::mutex> lock(mu_);
-    closed_.wait_for(lock, timeout, [this] { return open_ == 0; });
-  }
-
- private:
-  static int Index() {
-    static const int index =
-        SSL_CTX_get_ex_new_index(0, nullptr, nullptr, nullptr, &TlsConnections::Untrack);
-    return index;
-  }
-
-  static void Untrack(void* /*parent*/, void* ptr, CRYPTO_EX_DATA* /*data*/, int /*index*/,
-                      long /*argl*/, void* /*argp*/) {
-    auto* self = static_cast<std::shared_ptr<TlsConnections>*>(ptr);
-    if (self == nullptr) return;
-    {
-      std::lock_guard<std::mutex> lock((*self)->mu_);
-      if (--(*self)->open_ == 0) (*self)->closed_.notify_all();
-    }
-    delete self;
-  }
-
-  std::mutex mu_;
-  std::condition_variable closed_;
-  int64_t open_ = 0;  // guarded by mu_
-};
-
-}  // namespace
-
-// The listener's state, shared with the InFlight of every request being handled so that it
-// outlives them. Thread-safe.
-class Listener::Impl : public std::enable_shared_from_this<Listener::Impl> {
- public:
-  Impl(std::string host, int port, Options options, Handler handler)
-      : host_(std::move(host)),
-        port_(port),
-        options_(std::move(options)),
-        handler_(std::move(handler)) {}
+  ListenerCore(std::string host, Options options, Handler handler)
+      : host_(std::move(host)), options_(std::move(options)), handler_(std::move(handler)) {}
 
   int port() const { return port_; }
   const std::string& host() const { return host_; }
+  const Options& options() const { return options_; }
+  const Handler& handler() const { return handler_; }
   const char* scheme() const { return options_.tls != nullptr ? "https" : "http"; }
+  bool stopping() const { return stopping_.load(); }
 
-  Status Open();
+  Status Open(int port);
   void Stop(const std::function<void()>& before_close);
 
+  // A token that counts one request as being handled until it is released; nullptr once the
+  // listener is stopping.
+  std::shared_ptr<void> Enter();
+  void Register(const std::shared_ptr<Connection>& connection);
+  void Unregister(const Connection* connection);
+  int open_connections() const;
+
  private:
-  std::optional<InFlight> Enter();
+  void Accept();
+  void OnAccept(beast::error_code error, tcp::socket socket);
+  // Makes room for one more connection: closes the one that has waited longest for a request
+  // head. False when every connection is busy with a request.
+  bool MakeRoom();
   void Leave();
-  void Dispatch(const http_request& request);
-  // Answers 413 and drops the body when the request's declared body is over the limit.
-  bool RefuseLargeBody(const http_request& request);
+  void CloseEverything();
 
   const std::string host_;
-  const int port_;
   const Options options_;
   const Handler handler_;
-  const std::shared_ptr<TlsConnections> tls_connections_ = std::make_shared<TlsConnections>();
-  // Set by Open; closed and dropped by Stop (under stop_mu_).
-  std::unique_ptr<web::http::experimental::listener::http_listener> listener_;
+  int port_ = 0;
+  std::atomic<bool> stopping_{false};
 
-  std::mutex stop_mu_;    // serialises Stop calls
-  bool stopped_ = false;  // guarded by stop_mu_
-  std::mutex mu_;         // guards everything below
+  // Set by Open, dropped by Stop once the threads are joined.
+  std::unique_ptr<net::io_context> io_;
+  std::optional<net::executor_work_guard<net::io_context::executor_type>> work_;
+  std::unique_ptr<tcp::acceptor> acceptor_;  // used on its strand only
+  std::unique_ptr<net::steady_timer> accept_backoff_;
+  std::unique_ptr<net::ssl::context> ssl_;
+  std::vector<std::thread> threads_;
+
+  std::mutex stop_mu_;     // serialises Stop calls
+  bool stopped_ = false;   // guarded by stop_mu_
+  mutable std::mutex mu_;  // guards everything below
   std::condition_variable idle_;
-  bool stopping_ = false;
   int64_t in_flight_ = 0;
+  std::unordered_map<const Connection*, std::weak_ptr<Connection>> connections_;
 };
+}  // namespace detail
 
-std::optional<InFlight> Listener::Impl::Enter() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (stopping_) return std::nullopt;
-  ++in_flight_;
-  // The deleter runs once, when the last copy goes; it holds the state alive until then.
-  return InFlight(
-      std::shared_ptr<void>(nullptr, [self = shared_from_this()](void*) { self->Leave(); }));
+namespace {
+
+int64_t NowNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
 }
 
-void Listener::Impl::Leave() {
+std::string PeerOf(const tcp::socket& socket) {
+  beast::error_code error;
+  const tcp::endpoint peer = socket.remote_endpoint(error);
+  if (error) return "unknown";
+  return HostForUri(peer.address().to_string()) + ":" + std::to_string(peer.port());
+}
+
+// One connection's life: TLS handshake (for HTTPS), then requests one after another, each read
+// under the listener's limits, handed to the handler and answered. Everything runs on the
+// connection's strand. Not thread-safe beyond Connection's members.
+template <class Stream>
+class Session : public Connection, public std::enable_shared_from_this<Session<Stream>> {
+ public:
+  static constexpr bool kTls = !std::is_same_v<Stream, beast::tcp_stream>;
+
+  Session(std::shared_ptr<detail::ListenerCore> listener, Stream stream, std::string peer)
+      : listener_(std::move(listener)),
+        limits_(listener_->options().limits),
+        stream_(std::move(stream)),
+        peer_(std::move(peer)),
+        pace_(stream_.get_executor()) {}
+  ~Session() override { listener_->Unregister(this); }
+
+  void Run() {
+    net::dispatch(stream_.get_executor(), [self = this->shared_from_this()] {
+      if constexpr (kTls) {
+        self->Handshake();
+      } else {
+        self->ReadHead();
+      }
+    });
+  }
+
+  void Answer(Response response, std::shared_ptr<void> in_flight) override {
+    net::post(stream_.get_executor(),
+              [self = this->shared_from_this(), response = std::move(response),
+               in_flight = std::move(in_flight)]() mutable {
+                self->Write(std::move(response), std::move(in_flight), /*from_server=*/false);
+              });
+  }
+
+  void Close() override {
+    net::post(stream_.get_executor(), [self = this->shared_from_this()] { self->CloseNow(); });
+  }
+
+  Response ServerError(int code, const std::string& message) const override {
+    const Listener::Options& options = listener_->options();
+    return options.error_response(code, options.name + " failed: " + message);
+  }
+
+ private:
+  beast::tcp_stream& Tcp() { return beast::get_lowest_layer(stream_); }
+
+  void Handshake() {
+    Tcp().expires_after(limits_.handshake_timeout);
+    if constexpr (kTls) {
+      stream_.async_handshake(net::ssl::stream_base::server,
+                              [self = this->shared_from_this()](beast::error_code error) {
+                                if (error) return self->CloseNow();
+                                self->ReadHead();
+                              });
+    }
+  }
+
+  // ---- Reading a request ----
+
+  void ReadHead() {
+    if (closed_) return;
+    reader_.emplace(limits_);
+    waiting_since.store(NowNanos());
+    Tcp().expires_after(limits_.head_timeout);
+    bhttp::async_read_header(stream_, buffer_, reader_->parser(),
+                             [self = this->shared_from_this()](beast::error_code error, size_t) {
+                               self->OnHead(error);
+                             });
+  }
+
+  void OnHead(beast::error_code error) {
+    waiting_since.store(std::numeric_limits<int64_t>::max());
+    if (closed_) return;
+    if (error) return RefuseOrClose(reader_->RefusalFor(error, /*in_body=*/false));
+    request_ = reader_->Head(peer_);
+    keep_alive_ = reader_->parser().get().keep_alive();
+    if (listener_->stopping()) {
+      return Refuse(codes::kServiceUnavailable, "is shutting down", /*prefix=*/false);
+    }
+    if (std::optional<Refusal> refusal = reader_->CheckDeclaredBody()) {
+      return RefuseOrClose(refusal);
+    }
+    reader_->LimitBody();
+    const Listener::Admit& admit = listener_->options().admit;
+    if (admit) {
+      std::optional<Response> refused;
+      try {
+        refused = admit(request_);
+      } catch (...) {
+        return Refuse(codes::kInternalError, "failed: " + CurrentExceptionMessage(),
+                      /*prefix=*/false);
+      }
+      if (refused.has_value()) return Write(std::move(*refused), nullptr, /*from_server=*/true);
+    }
+    if (reader_->parser().is_done()) return Dispatch();
+    ContinueThenReadBody();
+  }
+
+  // A client that sent "Expect: 100-continue" waits for this before it sends the body.
+  void ContinueThenReadBody() {
+    const std::optional<std::string> expect = request_.headers.Get("Expect");
+    if (!expect.has_value() || !beast::iequals(*expect, "100-continue")) return ReadBody();
+    auto interim =
+        std::make_shared<bhttp::response<bhttp::empty_body>>(bhttp::status::continue_, 11);
+    Tcp().expires_after(limits_.write_timeout);
+    bhttp::async_write(stream_, *interim,
+                       [self = this->shared_from_this(), interim](beast::error_code error, size_t) {
+                         if (error) return self->CloseNow();
+                         self->ReadBody();
+                       });
+  }
+
+  void ReadBody() {
+    Tcp().expires_after(limits_.body_timeout);
+    bhttp::async_read(stream_, buffer_, reader_->parser(),
+                      [self = this->shared_from_this()](beast::error_code error, size_t) {
+                        self->OnBody(error);
+                      });
+  }
+
+  void OnBody(beast::error_code error) {
+    if (closed_) return;
+    if (error) return RefuseOrClose(reader_->RefusalFor(error, /*in_body=*/true));
+    Dispatch();
+  }
+
+  // ---- Handling and answering ----
+
+  void Dispatch() {
+    request_.body = std::move(reader_->parser().get().body());
+    std::shared_ptr<void> in_flight = listener_->Enter();
+    if (in_flight == nullptr) {
+      return Refuse(codes::kServiceUnavailable, "is shutting down", /*prefix=*/false);
+    }
+    // While the handler holds the request (a long poll), nothing is read and no deadline runs.
+    Tcp().expires_never();
+    Responder responder(
+        std::make_shared<detail::ResponderState>(this->shared_from_this(), std::move(in_flight)));
+    try {
+      listener_->handler()(request_, responder);
+    } catch (...) {
+      // A bug in the handler: the client learns of it instead of waiting for its timeout.
+      responder.Send(ServerError(codes::kInternalError, CurrentExceptionMessage()));
+    }
+  }
+
+  // The server's own answer, after which the connection closes: "<name>: <message>", or
+  // "<name> <message>" without the prefix's colon.
+  void Refuse(int code, const std::string& message, bool prefix = true) {
+    const Listener::Options& options = listener_->options();
+    Write(options.error_response(code, options.name + (prefix ? ": " : " ") + message), nullptr,
+          /*from_server=*/true);
+  }
+
+  void RefuseOrClose(const std::optional<Refusal>& refusal) {
+    if (!refusal.has_value()) return CloseNow();
+    Refuse(refusal->code, refusal->message);
+  }
+
+  void Write(Response response, std::shared_ptr<void> in_flight, bool from_server) {
+    if (closed_) return;
+    auto out = std::make_shared<bhttp::response<bhttp::string_body>>(
+        static_cast<bhttp::status>(response.status), 11);
+    for (const auto& [name, value] : response.headers.fields()) out->insert(name, value);
+    // These answers have no body (and Beast refuses to send one).
+    if (out->result() != bhttp::status::no_content &&
+        out->result() != bhttp::status::not_modified &&
+        bhttp::to_status_class(out->result()) != bhttp::status_class::informational) {
+      out->body() = std::move(response.body);
+    }
+    ++requests_;
+    const bool keep = !from_server && keep_alive_ && !listener_->stopping() &&
+                      requests_ < limits_.max_requests_per_connection;
+    out->keep_alive(keep);
+    out->prepare_payload();
+    Tcp().expires_after(limits_.write_timeout);
+    bhttp::async_write(stream_, *out,
+                       [self = this->shared_from_this(), out, in_flight = std::move(in_flight),
+                        keep](beast::error_code error, size_t) {
+                         if (error) return self->CloseNow();
+                         if (keep) return self->PaceThenReadHead();
+                         self->CloseGracefully();
+                       });
+  }
+
+  // Requests beyond the connection's rate wait before the next one is read (a generic cell
+  // rate: a burst of one second's worth, then one per interval).
+  void PaceThenReadHead() {
+    const auto interval = std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(1.0 / limits_.requests_per_second));
+    const Clock::time_point now = Clock::now();
+    next_allowed_ = std::max(next_allowed_, now) + interval;
+    const auto burst = interval * static_cast<int64_t>(limits_.requests_per_second);
+    const Clock::time_point read_at = next_allowed_ - burst;
+    if (read_at <= now) return ReadHead();
+    pace_.expires_at(read_at);
+    pace_.async_wait([self = this->shared_from_this()](beast::error_code error) {
+      if (error) return self->CloseNow();
+      self->ReadHead();
+    });
+  }
+
+  // ---- Closing ----
+
+  // After the last answer: TLS's close_notify, or for plain TCP a half-close that still reads
+  // (and drops) what the client sends for a moment (kLingerTime).
+  void CloseGracefully() {
+    if (closed_) return;
+    closing_ = true;
+    if constexpr (kTls) {
+      Tcp().expires_after(kLingerTime);
+      stream_.async_shutdown(
+          [self = this->shared_from_this()](beast::error_code) { self->CloseNow(); });
+    } else {
+      beast::error_code ignored;
+      Tcp().socket().shutdown(tcp::socket::shutdown_send, ignored);
+      Tcp().expires_after(kLingerTime);
+      Linger();
+    }
+  }
+
+  void Linger() {
+    if (closed_) return;
+    scratch_.resize(16 << 10);
+    Tcp().async_read_some(net::buffer(scratch_),
+                          [self = this->shared_from_this()](beast::error_code error, size_t n) {
+                            self->lingered_ += n;
+                            if (error || self->lingered_ > kLingerBytes) return self->CloseNow();
+                            self->Linger();
+                          });
+  }
+
+  void CloseNow() {
+    if (closed_) return;
+    closed_ = true;
+    waiting_since.store(std::numeric_limits<int64_t>::max());
+    pace_.cancel();
+    Tcp().close();
+  }
+
+  const std::shared_ptr<detail::ListenerCore> listener_;
+  const Listener::Limits limits_;
+  Stream stream_;
+  const std::string peer_;
+  net::steady_timer pace_;
+  beast::flat_buffer buffer_;
+  std::optional<RequestReader> reader_;
+  Request request_;
+  bool keep_alive_ = false;
+  int requests_ = 0;
+  Clock::time_point next_allowed_;
+  bool closing_ = false;
+  bool closed_ = false;
+  std::vector<char> scratch_;
+  size_t lingered_ = 0;
+};
+
+}  // namespace
+
+// ---- The listener ----
+
+std::shared_ptr<void> detail::ListenerCore::Enter() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_.load()) return nullptr;
+  ++in_flight_;
+  // The deleter runs once, when the last holder lets go; it keeps this state alive until then.
+  // The pointer is never used, only tested: a token made of nullptr would compare equal to it.
+  return std::shared_ptr<void>(static_cast<void*>(this),
+                               [self = shared_from_this()](void*) { self->Leave(); });
+}
+
+void detail::ListenerCore::Leave() {
   std::lock_guard<std::mutex> lock(mu_);
   if (--in_flight_ == 0) idle_.notify_all();
 }
 
-Status Listener::Impl::Open() {
-  const std::string address =
-      std::string(scheme()) + "://" + HostForUri(host_) + ":" + std::to_string(port_) + "/";
-  try {
-    web::http::experimental::listener::http_listener_config config;
-    if (options_.tls != nullptr) {
-      // The context is made when the port opens; the credentials choose the certificate at each
-      // handshake, so that a renewed one is served without reopening.
-      config.set_ssl_context_callback(
-          [tls = options_.tls, connections = tls_connections_](boost::asio::ssl::context& context) {
-            tls->Configure(context.native_handle());
-            TlsConnections::Track(connections, context.native_handle());
-          });
+void detail::ListenerCore::Register(const std::shared_ptr<Connection>& connection) {
+  std::lock_guard<std::mutex> lock(mu_);
+  connections_.emplace(connection.get(), connection);
+}
+
+void detail::ListenerCore::Unregister(const Connection* connection) {
+  std::lock_guard<std::mutex> lock(mu_);
+  connections_.erase(connection);
+}
+
+int detail::ListenerCore::open_connections() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(connections_.size());
+}
+
+bool detail::ListenerCore::MakeRoom() {
+  std::shared_ptr<Connection> oldest;
+  int64_t since = std::numeric_limits<int64_t>::max();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [key, weak] : connections_) {
+      if (key->waiting_since.load() < since) {
+        if (std::shared_ptr<Connection> connection = weak.lock()) {
+          since = key->waiting_since.load();
+          oldest = std::move(connection);
+        }
+      }
     }
-    listener_ = std::make_unique<web::http::experimental::listener::http_listener>(address, config);
-    // Weak, not strong: the listener belongs to this object, and a strong reference from its
-    // handler would keep both alive for good. Not a plain pointer either, so that the handler's
-    // safety does not rest on cpprest's close() waiting for handler calls in progress (it does,
-    // and Stop closes the listener before this object can go).
-    std::weak_ptr<Impl> weak = weak_from_this();
-    listener_->support([weak](const http_request& request) {
-      if (std::shared_ptr<Impl> self = weak.lock()) {
-        self->Dispatch(request);
-      } else {
-        Send(request, TextResponse(status_codes::ServiceUnavailable, "shutting down"));
+  }
+  if (oldest == nullptr) return false;
+  oldest->Close();
+  return true;
+}
+
+Status detail::ListenerCore::Open(int port) {
+  const std::string address =
+      std::string(scheme()) + "://" + HostForUri(host_) + ":" + std::to_string(port) + "/";
+  io_ = std::make_unique<net::io_context>(std::max(1, options_.threads));
+  beast::error_code error;
+  tcp::resolver resolver(*io_);
+  const auto endpoints = resolver.resolve(
+      host_, std::to_string(port), tcp::resolver::passive | tcp::resolver::numeric_service, error);
+  if (error) return InvalidArgument("cannot resolve host '" + host_ + "': " + error.message());
+  acceptor_ = std::make_unique<tcp::acceptor>(net::make_strand(*io_));
+  for (const auto& entry : endpoints) {
+    const tcp::endpoint endpoint = entry.endpoint();
+    acceptor_->close(error);
+    acceptor_->open(endpoint.protocol(), error);
+    if (!error) acceptor_->set_option(net::socket_base::reuse_address(true), error);
+    if (!error) acceptor_->bind(endpoint, error);
+    if (!error) acceptor_->listen(net::socket_base::max_listen_connections, error);
+    if (!error) break;
+  }
+  if (error || endpoints.empty()) {
+    return Unavailable("cannot listen on " + address + ": " +
+                       (error ? error.message() : std::string("no address")));
+  }
+  port_ = acceptor_->local_endpoint().port();
+  accept_backoff_ = std::make_unique<net::steady_timer>(acceptor_->get_executor());
+  if (options_.tls != nullptr) {
+    ssl_ = std::make_unique<net::ssl::context>(net::ssl::context::tls_server);
+    // The credentials choose the certificate at each handshake, so a renewed one is served
+    // without reopening the port.
+    options_.tls->Configure(ssl_->native_handle());
+  }
+  work_.emplace(net::make_work_guard(*io_));
+  Accept();
+  for (int i = 0; i < std::max(1, options_.threads); ++i) {
+    threads_.emplace_back([this] {
+      for (;;) {
+        try {
+          io_->run();
+          return;
+        } catch (...) {
+          std::fprintf(stderr, "%s: error on a connection: %s\n", options_.name.c_str(),
+                       CurrentExceptionMessage().c_str());
+        }
       }
     });
-    listener_->open().wait();
-  } catch (...) {
-    listener_.reset();
-    return Unavailable("cannot listen on " + address + ": " + CurrentExceptionMessage());
   }
   return Status::Ok();
 }
 
-void Listener::Impl::Dispatch(const http_request& request) {
-  std::optional<InFlight> in_flight = Enter();
-  if (!in_flight.has_value()) {
-    Send(request, options_.error_response(status_codes::ServiceUnavailable,
-                                          options_.name + " is shutting down"));
-    DrainBody(request);
+void detail::ListenerCore::Accept() {
+  acceptor_->async_accept(net::make_strand(*io_),
+                          [self = shared_from_this()](beast::error_code error, tcp::socket socket) {
+                            self->OnAccept(error, std::move(socket));
+                          });
+}
+
+void detail::ListenerCore::OnAccept(beast::error_code error, tcp::socket socket) {
+  if (!acceptor_->is_open()) return;
+  if (error) {
+    // Out of file descriptors, or a connection reset before it was accepted: try again soon.
+    accept_backoff_->expires_after(kAcceptBackoff);
+    accept_backoff_->async_wait([self = shared_from_this()](beast::error_code waited) {
+      if (!waited) self->Accept();
+    });
     return;
   }
-  if (RefuseLargeBody(request)) return;
-  try {
-    handler_(request, *in_flight);
-  } catch (...) {
-    // A bug in the handler: the client learns of it instead of waiting for its timeout.
-    Send(request, options_.error_response(status_codes::InternalError,
-                                          options_.name + " failed: " + CurrentExceptionMessage()));
+  if (open_connections() >= options_.limits.max_connections && !MakeRoom()) {
+    beast::error_code ignored;
+    socket.close(ignored);
+    return Accept();
   }
+  std::string peer = PeerOf(socket);
+  if (ssl_ != nullptr) {
+    using TlsStream = beast::ssl_stream<beast::tcp_stream>;
+    auto session = std::make_shared<Session<TlsStream>>(
+        shared_from_this(), TlsStream(beast::tcp_stream(std::move(socket)), *ssl_),
+        std::move(peer));
+    Register(session);
+    session->Run();
+  } else {
+    auto session = std::make_shared<Session<beast::tcp_stream>>(
+        shared_from_this(), beast::tcp_stream(std::move(socket)), std::move(peer));
+    Register(session);
+    session->Run();
+  }
+  Accept();
 }
 
-bool Listener::Impl::RefuseLargeBody(const http_request& request) {
-  const size_t limit = options_.max_body_bytes;
-  uint64_t declared = 0;
-  std::string encoding;
-  std::string problem;
-  if (request.headers().match(web::http::header_names::content_length, declared) &&
-      declared > limit) {
-    problem = "request body is " + std::to_string(declared) + " bytes";
-  } else if (limit == 0 &&
-             request.headers().match(web::http::header_names::transfer_encoding, encoding) &&
-             encoding.find("chunked") != std::string::npos) {
-    problem = "request has a chunked body";
-  }
-  if (problem.empty()) return false;
-  Send(request, options_.error_response(status_codes::RequestEntityTooLarge,
-                                        options_.name + ": " + problem + "; the limit is " +
-                                            std::to_string(limit) + " bytes"));
-  DrainBody(request);
-  return true;
+void detail::ListenerCore::CloseEverything() {
+  // On the acceptor's strand, so that a connection accepted a moment before is in the list.
+  net::post(acceptor_->get_executor(), [self = shared_from_this()] {
+    beast::error_code ignored;
+    self->acceptor_->close(ignored);
+    self->accept_backoff_->cancel();
+    std::vector<std::shared_ptr<Connection>> open;
+    {
+      std::lock_guard<std::mutex> lock(self->mu_);
+      for (const auto& [key, weak] : self->connections_) {
+        if (std::shared_ptr<Connection> connection = weak.lock()) open.push_back(connection);
+      }
+    }
+    for (const auto& connection : open) connection->Close();
+  });
 }
 
-void Listener::Impl::Stop(const std::function<void()>& before_close) {
+void detail::ListenerCore::Stop(const std::function<void()>& before_close) {
   std::lock_guard<std::mutex> stop_lock(stop_mu_);
-  if (stopped_) return;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
-  }
+  if (stopped_ || io_ == nullptr) return;
+  stopping_.store(true);
   if (before_close) before_close();
-  // Handlers answer on connections that are still open: cpprest's close() would cut a
-  // connection under a handler's reply, the same crash as kCloseDrain's (seen with a handler
-  // that answered while Stop ran, ListenerTest.StopWaitsForAHandlerThatIsRunning under TSan's
-  // timing). Bounded, because a request whose body never comes holds its InFlight until close
-  // cuts it.
+  // Requests being handled get a moment to be answered and their answers written; bounded,
+  // because a handler may hold a Responder for a long time.
   {
     std::unique_lock<std::mutex> lock(mu_);
-    idle_.wait_for(lock, kCloseDrain, [this] { return in_flight_ == 0; });
+    idle_.wait_for(lock, kStopDrain, [this] { return in_flight_ == 0; });
   }
-  // A handler that returned may have left its answer to cpprest's threads to write.
-  AnswersBeingWritten::Get().WaitForNone(kCloseDrain);
-  // Answered, the TLS connections end by themselves; only then is cpprest's close safe (see
-  // kCloseDrain).
-  if (options_.tls != nullptr) tls_connections_->WaitForNone(kCloseDrain);
-  if (listener_ != nullptr) {
-    try {
-      listener_->close().wait();
-    } catch (...) {
-    }
-  }
+  CloseEverything();
   {
     std::unique_lock<std::mutex> lock(mu_);
     idle_.wait(lock, [this] { return in_flight_ == 0; });
   }
-  listener_.reset();
+  // With the acceptor and every connection closed, the threads run out of work and return.
+  work_.reset();
+  for (std::thread& thread : threads_) thread.join();
+  threads_.clear();
+  // What is still queued holds connections, and they hold this object: dropping the context
+  // ends that cycle.
+  acceptor_.reset();
+  accept_backoff_.reset();
+  io_.reset();
   stopped_ = true;
 }
 
 Result<std::unique_ptr<Listener>> Listener::Start(const std::string& host, int port,
                                                   Options options, Handler handler) {
-  if (!options.error_response) options.error_response = TextResponse;
+  if (!options.error_response) options.error_response = Response::Text;
   if (host.empty()) return InvalidArgument(options.name + ": host is empty");
   if (port < 0 || port > 65535) {
     return InvalidArgument(options.name + ": port " + std::to_string(port) + " is not in 0..65535");
   }
-  std::shared_ptr<Impl> impl;
-  VF_RETURN_IF_ERROR(OpenOnPort(host, port, [&](int chosen) {
-                       impl = std::make_shared<Impl>(host, chosen, options, handler);
-                       return impl->Open();
-                     }).WithContext(options.name));
+  if (options.limits.requests_per_second <= 0 || options.limits.max_connections <= 0 ||
+      options.limits.max_requests_per_connection <= 0) {
+    return InvalidArgument(options.name + ": limits must be positive");
+  }
+  const std::string name = options.name;
+  auto impl = std::make_shared<detail::ListenerCore>(host, std::move(options), std::move(handler));
+  VF_RETURN_IF_ERROR(impl->Open(port).WithContext(name));
   return std::unique_ptr<Listener>(new Listener(std::move(impl)));
 }
 
-Listener::Listener(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Listener::Listener(std::shared_ptr<detail::ListenerCore> core) : impl_(std::move(core)) {}
 
 Listener::~Listener() { Stop(); }
 
@@ -545,6 +719,8 @@ std::string Listener::url() const {
   return std::string(impl_->scheme()) + "://" + HostForUri(impl_->host()) + ":" +
          std::to_string(impl_->port());
 }
+
+int Listener::open_connections() const { return impl_->open_connections(); }
 
 void Listener::Stop(const std::function<void()>& before_close) { impl_->Stop(before_close); }
 

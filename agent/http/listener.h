@@ -1,48 +1,50 @@
-// The one HTTP listener shell the project's servers stand on: the agent's and the operator's
-// /metrics endpoint (agent/metrics/http_exporter.h) and the coordinator's API
-// (operator/coordinator/server.h). It opens cpprest's listener on a port (port 0 picks a free
-// one), counts the requests being handled, answers 503 once it is stopping and 500 for a handler
-// that throws, and stops only when no handler runs any more. What a request is answered is the
-// handler's business.
+// The one HTTP server every server of the project stands on: the agent's and the operator's
+// /metrics and probe endpoints (agent/metrics/http_exporter.h) and the coordinator's API
+// (operator/coordinator/server.h). It faces the network: Boost.Beast parses each request with
+// limits enforced while it reads (header size, body size, chunk sizes), every phase of a
+// connection has a deadline (TLS handshake, request head, body, answer), connections are
+// capped, and each connection's request rate is paced. Nothing a client sends ends the process
+// or holds a thread: a malformed request is answered 400 and its connection closed.
 //
-// Hand-written over cpprest (the project's HTTP library, client and server) because cpprest's
-// http_listener leaves exactly these parts to its user: it cannot report the port it got for
-// port 0, and its close() waits for handler calls but not for the continuations they started.
+// Hand-written over Beast because Beast is a toolkit, not a server: the accept loop, the
+// per-connection state machine, the deadlines and the stop sequence are left to its user.
 // It lives on the agent floor, the lowest that serves HTTP.
 #pragma once
 
-// cpprest defines a macro U; a header that uses U as a template parameter (GoogleTest) must come
-// before this one.
-#include <cpprest/http_msg.h>
-
+#include <chrono>
 #include <cstddef>
 #include <functional>
-#include <limits>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include "agent/http/tls.h"
 #include "runtime/status.h"
 
 namespace vf::http {
 
-// ---- Ports and addresses ----
-
-// A port that was free on `host` a moment ago ("" means every address). cpprest's listener
-// needs a concrete port to bind and says nothing of the one it got for port 0, so port 0 is
-// served by picking one here. InvalidArgument when `host` does not resolve, Unavailable when
-// nothing could be bound.
-Result<int> PickFreePort(const std::string& host);
-
-// Opens a listener through `open(port)`: on `port` itself, or, for port 0, on ports picked with
-// PickFreePort, trying a few in turn (a picked port can be taken by someone else before the
-// listener binds it). Returns the last failure when none opened.
-Status OpenOnPort(const std::string& host, int port, const std::function<Status(int)>& open);
+// The HTTP status codes the project's servers answer with.
+namespace codes {
+inline constexpr int kOk = 200;
+inline constexpr int kNoContent = 204;
+inline constexpr int kBadRequest = 400;
+inline constexpr int kUnauthorized = 401;
+inline constexpr int kForbidden = 403;
+inline constexpr int kNotFound = 404;
+inline constexpr int kMethodNotAllowed = 405;
+inline constexpr int kRequestTimeout = 408;
+inline constexpr int kConflict = 409;
+inline constexpr int kPayloadTooLarge = 413;
+inline constexpr int kHeaderFieldsTooLarge = 431;
+inline constexpr int kInternalError = 500;
+inline constexpr int kServiceUnavailable = 503;
+}  // namespace codes
 
 // `host` as it goes into a URL: IPv6 addresses in brackets.
 std::string HostForUri(const std::string& host);
-
-// ---- Answers ----
 
 // `text` with its line breaks turned into spaces: error bodies are one line, so that a client's
 // log shows them as they are.
@@ -51,91 +53,130 @@ std::string OneLine(std::string text);
 // The HTTP status that answers a failed Status: 400 InvalidArgument, 401 Unauthenticated,
 // 403 PermissionDenied, 404 NotFound, 409 FailedPrecondition, 408 DeadlineExceeded,
 // 503 Unavailable, 500 anything else.
-web::http::status_code HttpCode(const Status& status);
+int HttpCode(const Status& status);
 
 // The message of the exception being handled; call inside a catch block only.
 std::string CurrentExceptionMessage();
 
-// Sets `bytes` as the body. Never through cpprest's std::string overload: that one hands cpprest
-// a stream of char that it then reads as a stream of unsigned char (undefined behaviour that
-// UBSan reports).
-void SetBody(web::http::http_response& response, const std::string& bytes,
-             const std::string& content_type);
+// A message's header fields in the order they came; names compare without case. Value type.
+class Headers {
+ public:
+  void Add(std::string name, std::string value);
+  // Replaces every field named `name` by one.
+  void Set(const std::string& name, std::string value);
+  // The first field named `name`.
+  std::optional<std::string> Get(std::string_view name) const;
+  const std::vector<std::pair<std::string, std::string>>& fields() const { return fields_; }
 
-// A text/plain answer: `message` on one line, then a newline.
-web::http::http_response TextResponse(web::http::status_code code, const std::string& message);
-
-// Starts sending `response`; the task completes once it is sent or has failed. A client that
-// went away makes the send fail; that is observed here, because an unobserved failed task
-// terminates the process. Answering a request twice is a no-op. The answer says
-// "Connection: close", and the server ends the connection after it: cpprest cannot close a
-// connection safely while it reads or writes on it, and a kept one is read again right after
-// each answer (listener.cc says more).
-pplx::task<void> Send(const web::http::http_request& request,
-                      const web::http::http_response& response);
-
-// ---- Request bodies ----
-
-// A request body as read by ReadBody. Value type.
-struct Body {
-  std::string data;
-  bool too_large = false;  // over the limit: `data` is empty, the rest was read and dropped
-  std::string error;       // the body could not be read (the client went away mid-body)
-};
-
-// Reads a request body chunk by chunk. The listener buffers whatever a client sends until it is
-// read, so even a body over `limit` is read to its end (and dropped): memory stays bounded by
-// one chunk, not by what the client chose to send. A body shorter than its Content-Length (the
-// connection broke) is an error, never a truncated value.
-pplx::task<Body> ReadBody(const web::http::http_request& request, size_t limit);
-
-// Reads and drops the body of a request that has been answered without it.
-void DrainBody(const web::http::http_request& request);
-
-// ---- The listener ----
-
-// Counts one request as being handled while any copy of it lives. A handler that answers later
-// (from a continuation, once the body is read) keeps a copy there, so that Listener::Stop waits
-// for that continuation too. Copyable; thread-safe.
-class InFlight {
  private:
-  friend class Listener;
-  explicit InFlight(std::shared_ptr<void> done) : done_(std::move(done)) {}
-  std::shared_ptr<void> done_;  // its deleter marks the request done
+  std::vector<std::pair<std::string, std::string>> fields_;
 };
 
-// An HTTP listener on host:port that hands every request to one handler. Thread-safe.
+// A request as the server read it. Value type.
+struct Request {
+  std::string method;  // "GET"
+  std::string target;  // as sent: "/v1/jobs/a/b/plan?after=3"
+  std::string path;    // the target up to '?', as sent (not decoded)
+  std::string query;   // after '?', without it; empty when there is none
+  Headers headers;
+  std::string body;  // empty until the body was read (see Listener::Options::admit)
+  std::string peer;  // the client's address, "127.0.0.1:51234"
+};
+
+// An answer. Value type.
+struct Response {
+  int status = codes::kOk;
+  Headers headers;
+  std::string body;
+
+  // `body` with its Content-Type.
+  static Response With(int status, std::string body, const std::string& content_type);
+  // A text/plain answer: `message` on one line, then a newline.
+  static Response Text(int status, const std::string& message);
+};
+
+class Listener;
+namespace detail {
+class ListenerCore;
+class ResponderState;
+}  // namespace detail
+
+// Answers one request, once: the first Send wins and later ones do nothing. While any copy
+// lives, the request counts as being handled, so Listener::Stop waits for it; a handler that
+// answers later (a long poll) keeps a copy. When the last copy goes unanswered, the request is
+// answered 500. Send may be called from any thread. Copyable; thread-safe.
+class Responder {
+ public:
+  explicit Responder(std::shared_ptr<detail::ResponderState> state) : state_(std::move(state)) {}
+  void Send(Response response) const;
+
+ private:
+  std::shared_ptr<detail::ResponderState> state_;
+};
+
+// An HTTP(S) server on host:port that hands every request to one handler. Thread-safe.
 //
-// The handler is called on cpprest's threads, only between Start and the return of Stop: an
-// object that owns a Listener and stops it in its destructor may give it a handler that holds
-// a plain pointer to itself.
+// The handler and `admit` run on the server's threads, only between Start and the return of
+// Stop: an object that owns a Listener and stops it in its destructor may give it a handler that
+// holds a plain pointer to itself. They must not block: the server's few threads serve every
+// connection.
 class Listener {
  public:
-  using Handler =
-      std::function<void(const web::http::http_request& request, const InFlight& in_flight)>;
-  // The answer for an error the listener itself gives: 503 while stopping, 500 for a handler
-  // that threw. Servers whose errors have a shape of their own (JSON) supply it.
-  using ErrorResponse =
-      std::function<web::http::http_response(web::http::status_code code, const std::string&)>;
+  using Handler = std::function<void(const Request& request, const Responder& responder)>;
+  // Decides from the request line and headers alone, before the body is read: an answer ends the
+  // request there, its body is never read, and the connection closes after the answer. The
+  // coordinator refuses requests without a valid credential here, so that nobody without one
+  // makes it buffer a body.
+  using Admit = std::function<std::optional<Response>(const Request& head)>;
+  // The answer for an error the server itself gives (400 malformed, 413, 431, 503 while
+  // stopping, 500 for a handler that threw). Servers whose errors have a shape of their own
+  // (JSON) supply it.
+  using ErrorResponse = std::function<Response(int code, const std::string& message)>;
 
-  // How a listener speaks of itself. Value type.
+  // What one client may make the server hold, enforced while a request is read. Value type.
+  struct Limits {
+    // The request line and header fields together; more is answered 431.
+    size_t max_header_bytes = 16 << 10;
+    // More is answered 413, for a declared length at once and for a chunked body as its chunks
+    // arrive. 0: no body at all.
+    size_t max_body_bytes = 1 << 20;
+    // From the accepted connection to the end of the TLS handshake.
+    std::chrono::milliseconds handshake_timeout{10'000};
+    // From the moment the server waits for a request (a new connection, or a kept one after an
+    // answer) to the end of that request's header fields: a client sending a byte a second is
+    // cut off here.
+    std::chrono::milliseconds head_timeout{10'000};
+    // From the end of the header fields to the end of the body.
+    std::chrono::milliseconds body_timeout{30'000};
+    // For writing one answer.
+    std::chrono::milliseconds write_timeout{30'000};
+    // Connections open at once. At the cap a new connection closes the one that has waited
+    // longest for a request head; if every connection is busy with a request, the new one is
+    // closed.
+    int max_connections = 1024;
+    // Requests on one kept-alive connection, then the server closes it.
+    int max_requests_per_connection = 1000;
+    // Requests per second on one connection; faster ones wait before the next is read.
+    double requests_per_second = 200;
+  };
+
+  // How a server speaks and what it allows. Value type.
   struct Options {
     // Said in errors and answers: "metrics server: cannot listen on ...", "metrics server is
     // shutting down".
     std::string name = "server";
-    ErrorResponse error_response;  // default: TextResponse
-    // A request whose Content-Length is larger is answered 413 without reaching the handler,
-    // and its body is read and dropped. 0: no body at all, so a chunked body (whose size only
-    // its end tells) is refused too; a server that takes bodies bounds chunked ones as it reads
-    // them (ReadBody).
-    size_t max_body_bytes = std::numeric_limits<size_t>::max();
+    ErrorResponse error_response;  // default: Response::Text
+    Admit admit;                   // default: admit every request
+    Limits limits;
     // Set: HTTPS with these credentials, and nothing else on the port (a plain HTTP request
     // fails the TLS handshake and never reaches the handler). Unset: plain HTTP.
     std::shared_ptr<ServerCredentials> tls;
+    int threads = 2;  // the server's I/O threads
   };
 
   // Listens on host:port; port 0 picks a free port (see port()). InvalidArgument for an empty
-  // host or a port outside 0..65535, Unavailable when the port cannot be bound.
+  // host, a host that does not resolve or a port outside 0..65535, Unavailable when the port
+  // cannot be bound.
   static Result<std::unique_ptr<Listener>> Start(const std::string& host, int port, Options options,
                                                  Handler handler);
   ~Listener();
@@ -148,20 +189,20 @@ class Listener {
   const std::string& host() const;
   // "http://host:port" ("https://" with TLS), with the host as given to Start.
   std::string url() const;
+  // Connections open now.
+  int open_connections() const;
 
   // Stops in this order: new requests are answered 503 without reaching the handler; then
   // `before_close` runs (a server answers what it still holds, such as pending long polls);
-  // with TLS, the connections still open are given up to 2 s to end by themselves (each ends
-  // after its answer); then the listener closes every connection, and Stop returns once no
-  // handler call runs and no InFlight is left, so whatever the handler uses may be destroyed
-  // afterwards. Idempotent: later calls, and their `before_close`, do nothing. Must not be
-  // called from a handler (it would wait for itself).
+  // requests being handled get up to 2 s to be answered and their answers written; then every
+  // connection is closed, and Stop returns once no handler call runs and no Responder is left,
+  // so whatever the handler uses may be destroyed afterwards. Idempotent: later calls, and their
+  // `before_close`, do nothing. Must not be called from a handler (it would wait for itself).
   void Stop(const std::function<void()>& before_close = nullptr);
 
  private:
-  class Impl;
-  explicit Listener(std::shared_ptr<Impl> impl);
-  std::shared_ptr<Impl> impl_;
+  explicit Listener(std::shared_ptr<detail::ListenerCore> core);
+  std::shared_ptr<detail::ListenerCore> impl_;
 };
 
 }  // namespace vf::http

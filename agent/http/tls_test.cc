@@ -1,6 +1,7 @@
-// Certificates made with tls.h, and a TLS listener on loopback fetched with cpprest's client.
+// Certificates made with tls.h, and a TLS listener on loopback fetched with cpprest's client (the
+// client the agents use).
 //
-// GoogleTest first: cpprest (listener.h includes it) defines a macro U.
+// GoogleTest first: cpprest defines a macro U.
 #include <gtest/gtest.h>
 
 #include "agent/http/tls.h"
@@ -15,6 +16,7 @@
 #include <cpprest/http_client.h>
 
 #include "agent/http/listener.h"
+#include "agent/http/test_client.h"
 
 // As in listener_test.cc: a continuation cpprest may leave queued at exit.
 // NOLINTNEXTLINE(bugprone-reserved-identifier): the name LeakSanitizer looks up.
@@ -71,12 +73,12 @@ struct TlsServer {
     Listener::Options options;
     options.name = "tls server";
     options.tls = credentials;
-    Result<std::unique_ptr<Listener>> started =
-        Listener::Start("127.0.0.1", 0, options,
-                        [count = handled](const web::http::http_request& request, const InFlight&) {
-                          ++*count;
-                          Send(request, TextResponse(status_codes::OK, "hello"));
-                        });
+    options.limits.handshake_timeout = std::chrono::milliseconds(300);
+    Result<std::unique_ptr<Listener>> started = Listener::Start(
+        "127.0.0.1", 0, options, [count = handled](const Request&, const Responder& responder) {
+          ++*count;
+          responder.Send(Response::Text(codes::kOk, "hello"));
+        });
     EXPECT_TRUE(started.ok()) << started.status().ToString();
     if (started.ok()) listener = std::move(started).value();
   }
@@ -164,9 +166,8 @@ TEST(TlsListenerTest, ReplacedCredentialsServeTheNextHandshake) {
   EXPECT_EQ(Get(url, old_ca.certificate_pem).first, -1);
 }
 
-// The server ends a connection once it has answered on it, so that no connection is left for
-// Stop to cut while cpprest still uses it (listener.cc, kCloseDrain).
-TEST(TlsListenerTest, EachAnswerClosesItsConnection) {
+// One client, several requests: each is served, whether the client keeps the connection or not.
+TEST(TlsListenerTest, OneClientIsServedRequestAfterRequest) {
   const KeyPair ca = Ca();
   TlsServer server(Server(ca, {"127.0.0.1"}));
   ASSERT_NE(server.listener, nullptr);
@@ -176,14 +177,29 @@ TEST(TlsListenerTest, EachAnswerClosesItsConnection) {
     EXPECT_TRUE(TrustOnly(context.native_handle(), ca.certificate_pem).ok());
   });
   web::http::client::http_client client("https://127.0.0.1:" + server.port(), config);
-  web::http::http_response response = client.request(web::http::methods::GET, "/x").get();
-  EXPECT_EQ(response.status_code(), status_codes::OK);
-  std::string connection;
-  EXPECT_TRUE(response.headers().match(web::http::header_names::connection, connection));
-  EXPECT_EQ(connection, "close");
-  // The client opens another connection for the next request, which is served as well.
-  EXPECT_EQ(client.request(web::http::methods::GET, "/x").get().status_code(), status_codes::OK);
-  EXPECT_EQ(server.handled->load(), 2);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(client.request(web::http::methods::GET, "/x").get().status_code(), status_codes::OK);
+  }
+  EXPECT_EQ(server.handled->load(), 3);
+}
+
+// A client that connects and never says a word of TLS is cut off at the handshake deadline, and
+// others are served meanwhile.
+TEST(TlsListenerTest, AHandshakeThatNeverEndsIsCutOff) {
+  const KeyPair ca = Ca();
+  TlsServer server(Server(ca, {"127.0.0.1"}));
+  ASSERT_NE(server.listener, nullptr);
+  testing::RawConnection silent(server.listener->port());
+  ASSERT_TRUE(silent.ok());
+  testing::RawConnection half(server.listener->port());
+  ASSERT_TRUE(half.Send(std::string("\x16\x03\x01\x00\xff\x01", 6)));  // a ClientHello's start
+  EXPECT_EQ(Get("https://127.0.0.1:" + server.port(), ca.certificate_pem).first, 200);
+  for (testing::RawConnection* connection : {&silent, &half}) {
+    bool closed = false;
+    connection->Read(std::chrono::seconds(20), &closed);
+    EXPECT_TRUE(closed) << "the server kept a connection that never finished its handshake";
+  }
+  EXPECT_EQ(server.handled->load(), 1);
 }
 
 TEST(TlsListenerTest, TrustOnlyNeedsACertificate) {
@@ -192,7 +208,7 @@ TEST(TlsListenerTest, TrustOnlyNeedsACertificate) {
   SSL_CTX_free(context);
 }
 
-// Each handshake makes its own context through the listener's callback, on cpprest's threads.
+// Handshakes on several connections at once, on the server's threads.
 TEST(TlsListenerTest, ConcurrentHandshakesAllComplete) {
   const KeyPair ca = Ca();
   TlsServer server(Server(ca, {"127.0.0.1"}));

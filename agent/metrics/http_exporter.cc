@@ -10,47 +10,38 @@
 namespace vf {
 namespace {
 
-using web::http::http_request;
-using web::http::http_response;
-using web::http::status_codes;
+using http::Request;
+using http::Responder;
+using http::Response;
+namespace codes = http::codes;
 
 // The Content-Type of the text exposition format that prometheus::TextSerializer writes.
 constexpr char kExpositionContentType[] = "text/plain; version=0.0.4; charset=utf-8";
 
 void Handle(const prometheus::Registry& registry, const MetricsServer::ReadinessCheck& readiness,
-            const http_request& request) {
-  const std::string path = request.request_uri().path();
+            const Request& request, const Responder& responder) {
+  const std::string& path = request.path;
   if (path != "/metrics" && path != "/healthz" && path != "/readyz") {
-    http::Send(request, http::TextResponse(
-                            status_codes::NotFound,
-                            "no such path: " + path + " (try /metrics, /healthz or /readyz)"));
-    return;
+    return responder.Send(Response::Text(
+        codes::kNotFound, "no such path: " + path + " (try /metrics, /healthz or /readyz)"));
   }
-  if (request.method() != web::http::methods::GET) {
-    http_response response =
-        http::TextResponse(status_codes::MethodNotAllowed,
-                           "method " + request.method() + " is not allowed here; use GET");
-    response.headers().add("Allow", "GET");
-    http::Send(request, response);
-    return;
+  if (request.method != "GET") {
+    Response response = Response::Text(
+        codes::kMethodNotAllowed, "method " + request.method + " is not allowed here; use GET");
+    response.headers.Set("Allow", "GET");
+    return responder.Send(std::move(response));
   }
   if (path == "/metrics") {
     // Served here rather than by prometheus-cpp's pull Exposer: the Exposer answers /metrics
     // only, and the Helm chart's probes need /healthz and /readyz on the same port, which would
     // take a second HTTP server just for them.
-    http_response response(status_codes::OK);
-    http::SetBody(response, prometheus::TextSerializer().Serialize(registry.Collect()),
-                  kExpositionContentType);
-    http::Send(request, response);
-    return;
+    return responder.Send(Response::With(codes::kOk,
+                                         prometheus::TextSerializer().Serialize(registry.Collect()),
+                                         kExpositionContentType));
   }
   const Status ready = path == "/readyz" && readiness ? readiness() : Status::Ok();
-  if (ready.ok()) {
-    http::Send(request, http::TextResponse(status_codes::OK, "ok"));
-  } else {
-    http::Send(request, http::TextResponse(status_codes::ServiceUnavailable,
-                                           "not ready: " + ready.message()));
-  }
+  if (ready.ok()) return responder.Send(Response::Text(codes::kOk, "ok"));
+  responder.Send(Response::Text(codes::kServiceUnavailable, "not ready: " + ready.message()));
 }
 
 }  // namespace
@@ -65,13 +56,13 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const prometheus::Re
   http::Listener::Options options;
   options.name = "metrics server";
   // It serves GET only: a body is never read, so none is let in.
-  options.max_body_bytes = 0;
+  options.limits.max_body_bytes = 0;
   const MetricsServer* self = server.get();
   VF_ASSIGN_OR_RETURN(
       server->listener_,
       http::Listener::Start(host, port, std::move(options),
-                            [self](const http_request& request, const http::InFlight&) {
-                              Handle(self->registry_, self->readiness_, request);
+                            [self](const Request& request, const Responder& responder) {
+                              Handle(self->registry_, self->readiness_, request, responder);
                             }));
   return server;
 }

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <future>
 #include <memory>
 #include <string>
@@ -16,6 +17,7 @@
 
 #include <cpprest/http_client.h>
 
+#include "agent/http/test_client.h"
 #include "agent/metrics/test_util.h"
 
 // As in operator/coordinator/server_test.cc: cpprest can leave a continuation of its own
@@ -149,10 +151,13 @@ TEST_F(MetricsServerTest, UnknownPathsAre404AndOtherMethods405) {
 TEST_F(MetricsServerTest, RequestsWithABodyAre413AndScrapesGoOn) {
   auto server = Start();
   ASSERT_NE(server, nullptr);
-  const Reply big =
-      Fetch(server->url(), "/metrics", web::http::methods::GET, std::string(8 << 20, 'x'));
-  EXPECT_EQ(big.status, 413);
-  EXPECT_EQ(big.body, "metrics server: request body is 8388608 bytes; the limit is 0 bytes\n");
+  // 8 MiB declared: refused on the header alone, before any of it is read.
+  http::testing::RawConnection big(server->port());
+  ASSERT_TRUE(big.Send("GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 8388608\r\n\r\nxx"));
+  const std::string reply = big.Read(std::chrono::seconds(10), nullptr, /*until_answer=*/true);
+  EXPECT_EQ(http::testing::StatusOf(reply), 413) << reply;
+  EXPECT_EQ(http::testing::BodyOf(reply),
+            "metrics server: request has a body; this server takes none\n");
   EXPECT_EQ(Fetch(server->url(), "/healthz", web::http::methods::POST, "x").status, 413);
   const Reply scrape = Fetch(server->url(), "/metrics");
   EXPECT_EQ(scrape.status, 200);

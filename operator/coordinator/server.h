@@ -15,6 +15,12 @@
 //   POST ack             {"worker", "epoch"}                                  -> 204
 //   POST failure         {"worker", "epoch", "step", "message"}               -> 204
 //
+//   GET  /healthz (no credential)     -> 200 "ok": the server reads and answers requests
+//
+// Requests are read by the project's HTTP server (agent/http/listener.h), under its limits:
+// a request whose head has no valid credential is answered from the head alone, before any of
+// its body is read.
+//
 // Every 2xx answer carries "X-VirtualFlow-Coordinator: <incarnation>" (Coordinator::incarnation),
 // so that a worker can tell a restarted coordinator, whose store is empty, from the one it wrote
 // its rendezvous keys to.
@@ -26,7 +32,8 @@
 // current epoch from a worker outside its plan, 404 unknown worker or path,
 // 405 wrong method, 408 store wait timed out, 409 the request does not fit the job's state (spec
 // or build mismatch, an epoch in the past or the future, a limit on workers, keys or bytes
-// reached), 413 body over 1 MiB, 503 shutting down, 500 a bug.
+// reached), 413 body over 1 MiB, 431 header fields over 16 KiB, 503 shutting down (or, for a
+// registration, the coordinator full for now: the agent retries), 500 a bug.
 #pragma once
 
 #include <memory>
