@@ -145,4 +145,21 @@ Result<CoordinatorTls> EnsureCoordinatorTls(kube::Client& client,
   return last.WithContext(where);
 }
 
+Result<std::optional<CoordinatorTls>> NextServed(const CoordinatorTls& served,
+                                                 const CoordinatorTls& stored,
+                                                 const std::vector<std::string>& names,
+                                                 std::chrono::system_clock::time_point now) {
+  if (stored.ca.certificate_pem == served.ca.certificate_pem) {
+    if (stored.server.certificate_pem == served.server.certificate_pem) {
+      return std::optional<CoordinatorTls>();
+    }
+    return std::optional<CoordinatorTls>(stored);
+  }
+  bool changed = false;
+  VF_ASSIGN_OR_RETURN(CoordinatorTls renewed,
+                      Renewed(served, names, now, /*renew_ca=*/false, &changed));
+  if (!changed) return std::optional<CoordinatorTls>();
+  return std::optional<CoordinatorTls>(std::move(renewed));
+}
+
 }  // namespace vf::controller

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <chrono>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,17 @@ std::vector<std::string> CoordinatorNames(const std::string& url);
 Result<CoordinatorTls> Renewed(const CoordinatorTls& current, const std::vector<std::string>& names,
                                std::chrono::system_clock::time_point now, bool renew_ca,
                                bool* changed);
+
+// What a running replica that serves `served` should serve once the Secret holds `stored`:
+// nullopt to keep what it serves. The Secret's when it is of the same CA and newer. When another
+// replica rotated the CA at its start, the workers of running jobs still trust the one served,
+// so the replica keeps that CA and renews its server certificate from it when the rule says so
+// (its pods get the new CA once it starts again); without this, the served certificate would
+// expire unrenewed.
+Result<std::optional<CoordinatorTls>> NextServed(const CoordinatorTls& served,
+                                                 const CoordinatorTls& stored,
+                                                 const std::vector<std::string>& names,
+                                                 std::chrono::system_clock::time_point now);
 
 // Reads the Secret (creating it when missing), renews what the rule says, writes it back, and
 // returns what is in it now. Two replicas starting together agree: a lost create or update

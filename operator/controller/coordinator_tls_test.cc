@@ -99,5 +99,34 @@ TEST(CoordinatorTlsTest, AServerCertificateOfAnotherCaIsReplaced) {
   EXPECT_TRUE(http::CheckServerCertificate(fixed->server, mixed.ca.certificate_pem).ok());
 }
 
+TEST(CoordinatorTlsTest, ARunningReplicaServesTheSecretsNewCertificateOfItsOwnCa) {
+  const CoordinatorTls served = Fresh();
+  EXPECT_FALSE(NextServed(served, served, kNames, Clock::now())->has_value());
+  bool changed = false;
+  Result<CoordinatorTls> stored =
+      Renewed(served, kNames, Clock::now() + hours(24 * 61), false, &changed);
+  ASSERT_TRUE(stored.ok() && changed);
+  Result<std::optional<CoordinatorTls>> next = NextServed(served, *stored, kNames, Clock::now());
+  ASSERT_TRUE(next.ok() && next->has_value());
+  EXPECT_EQ((*next)->server.certificate_pem, stored->server.certificate_pem);
+}
+
+// Another replica's start rotated the CA: this one keeps the CA its jobs' workers trust, and
+// renews its server certificate from that CA when due instead of serving one that expires.
+TEST(CoordinatorTlsTest,
+     AfterAnotherReplicaRotatedTheCaTheServedCaStaysAndItsCertificateIsRenewed) {
+  const CoordinatorTls served = Fresh();
+  const CoordinatorTls rotated = Fresh();
+  Result<std::optional<CoordinatorTls>> fresh = NextServed(served, rotated, kNames, Clock::now());
+  ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+  EXPECT_FALSE(fresh->has_value()) << "a fresh certificate of the served CA was replaced";
+  const auto due = Clock::now() + hours(24 * 61);
+  Result<std::optional<CoordinatorTls>> next = NextServed(served, rotated, kNames, due);
+  ASSERT_TRUE(next.ok() && next->has_value());
+  EXPECT_EQ((*next)->ca.certificate_pem, served.ca.certificate_pem);
+  EXPECT_NE((*next)->server.certificate_pem, served.server.certificate_pem);
+  EXPECT_TRUE(http::CheckServerCertificate((*next)->server, served.ca.certificate_pem).ok());
+}
+
 }  // namespace
 }  // namespace vf::controller

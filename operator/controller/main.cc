@@ -367,13 +367,16 @@ vf::Result<CoordinatorTlsState> StartCoordinatorTls(const OperatorFlags& f,
     while (true) {
       wake.wait_for(lock, stop, vf::controller::kCheckEvery, [] { return false; });
       if (stop.stop_requested()) return;
-      auto now = vf::controller::EnsureCoordinatorTls(client, options, /*renew_ca=*/false);
-      if (!now.ok()) {
-        std::fprintf(stderr, "virtualflow-operator: warning: %s\n", now.status().message().c_str());
-      } else if (now->server.certificate_pem != served.server.certificate_pem &&
-                 now->ca.certificate_pem == served.ca.certificate_pem) {
-        vf::Status replaced = credentials->Replace(now->server);
-        if (replaced.ok()) served = *now;
+      auto stored = vf::controller::EnsureCoordinatorTls(client, options, /*renew_ca=*/false);
+      auto next = stored.ok() ? vf::controller::NextServed(served, *stored, options.names,
+                                                           std::chrono::system_clock::now())
+                              : stored.status();
+      if (!next.ok()) {
+        std::fprintf(stderr, "virtualflow-operator: warning: %s\n",
+                     next.status().message().c_str());
+      } else if (next->has_value()) {
+        vf::Status replaced = credentials->Replace((*next)->server);
+        if (replaced.ok()) served = **next;
         std::fprintf(stderr, "virtualflow-operator: coordinator certificate renewed: %s\n",
                      replaced.ToString().c_str());
       }
