@@ -117,6 +117,7 @@ class OperatorTestCase(ControlPlaneTestCase):
 
     ns = NS
     pod_path = [BIN_DIR]  # where the pods' commands are found, first
+    http_listen = "127.0.0.1:0"  # the operator's health and metrics port (0: any free one)
 
     @classmethod
     def setUpClass(cls):
@@ -162,7 +163,7 @@ class OperatorTestCase(ControlPlaneTestCase):
             cls.cp.kubeconfig,
             *coordinator,
             "--http-listen",
-            "127.0.0.1:0",
+            cls.http_listen,
             "--agent-metrics-port",
             "0",
             "--join-batch-seconds",
