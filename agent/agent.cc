@@ -8,6 +8,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -33,6 +34,12 @@ std::atomic<bool> g_leave{false};
 constexpr std::chrono::milliseconds kJoinerPoll(200);
 // How long to wait between attempts to reach a coordinator that is not serving yet.
 constexpr std::chrono::milliseconds kRetryPause(500);
+// A worker the coordinator has no room for yet (IsCoordinatorFull) registers again after a pause
+// that doubles from the first to the longest, for as long as that lasts, and says every notice
+// interval that it still waits.
+constexpr std::chrono::milliseconds kFullFirstPause(500);
+constexpr std::chrono::milliseconds kFullLongestPause(10000);
+constexpr std::chrono::seconds kFullNotice(30);
 // A checkpoint error travels in every report: one message, cut to the protocol's limit.
 constexpr size_t kMaxCheckpointErrorBytes = protocol::kMaxCheckpointError;
 
@@ -129,6 +136,11 @@ class Agent::Impl {
     return spec == nullptr ? "" : spec;
   }
 
+  // The first registration (not ready yet), waiting as Agent::Join says; false when the worker
+  // was asked to leave before it registered.
+  Result<bool> RegisterFirst();
+  // Sleeps for `pause`, in short slices so that a leave request (SIGTERM) ends it early.
+  static void PauseUnlessLeaving(std::chrono::milliseconds pause);
   // The plan to follow next: the one the members agreed on, or the newest one after ours.
   std::optional<Plan> WaitForPlan();
   // Builds the communicator of `plan` and brings every member to the same state. Transient
@@ -196,12 +208,26 @@ Status Agent::Impl::Start() {
     std::fprintf(stderr, "virtualflow-agent: %s: metrics on port %d\n", o_.worker.c_str(),
                  metrics_server_->port());
   }
+  VF_ASSIGN_OR_RETURN(protocol_, ProtocolToSpeak(o_.worker));
+  VF_ASSIGN_OR_RETURN(const bool registered, RegisterFirst());
+  if (!registered) return Status::Ok();  // deleted before it ever counted: Next says so
+  // A coordinator that restarted while this worker rendezvoused lost the keys it wrote; the
+  // watcher writes them again as soon as it meets the new one, even while this worker's own
+  // thread is busy connecting to a peer.
+  watcher_ = std::make_unique<PlanWatcher>(client_, [this] { coordinator_store_.Reassert(); });
+  return Status::Ok();
+}
+
+Result<bool> Agent::Impl::RegisterFirst() {
   // Registered but not ready: the controller sees the worker starting and waits for warm-up.
   // A coordinator that is not serving yet (an operator starting or restarting) is waited for,
   // and so is one that does not know the job yet: it answers 401, as for a wrong token, so
-  // that nobody learns which jobs exist; a wrong token fails at the timeout.
-  VF_ASSIGN_OR_RETURN(protocol_, ProtocolToSpeak(o_.worker));
-  const auto deadline = Clock::now() + o_.timeout;
+  // that nobody learns which jobs exist; a wrong token fails at the timeout. A coordinator
+  // that has no room for this worker yet is waited for as long as it says so.
+  auto deadline = Clock::now() + o_.timeout;
+  std::optional<Clock::time_point> full_since;
+  Clock::time_point full_said;
+  std::chrono::milliseconds full_pause = kFullFirstPause;
   while (true) {
     Status s = client_.Register(o_.fingerprint, o_.build, false, protocol_);
     if (s.ok()) break;
@@ -209,8 +235,32 @@ Status Agent::Impl::Start() {
         s.code() != StatusCode::kUnauthenticated) {
       return s;
     }
-    if (g_leave.load()) return Status::Ok();  // deleted before it ever counted: Next says so
-    if (Clock::now() > deadline) {
+    if (g_leave.load()) return false;
+    const auto now = Clock::now();
+    if (IsCoordinatorFull(s)) {
+      if (!full_since || now - full_said >= kFullNotice) {
+        if (full_since) {
+          std::fprintf(stderr,
+                       "virtualflow-agent: %s: still waiting for room at the coordinator after "
+                       "%.0f s: %s\n",
+                       o_.worker.c_str(), Since(*full_since), s.message().c_str());
+        } else {
+          std::fprintf(stderr,
+                       "virtualflow-agent: %s: waiting for room at the coordinator, registering "
+                       "again until admitted: %s\n",
+                       o_.worker.c_str(), s.message().c_str());
+          full_since = now;
+        }
+        full_said = now;
+      }
+      // The timeout is for a coordinator that is away or does not know the job, not for one
+      // that is full: it counts from the last answer that said so.
+      deadline = now + o_.timeout;
+      PauseUnlessLeaving(full_pause);
+      full_pause = std::min(full_pause * 2, kFullLongestPause);
+      continue;
+    }
+    if (now > deadline) {
       if (s.code() == StatusCode::kUnavailable) return s.WithContext("registering");
       // Never kNotFound, which would fail the whole job: a replacement may be luckier.
       return Unavailable("registering: the coordinator did not accept this worker within " +
@@ -221,11 +271,20 @@ Status Agent::Impl::Start() {
     }
     std::this_thread::sleep_for(kRetryPause);
   }
-  // A coordinator that restarted while this worker rendezvoused lost the keys it wrote; the
-  // watcher writes them again as soon as it meets the new one, even while this worker's own
-  // thread is busy connecting to a peer.
-  watcher_ = std::make_unique<PlanWatcher>(client_, [this] { coordinator_store_.Reassert(); });
-  return Status::Ok();
+  if (full_since) {
+    std::fprintf(stderr, "virtualflow-agent: %s: admitted by the coordinator after %.0f s\n",
+                 o_.worker.c_str(), Since(*full_since));
+  }
+  return true;
+}
+
+void Agent::Impl::PauseUnlessLeaving(std::chrono::milliseconds pause) {
+  const auto until = Clock::now() + pause;
+  while (!g_leave.load()) {
+    const auto now = Clock::now();
+    if (now >= until) return;
+    std::this_thread::sleep_for(std::min<Clock::duration>(until - now, kJoinerPoll));
+  }
 }
 
 std::optional<Plan> Agent::Impl::WaitForPlan() {

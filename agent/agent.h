@@ -122,6 +122,10 @@ class Agent {
   // Registers the worker (not ready yet), waiting up to the timeout for a coordinator that is
   // not serving yet (an operator starting or restarting), and starts following plans. A
   // worker asked to leave before it ever registered joins nothing: its Next says it left.
+  // A coordinator that has no room for the worker yet (IsCoordinatorFull: the job's worker
+  // limit, or the memory budget all jobs share) is waited for as long as it says so, registering
+  // again after 0.5 s, then twice as long each time up to 10 s, and saying on stderr once that it
+  // waits, every 30 s that it still does, and once when it is admitted.
   //
   // A coordinator that restarted has forgotten the job until the operator adds it again (it
   // answers 401, as it does for a wrong token, so that nobody learns which jobs exist) and

@@ -166,8 +166,12 @@ Result<CoordinatorClient::Response> CoordinatorClient::Call(
         std::lock_guard<std::mutex> lock(mu_);
         incarnation_ = result.incarnation;
       }
-      // A server that is shutting down (an operator restart) is as good as unreachable.
-      if (result.status != 503) return result;
+      // A server that is shutting down (an operator restart) is as good as unreachable. A full
+      // one answers at once, for the caller to wait for room at its own pace.
+      if (result.status != 503 ||
+          ErrorMessage(result.body).find(kCoordinatorFull) != std::string::npos) {
+        return result;
+      }
       failure = ErrorMessage(result.body) + " (HTTP 503)";
     } catch (const web::http::http_exception& e) {
       failure = e.error_code() == std::errc::timed_out ? "no answer within the request timeout"
@@ -378,6 +382,11 @@ Status CoordinatorStore::Wait(const std::vector<std::string>& keys, milliseconds
 bool IsAnotherBuildRefusal(const Status& s) {
   return s.code() == StatusCode::kFailedPrecondition &&
          s.message().find(kAnotherBuildRefusal) != std::string::npos;
+}
+
+bool IsCoordinatorFull(const Status& s) {
+  return s.code() == StatusCode::kUnavailable &&
+         s.message().find(kCoordinatorFull) != std::string::npos;
 }
 
 }  // namespace vf

@@ -26,10 +26,10 @@ namespace vf {
 // credential (401)"), 403 kPermissionDenied, 404 kNotFound, 408 kDeadlineExceeded, 409
 // kFailedPrecondition with the server's message, 503 and connection failures kUnavailable; the HTTP
 // code is in the message. Connection failures and 503s are retried with exponential backoff until
-// the call's deadline. Thread-safe (immutable but for the incarnation last seen, under a mutex;
-// every call uses its own connection). Calls block the calling thread, so they must not be made
-// from cpprest's own thread pool (an http_listener handler or a task continuation): that pool also
-// completes the calls.
+// the call's deadline, but for a full coordinator's (IsCoordinatorFull). Thread-safe (immutable but
+// for the incarnation last seen, under a mutex; every call uses its own connection). Calls block
+// the calling thread, so they must not be made from cpprest's own thread pool (an http_listener
+// handler or a task continuation): that pool also completes the calls.
 class CoordinatorClient {
  public:
   // `base_url` is like "http://coordinator:8080", or "https://..." for a coordinator that serves
@@ -101,6 +101,12 @@ class CoordinatorClient {
 // of this worker because it runs another build than the job's workers (kAnotherBuildRefusal):
 // the worker exits kExitAnotherBuild, which fails neither the job nor the worker.
 bool IsAnotherBuildRefusal(const Status& s);
+
+// Whether `s` (from CoordinatorClient::Register, or passed on from one) is the coordinator's
+// answer that it has no room for this worker yet (kCoordinatorFull, HTTP 503): the worker waits
+// and registers again for as long as it lasts. The client answers it at once, not retrying it as
+// it retries other 503s.
+bool IsCoordinatorFull(const Status& s);
 
 // A vf::Store kept by the coordinator: Set is a PUT, Get a long poll (re-issued while the
 // timeout is longer than the server holds one), Wait a Get of each key.

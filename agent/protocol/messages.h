@@ -33,6 +33,13 @@ inline constexpr char kTestAgentProtocolEnv[] = "VF_TEST_AGENT_PROTOCOL";
 inline constexpr char kAnotherBuildRefusal[] = "was refused: it runs build ";
 inline constexpr int kExitAnotherBuild = 4;
 
+// What a coordinator's answer to a registration says when it has no room for the worker yet: the
+// job has as many registered workers as it may have, or all jobs together hold the coordinator's
+// memory budget (HTTP 503). Room comes back as members leave and other jobs end, so the worker
+// waits and registers again for as long as the answer lasts, and its job goes on; one tenant
+// filling the shared budget never fails another's job.
+inline constexpr char kCoordinatorFull[] = "the coordinator is full";
+
 // The header that names the worker a request speaks for (with its credential as the bearer).
 inline constexpr char kWorkerHeader[] = "X-VirtualFlow-Worker";
 

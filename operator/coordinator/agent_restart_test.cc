@@ -4,7 +4,7 @@
 // registers again and goes on; the members of a grown plan that were meeting through the lost
 // coordinator's store meet through the new one. A wrong token still fails, at the timeout,
 // without failing the job (kUnavailable, not kNotFound), and a worker of another build than the
-// job's knows it was refused for that.
+// job's knows it was refused for that. A coordinator that is full has a worker wait for room.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -242,6 +242,47 @@ TEST(AgentAcrossCoordinatorRestart, AStoreWritesItsKeysAgainToTheNextCoordinator
   EXPECT_EQ(client.incarnation(), third.incarnation());
   store.Reassert();
   EXPECT_FALSE(third.GetKey(kJob, "epoch-1/rank_0", milliseconds(0)).ok());
+}
+
+// Another tenant's job holds the memory budget all jobs share: the coordinator answers this
+// worker's registration 503 (full) for as long as that lasts, past the worker's own timeout,
+// which bounds the wait for a coordinator that is away, not for room. The worker registers again
+// and again, says that it waits, and joins once the other job ends; nothing fails. In a child
+// process of its own: RequestLeave, which ends the wait, is process-wide and other tests call it.
+void WaitForRoomThenJoin() {
+  const int port = FreeLowPort();
+  constexpr size_t kBudget = 64 << 10;
+  Coordinator coordinator(kBudget);
+  auto server = ServeJob(coordinator, port);
+  if (!server.ok()) std::exit(11);
+  if (!coordinator.AddJob("team/other", kToken, kFingerprint, kBuild).ok() ||
+      !coordinator.SetKey("team/other", "k", std::string(kBudget - 200, 'x')).ok()) {
+    std::exit(12);
+  }
+  // Past this point a failure ends the process at once (_Exit): exit handlers would wait for
+  // the agent's call in flight.
+  auto joining = std::async(std::launch::async, [&] {
+    return agent::Agent::Join(Options(port, W0Credential(), milliseconds(1000)));
+  });
+  if (joining.wait_for(seconds(3)) != std::future_status::timeout) std::_Exit(13);
+  if (!coordinator.GetJob(kJob)->workers.empty()) std::_Exit(14);
+  if (!coordinator.RemoveJob("team/other").ok()) std::_Exit(15);
+  if (joining.wait_for(seconds(30)) != std::future_status::ready) std::_Exit(16);
+  auto joined = joining.get();
+  if (!joined.ok() || !(*joined)->Ready().ok()) std::_Exit(17);
+  const bool registered = coordinator.GetJob(kJob)->workers.count("w0") == 1;
+  // Its plan watcher stopped first: exit handlers would wait for the call it has in flight.
+  joined->reset();
+  std::exit(registered ? 0 : 18);
+}
+
+TEST(AgentAtAFullCoordinator, AWorkerWaitsForRoomPastItsTimeoutAndJoinsOnceAdmitted) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(WaitForRoomThenJoin(), testing::ExitedWithCode(0),
+              "w0: waiting for room at the coordinator, registering again until admitted: .*worker "
+              "w0 is not admitted yet: the coordinator is full \\(the coordinator's memory "
+              "budget .*; the worker will retry until there is room \\(HTTP 503\\).*w0: admitted "
+              "by the coordinator after");
 }
 
 TEST(AgentAcrossCoordinatorRestart, AWrongTokenFailsAtTheTimeoutWithoutFailingTheJob) {

@@ -25,6 +25,13 @@ constexpr size_t kMaxNameBytes = 253;  // a Kubernetes object name
 constexpr size_t kMaxSecretBytes = 4096;
 constexpr size_t kMaxFailureMessageBytes = 4096;
 
+// A registration the coordinator has no room for now (`why`): kUnavailable (HTTP 503), which the
+// worker waits out, rather than kFailedPrecondition (409), which would fail its job.
+Status Full(const std::string& worker, const std::string& why) {
+  return Unavailable("worker " + worker + " is not admitted yet: " + kCoordinatorFull + " (" + why +
+                     "); the worker will retry until there is room");
+}
+
 // The worker was heard from just now.
 void Touch(WorkerInfo& info) {
   info.last_seen = Clock::now();
@@ -492,15 +499,15 @@ Status Coordinator::RegisterWorker(const std::string& job, const std::string& wo
   auto it = state->workers.find(worker);
   if (it == state->workers.end()) {
     if (state->workers.size() >= state->max_workers) {
-      return FailedPrecondition("job " + job + " already has " +
-                                std::to_string(state->max_workers) +
-                                " registered workers, as many as it may have");
+      return Full(worker, "job " + job + " already has " + std::to_string(state->max_workers) +
+                              " registered workers, as many as it may have");
     }
     WorkerInfo fresh;
     fresh.worker = worker;
     fresh.fingerprint = fingerprint;
     fresh.build = build;
-    VF_RETURN_IF_ERROR(ChargeLocked(*state, 0, WorkerBytes(fresh)));
+    const Status charged = ChargeLocked(*state, 0, WorkerBytes(fresh));
+    if (!charged.ok()) return Full(worker, charged.message());
     it = state->workers.emplace(worker, std::move(fresh)).first;
   }
   // Fingerprint and build equal the job's: a registration again changes no size.

@@ -94,7 +94,8 @@ class Coordinator {
   static constexpr size_t kWorkerOverheadBytes = 512;
 
   // `memory_budget` bounds what all jobs together hold; a write past it fails with
-  // kFailedPrecondition. `protocol` is the coordinator protocol this coordinator speaks: this
+  // kFailedPrecondition, a registration past it with kUnavailable (kCoordinatorFull: the worker
+  // waits for room). `protocol` is the coordinator protocol this coordinator speaks: this
   // build's kProtocolVersion; another only in tests, where an operator poses as one of another
   // protocol (VF_TEST_OPERATOR_PROTOCOL) to drain the jobs of the workers it cannot talk to.
   explicit Coordinator(size_t memory_budget = kDefaultMemoryBudget,
@@ -133,7 +134,8 @@ class Coordinator {
   Status RestrictWorkers(const std::string& job, std::set<std::string> admitted);
 
   // At most `max_workers` (1..kMaxWorkersPerJob) registered workers in `job`; registrations
-  // past it fail with kFailedPrecondition. Workers already registered stay.
+  // past it fail with kUnavailable (kCoordinatorFull: the worker waits for room). Workers already
+  // registered stay.
   Status SetWorkerLimit(const std::string& job, size_t max_workers);
   // Bytes all jobs hold now, as the memory budget counts them.
   size_t MemoryUsed() const;
@@ -157,7 +159,8 @@ class Coordinator {
   // build is the job's: the one given to AddJob, or, once the first member of the current plan
   // to register brought another (the workers of an operator upgraded under them), or in a job
   // whose plan has no members the first worker to register, that one. A refusal for the build
-  // says kAnotherBuildRefusal.
+  // says kAnotherBuildRefusal. A new worker the job's worker limit or the memory budget has no
+  // room for is refused for now: kUnavailable saying kCoordinatorFull.
   Status RegisterWorker(const std::string& job, const std::string& worker,
                         const std::string& fingerprint, const std::string& build, bool ready,
                         int64_t protocol = kProtocolVersion);

@@ -146,15 +146,49 @@ TEST_F(CoordinatorTest, WorkersPerJobStopAtItsLimit) {
   EXPECT_EQ(c_.SetWorkerLimit("team/other", 3).code(), StatusCode::kNotFound);
   ASSERT_TRUE(c_.SetWorkerLimit(kJob, 3).ok());
   RegisterAll(3);
+  // Refused for now, as a full coordinator: the worker waits for room, its job goes on.
   const Status fourth = c_.RegisterWorker(kJob, "w-3", kFingerprint, kBuild, true);
-  EXPECT_EQ(fourth.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(fourth.code(), StatusCode::kUnavailable);
   EXPECT_NE(fourth.message().find("already has 3 registered workers"), std::string::npos)
       << fourth.message();
+  EXPECT_NE(fourth.message().find(kCoordinatorFull), std::string::npos) << fourth.message();
   EXPECT_TRUE(c_.RegisterWorker(kJob, "w-2", kFingerprint, kBuild, false).ok());
   // A worker forgotten makes room.
   ASSERT_TRUE(c_.ForgetWorker(kJob, "w-0").ok());
   EXPECT_TRUE(c_.RegisterWorker(kJob, "w-3", kFingerprint, kBuild, true).ok());
   EXPECT_EQ(c_.GetJob(kJob)->workers.size(), 3u);
+}
+
+// One tenant's job holding the budget all jobs share must not fail another's: a worker that
+// finds no room is told to wait (kUnavailable, HTTP 503), and is admitted once room comes back.
+TEST(CoordinatorBudgetTest, AWorkerPastTheMemoryBudgetIsToldToWaitAndAdmittedOnceThereIsRoom) {
+  constexpr size_t kBudget = 64 << 10;
+  Coordinator c(kBudget);
+  ASSERT_TRUE(c.AddJob("team/a", kToken, kFingerprint, kBuild).ok());
+  ASSERT_TRUE(c.AddJob("team/b", kToken, kFingerprint, kBuild).ok());
+  ASSERT_TRUE(c.RegisterWorker("team/a", "w-0", kFingerprint, kBuild, true).ok());
+  // Job a fills the budget but for 16 bytes, less than one worker's entry.
+  const size_t value_bytes = kBudget - c.MemoryUsed() - Coordinator::kKeyOverheadBytes - 1 - 16;
+  ASSERT_TRUE(c.SetKey("team/a", "k", std::string(value_bytes, 'a')).ok());
+  ASSERT_LT(kBudget - c.MemoryUsed(), Coordinator::kWorkerOverheadBytes);
+  const size_t used = c.MemoryUsed();
+
+  const Status refused = c.RegisterWorker("team/b", "w-0", kFingerprint, kBuild, true);
+  EXPECT_EQ(refused.code(), StatusCode::kUnavailable) << refused.message();
+  EXPECT_NE(refused.message().find(kCoordinatorFull), std::string::npos) << refused.message();
+  EXPECT_NE(refused.message().find("memory budget"), std::string::npos) << refused.message();
+  EXPECT_NE(refused.message().find("will retry"), std::string::npos) << refused.message();
+  EXPECT_EQ(c.MemoryUsed(), used);
+  EXPECT_TRUE(c.GetJob("team/b")->workers.empty());
+  // The refusals of a worker that could never join stay what they were.
+  EXPECT_EQ(c.RegisterWorker("team/b", "w-0", "fp-2", kBuild, true).code(),
+            StatusCode::kFailedPrecondition);
+
+  // Job a ends: the same registration is admitted.
+  ASSERT_TRUE(c.ForgetWorker("team/a", "w-0").ok());
+  ASSERT_TRUE(c.RemoveJob("team/a").ok());
+  ASSERT_TRUE(c.RegisterWorker("team/b", "w-0", kFingerprint, kBuild, true).ok());
+  EXPECT_EQ(c.GetJob("team/b")->workers.size(), 1u);
 }
 
 TEST_F(CoordinatorTest, StoreKeysPerJobAreBounded) {

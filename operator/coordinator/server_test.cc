@@ -456,7 +456,9 @@ TEST_F(ServerTest, OnlyRankZeroReportsTheJobFinished) {
   EXPECT_TRUE(coordinator_.GetJob(kJob)->workers.at("w-0").last_report.finished);
 }
 
-TEST(ServerLimitsTest, WorkerStoreAndMemoryLimitsAre409AndTheJobGoesOn) {
+// A worker past the job's worker limit is told to wait (503, the coordinator is full), not
+// refused for good: its job goes on. Store writes past a limit are refused (409).
+TEST(ServerLimitsTest, WorkerLimitIs503StoreAndMemoryLimitsAre409AndTheJobGoesOn) {
   Coordinator coordinator(/*memory_budget=*/64 << 10);
   ASSERT_TRUE(coordinator.AddJob(kJob, kToken, kFingerprint, kBuild).ok());
   ASSERT_TRUE(coordinator.SetWorkerLimit(kJob, 2).ok());
@@ -467,11 +469,19 @@ TEST(ServerLimitsTest, WorkerStoreAndMemoryLimitsAre409AndTheJobGoesOn) {
   };
   ASSERT_TRUE(client("w-0").Register(kFingerprint, kBuild, true).ok());
   ASSERT_TRUE(client("w-1").Register(kFingerprint, kBuild, false).ok());
+  // Answered at once, not retried by the client as other 503s are: the worker waits at its own
+  // pace (agent_restart_test).
+  const auto asked = std::chrono::steady_clock::now();
   Status third = client("w-2").Register(kFingerprint, kBuild, true);
-  EXPECT_EQ(third.code(), StatusCode::kFailedPrecondition) << third.message();
-  EXPECT_NE(third.message().find("2 registered workers, as many as it may have (HTTP 409)"),
-            std::string::npos)
+  EXPECT_LT(std::chrono::steady_clock::now() - asked, seconds(2));
+  EXPECT_EQ(third.code(), StatusCode::kUnavailable) << third.message();
+  EXPECT_TRUE(IsCoordinatorFull(third)) << third.message();
+  EXPECT_NE(third.message().find("2 registered workers, as many as it may have"), std::string::npos)
       << third.message();
+  EXPECT_NE(third.message().find("(HTTP 503)"), std::string::npos) << third.message();
+  ExpectError(RawHttp(server->port(),
+                      Request("POST", JobPath(kJob, "register"), kToken, RegisterBody("w-2"))),
+              503, "the coordinator is full");
   EXPECT_TRUE(client("w-1").Register(kFingerprint, kBuild, true).ok());  // already counted
 
   ASSERT_TRUE(client("w-0").SetKey("a", std::string(40 << 10, 'a')).ok());
