@@ -197,6 +197,9 @@ class ListenerCore : public std::enable_shared_from_this<ListenerCore> {
   // A token that counts one request as being handled until it is released; nullptr once the
   // listener is stopping.
   std::shared_ptr<void> Enter();
+  // A token that holds `bytes` of the bodies' budget (Limits::max_buffered_body_bytes) until it
+  // is released; nullptr when they do not fit now.
+  std::shared_ptr<void> ReserveBody(size_t bytes);
   void Register(const std::shared_ptr<Connection>& connection);
   void Unregister(const Connection* connection);
   int open_connections() const;
@@ -205,7 +208,7 @@ class ListenerCore : public std::enable_shared_from_this<ListenerCore> {
   void Accept();
   void OnAccept(beast::error_code error, tcp::socket socket);
   // Makes room for one more connection: closes the one that has waited longest for a request
-  // head. False when every connection is busy with a request.
+  // head or in its TLS handshake. False when every connection is busy with a request.
   bool MakeRoom();
   void Leave();
   void CloseEverything();
@@ -229,6 +232,7 @@ class ListenerCore : public std::enable_shared_from_this<ListenerCore> {
   mutable std::mutex mu_;  // guards everything below
   std::condition_variable idle_;
   int64_t in_flight_ = 0;
+  size_t buffered_body_bytes_ = 0;
   std::unordered_map<const Connection*, std::weak_ptr<Connection>> connections_;
 };
 }  // namespace detail
@@ -294,6 +298,8 @@ class Session : public Connection, public std::enable_shared_from_this<Session<S
   beast::tcp_stream& Tcp() { return beast::get_lowest_layer(stream_); }
 
   void Handshake() {
+    // A connection still in its handshake may be closed to make room, as one waiting for a head.
+    waiting_since.store(NowNanos());
     Tcp().expires_after(limits_.handshake_timeout);
     if constexpr (kTls) {
       stream_.async_handshake(net::ssl::stream_base::server,
@@ -342,6 +348,14 @@ class Session : public Connection, public std::enable_shared_from_this<Session<S
       if (refused.has_value()) return Write(std::move(*refused), nullptr, /*from_server=*/true);
     }
     if (reader_->parser().is_done()) return Dispatch();
+    const size_t reserve = reader_->parser().chunked()
+                               ? limits_.max_body_bytes
+                               : static_cast<size_t>(*reader_->parser().content_length());
+    body_reservation_ = listener_->ReserveBody(reserve);
+    if (body_reservation_ == nullptr) {
+      return Refuse(codes::kServiceUnavailable, "is busy reading other requests' bodies; try again",
+                    /*prefix=*/false);
+    }
     ContinueThenReadBody();
   }
 
@@ -391,6 +405,9 @@ class Session : public Connection, public std::enable_shared_from_this<Session<S
       // A bug in the handler: the client learns of it instead of waiting for its timeout.
       responder.Send(ServerError(codes::kInternalError, CurrentExceptionMessage()));
     }
+    // The handler has taken what it keeps of the body.
+    request_.body = std::string();
+    body_reservation_.reset();
   }
 
   // The server's own answer, after which the connection closes: "<name>: <message>", or
@@ -495,6 +512,7 @@ class Session : public Connection, public std::enable_shared_from_this<Session<S
   beast::flat_buffer buffer_;
   std::optional<RequestReader> reader_;
   Request request_;
+  std::shared_ptr<void> body_reservation_;  // while this request's body is held
   bool keep_alive_ = false;
   int requests_ = 0;
   Clock::time_point next_allowed_;
@@ -516,6 +534,16 @@ std::shared_ptr<void> detail::ListenerCore::Enter() {
   // The pointer is never used, only tested: a token made of nullptr would compare equal to it.
   return std::shared_ptr<void>(static_cast<void*>(this),
                                [self = shared_from_this()](void*) { self->Leave(); });
+}
+
+std::shared_ptr<void> detail::ListenerCore::ReserveBody(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (bytes > options_.limits.max_buffered_body_bytes - buffered_body_bytes_) return nullptr;
+  buffered_body_bytes_ += bytes;
+  return std::shared_ptr<void>(static_cast<void*>(this), [self = shared_from_this(), bytes](void*) {
+    std::lock_guard<std::mutex> released(self->mu_);
+    self->buffered_body_bytes_ -= bytes;
+  });
 }
 
 void detail::ListenerCore::Leave() {

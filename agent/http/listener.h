@@ -151,13 +151,18 @@ class Listener {
     // For writing one answer.
     std::chrono::milliseconds write_timeout{30'000};
     // Connections open at once. At the cap a new connection closes the one that has waited
-    // longest for a request head; if every connection is busy with a request, the new one is
-    // closed.
+    // longest for a request head (or in its TLS handshake); if every connection is busy with a
+    // request, the new one is closed.
     int max_connections = 1024;
     // Requests on one kept-alive connection, then the server closes it.
     int max_requests_per_connection = 1000;
     // Requests per second on one connection; faster ones wait before the next is read.
     double requests_per_second = 200;
+    // Request bodies held at once, over all connections: a body reserves its declared length
+    // (a chunked one the body limit) when its head is read, until its handler returns. A
+    // request that would pass this is answered 503, and a client retries it later: memory stays
+    // bounded however many clients send bodies at once.
+    size_t max_buffered_body_bytes = 64 << 20;
   };
 
   // How a server speaks and what it allows. Value type.
