@@ -193,8 +193,13 @@ def start_operator(cp: ControlPlane, args: argparse.Namespace) -> tuple[Componen
     base = "http://127.0.0.1:%d" % http_port
 
     def ready() -> bool:
+        # A standby is ready too: lead first (the metric), then ready (caches synced), read in
+        # that order so that a replica still campaigning is not taken for a synced leader.
         operator.check_alive()
         try:
+            with urllib.request.urlopen(base + "/metrics", timeout=2) as reply:
+                if "\nvf_operator_is_leader 1" not in reply.read().decode():
+                    return False
             with urllib.request.urlopen(base + "/readyz", timeout=2) as reply:
                 return reply.status == 200
         except OSError:

@@ -20,6 +20,7 @@
 #include <optional>
 #include <stop_token>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -30,6 +31,7 @@
 #include "operator/controller/controller.h"
 #include "operator/controller/coordinator_tls.h"
 #include "operator/controller/job_key.h"
+#include "operator/controller/leader_label.h"
 #include "operator/controller/memory_budget.h"
 #include "operator/coordinator/server.h"
 #include "operator/kube/client.h"
@@ -111,6 +113,8 @@ struct OperatorFlags {
   // --coordinator-listen and --http-listen split into host and port.
   std::pair<std::string, int> coordinator_address;
   std::pair<std::string, int> http_address;
+  // This replica's pod (POD_NAMESPACE, POD_NAME), which the leader labels; empty outside one.
+  vf::controller::OwnPod own_pod;
 };
 
 // "host:port" -> {host, port}; port must be 0..65535.
@@ -140,12 +144,15 @@ vf::Result<std::pair<std::string, int>> SplitAddress(const std::string& flag,
 // reported).
 std::optional<int> ParseFlags(int argc, char** argv, OperatorFlags& f) {
   f.lease_ns = EnvOr("POD_NAMESPACE", "");
+  f.own_pod = {EnvOr("POD_NAMESPACE", ""), EnvOr("POD_NAME", "")};
   CLI::App app(
       "Runs VirtualFlowJobs on a Kubernetes cluster: sizes each job to the GPUs available\n"
       "within its replicas.min..max, creates and deletes its worker pods, publishes membership\n"
       "plans through the coordinator the agents talk to, and keeps each job's status current.\n"
       "Serves /metrics, /healthz and /readyz on --http-listen. With leader election (the\n"
-      "default) only the replica holding the Lease acts; the others wait, not ready.",
+      "default) only the replica holding the Lease acts; the others stand by, ready to take\n"
+      "over. In a pod ($POD_NAMESPACE, $POD_NAME), the acting replica labels it\n"
+      "virtualflow.io/leader=true, which the coordinator's Service selects.",
       kProgram);
   app.footer(
       "Exit status: 0 stopped by SIGTERM/SIGINT; 1 leadership lost or a fatal error; 2 usage.");
@@ -385,27 +392,45 @@ vf::Result<CoordinatorTlsState> StartCoordinatorTls(const OperatorFlags& f,
   return CoordinatorTlsState{std::move(credentials), tls.ca.certificate_pem};
 }
 
-// Whether this replica leads and its controller has synced: what /readyz reports, shared by the
+// What /readyz reports: whether this replica can do its part now. The leader (or the one
+// operator without leader election) once its controller's caches have synced; a standby once it
+// campaigns for the Lease, so that it can take over. Every healthy replica is ready, so that a
+// Deployment of two is Available and a PodDisruptionBudget can let one go; the leader label
+// (leader_label.h), not readiness, sends agents to the leader's coordinator. Shared by the
 // metrics server's threads, the election and the controller's thread. Thread-safe (atomics).
 class Leadership {
  public:
   explicit Leadership(bool leading) : leading_(leading) {}
 
   void SetLeading(bool leading) { leading_.store(leading); }
+  // Whether the elector runs (its stale leader label cleared), standing by or leading.
+  void SetCampaigning(bool campaigning) { campaigning_.store(campaigning); }
   // The controller that runs now, or nullptr; it must stay alive until replaced by nullptr.
   void SetRunning(vf::controller::Controller* controller) { running_.store(controller); }
 
   vf::Status Ready() const {
-    if (!leading_.load()) return vf::Unavailable("not the leader");
-    vf::controller::Controller* c = running_.load();
-    if (c == nullptr || !c->synced()) return vf::Unavailable("caches not synced");
+    if (leading_.load()) {
+      vf::controller::Controller* c = running_.load();
+      if (c == nullptr || !c->synced()) return vf::Unavailable("leading; caches not synced yet");
+      return vf::Status::Ok();
+    }
+    if (!campaigning_.load()) return vf::Unavailable("not campaigning for the Lease yet");
     return vf::Status::Ok();
   }
 
  private:
   std::atomic<bool> leading_;
+  std::atomic<bool> campaigning_{false};
   std::atomic<vf::controller::Controller*> running_{nullptr};
 };
+
+// The leader label's calls: how long one may take, and how often a failed one is tried again.
+constexpr std::chrono::milliseconds kLabelTimeout{2000};
+
+void LogWarning(std::string_view line) {
+  std::fprintf(stderr, "virtualflow-operator: warning: %.*s\n", static_cast<int>(line.size()),
+               line.data());
+}
 
 // Serves /metrics, /healthz and /readyz on --http-listen, or the error, already reported.
 auto StartMetricsServer(vf::OperatorMetrics& metrics, const OperatorFlags& f,
@@ -444,13 +469,43 @@ vf::controller::ControllerOptions MakeControllerOptions(const OperatorFlags& f,
   return options;
 }
 
-// Runs one controller until `stop`, published in `leadership` while it runs; the caller's thread
-// blocks. Errors are reported here: the caller decides from leadership what happens next.
-void RunController(std::stop_token stop, vf::kube::Client& client, vf::Coordinator& coordinator,
+// Puts the leader label on `pod` once `controller` has synced its caches (agents sent to it
+// before would wait on a coordinator that publishes no plans), trying until `stop`.
+void LabelOnceSynced(std::stop_token stop, vf::kube::Client& client,
+                     const vf::controller::OwnPod& pod,
+                     const vf::controller::Controller& controller) {
+  if (!pod.known()) return;
+  std::mutex mu;
+  std::condition_variable_any wake;
+  std::unique_lock<std::mutex> lock(mu);
+  while (!controller.synced()) {
+    wake.wait_for(lock, stop, std::chrono::milliseconds(100), [] { return false; });
+    if (stop.stop_requested()) return;
+  }
+  if (vf::controller::MarkLeaderUntilDone(client, pod, /*leading=*/true, kLabelTimeout, stop,
+                                          LogWarning)
+          .ok()) {
+    std::fprintf(stderr, "virtualflow-operator: pod %s/%s labelled %s=%s\n", pod.ns.c_str(),
+                 pod.name.c_str(), vf::controller::kLeaderLabel, vf::controller::kLeaderLabelValue);
+  }
+}
+
+// Runs one controller until `stop`, published in `leadership` while it runs, and labels `pod` the
+// leader's once it has synced; the caller's thread blocks. Errors are reported here: the caller
+// decides from leadership what happens next. The label is never set after this returns.
+void RunController(std::stop_token stop, vf::kube::Client& client, vf::kube::Client& label_client,
+                   const vf::controller::OwnPod& pod, vf::Coordinator& coordinator,
                    const vf::controller::ControllerOptions& options, Leadership& leadership) {
   vf::controller::Controller controller(client, coordinator, options);
   leadership.SetRunning(&controller);
+  std::stop_source label_stop;  // the term's end, or a controller that returned early
+  std::stop_callback term_ended(stop, [&label_stop] { label_stop.request_stop(); });
+  std::jthread label([&label_client, &pod, &controller, token = label_stop.get_token()] {
+    LabelOnceSynced(token, label_client, pod, controller);
+  });
   vf::Status s = controller.Run(stop);
+  label_stop.request_stop();
+  label.join();
   leadership.SetRunning(nullptr);
   if (!s.ok()) {
     std::fprintf(stderr, "virtualflow-operator: error: %s\n", s.message().c_str());
@@ -479,15 +534,32 @@ int RunWhileLeading(std::stop_token stop, const OperatorFlags& f, vf::kube::Clie
   };
   election.on_stopped_leading = [&] {
     // The term's stop token is already stopped: wait until the controller has stopped acting.
+    // A replica whose term ended is done (Run returns, and the process exits): not ready.
+    leadership.SetCampaigning(false);
     leadership.SetLeading(false);
     metrics.SetLeader(false);
     if (controller_thread.joinable()) controller_thread.join();
+    // Off before the Lease is released, so that the Service stops sending agents here. One
+    // short try: a leader that lost its Lease may not reach the API server, and then a label
+    // left behind does not matter, since this process exits and is not ready again until it
+    // has cleared the label at its restart.
+    vf::Status off =
+        vf::controller::MarkLeader(election_client, f.own_pod, /*leading=*/false, kLabelTimeout);
+    if (!off.ok()) LogWarning(off.message());
   };
   election.on_new_leader = [&](const std::string& who) {
     std::fprintf(stderr, "virtualflow-operator: leader is %s\n", who.c_str());
   };
   auto elector = vf::kube::LeaderElector::Create(election_client, election);
   if (!elector.ok()) return vf::UsageError(kProgram, elector.status().message());
+  // A container restarted in the pod of a leader that died may find the label still on: clear
+  // it before standing by (ready), so that the Service never reaches a standby.
+  if (!vf::controller::MarkLeaderUntilDone(election_client, f.own_pod, /*leading=*/false,
+                                           kLabelTimeout, stop, LogWarning)
+           .ok()) {
+    return kExitOk;  // stopped first
+  }
+  leadership.SetCampaigning(true);
   vf::Status s = (*elector)->Run(stop);
   if (!s.ok()) {
     // client-go exits here too: a replica that lost its Lease must not act on stale state;
@@ -576,7 +648,8 @@ int main(int argc, char** argv) {
                  static_cast<long long>(vf::kProtocolVersion));
   }
   const std::function<void(std::stop_token)> run_controller = [&](std::stop_token stop) {
-    RunController(stop, *clients->main, coordinator, options, leadership);
+    RunController(stop, *clients->main, *clients->election, flags.own_pod, coordinator, options,
+                  leadership);
   };
   int exit_code = kExitOk;
   if (!flags.leader_elect) {
