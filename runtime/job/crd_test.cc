@@ -17,7 +17,7 @@ namespace vf {
 namespace {
 
 const char* const kCrdFiles[] = {"crds/virtualflowjob.yaml",
-                                 "charts/virtualflow/crds/virtualflowjob.yaml"};
+                                 "charts/virtualflow/files/virtualflowjob.yaml"};
 
 YAML::Node SpecSchema(const std::string& file) {
   const YAML::Node crd = YAML::LoadFile(std::string(VF_SOURCE_DIR) + "/" + file);

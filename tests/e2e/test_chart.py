@@ -3,9 +3,9 @@
 Without a cluster: `helm lint --strict` passes; `helm template` renders for every combination of
 values that matters, every object carries the recommended labels, and the operator's flags,
 probes and security context are the ones the operator expects; bad values fail with the
-schema's message (or the chart's own, for rules across values); the chart's CRD is a copy of
-crds/virtualflowjob.yaml; the Grafana dashboard parses and queries only metrics the project
-exports (or DCGM's). (The Dockerfiles are checked in tests/images/test_dockerfiles.py.)
+schema's message (or the chart's own, for rules across values); the chart's CRD is the
+repository's crds/virtualflowjob.yaml; the Grafana dashboard parses and queries only metrics the
+project exports (or DCGM's). (The Dockerfiles are checked in tests/images/test_dockerfiles.py.)
 
 With a control plane: `helm install` creates every object (the API server accepts them all, the
 CRD is established, the Deployment's pods pass the `restricted` Pod Security Standard), and the
@@ -14,9 +14,16 @@ says yes to each needed verb and resource and no to anything else, both cluster-
 watchNamespace. Upgrade and uninstall work. No kubelet runs the Deployment's pods, so
 `helm install --wait` is not used: the test checks the objects instead. When the operator is
 built (VF_BIN_DIR), the test runs it as those pods would (the Deployment's arguments and
-environment, the ServiceAccount's token): two replicas elect one leader, only it is ready, it
-runs a job without a single forbidden request, and the standby takes over when it stops; the
-same with watchNamespace.
+environment, the ServiceAccount's token): two replicas elect one leader, both are ready, the
+leader runs a job without a single forbidden request, and the standby takes over when it stops;
+the same with watchNamespace.
+
+In a control plane of its own (ChartUpgradeTest): `helm upgrade` from the previous chart, which
+kept the CRD in crds/, to this one upgrades the CRD; the test then plays the kubelet for the
+Deployment's two pods (the built operator run as each pod, its /readyz as the readiness probe):
+both become ready, `kubectl rollout status` and `helm upgrade --wait` return, the
+PodDisruptionBudget allows one disruption, and the Service's endpoints are the leader's pod
+alone, before and after a change of leader.
 """
 
 import filecmp
@@ -31,14 +38,21 @@ import unittest
 import urllib.error
 import urllib.request
 
-from controlplane import ControlPlane, ControlPlaneTestCase, _die_with_parent, bin_dir, free_port
+from controlplane import (
+    ApiError,
+    ControlPlane,
+    ControlPlaneTestCase,
+    _die_with_parent,
+    bin_dir,
+    free_port,
+)
 from promql import dashboard_queries, metric_names
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE_DIR = os.environ.get("VF_SOURCE_DIR") or os.path.dirname(os.path.dirname(HERE))
 CHART = os.path.join(SOURCE_DIR, "charts", "virtualflow")
 CRD_FILE = os.path.join(SOURCE_DIR, "crds", "virtualflowjob.yaml")
-CHART_CRD_FILE = os.path.join(CHART, "crds", "virtualflowjob.yaml")
+CHART_CRD_FILE = os.path.join(CHART, "files", "virtualflowjob.yaml")
 DASHBOARD = os.path.join(CHART, "dashboards", "virtualflow.json")
 EXAMPLE = os.path.join(SOURCE_DIR, "examples", "fashion-mnist.yaml")
 
@@ -47,6 +61,13 @@ RELEASE = "virtualflow"
 NS = "vf-system"
 OPERATOR = "virtualflow-operator"  # Deployment, Service, ServiceAccount of release RELEASE
 CRD_NAME = "virtualflowjobs.virtualflow.io"
+CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/" + CRD_NAME
+# The label the leader puts on its own pod, which the coordinator's Service selects
+# (operator/controller/leader_label.h).
+LEADER_LABEL = "virtualflow.io/leader"
+# The last commit whose chart kept the CRD in crds/, which Helm never upgrades: the chart an
+# installation upgrades from to the one that templates the CRD (ChartUpgradeTest).
+PREVIOUS_CHART_COMMIT = "a1d1f3949dc54a6a793a97c3275c28d6b24902b6"
 
 RECOMMENDED_LABELS = (
     "app.kubernetes.io/name",
@@ -509,7 +530,8 @@ class ChartFilesTest(unittest.TestCase):
             json.loads(read(os.path.join(CHART, "values.schema.json")))["$schema"],
         )
 
-    def test_crd_in_chart_is_a_copy_of_crds_dir(self):
+    def test_crd_in_chart_is_the_repositorys_crd(self):
+        # The template renders files/virtualflowjob.yaml, a copy of the repository's CRD.
         self.assertTrue(
             filecmp.cmp(CRD_FILE, CHART_CRD_FILE, shallow=False),
             "%s differs from %s: copy it (cp %s %s)"
@@ -520,7 +542,34 @@ class ChartFilesTest(unittest.TestCase):
                 os.path.relpath(CHART_CRD_FILE, SOURCE_DIR),
             ),
         )
-        self.assertEqual(os.listdir(os.path.join(CHART, "crds")), ["virtualflowjob.yaml"])
+        # No crds/ directory: Helm would install it before the template, which would then find
+        # the CRD taken, and would never upgrade it.
+        self.assertFalse(os.path.exists(os.path.join(CHART, "crds")))
+        # What is rendered is that CRD, field for field, with the chart's labels and the keep
+        # policy added.
+        proc = subprocess.run(
+            [os.path.join(self.tools, "kubectl"), "annotate", "--local", "-f", CRD_FILE]
+            + ["vf-test-unused-", "-o", "json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=dict(os.environ, KUBECONFIG=os.devnull),
+        )
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        repository = json.loads(proc.stdout)
+        rendered = self.find(self.objects(), "CustomResourceDefinition", CRD_NAME)
+        labels = rendered["metadata"].pop("labels")
+        self.assertEqual(labels["app.kubernetes.io/component"], "crd")
+        self.assertEqual(
+            rendered["metadata"].pop("annotations"), {"helm.sh/resource-policy": "keep"}
+        )
+        self.assertFalse(repository["metadata"].pop("labels", None))
+        self.assertFalse(repository["metadata"].pop("annotations", None))
+        self.assertEqual(rendered, repository)
+        # Off: no CRD at all (a second release in the cluster, or CRDs applied separately).
+        self.assertEqual(
+            self.find(self.objects("--set", "crds.install=false"), "CustomResourceDefinition"), []
+        )
 
     def test_every_value_is_documented_and_in_the_schema(self):
         schema = json.loads(read(os.path.join(CHART, "values.schema.json")))
@@ -574,55 +623,51 @@ class ChartFilesTest(unittest.TestCase):
                         selector = obj["spec"]["selector"]["matchLabels"]
                         self.assertLessEqual(selector.items(), pod_labels.items())
                         self.assertNotIn("app.kubernetes.io/version", selector)
-                    namespaced = obj["kind"] not in ("ClusterRole", "ClusterRoleBinding")
+                    namespaced = obj["kind"] not in (
+                        "ClusterRole",
+                        "ClusterRoleBinding",
+                        "CustomResourceDefinition",
+                    )
                     self.assertEqual("namespace" in obj["metadata"], namespaced, where)
 
     def test_objects_per_value_set(self):
         def kinds(objs):
             return sorted(o["kind"] for o in objs)
 
-        self.assertEqual(
-            kinds(self.objects()),
-            [
-                "ClusterRole",
-                "ClusterRoleBinding",
-                "Deployment",
-                "NetworkPolicy",
-                "Role",
-                "Role",
-                "RoleBinding",
-                "RoleBinding",
-                "Service",
-                "ServiceAccount",
-            ],
-        )
+        defaults = [
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "CustomResourceDefinition",
+            "Deployment",
+            "NetworkPolicy",
+            "PodDisruptionBudget",
+            "Role",
+            "Role",
+            "Role",
+            "RoleBinding",
+            "RoleBinding",
+            "RoleBinding",
+            "Service",
+            "ServiceAccount",
+        ]
+        self.assertEqual(kinds(self.objects()), defaults)
         self.assertEqual(
             kinds(self.objects(*dict(VALUE_SETS)["everything-on"])),
-            [
-                "ClusterRole",
-                "ClusterRoleBinding",
-                "ConfigMap",
-                "Deployment",
-                "NetworkPolicy",
-                "PodMonitor",
-                "Role",
-                "Role",
-                "RoleBinding",
-                "RoleBinding",
-                "Service",
-                "ServiceAccount",
-                "ServiceMonitor",
-            ],
+            sorted(defaults + ["ConfigMap", "PodMonitor", "ServiceMonitor"]),
         )
-        # The operator's Secrets' Role stays; the Lease's goes.
+        # The operator's Secrets' Role and the leader label's stay; the Lease's goes, and so
+        # does the disruption budget (one pod).
         self.assertEqual(
             kinds(self.objects(*dict(VALUE_SETS)["single-replica"])),
             [
                 "ClusterRole",
                 "ClusterRoleBinding",
+                "CustomResourceDefinition",
                 "Deployment",
                 "NetworkPolicy",
                 "Role",
+                "Role",
+                "RoleBinding",
                 "RoleBinding",
                 "Service",
                 "ServiceAccount",
@@ -630,22 +675,26 @@ class ChartFilesTest(unittest.TestCase):
         )
         self.assertEqual(
             kinds(self.objects(*dict(VALUE_SETS)["own-account"])),
-            ["Deployment", "NetworkPolicy", "Service"],
+            [
+                "CustomResourceDefinition",
+                "Deployment",
+                "NetworkPolicy",
+                "PodDisruptionBudget",
+                "Service",
+            ],
         )
         # The job key's Role stays without TLS.
         self.assertEqual(
             kinds(self.objects(*dict(VALUE_SETS)["plain"])),
-            [
-                "ClusterRole",
-                "ClusterRoleBinding",
-                "Deployment",
-                "Role",
-                "Role",
-                "RoleBinding",
-                "RoleBinding",
-                "Service",
-                "ServiceAccount",
-            ],
+            [k for k in defaults if k != "NetworkPolicy"],
+        )
+        self.assertEqual(
+            kinds(
+                self.objects(
+                    "--set", "crds.install=false", "--set", "podDisruptionBudget.enabled=false"
+                )
+            ),
+            [k for k in defaults if k not in ("CustomResourceDefinition", "PodDisruptionBudget")],
         )
 
     def test_operator_deployment(self):
@@ -653,6 +702,12 @@ class ChartFilesTest(unittest.TestCase):
         deployment = self.find(objs, "Deployment", OPERATOR)
         self.assertEqual(deployment["metadata"]["namespace"], NS)
         self.assertEqual(deployment["spec"]["replicas"], 2)
+        # Every healthy replica is ready, so a rolling update waits for a new one before it
+        # stops an old one.
+        self.assertEqual(
+            deployment["spec"]["strategy"],
+            {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+        )
         pod = deployment["spec"]["template"]["spec"]
         self.assertEqual(pod["serviceAccountName"], OPERATOR)
         [container] = pod["containers"]
@@ -718,7 +773,25 @@ class ChartFilesTest(unittest.TestCase):
         self.assertEqual(
             ports, {"coordinator": (7070, "coordinator"), "metrics": (8080, "metrics")}
         )
-        self.assertEqual(service["spec"]["selector"], deployment["spec"]["selector"]["matchLabels"])
+        # The operator's pods, and of them the leader's alone.
+        self.assertEqual(
+            service["spec"]["selector"],
+            dict(deployment["spec"]["selector"]["matchLabels"], **{LEADER_LABEL: "true"}),
+        )
+        budget = self.find(objs, "PodDisruptionBudget", OPERATOR)
+        self.assertEqual(budget["metadata"]["namespace"], NS)
+        self.assertEqual(
+            budget["spec"],
+            {"minAvailable": 1, "selector": deployment["spec"]["selector"]},
+        )
+        # One pod: no budget (it would block every drain of its node), and no rolling update
+        # with two operators at once (no leader election to keep one of them idle).
+        objs = self.objects(*dict(VALUE_SETS)["single-replica"])
+        self.assertEqual(self.find(objs, "PodDisruptionBudget"), [])
+        self.assertEqual(self.find(objs, "Deployment")["spec"]["strategy"], {"type": "Recreate"})
+        self.assertEqual(
+            self.find(self.objects("--set", "replicaCount=1"), "PodDisruptionBudget"), []
+        )
 
     def test_operator_flags_follow_the_values(self):
         objs = self.objects(*dict(VALUE_SETS)["customised"], release="vf", namespace="ops")
@@ -791,9 +864,8 @@ class ChartFilesTest(unittest.TestCase):
         monitor = self.find(objs, "ServiceMonitor")
         self.assertEqual(monitor["apiVersion"], "monitoring.coreos.com/v1")
         self.assertEqual(monitor["metadata"]["labels"]["release"], "prometheus")
-        self.assertEqual(
-            monitor["spec"]["selector"]["matchLabels"],
-            self.find(objs, "Service")["spec"]["selector"],
+        self.assertTrue(
+            selects(monitor["spec"]["selector"], self.find(objs, "Service")["metadata"]["labels"])
         )
         [endpoint] = monitor["spec"]["endpoints"]
         self.assertEqual(
@@ -918,12 +990,16 @@ class ChartFilesTest(unittest.TestCase):
             ("", "secrets", "update", ("virtualflow-coordinator-tls",)),
         }
 
+        # The leader label on its own pod: patch, of pods in the release namespace only.
+        label = {("", "pods", "patch", ())}
+
         objs = self.objects()
         self.assertEqual(rights(self.find(objs, "ClusterRole")["rules"]), jobs | nodes)
         roles = {r["metadata"]["name"]: r for r in self.find(objs, "Role")}
         self.assertEqual({r["metadata"]["namespace"] for r in roles.values()}, {NS})
         self.assertEqual(rights(roles[OPERATOR + "-leader-election"]["rules"]), lease)
         self.assertEqual(rights(roles[OPERATOR + "-secrets"]["rules"]), own)
+        self.assertEqual(rights(roles[OPERATOR + "-leader-label"]["rules"]), label)
         for binding in [self.find(objs, "ClusterRoleBinding")] + self.find(objs, "RoleBinding"):
             self.assertEqual(
                 binding["subjects"], [{"kind": "ServiceAccount", "name": OPERATOR, "namespace": NS}]
@@ -936,7 +1012,7 @@ class ChartFilesTest(unittest.TestCase):
         roles = {}
         for r in self.find(objs, "Role"):
             roles.setdefault(r["metadata"]["namespace"], set()).update(rights(r["rules"]))
-        self.assertEqual(roles, {"team-a": jobs, NS: lease | own})
+        self.assertEqual(roles, {"team-a": jobs, NS: lease | own | label})
         # Without TLS, only the job key.
         roles = {
             r["metadata"]["name"]: r
@@ -1038,214 +1114,26 @@ spec:
 )
 
 
-class ChartInstallTest(ControlPlaneTestCase):
-    """helm install into a real control plane, and the installed operator's permissions."""
-
-    @classmethod
-    def setUpClass(cls):
-        # Other suites start control planes on this machine too: a start that fails for want of
-        # a port or under load is tried again.
-        for attempt in range(3):
-            try:
-                cls.cp = ControlPlane().start()
-                break
-            except (RuntimeError, TimeoutError, OSError):
-                if attempt == 2:
-                    raise
-                time.sleep(5)
-        cls.helm = Helm(cls.cp.bin)
-        # kubectl's discovery cache of this server only: a cache left by an earlier control
-        # plane on the same port would not know the CRDs.
-        cls.cache = os.path.join(cls.cp.dir, "kubectl-cache")
-        # Kueue's API, so that the operator's rights on Workloads (and the absence of others)
-        # are asked about resources the server knows.
-        cls.cp.install_kueue_crds(("workloads", "clusterqueues", "localqueues"))
-        cls.run_kubectl("apply", "-f", "-", input=MONITOR_CRDS, check=True)
-        cls.run_kubectl(
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/servicemonitors.monitoring.coreos.com",
-            "crd/podmonitors.monitoring.coreos.com",
-            check=True,
-        )
-        for ns in (NS, "team-a", "team-b", "vf-team-system"):
-            cls.cp.create_namespace(ns)
-        # The operator's pods must pass the strictest Pod Security Standard.
-        for ns in (NS, "vf-team-system"):
-            cls.run_kubectl(
-                "label",
-                "namespace",
-                ns,
-                "pod-security.kubernetes.io/enforce=restricted",
-                check=True,
-            )
-        cls.install = cls.helm(
-            "install",
-            RELEASE,
-            CHART,
-            "-n",
-            NS,
-            "--set",
-            "serviceMonitor.enabled=true",
-            "--set",
-            "dashboards.enabled=true",
-            "--set",
-            "networkPolicy.jobNamespaces={team-b}",
-            kubeconfig=cls.cp.kubeconfig,
-        )
-
-    @classmethod
-    def tearDownClass(cls):
-        if getattr(cls, "helm", None):
-            cls.helm.close()
-        super().tearDownClass()
-
-    @classmethod
-    def run_kubectl(cls, *args, input=None, check=False):
-        return cls.cp.kubectl("--cache-dir", cls.cache, *args, input=input, check=check)
-
-    def kubectl(self, *args, input=None, check=False):
-        return self.run_kubectl(*args, input=input, check=check)
+class OperatorProcesses:
+    """For test cases with a control plane (self.cp): the built operator run as the chart's pods
+    would run it, and checks on those processes."""
 
     def setUp(self):
+        super().setUp()
         self.operators = {}  # operator processes this test started: pod name -> (process, URL)
         self.stopped = set()  # those it stopped on purpose
 
-    def run_helm(self, *args, check=True):
-        return self.helm(*args, kubeconfig=self.cp.kubeconfig, check=check)
-
-    def can_i(
-        self, verb, resource, subresource="", namespace=NS, name=None, account=(NS, OPERATOR)
-    ):
-        args = ["auth", "can-i", verb, resource + ("/" + name if name else "")]
-        args += ["-n", namespace, "--as=system:serviceaccount:%s:%s" % account]
-        if subresource:
-            args.append("--subresource=" + subresource)
-        proc = self.kubectl(*args)
-        answer = proc.stdout.strip()
-        self.assertIn(answer, ("yes", "no"), proc.stderr)
-        return answer == "yes"
-
-    def rights_list(self, namespace, account=(NS, OPERATOR)):
-        """`kubectl auth can-i --list` for ACCOUNT in NAMESPACE, less what everyone may do, as
-        {(resource, resource names): verbs}."""
-        out = self.kubectl(
-            "auth",
-            "can-i",
-            "--list",
-            "-n",
-            namespace,
-            "--as=system:serviceaccount:%s:%s" % account,
-            check=True,
-        ).stdout
-        rights = {}
-        for line in out.splitlines()[1:]:
-            m = re.match(r"(\S+)\s+\[\]\s+\[(.*?)\]\s+\[(.*?)\]\s*$", line)
-            if not m or m.group(1) in EVERYONE:
-                continue
-            key = (m.group(1), tuple(m.group(2).split()))
-            rights.setdefault(key, set()).update(m.group(3).split())
-        return rights
-
-    @staticmethod
-    def expected_list(entries):
-        out = {}
-        for verb, resource, sub in entries:
-            out.setdefault((resource + ("/" + sub if sub else ""), ()), set()).add(verb)
-        return out
-
-    # ------------------------------------------------------------------ install
-
-    def test_install_creates_every_object(self):
-        self.assertEqual(self.install.returncode, 0, self.install.stdout + self.install.stderr)
-        self.assertIn("STATUS: deployed", self.install.stdout)
-        self.assertNotIn("PodSecurity", self.install.stderr)  # helm shows admission warnings
-        self.assertIn("https://virtualflow-operator.%s.svc:7070" % NS, self.install.stdout)  # NOTES
-        crd = self.cp.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/" + CRD_NAME)
-        self.assertIsNotNone(crd, "the chart's crds/ were not installed")
-        self.cp.wait_for(
-            "the CRD to be Established",
-            lambda: any(
-                c["type"] == "Established" and c["status"] == "True"
-                for c in (
-                    self.cp.get(
-                        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/" + CRD_NAME
-                    )["status"].get("conditions")
-                    or []
-                )
-            ),
-        )
-
-        # Every object of the release's manifest exists, as Helm rendered it.
-        manifest = self.run_helm("get", "manifest", RELEASE, "-n", NS).stdout
-        objs = json_stream(
-            self.kubectl("get", "-f", "-", "-o", "json", input=manifest, check=True).stdout
-        )
-        objs = objs[0]["items"] if objs and objs[0]["kind"] == "List" else objs
-        self.assertEqual(
-            sorted(o["kind"] for o in objs),
-            [
-                "ClusterRole",
-                "ClusterRoleBinding",
-                "ConfigMap",
-                "Deployment",
-                "NetworkPolicy",
-                "NetworkPolicy",
-                "PodMonitor",
-                "Role",
-                "Role",
-                "RoleBinding",
-                "RoleBinding",
-                "Service",
-                "ServiceAccount",
-                "ServiceMonitor",
-            ],
-        )
-        for obj in objs:
-            self.assertEqual(obj["metadata"]["labels"]["app.kubernetes.io/instance"], RELEASE)
-            self.assertEqual(obj["metadata"]["annotations"]["meta.helm.sh/release-name"], RELEASE)
-
-        service = self.cp.get("/api/v1/namespaces/%s/services/%s" % (NS, OPERATOR))
-        self.assertTrue(service["spec"]["clusterIP"])
-        self.assertEqual(
-            sorted(p["name"] for p in service["spec"]["ports"]), ["coordinator", "metrics"]
-        )
-
-        # The Deployment controller creates the operator's pods, so the API server (and the
-        # `restricted` Pod Security admission) accepted the pod template. No kubelet runs them.
-        selector = "app.kubernetes.io/instance=%s,app.kubernetes.io/component=operator" % RELEASE
-        pods = self.cp.wait_for(
-            "the operator's 2 pods",
-            lambda: (lambda items: len(items) == 2 and items)(
-                self.cp.request(
-                    "GET", "/api/v1/namespaces/%s/pods?labelSelector=%s" % (NS, selector)
-                )["items"]
-            ),
-        )
-        for pod in pods:
-            spec = pod["spec"]
-            self.assertEqual(spec["serviceAccountName"], OPERATOR)
-            container = spec["containers"][0]
-            self.assertIn(
-                "--coordinator-url=https://virtualflow-operator.%s.svc:7070" % NS, container["args"]
-            )
-            self.assertEqual(container["securityContext"]["capabilities"], {"drop": ["ALL"]})
-        deployment = self.cp.get("/apis/apps/v1/namespaces/%s/deployments/%s" % (NS, OPERATOR))
-        failures = [
-            c for c in deployment["status"].get("conditions") or [] if c["type"] == "ReplicaFailure"
-        ]
-        self.assertEqual(failures, [])
-
-    # ------------------------------------------------------------------ the real operator
-
-    def start_operator(self, namespace, deployment, pod):
+    def start_operator(self, namespace, deployment, pod, pod_spec=None):
         """Starts the built operator as pod POD of DEPLOYMENT would run: the Deployment's
-        arguments (listening on free loopback ports instead), POD_NAME and POD_NAMESPACE, and a
-        token of the Deployment's ServiceAccount (in a kubeconfig, for the token a kubelet would
-        mount). Returns (process, base URL of its HTTP endpoint); stopped at the test's end."""
-        obj = self.cp.get("/apis/apps/v1/namespaces/%s/deployments/%s" % (namespace, deployment))
-        pod_spec = obj["spec"]["template"]["spec"]
+        arguments (or those of POD_SPEC, a real pod's), listening on free loopback ports
+        instead, POD_NAME and POD_NAMESPACE, and a token of the ServiceAccount (in a
+        kubeconfig, for the token a kubelet would mount). Returns (process, base URL of its
+        HTTP endpoint); stopped at the test's end."""
+        if pod_spec is None:
+            obj = self.cp.get(
+                "/apis/apps/v1/namespaces/%s/deployments/%s" % (namespace, deployment)
+            )
+            pod_spec = obj["spec"]["template"]["spec"]
         container = pod_spec["containers"][0]
         self.assertEqual({e["name"] for e in container["env"]}, {"POD_NAME", "POD_NAMESPACE"})
         kubeconfig = os.path.join(self.cp.dir, pod + ".kubeconfig")
@@ -1331,6 +1219,211 @@ class ChartInstallTest(ControlPlaneTestCase):
             self.assertLess(time.monotonic(), deadline, "timed out waiting for " + what)
             time.sleep(0.25)
 
+
+class ChartInstallTest(OperatorProcesses, ControlPlaneTestCase):
+    """helm install into a real control plane, and the installed operator's permissions."""
+
+    @classmethod
+    def setUpClass(cls):
+        # Other suites start control planes on this machine too: a start that fails for want of
+        # a port or under load is tried again.
+        for attempt in range(3):
+            try:
+                cls.cp = ControlPlane().start()
+                break
+            except (RuntimeError, TimeoutError, OSError):
+                if attempt == 2:
+                    raise
+                time.sleep(5)
+        cls.helm = Helm(cls.cp.bin)
+        # kubectl's discovery cache of this server only: a cache left by an earlier control
+        # plane on the same port would not know the CRDs.
+        cls.cache = os.path.join(cls.cp.dir, "kubectl-cache")
+        # Kueue's API, so that the operator's rights on Workloads (and the absence of others)
+        # are asked about resources the server knows.
+        cls.cp.install_kueue_crds(("workloads", "clusterqueues", "localqueues"))
+        cls.run_kubectl("apply", "-f", "-", input=MONITOR_CRDS, check=True)
+        cls.run_kubectl(
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/servicemonitors.monitoring.coreos.com",
+            "crd/podmonitors.monitoring.coreos.com",
+            check=True,
+        )
+        for ns in (NS, "team-a", "team-b", "vf-team-system"):
+            cls.cp.create_namespace(ns)
+        # The operator's pods must pass the strictest Pod Security Standard.
+        for ns in (NS, "vf-team-system"):
+            cls.run_kubectl(
+                "label",
+                "namespace",
+                ns,
+                "pod-security.kubernetes.io/enforce=restricted",
+                check=True,
+            )
+        cls.install = cls.helm(
+            "install",
+            RELEASE,
+            CHART,
+            "-n",
+            NS,
+            "--set",
+            "serviceMonitor.enabled=true",
+            "--set",
+            "dashboards.enabled=true",
+            "--set",
+            "networkPolicy.jobNamespaces={team-b}",
+            kubeconfig=cls.cp.kubeconfig,
+        )
+
+    @classmethod
+    def tearDownClass(cls):
+        if getattr(cls, "helm", None):
+            cls.helm.close()
+        super().tearDownClass()
+
+    @classmethod
+    def run_kubectl(cls, *args, input=None, check=False):
+        return cls.cp.kubectl("--cache-dir", cls.cache, *args, input=input, check=check)
+
+    def kubectl(self, *args, input=None, check=False):
+        return self.run_kubectl(*args, input=input, check=check)
+
+    def run_helm(self, *args, check=True):
+        return self.helm(*args, kubeconfig=self.cp.kubeconfig, check=check)
+
+    def can_i(
+        self, verb, resource, subresource="", namespace=NS, name=None, account=(NS, OPERATOR)
+    ):
+        args = ["auth", "can-i", verb, resource + ("/" + name if name else "")]
+        args += ["-n", namespace, "--as=system:serviceaccount:%s:%s" % account]
+        if subresource:
+            args.append("--subresource=" + subresource)
+        proc = self.kubectl(*args)
+        answer = proc.stdout.strip()
+        self.assertIn(answer, ("yes", "no"), proc.stderr)
+        return answer == "yes"
+
+    def rights_list(self, namespace, account=(NS, OPERATOR)):
+        """`kubectl auth can-i --list` for ACCOUNT in NAMESPACE, less what everyone may do, as
+        {(resource, resource names): verbs}."""
+        out = self.kubectl(
+            "auth",
+            "can-i",
+            "--list",
+            "-n",
+            namespace,
+            "--as=system:serviceaccount:%s:%s" % account,
+            check=True,
+        ).stdout
+        rights = {}
+        for line in out.splitlines()[1:]:
+            m = re.match(r"(\S+)\s+\[\]\s+\[(.*?)\]\s+\[(.*?)\]\s*$", line)
+            if not m or m.group(1) in EVERYONE:
+                continue
+            key = (m.group(1), tuple(m.group(2).split()))
+            rights.setdefault(key, set()).update(m.group(3).split())
+        return rights
+
+    @staticmethod
+    def expected_list(entries):
+        out = {}
+        for verb, resource, sub in entries:
+            out.setdefault((resource + ("/" + sub if sub else ""), ()), set()).add(verb)
+        return out
+
+    # ------------------------------------------------------------------ install
+
+    def test_install_creates_every_object(self):
+        self.assertEqual(self.install.returncode, 0, self.install.stdout + self.install.stderr)
+        self.assertIn("STATUS: deployed", self.install.stdout)
+        self.assertNotIn("PodSecurity", self.install.stderr)  # helm shows admission warnings
+        self.assertIn("https://virtualflow-operator.%s.svc:7070" % NS, self.install.stdout)  # NOTES
+        crd = self.cp.get(CRD_PATH)
+        self.assertIsNotNone(crd, "the chart's CRD was not installed")
+        # Part of the release, and kept when it is uninstalled.
+        self.assertEqual(crd["metadata"]["annotations"]["meta.helm.sh/release-name"], RELEASE)
+        self.assertEqual(crd["metadata"]["annotations"]["helm.sh/resource-policy"], "keep")
+        self.cp.wait_for(
+            "the CRD to be Established",
+            lambda: any(
+                c["type"] == "Established" and c["status"] == "True"
+                for c in (
+                    self.cp.get(
+                        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/" + CRD_NAME
+                    )["status"].get("conditions")
+                    or []
+                )
+            ),
+        )
+
+        # Every object of the release's manifest exists, as Helm rendered it.
+        manifest = self.run_helm("get", "manifest", RELEASE, "-n", NS).stdout
+        objs = json_stream(
+            self.kubectl("get", "-f", "-", "-o", "json", input=manifest, check=True).stdout
+        )
+        objs = objs[0]["items"] if objs and objs[0]["kind"] == "List" else objs
+        self.assertEqual(
+            sorted(o["kind"] for o in objs),
+            [
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "ConfigMap",
+                "CustomResourceDefinition",
+                "Deployment",
+                "NetworkPolicy",
+                "NetworkPolicy",
+                "PodDisruptionBudget",
+                "PodMonitor",
+                "Role",
+                "Role",
+                "Role",
+                "RoleBinding",
+                "RoleBinding",
+                "RoleBinding",
+                "Service",
+                "ServiceAccount",
+                "ServiceMonitor",
+            ],
+        )
+        for obj in objs:
+            self.assertEqual(obj["metadata"]["labels"]["app.kubernetes.io/instance"], RELEASE)
+            self.assertEqual(obj["metadata"]["annotations"]["meta.helm.sh/release-name"], RELEASE)
+
+        service = self.cp.get("/api/v1/namespaces/%s/services/%s" % (NS, OPERATOR))
+        self.assertTrue(service["spec"]["clusterIP"])
+        self.assertEqual(
+            sorted(p["name"] for p in service["spec"]["ports"]), ["coordinator", "metrics"]
+        )
+
+        # The Deployment controller creates the operator's pods, so the API server (and the
+        # `restricted` Pod Security admission) accepted the pod template. No kubelet runs them.
+        selector = "app.kubernetes.io/instance=%s,app.kubernetes.io/component=operator" % RELEASE
+        pods = self.cp.wait_for(
+            "the operator's 2 pods",
+            lambda: (lambda items: len(items) == 2 and items)(
+                self.cp.request(
+                    "GET", "/api/v1/namespaces/%s/pods?labelSelector=%s" % (NS, selector)
+                )["items"]
+            ),
+        )
+        for pod in pods:
+            spec = pod["spec"]
+            self.assertEqual(spec["serviceAccountName"], OPERATOR)
+            container = spec["containers"][0]
+            self.assertIn(
+                "--coordinator-url=https://virtualflow-operator.%s.svc:7070" % NS, container["args"]
+            )
+            self.assertEqual(container["securityContext"]["capabilities"], {"drop": ["ALL"]})
+        deployment = self.cp.get("/apis/apps/v1/namespaces/%s/deployments/%s" % (NS, OPERATOR))
+        failures = [
+            c for c in deployment["status"].get("conditions") or [] if c["type"] == "ReplicaFailure"
+        ]
+        self.assertEqual(failures, [])
+
+    # ------------------------------------------------------------------ the real operator
+
     def run_job(self, namespace):
         """Applies the example job to NAMESPACE and waits for the operator to create its worker
         pods (returned) and write its status."""
@@ -1360,9 +1453,10 @@ class ChartInstallTest(ControlPlaneTestCase):
         return pods
 
     def test_operator_runs_with_the_charts_flags_and_rights(self):
-        """The real operator, run as the Deployment would run it, elects a leader, becomes
-        ready, and runs a job without one forbidden request; a standby takes over when the
-        leader stops."""
+        """The real operator, run as the Deployment would run it, elects a leader, every replica
+        becomes ready, and the leader runs a job without one forbidden request; a standby takes
+        over when the leader stops. (These processes pose as pods that do not exist, so the
+        leader label has no pod to go on: ChartUpgradeTest runs the Deployment's real pods.)"""
         if operator_binary() is None:
             self.skipTest("virtualflow-operator is not built (set VF_BIN_DIR)")
         self.assertEqual(self.install.returncode, 0, self.install.stderr)
@@ -1380,22 +1474,17 @@ class ChartInstallTest(ControlPlaneTestCase):
                 for pod, (_, url) in self.operators.items()
                 if pod not in self.stopped
             }
-            ready = {pod: code == 200 for pod, code in codes.items()}
-            # Every replica answers (a standby is still starting until it does: it reads the TLS
-            # Secret first), and only the holder is ready.
-            answering = all(code != 0 for code in codes.values())
-            return (
-                holder
-                if answering and holder and ready.get(holder) and sum(ready.values()) == 1
-                else None
-            )
+            # Every replica is ready (a standby is still starting until it is: it reads the TLS
+            # Secret first), the leader once its caches have synced.
+            ready = all(code == 200 for code in codes.values())
+            return holder if ready and holder in codes else None
 
         first = self.until("one ready leader", leader)
         [standby] = [p for p in self.operators if p != first]
         standby_url = self.operators[standby][1]
+        # A standby is ready: it can take over.
         status, body = http_get(standby_url + "/readyz")
-        self.assertEqual(status, 503, body)
-        self.assertIn("not the leader", body)
+        self.assertEqual(status, 200, body)
         self.assertEqual(http_get(standby_url + "/healthz")[0], 200)
         self.assertIn("vf_operator_is_leader 0", http_get(standby_url + "/metrics")[1])
         self.assertIn("vf_operator_is_leader 1", http_get(self.operators[first][1] + "/metrics")[1])
@@ -1518,7 +1607,9 @@ class ChartInstallTest(ControlPlaneTestCase):
                     self.assertTrue(self.can_i(verb, resource, sub, namespace))
             for verb, resource, sub in DENIED:
                 with self.subTest("no: %s %s/%s in %s" % (verb, resource, sub, namespace)):
-                    self.assertFalse(self.can_i(verb, resource, sub, namespace))
+                    # The leader label: its own pod, in the release namespace.
+                    label = (verb, resource, sub, namespace) == ("patch", "pods", "", NS)
+                    self.assertEqual(self.can_i(verb, resource, sub, namespace), label)
         # The Lease: its own name, in its own namespace.
         for verb, resource, _ in LEASE_RIGHTS:
             with self.subTest("lease: " + verb):
@@ -1551,6 +1642,7 @@ class ChartInstallTest(ControlPlaneTestCase):
         everywhere = self.expected_list(JOB_RIGHTS + NODE_RIGHTS)
         self.assertEqual(self.rights_list("team-a"), everywhere)
         in_release = dict(everywhere)
+        in_release[("pods", ())] = everywhere[("pods", ())] | {"patch"}
         in_release[("leases.coordination.k8s.io", ())] = {"create"}
         in_release[("leases.coordination.k8s.io", ("virtualflow-operator",))] = {"get", "update"}
         in_release[("secrets", ("virtualflow-coordinator-tls",))] = {"get", "update"}
@@ -1569,6 +1661,9 @@ class ChartInstallTest(ControlPlaneTestCase):
             "watchNamespace=team-a",
             "--set",
             "replicaCount=1",
+            # The CRD belongs to the first release.
+            "--set",
+            "crds.install=false",
         )
         try:
             for verb, resource, sub in JOB_RIGHTS:
@@ -1653,6 +1748,9 @@ class ChartInstallTest(ControlPlaneTestCase):
             "replicaCount=1",
             "--set",
             "leaderElection.leaseName=vf-upgrade",
+            # The CRD belongs to the first release.
+            "--set",
+            "crds.install=false",
         )
         path = "/apis/apps/v1/namespaces/team-b/deployments/vf-upgrade-virtualflow-operator"
 
@@ -1697,10 +1795,318 @@ class ChartInstallTest(ControlPlaneTestCase):
                 "team-b-vf-upgrade-virtualflow-operator"
             )
         )
-        # Helm never deletes a CRD: the jobs (and their data) outlive the operator.
-        self.assertIsNotNone(
-            self.cp.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/" + CRD_NAME)
+        # Another release's CRD is not this one's to take: the jobs outlive the operator.
+        self.assertIsNotNone(self.cp.get(CRD_PATH))
+
+
+def previous_chart(dest):
+    """The chart of PREVIOUS_CHART_COMMIT, extracted into DEST (its path), with one field taken
+    out of its CRD, status.workerProtocol, as a CRD from before that field would lack it: the
+    upgrade must add it. None when the source is not a git checkout holding that commit."""
+    archive = subprocess.run(
+        ["git", "-C", SOURCE_DIR, "archive", PREVIOUS_CHART_COMMIT, "charts/virtualflow"],
+        capture_output=True,
+        timeout=60,
+    )
+    if archive.returncode != 0:
+        return None
+    subprocess.run(["tar", "-x", "-C", dest], input=archive.stdout, check=True, timeout=60)
+    chart = os.path.join(dest, "charts", "virtualflow")
+    crd_file = os.path.join(chart, "crds", "virtualflowjob.yaml")
+    text = read(crd_file)
+    older = re.sub(r"(?m)^( {16})workerProtocol:\n(?:\1 .*\n)+", "", text)
+    assert older != text, "status.workerProtocol not found in the previous chart's CRD"
+    with open(crd_file, "w") as f:
+        f.write(older)
+    return chart
+
+
+class OperatorKubelet:
+    """Plays the kubelet for the operator's pods, which the pod runner cannot (it ignores
+    readiness probes): runs the built operator as each pod bound to a node (start_operator),
+    reports the pod Running with an address of its own and Ready as the operator's /readyz
+    answers, as the kubelet's readiness probe would, and carries out a graceful deletion (the
+    process stopped with SIGTERM, then the pod deleted). sync() does one round; the test calls it
+    from its polling loops. Not thread-safe."""
+
+    def __init__(self, test, namespace, deployment):
+        self.test, self.ns, self.deployment = test, namespace, deployment
+        self.ips = {}  # pod name -> the address reported for it
+        self.reported = {}  # pod name -> the readiness last reported
+
+    def pods(self):
+        selector = "app.kubernetes.io/component%3Doperator"
+        return self.test.cp.request(
+            "GET", "/api/v1/namespaces/%s/pods?labelSelector=%s" % (self.ns, selector)
+        )["items"]
+
+    def sync(self):
+        for pod in self.pods():
+            name = pod["metadata"]["name"]
+            if pod["metadata"].get("deletionTimestamp"):
+                self.delete(name)
+            elif pod["spec"].get("nodeName"):
+                if name not in self.ips:
+                    self.ips[name] = "10.244.0.%d" % (len(self.ips) + 10)
+                    self.test.start_operator(self.ns, self.deployment, name, pod["spec"])
+                proc, url = self.test.operators[name]
+                ready = proc.poll() is None and http_get(url + "/readyz")[0] == 200
+                if self.reported.get(name) != ready:
+                    self.report(name, ready)
+        return True
+
+    def report(self, name, ready):
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        status = "True" if ready else "False"
+        conditions = [
+            {"type": t, "status": v, "lastTransitionTime": now}
+            for t, v in (
+                ("PodScheduled", "True"),
+                ("Initialized", "True"),
+                ("ContainersReady", status),
+                ("Ready", status),
+            )
+        ]
+        ip = self.ips[name]
+        self.test.cp.patch(
+            "/api/v1/namespaces/%s/pods/%s/status" % (self.ns, name),
+            {
+                "status": {
+                    "phase": "Running",
+                    "hostIP": "127.0.0.1",
+                    "podIP": ip,
+                    "podIPs": [{"ip": ip}],
+                    "startTime": now,
+                    "conditions": conditions,
+                    "containerStatuses": [
+                        {
+                            "name": "operator",
+                            "image": "virtualflow/operator:" + APP_VERSION,
+                            "imageID": "",
+                            "ready": ready,
+                            "started": True,
+                            "restartCount": 0,
+                            "state": {"running": {"startedAt": now}},
+                        }
+                    ],
+                }
+            },
         )
+        self.reported[name] = ready
+
+    def delete(self, name):
+        if name in self.test.operators and name not in self.test.stopped:
+            proc = self.test.operators[name][0]
+            proc.terminate()
+            self.test.assertEqual(proc.wait(30), 0, self.test.operator_log(name))
+            self.test.stopped.add(name)
+        try:
+            self.test.cp.request(
+                "DELETE",
+                "/api/v1/namespaces/%s/pods/%s" % (self.ns, name),
+                {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0},
+            )
+        except ApiError as e:
+            if e.status != 404:
+                raise
+
+
+class ChartUpgradeTest(OperatorProcesses, ControlPlaneTestCase):
+    """The chart upgraded from the previous one, and its two operator pods run, in a control
+    plane of its own (the CRD's owner changes here)."""
+
+    def helm_run(self, *args, check=True):
+        return self.helm(*args, kubeconfig=self.cp.kubeconfig, check=check)
+
+    def background(self, *argv):
+        """Starts ARGV (helm or kubectl, with this control plane's kubeconfig); returns the
+        process, which a polling loop waits for while the kubelet stand-in runs the pods."""
+        env = dict(self.helm.env, KUBECONFIG=self.cp.kubeconfig)
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
+
+        def stop():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
+
+        self.addCleanup(stop)
+        return proc
+
+    def finished(self, proc, kubelet):
+        kubelet.sync()
+        return proc.poll() is not None
+
+    def serving(self):
+        """The addresses the coordinator's Service sends traffic to (its ready endpoints)."""
+        slices = self.cp.request(
+            "GET",
+            "/apis/discovery.k8s.io/v1/namespaces/%s/endpointslices?labelSelector="
+            "kubernetes.io%%2Fservice-name%%3D%s" % (NS, OPERATOR),
+        )["items"]
+        return sorted(
+            address
+            for s in slices
+            for e in s.get("endpoints") or []
+            if (e.get("conditions") or {}).get("ready")
+            for address in e["addresses"]
+        )
+
+    def leader_alone_is_served(self, kubelet):
+        """The Lease's holder, once it is ready, alone carries the leader label, and alone is
+        behind the Service; else None."""
+        kubelet.sync()
+        lease = self.cp.get("/apis/coordination.k8s.io/v1/namespaces/%s/leases/%s" % (NS, OPERATOR))
+        holder = (lease or {}).get("spec", {}).get("holderIdentity")
+        live = [p for p in kubelet.pods() if not p["metadata"].get("deletionTimestamp")]
+        labelled = [
+            p["metadata"]["name"]
+            for p in live
+            if p["metadata"].get("labels", {}).get(LEADER_LABEL) == "true"
+        ]
+        if not holder or labelled != [holder] or holder not in kubelet.ips:
+            return None
+        return holder if self.serving() == [kubelet.ips[holder]] else None
+
+    def all_ready(self, kubelet, count):
+        pods = [p for p in kubelet.pods() if not p["metadata"].get("deletionTimestamp")]
+        return len(pods) == count and all(
+            any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in p.get("status", {}).get("conditions") or []
+            )
+            for p in pods
+        )
+
+    def test_upgrade_from_the_previous_chart_and_two_ready_replicas(self):
+        if operator_binary() is None:
+            self.skipTest("virtualflow-operator is not built (set VF_BIN_DIR)")
+        self.helm = Helm(self.cp.bin)
+        self.addCleanup(self.helm.close)
+        tmp = tempfile.mkdtemp(prefix="vf-previous-chart-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        old_chart = previous_chart(tmp)
+        if old_chart is None:
+            self.skipTest(
+                "%s is not a git checkout holding %s" % (SOURCE_DIR, PREVIOUS_CHART_COMMIT)
+            )
+        self.cp.create_namespace(NS)
+        self.cp.create_namespace("team")
+        for node in ("ops-a", "ops-b"):
+            self.cp.add_gpu_node(node, gpus=0, pod_runner=False)
+
+        # The previous chart installs its older CRD from crds/, and a job is submitted.
+        self.helm_run("install", RELEASE, old_chart, "-n", NS)
+
+        def served():
+            schema = self.cp.get(CRD_PATH)["spec"]["versions"][0]["schema"]
+            return schema["openAPIV3Schema"]["properties"]["status"]["properties"]
+
+        self.assertNotIn("workerProtocol", served())
+        self.cp.wait_for(
+            "virtualflowjobs to be served",
+            lambda: self.cp.kubectl("get", "vfjobs", "-A").returncode == 0,
+        )
+        self.cp.kubectl("apply", "-n", "team", "-f", EXAMPLE, check=True)
+
+        # The upgrade takes the CRD over (Helm did not make it: crds/ are installed bare) and
+        # upgrades it.
+        self.helm_run("upgrade", RELEASE, CHART, "-n", NS, "--take-ownership")
+        self.assertIn("workerProtocol", served())
+        crd = self.cp.get(CRD_PATH)
+        self.assertEqual(crd["metadata"]["annotations"]["meta.helm.sh/release-name"], RELEASE)
+        self.assertEqual(crd["metadata"]["annotations"]["helm.sh/resource-policy"], "keep")
+        job = "/apis/virtualflow.io/v1alpha1/namespaces/team/virtualflowjobs/fashion-mnist"
+        self.assertIsNotNone(self.cp.get(job))
+
+        # Both pods become ready, the Deployment Available, and only the leader is served.
+        kubelet = OperatorKubelet(self, NS, OPERATOR)
+        rollout = self.background(
+            os.path.join(self.cp.bin, "kubectl"),
+            "rollout",
+            "status",
+            "deployment/" + OPERATOR,
+            "-n",
+            NS,
+            "--timeout=120s",
+        )
+        self.until("kubectl rollout status", lambda: self.finished(rollout, kubelet), timeout=150)
+        self.assertEqual(rollout.returncode, 0, rollout.stdout.read())
+        self.assertTrue(self.all_ready(kubelet, 2))
+        first = self.until(
+            "the leader alone behind the Service", lambda: self.leader_alone_is_served(kubelet)
+        )
+        self.until(
+            "the disruption budget to allow one eviction",
+            lambda: (
+                kubelet.sync()
+                and (
+                    lambda b: (
+                        b.get("status", {}).get("currentHealthy") == 2
+                        and b["status"].get("disruptionsAllowed") == 1
+                    )
+                )(
+                    self.cp.get(
+                        "/apis/policy/v1/namespaces/%s/poddisruptionbudgets/%s" % (NS, OPERATOR)
+                    )
+                )
+            ),
+        )
+
+        # A rolling update: helm upgrade --wait returns once new pods are ready, and the Service
+        # still reaches the leader alone.
+        upgrade = self.background(
+            self.helm.path,
+            "upgrade",
+            RELEASE,
+            CHART,
+            "-n",
+            NS,
+            "--reuse-values",
+            "--set",
+            "policy=static",
+            "--wait",
+            "--timeout=180s",
+        )
+        self.until("helm upgrade --wait", lambda: self.finished(upgrade, kubelet), timeout=200)
+        self.assertEqual(upgrade.returncode, 0, upgrade.stdout.read())
+        self.until("2 new ready pods", lambda: kubelet.sync() and self.all_ready(kubelet, 2))
+        live = [p for p in kubelet.pods() if not p["metadata"].get("deletionTimestamp")]
+        for pod in live:
+            self.assertIn("--policy=static", pod["spec"]["containers"][0]["args"])
+        leader = self.until(
+            "the leader alone behind the Service", lambda: self.leader_alone_is_served(kubelet)
+        )
+        self.assertNotIn(first, [p["metadata"]["name"] for p in live])
+
+        # The leader stops: it takes its label off, and the Service follows the new leader.
+        proc = self.operators[leader][0]
+        proc.terminate()
+        self.assertEqual(proc.wait(30), 0, self.operator_log(leader))
+        self.stopped.add(leader)
+        successor = self.until(
+            "the new leader alone behind the Service",
+            lambda: (lambda h: h if h and h != leader else None)(
+                self.leader_alone_is_served(kubelet)
+            ),
+        )
+        self.assertNotIn(
+            LEADER_LABEL,
+            self.cp.get("/api/v1/namespaces/%s/pods/%s" % (NS, leader))["metadata"].get(
+                "labels", {}
+            ),
+        )
+        self.check_operators()
+        for pod in self.operators:
+            self.assertNotIn("forbidden", self.operator_log(pod).lower(), pod)
+        self.assertNotEqual(successor, leader)
+
+        # Uninstalled, the release keeps the CRD, and so the job.
+        self.helm_run("uninstall", RELEASE, "-n", NS)
+        self.assertIsNotNone(self.cp.get(CRD_PATH))
+        self.assertIsNotNone(self.cp.get(job))
 
 
 if __name__ == "__main__":
