@@ -317,13 +317,14 @@ class Session : public Connection, public std::enable_shared_from_this<Session<S
     reader_.emplace(limits_);
     waiting_since.store(NowNanos());
     Tcp().expires_after(limits_.head_timeout);
-    bhttp::async_read_header(stream_, buffer_, reader_->parser(),
-                             [self = this->shared_from_this()](beast::error_code error, size_t) {
-                               self->OnHead(error);
-                             });
+    bhttp::async_read_header(
+        stream_, buffer_, reader_->parser(),
+        [self = this->shared_from_this()](beast::error_code error, size_t head_bytes) {
+          self->OnHead(error, head_bytes);
+        });
   }
 
-  void OnHead(beast::error_code error) {
+  void OnHead(beast::error_code error, size_t head_bytes) {
     waiting_since.store(std::numeric_limits<int64_t>::max());
     if (closed_) return;
     if (error) return RefuseOrClose(reader_->RefusalFor(error, /*in_body=*/false));
@@ -332,7 +333,7 @@ class Session : public Connection, public std::enable_shared_from_this<Session<S
     if (listener_->stopping()) {
       return Refuse(codes::kServiceUnavailable, "is shutting down", /*prefix=*/false);
     }
-    if (std::optional<Refusal> refusal = reader_->CheckDeclaredBody()) {
+    if (std::optional<Refusal> refusal = reader_->CheckHead(head_bytes)) {
       return RefuseOrClose(refusal);
     }
     reader_->LimitBody();

@@ -18,8 +18,14 @@ namespace net = boost::asio;
 RequestReader::RequestReader(const Listener::Limits& limits) : limits_(limits) {
   parser_.header_limit(static_cast<uint32_t>(limits.max_header_bytes));
   // No limit until the head is checked: Beast would refuse a declared length over its limit as
-  // it reads the head, before CheckDeclaredBody could say what was declared.
+  // it reads the head, before CheckHead could say what was declared.
   parser_.body_limit(std::numeric_limits<uint64_t>::max());
+}
+
+Refusal RequestReader::HeadTooLarge() const {
+  return Refusal{
+      codes::kHeaderFieldsTooLarge,
+      "request header is over the limit of " + std::to_string(limits_.max_header_bytes) + " bytes"};
 }
 
 void RequestReader::LimitBody() { parser_.body_limit(limits_.max_body_bytes); }
@@ -39,7 +45,8 @@ Request RequestReader::Head(const std::string& peer) const {
   return request;
 }
 
-std::optional<Refusal> RequestReader::CheckDeclaredBody() const {
+std::optional<Refusal> RequestReader::CheckHead(size_t head_bytes) const {
+  if (head_bytes > limits_.max_header_bytes) return HeadTooLarge();
   const uint64_t declared = parser_.content_length().value_or(0);
   if ((parser_.chunked() || declared > 0) && limits_.max_body_bytes == 0) {
     return Refusal{codes::kPayloadTooLarge, "request has a body; this server takes none"};
@@ -54,11 +61,7 @@ std::optional<Refusal> RequestReader::CheckDeclaredBody() const {
 
 std::optional<Refusal> RequestReader::RefusalFor(const beast::error_code& error,
                                                  bool in_body) const {
-  if (error == bhttp::error::header_limit) {
-    return Refusal{codes::kHeaderFieldsTooLarge, "request header is over the limit of " +
-                                                     std::to_string(limits_.max_header_bytes) +
-                                                     " bytes"};
-  }
+  if (error == bhttp::error::header_limit) return HeadTooLarge();
   if (error == bhttp::error::body_limit) {
     return Refusal{codes::kPayloadTooLarge, "request body is over the limit of " +
                                                 std::to_string(limits_.max_body_bytes) + " bytes"};
@@ -81,8 +84,10 @@ ParsedRequest ParseRequest(const std::vector<std::string_view>& chunks,
   RequestReader::Parser& parser = reader.parser();
   beast::flat_buffer buffer;
   bool head_done = false;
+  size_t head_bytes = 0;
   ParsedRequest parsed;
   for (std::string_view chunk : chunks) {
+    if (chunk.empty()) continue;
     const auto space = buffer.prepare(chunk.size());
     std::memcpy(space.data(), chunk.data(), chunk.size());
     buffer.commit(chunk.size());
@@ -90,6 +95,7 @@ ParsedRequest ParseRequest(const std::vector<std::string_view>& chunks,
       beast::error_code error;
       const size_t used = parser.put(buffer.data(), error);
       buffer.consume(used);
+      if (!head_done) head_bytes += used;
       if (error == bhttp::error::need_more) break;
       if (error) {
         parsed.refusal = reader.RefusalFor(error, head_done);
@@ -97,7 +103,7 @@ ParsedRequest ParseRequest(const std::vector<std::string_view>& chunks,
       }
       if (!head_done && parser.is_header_done()) {
         head_done = true;
-        parsed.refusal = reader.CheckDeclaredBody();
+        parsed.refusal = reader.CheckHead(head_bytes);
         if (parsed.refusal.has_value()) return parsed;
         reader.LimitBody();
       }

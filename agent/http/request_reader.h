@@ -34,10 +34,11 @@ class RequestReader {
 
   // Once the header fields are in: the request without its body.
   Request Head(const std::string& peer) const;
-  // Once the header fields are in: a refusal when the declared body is one the limits do not
-  // allow (any body where none is taken, a Content-Length over the limit).
-  std::optional<Refusal> CheckDeclaredBody() const;
-  // Once the head has passed CheckDeclaredBody: the body is read under the limit from here on
+  // Once the header fields are in, `head_bytes` of them: a refusal when the head is over its
+  // limit (Beast enforces it only on a head that arrives in pieces), or the declared body is one
+  // the limits do not allow (any body where none is taken, a Content-Length over the limit).
+  std::optional<Refusal> CheckHead(size_t head_bytes) const;
+  // Once the head has passed CheckHead: the body is read under the limit from here on
   // (a chunked one as its chunks arrive).
   void LimitBody();
   // What a failed read of the head (`in_body` false) or the body is answered; nullopt when the
@@ -45,6 +46,8 @@ class RequestReader {
   std::optional<Refusal> RefusalFor(const boost::beast::error_code& error, bool in_body) const;
 
  private:
+  Refusal HeadTooLarge() const;
+
   const Listener::Limits limits_;
   Parser parser_;
 };
