@@ -144,7 +144,8 @@ class OperatorTestCase(ControlPlaneTestCase):
     # ------------------------------------------------------------------ helpers
 
     @classmethod
-    def start_operator(cls, identity="operator-1", extra=()):
+    def start_operator(cls, identity="operator-1", extra=(), prefix=()):
+        """The operator, with EXTRA flags; PREFIX runs before it (a command that execs it)."""
         cls.operators += 1
         # Pods have network namespaces of their own: they reach the coordinator at the pod
         # network's gateway, the host's address on it.
@@ -158,6 +159,7 @@ class OperatorTestCase(ControlPlaneTestCase):
                 "https://%s:%d" % (gateway, cls.coordinator_port),
             ]
         argv = [
+            *prefix,
             os.path.join(BIN_DIR, "virtualflow-operator"),
             "--kubeconfig",
             cls.cp.kubeconfig,

@@ -4,9 +4,16 @@ tests/integration/http_attacks.py, the coordinator also 100 TLS clients that nev
 handshake. A watcher in its own process asks each for /healthz every 0.2 s, and every answer
 must come within a probe's second; the job ends with the weights of a local static run."""
 
+import base64
+import concurrent.futures
+import json
 import os
+import ssl
 import sys
 import threading
+import time
+import urllib.error
+import urllib.request
 
 from controlplane import free_port
 from test_operator import NS, OperatorTestCase, job_manifest, local_sha_meanwhile
@@ -19,12 +26,32 @@ from http_attacks import (  # noqa: E402 - found through the path above
     hundred_megabyte_body,
     megabyte_of_headers,
     negative_chunk_size,
+    probe,
     slow_clients,
     stalled_tls_handshakes,
 )
 
 # Past the servers' deadlines for a handshake and a request head (10 s each).
 SLOW_SECONDS = 16
+# The chart's default memory limit for the operator, and the coordinator's budget the chart
+# derives from it (half).
+OPERATOR_LIMIT = 512 << 20
+MEMORY_CGROUPS = "/sys/fs/cgroup/memory"
+
+
+def read_int(path):
+    with open(path) as f:
+        return int(f.read().split()[0])
+
+
+def oom_kills(cgroup):
+    """how many processes the kernel killed in CGROUP for want of memory."""
+    with open(os.path.join(cgroup, "memory.oom_control")) as f:
+        for line in f:
+            name, _, value = line.partition(" ")
+            if name == "oom_kill":
+                return int(value)
+    return 0
 
 
 class OperatorSecurityTest(OperatorTestCase):
@@ -89,3 +116,110 @@ class OperatorSecurityTest(OperatorTestCase):
         status = self.wait_succeeded(name)
         self.assertEqual(status["weightsSha256"], static.result(timeout=900))
         self.delete_job(name)
+
+    def test_an_operator_under_512mi_survives_a_full_store_and_a_second_job_waits(self):
+        """The operator in a memory cgroup of 512 MiB (the chart's limit), its coordinator's
+        budget small enough for one job to fill; one of the job's workers writes keys from 32
+        connections at once until the coordinator refuses even the smallest. The operator is
+        never killed and keeps answering. A second job's worker, finding no room, waits instead
+        of failing; once the first job is deleted it trains, and both end as a static run."""
+        if not os.access(MEMORY_CGROUPS, os.W_OK):
+            self.skipTest("no writable cgroup v1 memory controller at " + MEMORY_CGROUPS)
+        cgroup = os.path.join(MEMORY_CGROUPS, "vf-e2e-operator-%d" % os.getpid())
+        os.makedirs(cgroup, exist_ok=True)
+        self.addCleanup(lambda: os.path.isdir(cgroup) and os.rmdir(cgroup))
+        with open(os.path.join(cgroup, "memory.limit_in_bytes"), "w") as f:
+            f.write(str(OPERATOR_LIMIT))
+        self.operator.stop()
+        self.start_operator(
+            extra=("--coordinator-memory-budget", "48Mi"),
+            prefix=("sh", "-c", 'echo $$ > %s/cgroup.procs && exec "$@"' % cgroup, "sh"),
+        )
+        self.addCleanup(self.operator.stop)
+
+        first, second = "filled", "patient"
+        manifest = job_manifest(first, steps=900, delay_ms=8, replicas=(2, 2))
+        waiting = job_manifest(second, steps=60, replicas=(1, 1))
+        self.reset_nodes(("gpu-1", 2), ("gpu-2", 1))
+        static = local_sha_meanwhile(manifest, 2)
+        self.apply(manifest)
+        self.wait_workers(first, 2)
+        self.wait_step(first, 20)
+        answers = self.fill_store(first)
+        self.assertTrue(all(code == 409 for code, _ in answers), answers[:5])
+        self.assertTrue(any("budget" in text for _, text in answers), answers[:5])
+
+        # The second job's worker finds no room: it waits, and its job does not fail.
+        self.apply(waiting)
+        self.cp.wait_for(
+            "the second job's worker to wait for room",
+            lambda: "waiting for room at the coordinator" in self.pod_logs(second),
+            timeout=120,
+        )
+        time.sleep(5)
+        self.assertNotEqual(self.status(second).get("phase"), "Failed", self.status(second))
+        self.assertTrue(self.operator.alive(), self.operator.tail(40))
+        self.assertEqual(oom_kills(cgroup), 0)
+        self.assertLess(
+            probe(Target("coordinator", self.coordinator_port, tls=True)), PROBE_TIMEOUT
+        )
+        peak = read_int(os.path.join(cgroup, "memory.max_usage_in_bytes"))
+        sys.stderr.write("operator's peak memory: %.1f MiB of 512\n" % (peak / 2**20))
+
+        # The first job's weights are still a static run's; deleting it makes room.
+        status = self.wait_succeeded(first)
+        self.assertEqual(status["weightsSha256"], static.result(timeout=900))
+        second_static = local_sha_meanwhile(waiting, 1)
+        self.delete_job(first)
+        status = self.wait_succeeded(second)
+        self.assertEqual(status["weightsSha256"], second_static.result(timeout=900))
+        self.delete_job(second)
+        self.assertEqual(oom_kills(cgroup), 0)
+
+    def fill_store(self, name):
+        """Writes keys to job NAME's store as one of its workers, 1 MiB at a time from 32
+        connections at once, then ever smaller ones, until the coordinator refuses even 256
+        bytes; returns the refusals (status, body)."""
+        worker = self.status(name)["assignment"][0]["worker"]
+        secret = json.loads(
+            self.cp.kubectl(
+                "get", "secret", "-n", NS, worker + "-vf-credential", "-o", "json", check=True
+            ).stdout
+        )
+        token = base64.b64decode(secret["data"]["token"]).decode()
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+
+        def put(key, size):
+            request = urllib.request.Request(
+                "https://127.0.0.1:%d/v1/jobs/%s/%s/store/%s"
+                % (self.coordinator_port, NS, name, key),
+                data=b"x" * size,
+                method="PUT",
+                headers={"Authorization": "Bearer " + token, "X-VirtualFlow-Worker": worker},
+            )
+            try:
+                urllib.request.urlopen(request, timeout=60, context=context).read()
+                return None
+            except urllib.error.HTTPError as e:
+                return (e.code, e.read().decode())
+
+        refusals = []
+        for size in (1 << 20, 64 << 10, 4 << 10, 256):
+            full = threading.Event()
+
+            def write(i, size=size, full=full):
+                for n in range(1000):
+                    if full.is_set():
+                        return
+                    refused = put("fill-%d-%d-%d" % (size, i, n), size)
+                    if refused is not None:
+                        refusals.append(refused)
+                        if refused[0] == 409:
+                            full.set()
+
+            with concurrent.futures.ThreadPoolExecutor(32) as pool:
+                list(pool.map(write, range(32)))
+            self.assertTrue(full.is_set(), "the store took 32000 keys of %d bytes" % size)
+        return refusals
