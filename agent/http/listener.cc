@@ -149,9 +149,7 @@ class ResponderState {
       : in_flight_(std::move(in_flight)), connection_(std::move(connection)) {}
   ~ResponderState() {
     if (!answered_.exchange(true)) {
-      connection_->Answer(
-          connection_->ServerError(codes::kInternalError, "the request was not answered"),
-          std::move(in_flight_));
+      Answer(connection_->ServerError(codes::kInternalError, "the request was not answered"));
     }
   }
   ResponderState(const ResponderState&) = delete;
@@ -159,10 +157,19 @@ class ResponderState {
 
   void Send(Response response) {
     if (answered_.exchange(true)) return;
-    connection_->Answer(std::move(response), std::move(in_flight_));
+    Answer(std::move(response));
   }
 
  private:
+  // The write holds the request's token; this thread holds a copy until the post has returned,
+  // so that Stop, which waits for the last token, cannot destroy the I/O context while this
+  // thread is still inside the post (TSan saw it signal the context's condition variable as
+  // Stop destroyed it).
+  void Answer(Response response) {
+    std::shared_ptr<void> until_posted = in_flight_;
+    connection_->Answer(std::move(response), std::move(in_flight_));
+  }
+
   std::atomic<bool> answered_{false};
   std::shared_ptr<void> in_flight_;  // moved into the answer's write
   std::shared_ptr<Connection> connection_;
