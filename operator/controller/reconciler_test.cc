@@ -430,7 +430,7 @@ TEST_F(ReconcilerTest, EachWorkerPodGetsACredentialOfItsOwnThatTheCoordinatorAcc
   }
   EXPECT_EQ(api_->secret_reads(), std::vector<std::string>{});
   // replicas.max is 2: the coordinator registers at most twice that (live workers and their
-  // replacements).
+  // replacements); one more is told to wait for room (Unavailable), not refused for good.
   const JobView view = coordinator_.GetJob(kKey).value();
   for (int w = 0; w < 4; ++w) {
     ASSERT_TRUE(
@@ -439,7 +439,7 @@ TEST_F(ReconcilerTest, EachWorkerPodGetsACredentialOfItsOwnThatTheCoordinatorAcc
             .ok());
   }
   EXPECT_EQ(coordinator_.RegisterWorker(kKey, "w-4", view.fingerprint, view.build, true).code(),
-            StatusCode::kFailedPrecondition);
+            StatusCode::kUnavailable);
 }
 
 // ---------------------------------------------------------------- the job's NetworkPolicy
