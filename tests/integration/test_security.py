@@ -9,11 +9,12 @@ an undisturbed static run."""
 import os
 import socket
 import subprocess
+import textwrap
 import threading
 import time
 import unittest
 
-from harness import VF, VfTestCase, vf
+from harness import VF, VfTestCase, vf, write
 from http_attacks import (
     PROBE_TIMEOUT,
     HealthWatch,
@@ -28,6 +29,30 @@ from http_attacks import (
 from test_elastic import SLOW, Background, credential, credential_file, elastic_job
 
 SLOW_CLIENTS = 200
+PYTHON = os.environ.get("VF_PYTHON", "")
+
+# A user's PyTorch loop whose nodes pause NODE_PAUSE_S (a sleep: no weight changes), so that
+# the job is still training when the attacks end.
+PACED = textwrap.dedent("""\
+    import os, time, torch, torch.nn.functional as F
+    import virtualflow.torch as vf
+
+    job = vf.init()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(64, 4)
+    y = torch.randint(0, 2, (64,))
+    pause = float(os.environ.get("NODE_PAUSE_S", "0"))
+    for step in job.steps(vf.State(model=model, optimizer=opt), dataset_size=64):
+        for node in step.virtual_nodes():
+            idx = node.indices
+            node.backward(F.cross_entropy(model(x[idx]), y[idx]))
+            time.sleep(pause)
+        opt.step()
+        opt.zero_grad()
+    job.finish()
+    """)
 # Past the servers' deadline for a request head (10 s): every slow client must be cut off.
 SLOW_SECONDS = 16
 
@@ -145,6 +170,73 @@ class HttpAttackTest(VfTestCase):
             self.assertLess(entry["slowest"], PROBE_TIMEOUT, name)
         self.assertIsNone(bg.proc.poll(), "the job ended before the attacks did: lengthen it")
         # The job trained through all of it, to the static run's weights.
+        code, out, err, summary = bg.wait()
+        self.assertEqual(code, 0, out + err)
+        self.assertEqual(summary["weights_sha256"], static.summary["weights_sha256"])
+
+
+@unittest.skipUnless(PYTHON, "no Python environment with PyTorch (scripts/setup-python.sh)")
+class PythonWorkerAttackTest(VfTestCase):
+    def test_a_python_workers_metrics_endpoint_survives_hostile_clients(self):
+        """A virtualflow.torch worker serves metrics and probes on VF_METRICS_PORT, from the
+        agent library inside the user's process: the same attacks, while it trains."""
+        script = write(os.path.join(self.tmp, "paced.py"), PACED)
+        job = write(
+            os.path.join(self.tmp, "job.yaml"),
+            "apiVersion: virtualflow.io/v1alpha1\nkind: VirtualFlowJob\n"
+            "metadata: {name: paced}\nspec:\n  virtualNodes: 4\n  globalBatchSize: 16\n"
+            "  replicas: {min: 1, max: 1}\n  steps: 200\n  seed: 3\n"
+            "  template:\n    command: [python3, %s]\n" % script,
+        )
+        path = os.path.dirname(PYTHON) + os.pathsep + os.environ["PATH"]
+        saved = os.environ["PATH"]
+        os.environ["PATH"] = path
+        try:
+            static = vf("run", job, "--workers", "1", "--progress-interval", "0")
+        finally:
+            os.environ["PATH"] = saved
+        self.assertSucceeded(static)
+        port = free_port()
+        bg = Background(
+            self.tmp,
+            job,
+            "--workers",
+            "1",
+            env={"PATH": path, "VF_METRICS_PORT": str(port), "NODE_PAUSE_S": "0.04"},
+        )
+        worker = Target("python worker", port, attack_path="/metrics")
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                probe(worker)
+                break
+            except Exception:  # noqa: BLE001 - not serving yet
+                self.assertLess(time.monotonic(), deadline, "the worker never served /healthz")
+                self.assertIsNone(bg.proc.poll(), "".join(bg.out))
+                time.sleep(0.2)
+        watch = HealthWatch([worker])
+        slow = {}
+        thread = threading.Thread(
+            target=lambda: slow.update(result=slow_clients(worker, 100, SLOW_SECONDS))
+        )
+        thread.start()
+        try:
+            self.assertEqual(negative_chunk_size(worker), 413)
+            self.assertIn(oversized_chunk_size(worker), (400, 413))
+            self.assertEqual(megabyte_of_headers(worker), 431)
+            for chunked in (False, True):
+                status, sent = hundred_megabyte_body(worker, chunked)
+                self.assertEqual(status, 413)
+                self.assertLess(sent, 20 * 1000 * 1000)
+        finally:
+            thread.join()
+            health = watch.stop()
+        self.assertEqual(slow["result"], (100, 100))
+        entry = health["python worker"]
+        self.assertGreater(entry["probes"], 20)
+        self.assertEqual(entry["failures"], [])
+        self.assertLess(entry["slowest"], PROBE_TIMEOUT)
+        self.assertIsNone(bg.proc.poll(), "the job ended before the attacks did: lengthen it")
         code, out, err, summary = bg.wait()
         self.assertEqual(code, 0, out + err)
         self.assertEqual(summary["weights_sha256"], static.summary["weights_sha256"])
