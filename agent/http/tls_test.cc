@@ -41,7 +41,10 @@ KeyPair Server(const KeyPair& ca, const std::vector<std::string>& names) {
 }
 
 // A GET of `url` that trusts `ca_pem` only (none: cpprest's default, the system's CAs). The
-// status, or -1 and the exception's words when no answer came.
+// status, or -1 when no answer came. The exception's words are not read: cpprest's thread drops
+// its reference to the exception as the caller reads it, and TSan, which does not see
+// libstdc++'s exception reference count, reports a race (no suppression of ~http_exception
+// held under the suite's load).
 std::pair<int, std::string> Get(const std::string& url, const std::string& ca_pem) {
   web::http::client::http_client_config config;
   config.set_timeout(std::chrono::seconds(30));
@@ -54,8 +57,8 @@ std::pair<int, std::string> Get(const std::string& url, const std::string& ca_pe
     web::http::client::http_client client(url, config);
     web::http::http_response response = client.request(web::http::methods::GET, "/x").get();
     return {response.status_code(), response.extract_utf8string().get()};
-  } catch (const std::exception& e) {
-    return {-1, e.what()};
+  } catch (const std::exception&) {
+    return {-1, "the request failed"};
   }
 }
 
