@@ -232,6 +232,33 @@ TEST(CrdDefaults, EveryDefaultADescriptionNamesIsSpecHs) {
   }
 }
 
+TEST(CrdDefaults, BackoffLimitIsBatchV1sAndSpecHs) {
+  // batch/v1's 6, stated once in spec.h; the CRD shows it on every job the API server stores.
+  for (const char* file : kCrdFiles) {
+    const YAML::Node run = SpecSchema(file)["properties"]["runPolicy"]["properties"];
+    ASSERT_TRUE(run["backoffLimit"]["default"]) << file;
+    EXPECT_EQ(run["backoffLimit"]["default"].as<int>(), kDefaultBackoffLimit) << file;
+    ASSERT_TRUE(run["cleanPodPolicy"]["default"]) << file;
+    EXPECT_EQ(run["cleanPodPolicy"]["default"].as<std::string>(), "None") << file;
+  }
+  EXPECT_EQ(ParseJobNode(MinimalManifest(), "minimal").value().run_policy.clean_pod_policy,
+            CleanPodPolicy::kNone);
+}
+
+TEST(CrdScale, TheScaleSubresourceDrivesReplicasDesired) {
+  for (const char* file : kCrdFiles) {
+    const YAML::Node crd = YAML::LoadFile(std::string(VF_SOURCE_DIR) + "/" + file);
+    const YAML::Node scale = crd["spec"]["versions"][0]["subresources"]["scale"];
+    ASSERT_TRUE(scale) << file;
+    EXPECT_EQ(scale["specReplicasPath"].as<std::string>(), ".spec.replicas.desired") << file;
+    EXPECT_EQ(scale["statusReplicasPath"].as<std::string>(), ".status.workers") << file;
+    EXPECT_EQ(scale["labelSelectorPath"].as<std::string>(), ".status.selector") << file;
+    const YAML::Node desired = SpecSchema(file)["properties"]["replicas"]["properties"]["desired"];
+    EXPECT_EQ(desired["type"].as<std::string>(), "integer") << file;
+    EXPECT_EQ(desired["format"].as<std::string>(), "int32") << file;
+  }
+}
+
 TEST(CrdDefaults, ReplicasMaxDefaultsToMin) {
   // "Default min." in the CRD's description of replicas.max.
   for (const char* file : kCrdFiles) {

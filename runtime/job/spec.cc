@@ -44,7 +44,7 @@ constexpr std::array<std::string_view, 16> kSpecFields = {
     "virtualNodes", "globalBatchSize", "replicas",  "gpusPerWorker", "model", "dataset",
     "optimizer",    "steps",           "epochs",    "reduction",     "seed",  "elasticity",
     "checkpoint",   "template",        "runPolicy", "suspend"};
-constexpr std::array<std::string_view, 2> kReplicasFields = {"min", "max"};
+constexpr std::array<std::string_view, 3> kReplicasFields = {"min", "max", "desired"};
 constexpr std::array<std::string_view, 2> kModelFields = {"name", "hiddenSizes"};
 constexpr std::array<std::string_view, 4> kDatasetFields = {"name", "path", "trainSamples",
                                                             "testSamples"};
@@ -52,8 +52,22 @@ constexpr std::array<std::string_view, 8> kOptimizerFields = {
     "name", "learningRate", "momentum", "nesterov", "weightDecay", "beta1", "beta2", "epsilon"};
 constexpr std::array<std::string_view, 2> kElasticityFields = {"policy", "cooldownSeconds"};
 constexpr std::array<std::string_view, 2> kCheckpointFields = {"path", "everySteps"};
-constexpr std::array<std::string_view, 3> kRunPolicyFields = {
-    "backoffLimit", "activeDeadlineSeconds", "ttlSecondsAfterFinished"};
+constexpr std::array<std::string_view, 5> kRunPolicyFields = {
+    "backoffLimit", "activeDeadlineSeconds", "ttlSecondsAfterFinished", "cleanPodPolicy",
+    "podFailurePolicy"};
+constexpr std::array<std::string_view, 3> kCleanPodPolicies = {"None", "Running", "All"};
+constexpr std::array<std::string_view, 1> kPodFailurePolicyFields = {"rules"};
+constexpr std::array<std::string_view, 3> kPodFailureRuleFields = {"action", "onExitCodes",
+                                                                   "onPodConditions"};
+constexpr std::array<std::string_view, 3> kPodFailureActions = {"FailJob", "Ignore", "Count"};
+constexpr std::array<std::string_view, 3> kExitCodeFields = {"containerName", "operator", "values"};
+constexpr std::array<std::string_view, 2> kExitCodeOperators = {"In", "NotIn"};
+constexpr std::array<std::string_view, 2> kPodConditionFields = {"type", "status"};
+constexpr std::array<std::string_view, 3> kConditionStatuses = {"True", "False", "Unknown"};
+// batch/v1's bounds for a pod failure policy.
+constexpr size_t kMaxPodFailureRules = 20;
+constexpr size_t kMaxExitCodeValues = 255;
+constexpr size_t kMaxPodConditionPatterns = 20;
 
 constexpr int kMaxHiddenSize = 65536;
 constexpr int kMaxNameLength = 63;
@@ -443,6 +457,11 @@ Status ParseReplicas(const Fields& spec, JobSpec* job) {
   VF_ASSIGN_OR_RETURN(Fields replicas, spec.Sub("replicas", kReplicasFields));
   VF_RETURN_IF_ERROR(replicas.ReadInt("min", &job->replicas_min));
   VF_RETURN_IF_ERROR(replicas.ReadInt("max", &job->replicas_max));
+  if (replicas.Has("desired")) {
+    int desired = 0;
+    VF_RETURN_IF_ERROR(replicas.ReadInt("desired", &desired));
+    job->replicas_desired = desired;
+  }
   // A lone min is a fixed size; a lone max lets the job start small.
   if (replicas.Has("min") && !replicas.Has("max")) job->replicas_max = job->replicas_min;
   return Status::Ok();
@@ -488,7 +507,103 @@ Status ParseOptimizer(const Fields& spec, OptimizerSpec* opt) {
   return Status::Ok();
 }
 
-// Absent fields stay unset (no limit); ValidateRun checks the ranges.
+// The items of the list at `key` (absent: none), each with its path ("...rules[2]").
+Result<std::vector<std::pair<YAML::Node, std::string>>> ListItems(const Fields& f,
+                                                                  std::string_view key,
+                                                                  std::string_view expected,
+                                                                  size_t max_items) {
+  std::vector<std::pair<YAML::Node, std::string>> out;
+  if (!f.Has(key)) return out;
+  const YAML::Node& list = f.Get(key);
+  const std::string path = f.PathOf(key);
+  if (KindOf(list) != Kind::kList) return TypeError(path, expected, list);
+  if (list.size() > max_items) {
+    return InvalidArgument(path + ": at most " + std::to_string(max_items) + " items (got " +
+                           std::to_string(list.size()) + ")");
+  }
+  for (const YAML::Node& item : list) {
+    out.emplace_back(item, path + "[" + std::to_string(out.size()) + "]");
+  }
+  return out;
+}
+
+// One of "In"/"NotIn"-style names: the field is required and must be one of `known`.
+Status ReadRequiredName(const Fields& f, std::string_view key, std::string_view what, Names known,
+                        std::string* out) {
+  if (!f.Has(key)) return InvalidArgument(f.PathOf(key) + ": required field is missing");
+  VF_RETURN_IF_ERROR(f.ReadString(key, out));
+  if (!Contains(known, *out)) {
+    return InvalidArgument(f.PathOf(key) + ": " + UnknownName(what, *out, known));
+  }
+  return Status::Ok();
+}
+
+Status ParseExitCodes(const Fields& rule, ExitCodeRequirement* req) {
+  VF_ASSIGN_OR_RETURN(Fields f, rule.Sub("onExitCodes", kExitCodeFields));
+  VF_RETURN_IF_ERROR(f.ReadString("containerName", &req->container_name));
+  std::string op;
+  VF_RETURN_IF_ERROR(ReadRequiredName(f, "operator", "operator", kExitCodeOperators, &op));
+  req->in = op == "In";
+  if (!f.Has("values")) return InvalidArgument(f.PathOf("values") + ": required field is missing");
+  VF_ASSIGN_OR_RETURN(auto items,
+                      ListItems(f, "values", "a list of exit codes", kMaxExitCodeValues));
+  if (items.empty()) return InvalidArgument(f.PathOf("values") + ": must list at least one code");
+  for (const auto& [item, path] : items) {
+    int code = 0;
+    VF_RETURN_IF_ERROR(ParseInt(item, path, &code));
+    if (std::find(req->values.begin(), req->values.end(), code) != req->values.end()) {
+      return InvalidArgument(path + ": duplicate exit code " + std::to_string(code));
+    }
+    // As batch/v1: a container that exited 0 never matches, so In [0] would be a rule that
+    // never applies.
+    if (req->in && code == 0) {
+      return InvalidArgument(path + ": 0 cannot be used with operator In (a container that " +
+                             "exited 0 did not fail)");
+    }
+    req->values.push_back(code);
+  }
+  return Status::Ok();
+}
+
+Status ParsePodConditions(const Fields& rule, std::vector<PodConditionPattern>* out) {
+  VF_ASSIGN_OR_RETURN(auto items, ListItems(rule, "onPodConditions", "a list of conditions",
+                                            kMaxPodConditionPatterns));
+  if (items.empty()) {
+    return InvalidArgument(rule.PathOf("onPodConditions") + ": must list at least one condition");
+  }
+  for (const auto& [item, path] : items) {
+    VF_ASSIGN_OR_RETURN(Fields f, Fields::Open(item, path, kPodConditionFields, /*strict=*/true));
+    PodConditionPattern pattern;
+    if (!f.Has("type")) return InvalidArgument(f.PathOf("type") + ": required field is missing");
+    VF_RETURN_IF_ERROR(f.ReadString("type", &pattern.type));
+    if (pattern.type.empty()) return InvalidArgument(f.PathOf("type") + ": must not be empty");
+    if (f.Has("status")) {
+      VF_RETURN_IF_ERROR(
+          ReadRequiredName(f, "status", "condition status", kConditionStatuses, &pattern.status));
+    }
+    out->push_back(std::move(pattern));
+  }
+  return Status::Ok();
+}
+
+Status ParsePodFailureRule(const YAML::Node& node, const std::string& path, PodFailureRule* rule) {
+  VF_ASSIGN_OR_RETURN(Fields f, Fields::Open(node, path, kPodFailureRuleFields, /*strict=*/true));
+  std::string action;
+  VF_RETURN_IF_ERROR(ReadRequiredName(f, "action", "action", kPodFailureActions, &action));
+  rule->action = action == "FailJob"  ? PodFailureAction::kFailJob
+                 : action == "Ignore" ? PodFailureAction::kIgnore
+                                      : PodFailureAction::kCount;
+  if (f.Has("onExitCodes") == f.Has("onPodConditions")) {
+    return InvalidArgument(path + ": set exactly one of onExitCodes and onPodConditions");
+  }
+  if (f.Has("onExitCodes")) {
+    rule->on_exit_codes.emplace();
+    return ParseExitCodes(f, &*rule->on_exit_codes);
+  }
+  return ParsePodConditions(f, &rule->on_pod_conditions);
+}
+
+// Absent fields keep their defaults; ValidateRun checks the ranges.
 Status ParseRunPolicy(const Fields& spec, RunPolicySpec* policy) {
   VF_ASSIGN_OR_RETURN(Fields run, spec.Sub("runPolicy", kRunPolicyFields));
   auto read = [&run]<typename T>(std::string_view key, std::optional<T>* out) -> Status {
@@ -498,9 +613,29 @@ Status ParseRunPolicy(const Fields& spec, RunPolicySpec* policy) {
     *out = value;
     return Status::Ok();
   };
-  VF_RETURN_IF_ERROR(read("backoffLimit", &policy->backoff_limit));
+  VF_RETURN_IF_ERROR(run.ReadInt("backoffLimit", &policy->backoff_limit));
   VF_RETURN_IF_ERROR(read("activeDeadlineSeconds", &policy->active_deadline_seconds));
-  return read("ttlSecondsAfterFinished", &policy->ttl_seconds_after_finished);
+  VF_RETURN_IF_ERROR(read("ttlSecondsAfterFinished", &policy->ttl_seconds_after_finished));
+  if (run.Has("cleanPodPolicy")) {
+    std::string clean;
+    VF_RETURN_IF_ERROR(
+        ReadRequiredName(run, "cleanPodPolicy", "cleanPodPolicy", kCleanPodPolicies, &clean));
+    policy->clean_pod_policy = clean == "All"       ? CleanPodPolicy::kAll
+                               : clean == "Running" ? CleanPodPolicy::kRunning
+                                                    : CleanPodPolicy::kNone;
+  }
+  VF_ASSIGN_OR_RETURN(Fields failure, run.Sub("podFailurePolicy", kPodFailurePolicyFields));
+  if (run.Has("podFailurePolicy") && !failure.Has("rules")) {
+    return InvalidArgument(failure.PathOf("rules") + ": required field is missing");
+  }
+  VF_ASSIGN_OR_RETURN(auto rules,
+                      ListItems(failure, "rules", "a list of rules", kMaxPodFailureRules));
+  for (const auto& [item, path] : rules) {
+    PodFailureRule rule;
+    VF_RETURN_IF_ERROR(ParsePodFailureRule(item, path, &rule));
+    policy->pod_failure_rules.push_back(std::move(rule));
+  }
+  return Status::Ok();
 }
 
 Status ParseSpec(const YAML::Node& node, JobSpec* job) {
@@ -749,6 +884,13 @@ Status ValidateShape(const JobSpec& job) {
                            ") must not exceed spec.replicas.max (" +
                            std::to_string(job.replicas_max) + ")");
   }
+  if (job.replicas_desired &&
+      (*job.replicas_desired < job.replicas_min || *job.replicas_desired > job.replicas_max)) {
+    return InvalidArgument("spec.replicas.desired (" + std::to_string(*job.replicas_desired) +
+                           ") must be between spec.replicas.min (" +
+                           std::to_string(job.replicas_min) + ") and spec.replicas.max (" +
+                           std::to_string(job.replicas_max) + ")");
+  }
   if (job.replicas_max > job.virtual_nodes) {
     return InvalidArgument("spec.replicas.max (" + std::to_string(job.replicas_max) +
                            ") must not exceed spec.virtualNodes (" +
@@ -836,9 +978,7 @@ Status ValidateRun(const JobSpec& job) {
                            ") requires spec.checkpoint.path: there is nowhere to write them");
   }
   const RunPolicySpec& run = job.run_policy;
-  if (run.backoff_limit) {
-    VF_RETURN_IF_ERROR(CheckAtLeast("spec.runPolicy.backoffLimit", *run.backoff_limit, 0));
-  }
+  VF_RETURN_IF_ERROR(CheckAtLeast("spec.runPolicy.backoffLimit", run.backoff_limit, 0));
   if (run.active_deadline_seconds) {
     VF_RETURN_IF_ERROR(
         CheckAtLeast("spec.runPolicy.activeDeadlineSeconds", *run.active_deadline_seconds, 1));

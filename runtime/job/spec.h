@@ -66,12 +66,57 @@ struct CheckpointSpec {
   bool operator==(const CheckpointSpec&) const = default;
 };
 
-// spec.runPolicy, as batch/v1 Job has it: when the operator gives up on a job and when it deletes
-// a finished one. Unset fields impose no limit. The operator acts on it; `vf run` ignores it.
+// batch/v1 Job's default for spec.backoffLimit: the worker failures a job survives.
+inline constexpr int kDefaultBackoffLimit = 6;
+
+// spec.runPolicy.cleanPodPolicy, with the meaning of Kubeflow's training operators: which pods
+// of a finished job the operator deletes. kNone (keep them all, for their logs) is the default.
+enum class CleanPodPolicy { kNone, kRunning, kAll };
+
+// What a rule of spec.runPolicy.podFailurePolicy does with a failed worker pod it matches.
+enum class PodFailureAction {
+  kFailJob,  // the job fails at once (reason PodFailurePolicy)
+  kIgnore,   // not counted against backoffLimit; the pod is replaced
+  kCount,    // counted against backoffLimit, as a pod no rule matches
+};
+
+// onExitCodes of a pod failure rule (batch/v1's shape): the rule matches when a container (the
+// one named, or any) terminated with a non-zero exit code that is In / NotIn `values`.
+struct ExitCodeRequirement {
+  std::string container_name;  // empty: any container
+  bool in = true;              // operator In (true) or NotIn (false)
+  std::vector<int> values;
+
+  bool operator==(const ExitCodeRequirement&) const = default;
+};
+
+// One of onPodConditions: the rule matches a pod with a condition of this type and status.
+struct PodConditionPattern {
+  std::string type;  // e.g. DisruptionTarget
+  std::string status = "True";
+
+  bool operator==(const PodConditionPattern&) const = default;
+};
+
+// A rule of spec.runPolicy.podFailurePolicy.rules: exactly one of the two requirements is set.
+struct PodFailureRule {
+  PodFailureAction action = PodFailureAction::kCount;
+  std::optional<ExitCodeRequirement> on_exit_codes;
+  std::vector<PodConditionPattern> on_pod_conditions;
+
+  bool operator==(const PodFailureRule&) const = default;
+};
+
+// spec.runPolicy, as batch/v1 Job has it: when the operator gives up on a job, what it does with
+// the pods of a finished one, and when it deletes it. The operator acts on it; `vf run` ignores
+// it.
 struct RunPolicySpec {
-  std::optional<int> backoff_limit;                // worker failures tolerated (>= 0)
-  std::optional<int64_t> active_deadline_seconds;  // from status.startTime (>= 1)
-  std::optional<int> ttl_seconds_after_finished;   // from status.completionTime (>= 0)
+  int backoff_limit = kDefaultBackoffLimit;        // counted worker failures tolerated (>= 0)
+  std::optional<int64_t> active_deadline_seconds;  // from status.startTime (>= 1); unset: none
+  // From the moment the job finished (its Complete or Failed condition); unset: kept.
+  std::optional<int> ttl_seconds_after_finished;
+  CleanPodPolicy clean_pod_policy = CleanPodPolicy::kNone;
+  std::vector<PodFailureRule> pod_failure_rules;  // first match wins; none: every failure counts
 
   bool operator==(const RunPolicySpec&) const = default;
 };
@@ -106,6 +151,9 @@ struct JobSpec {
   ElasticitySpec elasticity;
   CheckpointSpec checkpoint;
   TemplateSpec worker_template;
+  // spec.replicas.desired, the scale subresource's size: when set, the job runs on at most this
+  // many workers (min <= desired <= max). Not part of the fingerprint.
+  std::optional<int> replicas_desired;
   RunPolicySpec run_policy;  // not part of the fingerprint: it does not change the training
   // spec.suspend, as batch/v1 Job has it: while true the operator keeps no worker pods; set back
   // to false, the job resumes from its checkpoint. Not part of the fingerprint; `vf run` refuses

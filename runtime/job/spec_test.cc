@@ -104,8 +104,13 @@ TEST(JobSpecTest, OmittedFieldsTakeTheHeaderDefaults) {
   EXPECT_EQ(job.seed, 0u);
   EXPECT_EQ(job.elasticity.policy, "elastic");
   EXPECT_EQ(job.elasticity.cooldown_seconds, 30);
-  // No run policy: no limit on failures or time, and a finished job stays.
-  EXPECT_FALSE(job.run_policy.backoff_limit.has_value());
+  // No run policy: batch/v1's backoffLimit, no limit on time, and a finished job and its pods
+  // stay.
+  EXPECT_EQ(job.run_policy.backoff_limit, kDefaultBackoffLimit);
+  EXPECT_EQ(kDefaultBackoffLimit, 6);
+  EXPECT_EQ(job.run_policy.clean_pod_policy, CleanPodPolicy::kNone);
+  EXPECT_TRUE(job.run_policy.pod_failure_rules.empty());
+  EXPECT_FALSE(job.replicas_desired.has_value());
   EXPECT_FALSE(job.run_policy.active_deadline_seconds.has_value());
   EXPECT_FALSE(job.run_policy.ttl_seconds_after_finished.has_value());
   EXPECT_FALSE(job.suspend);
@@ -121,6 +126,39 @@ TEST(JobSpecTest, ReplicasDefaultFromWhicheverBoundIsGiven) {
   job = MustParse(Manifest({{"replicas", "{min: 2, max: 8}"}}));
   EXPECT_EQ(job.replicas_min, 2);
   EXPECT_EQ(job.replicas_max, 8);
+  job = MustParse(Manifest({{"replicas", "{min: 2, max: 8, desired: 5}"}}));
+  EXPECT_EQ(job.replicas_desired, 5);
+}
+
+TEST(JobSpecTest, ReadsThePodFailurePolicyAndCleanPodPolicy) {
+  const JobSpec job = MustParse(
+      Manifest({{"runPolicy",
+                 "{cleanPodPolicy: Running, podFailurePolicy: {rules: ["
+                 "{action: FailJob, onExitCodes: {containerName: worker, operator: In, "
+                 "values: [42, 43]}}, "
+                 "{action: Ignore, onPodConditions: [{type: DisruptionTarget}]}, "
+                 "{action: Count, onExitCodes: {operator: NotIn, values: [0, 1]}}, "
+                 "{action: Ignore, onPodConditions: [{type: Ready, status: 'False'}]}]}}"}}));
+  const RunPolicySpec& run = job.run_policy;
+  EXPECT_EQ(run.clean_pod_policy, CleanPodPolicy::kRunning);
+  ASSERT_EQ(run.pod_failure_rules.size(), 4u);
+  const PodFailureRule& fail = run.pod_failure_rules[0];
+  EXPECT_EQ(fail.action, PodFailureAction::kFailJob);
+  ASSERT_TRUE(fail.on_exit_codes.has_value());
+  EXPECT_EQ(fail.on_exit_codes->container_name, "worker");
+  EXPECT_TRUE(fail.on_exit_codes->in);
+  EXPECT_EQ(fail.on_exit_codes->values, (std::vector<int>{42, 43}));
+  const PodFailureRule& ignore = run.pod_failure_rules[1];
+  EXPECT_EQ(ignore.action, PodFailureAction::kIgnore);
+  EXPECT_FALSE(ignore.on_exit_codes.has_value());
+  EXPECT_EQ(ignore.on_pod_conditions,
+            (std::vector<PodConditionPattern>{{"DisruptionTarget", "True"}}));
+  EXPECT_EQ(run.pod_failure_rules[2].action, PodFailureAction::kCount);
+  EXPECT_FALSE(run.pod_failure_rules[2].on_exit_codes->in);
+  EXPECT_EQ(run.pod_failure_rules[3].on_pod_conditions[0].status, "False");
+  EXPECT_EQ(
+      MustParse(Manifest({{"runPolicy", "{cleanPodPolicy: All}"}})).run_policy.clean_pod_policy,
+      CleanPodPolicy::kAll);
 }
 
 TEST(JobSpecTest, ReadsEveryField) {
@@ -639,6 +677,97 @@ std::vector<ErrorCase> ErrorCases() {
        Manifest({{"suspend", "yes please"}}),
        kBad,
        {"spec.suspend: expected a boolean"}},
+      {"DesiredBelowMin",
+       Manifest({{"replicas", "{min: 2, max: 4, desired: 1}"}}),
+       kBad,
+       {"spec.replicas.desired (1) must be between spec.replicas.min (2) and "
+        "spec.replicas.max (4)"}},
+      {"DesiredAboveMax",
+       Manifest({{"replicas", "{min: 2, max: 4, desired: 5}"}}),
+       kBad,
+       {"spec.replicas.desired (5) must be between"}},
+      {"UnknownCleanPodPolicy",
+       Manifest({{"runPolicy", "{cleanPodPolicy: Finished}"}}),
+       kBad,
+       {"spec.runPolicy.cleanPodPolicy: unknown cleanPodPolicy 'Finished'",
+        "known: None, Running, All"}},
+      {"PodFailurePolicyWithoutRules",
+       Manifest({{"runPolicy", "{podFailurePolicy: {}}"}}),
+       kBad,
+       {"spec.runPolicy.podFailurePolicy.rules: required field is missing"}},
+      {"PodFailureRuleUnknownAction",
+       Manifest({{"runPolicy",
+                  "{podFailurePolicy: {rules: [{action: FailIndex, onExitCodes: "
+                  "{operator: In, values: [1]}}]}}"}}),
+       kBad,
+       {"spec.runPolicy.podFailurePolicy.rules[0].action: unknown action 'FailIndex'",
+        "known: FailJob, Ignore, Count"}},
+      {"PodFailureRuleWithoutAction",
+       Manifest({{"runPolicy",
+                  "{podFailurePolicy: {rules: [{onExitCodes: {operator: In, values: [1]}}]}}"}}),
+       kBad,
+       {"spec.runPolicy.podFailurePolicy.rules[0].action: required field is missing"}},
+      {"PodFailureRuleWithBothRequirements",
+       Manifest({{"runPolicy",
+                  "{podFailurePolicy: {rules: [{action: Ignore, onExitCodes: {operator: In, "
+                  "values: [1]}, onPodConditions: [{type: DisruptionTarget}]}]}}"}}),
+       kBad,
+       {"spec.runPolicy.podFailurePolicy.rules[0]: set exactly one of onExitCodes and "
+        "onPodConditions"}},
+      {"PodFailureRuleWithNeither",
+       Manifest({{"runPolicy", "{podFailurePolicy: {rules: [{action: Ignore}]}}"}}),
+       kBad,
+       {"rules[0]: set exactly one of onExitCodes and onPodConditions"}},
+      {"ExitCodeOperatorUnknown",
+       Manifest({{"runPolicy",
+                  "{podFailurePolicy: {rules: [{action: Ignore, onExitCodes: "
+                  "{operator: Exists, values: [1]}}]}}"}}),
+       kBad,
+       {"rules[0].onExitCodes.operator: unknown operator 'Exists'", "known: In, NotIn"}},
+      {"ExitCodeZeroWithIn",
+       Manifest({{"runPolicy",
+                  "{podFailurePolicy: {rules: [{action: Ignore, onExitCodes: "
+                  "{operator: In, values: [1, 0]}}]}}"}}),
+       kBad,
+       {"rules[0].onExitCodes.values[1]: 0 cannot be used with operator In"}},
+      {"ExitCodeDuplicate",
+       Manifest({{"runPolicy",
+                  "{podFailurePolicy: {rules: [{action: Ignore, onExitCodes: "
+                  "{operator: NotIn, values: [3, 3]}}]}}"}}),
+       kBad,
+       {"rules[0].onExitCodes.values[1]: duplicate exit code 3"}},
+      {"ExitCodesEmpty",
+       Manifest({{"runPolicy",
+                  "{podFailurePolicy: {rules: [{action: Ignore, onExitCodes: "
+                  "{operator: NotIn, values: []}}]}}"}}),
+       kBad,
+       {"rules[0].onExitCodes.values: must list at least one code"}},
+      {"PodConditionWithoutType",
+       Manifest({{"runPolicy",
+                  "{podFailurePolicy: {rules: [{action: Ignore, onPodConditions: "
+                  "[{status: 'True'}]}]}}"}}),
+       kBad,
+       {"rules[0].onPodConditions[0].type: required field is missing"}},
+      {"PodConditionStatusUnknown",
+       Manifest({{"runPolicy",
+                  "{podFailurePolicy: {rules: [{action: Ignore, onPodConditions: "
+                  "[{type: DisruptionTarget, status: Maybe}]}]}}"}}),
+       kBad,
+       {"rules[0].onPodConditions[0].status: unknown condition status 'Maybe'"}},
+      {"TooManyPodFailureRules",
+       Manifest({{"runPolicy",
+                  "{podFailurePolicy: {rules: [" +
+                      [] {
+                        std::string rules;
+                        for (int i = 0; i < 21; ++i) {
+                          rules += std::string(i ? ", " : "") +
+                                   "{action: Ignore, onPodConditions: [{type: DisruptionTarget}]}";
+                        }
+                        return rules;
+                      }() +
+                      "]}}"}}),
+       kBad,
+       {"spec.runPolicy.podFailurePolicy.rules: at most 20 items (got 21)"}},
       {"RunPolicyNotAMap",
        Manifest({{"runPolicy", "3"}}),
        kBad,
@@ -918,7 +1047,10 @@ std::vector<Mutation> NonMathMutations() {
          j->run_policy.backoff_limit = 3;
          j->run_policy.active_deadline_seconds = 60;
          j->run_policy.ttl_seconds_after_finished = 0;
+         j->run_policy.clean_pod_policy = CleanPodPolicy::kAll;
+         j->run_policy.pod_failure_rules.push_back({PodFailureAction::kIgnore, std::nullopt, {}});
        }},
+      {"replicasDesired", [](JobSpec* j) { j->replicas_desired = 1; }},
       {"suspend", [](JobSpec* j) { j->suspend = true; }},
       // Sample counts only define a synthetic dataset; Fashion-MNIST is what it is.
       {"fashionMnistSampleCounts",
