@@ -5,6 +5,7 @@
 #include <string>
 
 #include "operator/controller/worker_pod.h"
+#include "operator/policy/policy.h"
 
 namespace vf::controller {
 
@@ -45,7 +46,11 @@ YAML::Node JsonToYaml(const json& value) {
 Result<JobSpec> JobSpecOf(const json& job) {
   const json& meta = job.at("metadata");
   const std::string key = meta.value("namespace", "") + "/" + meta.value("name", "");
-  return ParseJobNode(JsonToYaml(AgentManifest(job)), key);
+  VF_ASSIGN_OR_RETURN(JobSpec spec, ParseJobNode(JsonToYaml(AgentManifest(job)), key));
+  // The policy is the registry's to know (the CRD's enum says the same to the API server).
+  VF_RETURN_IF_ERROR(
+      policy::CheckPolicyName("spec.elasticity.policy", spec.elasticity.policy).WithContext(key));
+  return spec;
 }
 
 }  // namespace vf::controller

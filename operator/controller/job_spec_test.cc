@@ -75,6 +75,17 @@ TEST(JobSpecOf, ErrorsNameTheJobAndTheField) {
             "every virtual node takes an equal micro-batch");
 }
 
+TEST(JobSpecOf, APolicyNotInTheRegistryIsRefusedNamingTheKnownOnes) {
+  Result<JobSpec> job = JobSpecOf(Job({{"virtualNodes", 8},
+                                       {"globalBatchSize", 256},
+                                       {"steps", 10},
+                                       {"elasticity", {{"policy", "greedy"}}}}));
+  ASSERT_FALSE(job.ok());
+  EXPECT_EQ(job.status().message(),
+            "team/mnist: spec.elasticity.policy: unknown policy 'greedy' (known: static, elastic, "
+            "autoscale)");
+}
+
 TEST(JobSpecOf, NumbersInStringsAreText) {
   Result<JobSpec> job =
       JobSpecOf(Job({{"virtualNodes", "8"}, {"globalBatchSize", 256}, {"steps", 10}}));

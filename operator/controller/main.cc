@@ -40,6 +40,7 @@
 #include "operator/metrics/controller_metrics.h"
 #include "operator/metrics/operator_metrics.h"
 #include "operator/policy/membership.h"
+#include "operator/policy/policy.h"
 #include "runtime/command_line.h"
 
 namespace {
@@ -208,8 +209,9 @@ std::optional<int> ParseFlags(int argc, char** argv, OperatorFlags& f) {
                  "trains keeps the image it started on: status.workerImage)")
       ->capture_default_str();
   app.add_option("--policy", f.policy,
-                 "static, elastic or autoscale: for jobs whose manifest names no\n"
-                 "spec.elasticity.policy (a job that names one is sized by its own)")
+                 "for jobs whose manifest names no spec.elasticity.policy (a job that\n"
+                 "names one is sized by its own), one of:\n" +
+                     vf::policy::PolicyHelp("  "))
       ->capture_default_str();
   app.add_option("--agent-metrics-port", f.agent_metrics_port,
                  "port of each agent's /metrics (0 picks a free one; -1 none)")
@@ -263,8 +265,8 @@ std::optional<int> ParseFlags(int argc, char** argv, OperatorFlags& f) {
     return usage("--agent-metrics-port must be -1..65535");
   }
   if (!(f.join_batch >= 0)) return usage("--join-batch-seconds must be non-negative");
-  if (f.policy != "static" && f.policy != "elastic" && f.policy != "autoscale") {
-    return usage("--policy must be static, elastic or autoscale, got '" + f.policy + "'");
+  if (vf::Status known = vf::policy::CheckPolicyName("--policy", f.policy); !known.ok()) {
+    return usage(known.message());
   }
   if (!f.coordinator_url.empty() &&
       f.coordinator_url.rfind(f.coordinator_tls ? "https://" : "http://", 0) != 0) {

@@ -892,6 +892,8 @@ Result<JobSpec> LoadLocalJob(const LocalRunOptions& o) {
     job.epochs = 0;
   }
   VF_RETURN_IF_ERROR(ValidateJob(job).WithContext(o.job_path));
+  VF_RETURN_IF_ERROR(policy::CheckPolicyName("spec.elasticity.policy", job.elasticity.policy)
+                         .WithContext(o.job_path));
   if (job.suspend) {
     // As a suspended batch/v1 Job: no workers run. Refused rather than ignored, so that a
     // manifest kept suspended for a queue is never trained by accident.

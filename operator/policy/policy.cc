@@ -65,25 +65,6 @@ double EstimateThroughput(const PolicyJob& job, const Allocation& workers) {
   return sum;
 }
 
-std::vector<std::string> KnownPolicyNames() { return {"static", "elastic", "autoscale"}; }
-
-Result<std::unique_ptr<Policy>> CreatePolicy(const std::string& name,
-                                             const PolicyOptions& options) {
-  if (!(options.cooldown_seconds >= 0.0) || !std::isfinite(options.cooldown_seconds)) {
-    return InvalidArgument("policy cooldown must be a non-negative number of seconds");
-  }
-  if (!(options.scaling_efficiency_threshold >= 0.0 &&
-        options.scaling_efficiency_threshold <= 1.0)) {
-    return InvalidArgument("scaling efficiency threshold must be within 0..1");
-  }
-  for (const std::string& known : KnownPolicyNames()) {
-    if (name == known) return internal::NewPerJobPolicy(name, options);
-  }
-  std::string known;
-  for (const auto& n : KnownPolicyNames()) known += (known.empty() ? "" : ", ") + n;
-  return InvalidArgument("unknown policy '" + name + "' (known: " + known + ")");
-}
-
 namespace internal {
 
 std::vector<size_t> ServiceOrder(const std::vector<PolicyJob>& jobs) {
@@ -119,12 +100,7 @@ std::string InvalidReason(const PolicyJob& j) {
     if (n < 0) return "negative current workers on " + type;
   }
   if (j.unbound_workers < 0) return "unbound_workers " + s(j.unbound_workers) + " < 0";
-  if (!j.policy.empty()) {
-    const std::vector<std::string> known = KnownPolicyNames();
-    if (std::find(known.begin(), known.end(), j.policy) == known.end()) {
-      return "unknown policy '" + j.policy + "'";
-    }
-  }
+  if (!j.policy.empty() && !IsKnownPolicy(j.policy)) return "unknown policy '" + j.policy + "'";
   if (!(j.resize_pause_seconds >= 0.0)) return "negative resize pause";
   return "";
 }

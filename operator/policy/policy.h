@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -59,8 +60,8 @@ struct PolicyJob {
   double cooldown_seconds = -1.0;           // < 0: PolicyOptions::cooldown_seconds
   double remaining_samples = -1.0;          // work left (< 0: unknown, treated as long-running)
   std::vector<ThroughputPoint> throughput;  // measurements so far; may be empty
-  // The job's own policy (spec.elasticity.policy: static, elastic, autoscale); empty: the one
-  // that decides. Every Policy from CreatePolicy sizes each job by its own.
+  // The job's own policy (spec.elasticity.policy, a registered name); empty: the one that
+  // decides. Every Policy from CreatePolicy sizes each job by its own.
   std::string policy;
 };
 
@@ -125,18 +126,47 @@ class Policy {
                                   double now) const = 0;
 };
 
-// The policies by name:
-//   static     requested workers or wait (strict FIFO by priority); never resized. Baseline.
-//   elastic    weighted fair share by priority within min..max; idle GPUs lent and taken back;
-//              resizes limited by the cooldown and by the measured pause counted as lost work.
-//   autoscale  per job, grows while the newest worker's marginal throughput is worth it and
-//              gives back workers that do not pay for themselves.
-// A job that names its own policy (PolicyJob::policy) is sized by that one, over the same
-// inventory (operator/policy/per_job_policy.cc says how); `name` decides the jobs that name
-// none, and all of them when all name the same.
-// Unknown names are kInvalidArgument listing the known ones.
-Result<std::unique_ptr<Policy>> CreatePolicy(const std::string& name, const PolicyOptions& options);
+// Every policy is in one registry (operator/policy/registry.cc): its name, a line for --help,
+// how its jobs are held beside other policies' jobs, and its factory. Validation of --policy and
+// of spec.elasticity.policy, the help text and the CRD's enum (a test compares them) all come
+// from it, so a policy is added by its own file and one entry there (or one RegisterPolicy call).
+
+// How a policy's jobs are sized while jobs naming other policies share the inventory (per-job
+// policies, operator/policy/per_job_policy.cc); alone, each policy decides for itself.
+enum class Sharing {
+  kFixed,         // exactly its request, or it waits; never resized once running (static)
+  kByWeight,      // within min..max, a share of what is left by priority weight (elastic)
+  kByThroughput,  // its own one-step moves first, on what the others' minimums leave (autoscale)
+};
+
+// One scheduling policy as the registry holds it. Plain data.
+struct PolicyInfo {
+  std::string name;         // as --policy and spec.elasticity.policy spell it
+  std::string description;  // one line for people, in --help
+  Sharing sharing = Sharing::kByWeight;
+  std::function<std::unique_ptr<Policy>(const PolicyOptions&)> create;
+};
+
+// Adds a policy to the registry, after the built-in ones. kInvalidArgument for a name that is not
+// a lower-case word (letters, digits, '-') or a missing factory or description;
+// kFailedPrecondition for a name taken. Thread-safe; may run during static initialisation (a policy
+// registering itself).
+Status RegisterPolicy(PolicyInfo info);
+// Every registered policy, in registration order: static, elastic, autoscale, then any added.
+std::vector<PolicyInfo> RegisteredPolicies();
 std::vector<std::string> KnownPolicyNames();
+bool IsKnownPolicy(const std::string& name);
+// Ok for a registered name; else kInvalidArgument "<field>: unknown policy 'x' (known: static,
+// elastic, ...)", e.g. field "spec.elasticity.policy" or "--policy".
+Status CheckPolicyName(const std::string& field, const std::string& name);
+// One line per policy, "<indent>static     <description>", for --help texts.
+std::string PolicyHelp(const std::string& indent);
+
+// The policy `name` (a registered one) for the jobs that name none: a job that names its own
+// policy (PolicyJob::policy) is sized by that one, over the same inventory (per_job_policy.cc
+// says how); `name` decides all of them when all name the same. Unknown names are
+// kInvalidArgument listing the known ones.
+Result<std::unique_ptr<Policy>> CreatePolicy(const std::string& name, const PolicyOptions& options);
 
 // Estimated throughput of `job` on `workers` from its measurements: the exact point if
 // measured; otherwise per-type per-worker rates from the nearest measured worker count, scaled

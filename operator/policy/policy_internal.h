@@ -98,11 +98,14 @@ void KeepUnbound(const PolicyJob& job, int cap, const std::vector<std::string>& 
 // Seconds left of the job's cooldown at `now` (0 when it may resize).
 double CooldownLeft(const PolicyJob& job, const PolicyOptions& options, double now);
 
-// The policies behind CreatePolicy.
+// The built-in policies (registry.cc lists them).
 std::unique_ptr<Policy> NewStaticPolicy(const PolicyOptions& options);
 std::unique_ptr<Policy> NewElasticPolicy(const PolicyOptions& options);
 std::unique_ptr<Policy> NewAutoscalePolicy(const PolicyOptions& options);
-// Each job by its own policy; `fallback` for jobs that name none.
-std::unique_ptr<Policy> NewPerJobPolicy(const std::string& fallback, const PolicyOptions& options);
+// Each job by its own policy among `policies` (the registry's); `fallback` for jobs that name
+// none.
+std::unique_ptr<Policy> NewPerJobPolicy(const std::string& fallback,
+                                        const std::vector<PolicyInfo>& policies,
+                                        const PolicyOptions& options);
 
 }  // namespace vf::policy::internal

@@ -1,8 +1,12 @@
 #include <gtest/gtest.h>
+#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <fstream>
 #include <map>
 #include <random>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -10,6 +14,50 @@
 
 namespace vf::policy {
 namespace {
+
+// ---- A policy added outside operator/policy ------------------------------------------------
+
+// A policy defined here, as a new policy's own file would define it: a job starts on its
+// minimum of workers, or waits, and keeps what it holds (the static policy's decision with each
+// request lowered to that). It registers itself below; no other file names it, yet it is created
+// by name, accepted by validation, listed in help and held to the contract of every policy
+// (EveryPolicy). Immutable; safe to share between threads.
+class MinimumPolicy final : public Policy {
+ public:
+  explicit MinimumPolicy(const PolicyOptions& options) : options_(options) {}
+
+  const std::string& name() const override {
+    static const std::string kName = "minimum";
+    return kName;
+  }
+
+  Result<Decision> Decide(const std::vector<PolicyJob>& jobs, const GpuInventory& inventory,
+                          double now) const override {
+    std::vector<PolicyJob> view = jobs;
+    for (PolicyJob& j : view) {
+      const int held = TotalWorkers(j.current) + j.unbound_workers;
+      j.requested_workers =
+          held > 0 ? std::clamp(held, j.min_workers, j.max_workers) : j.min_workers;
+      j.policy.clear();  // decided here, whatever the job names
+    }
+    VF_ASSIGN_OR_RETURN(std::unique_ptr<Policy> fixed, CreatePolicy("static", options_));
+    return fixed->Decide(view, inventory, now);
+  }
+
+ private:
+  const PolicyOptions options_;
+};
+
+const Status kMinimumRegistered = RegisterPolicy(
+    {"minimum", "every job on its minimum of workers, or it waits; never resized", Sharing::kFixed,
+     [](const PolicyOptions& o) { return std::make_unique<MinimumPolicy>(o); }});
+
+// The policies the product ships: every registered one but this file's own.
+std::vector<std::string> ShippedPolicyNames() {
+  std::vector<std::string> names = KnownPolicyNames();
+  names.erase(std::remove(names.begin(), names.end(), "minimum"), names.end());
+  return names;
+}
 
 PolicyJob Job(const std::string& id, int priority, int min, int max, double arrival = 0.0) {
   PolicyJob j;
@@ -62,9 +110,151 @@ TEST(CreatePolicy, UnknownNameListsTheKnownOnes) {
   auto p = CreatePolicy("fastest", {});
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument);
-  for (const char* known : {"fastest", "static", "elastic", "autoscale"}) {
+  EXPECT_NE(p.status().message().find("'fastest'"), std::string::npos) << p.status().message();
+  for (const std::string& known : KnownPolicyNames()) {
     EXPECT_NE(p.status().message().find(known), std::string::npos) << p.status().message();
   }
+}
+
+// ---- The registry --------------------------------------------------------------------------
+
+TEST(PolicyRegistry, ThePoliciesShippedAreStaticElasticAutoscaleInThatOrder) {
+  EXPECT_EQ(ShippedPolicyNames(), (std::vector<std::string>{"static", "elastic", "autoscale"}));
+}
+
+TEST(PolicyRegistry, APolicyThatRegistersItselfIsCreatedByName) {
+  ASSERT_TRUE(kMinimumRegistered.ok()) << kMinimumRegistered.message();
+  EXPECT_EQ(KnownPolicyNames().back(), "minimum");  // after the built-ins
+  PolicyJob j = Job("j", 1, 1, 4);
+  j.requested_workers = 2;
+  const Decision own = Decide(*Make("minimum"), {j}, Gpus({{"V100", 8}}));
+  EXPECT_EQ(Workers(own, "j"), 1);  // its own decision: the minimum
+  EXPECT_EQ(Workers(Decide(*Make("static"), {j}, Gpus({{"V100", 8}})), "j"), 2);
+  // A job that names it is sized by it under any default, beside jobs of other policies.
+  j.policy = "minimum";
+  for (const std::string& fallback : ShippedPolicyNames()) {
+    EXPECT_EQ(Workers(Decide(*Make(fallback), {j}, Gpus({{"V100", 8}})), "j"), 1) << fallback;
+  }
+  PolicyJob shared = Job("shared", 1, 1, 8);
+  shared.policy = "elastic";
+  PolicyJob fixed = Job("fixed", 1, 2, 2, 1.0);
+  fixed.policy = "minimum";
+  const Decision mixed = Decide(*Make("autoscale"), {shared, fixed}, Gpus({{"V100", 8}}));
+  EXPECT_EQ(Workers(mixed, "fixed"), 2);
+  EXPECT_EQ(Workers(mixed, "shared"), 6);
+}
+
+TEST(PolicyRegistry, APolicyThatRegistersItselfIsValid) {
+  EXPECT_TRUE(CheckPolicyName("--policy", "minimum").ok());
+  EXPECT_TRUE(IsKnownPolicy("minimum"));
+  const Status unknown = CheckPolicyName("spec.elasticity.policy", "fastest");
+  EXPECT_EQ(unknown.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(unknown.message(),
+            "spec.elasticity.policy: unknown policy 'fastest' (known: static, elastic, autoscale, "
+            "minimum)");
+  // A job naming it is not "invalid: unknown policy", as one naming a policy nobody added is.
+  PolicyJob j = Job("j", 1, 1, 2);
+  j.policy = "minimum";
+  PolicyJob odd = Job("odd", 1, 1, 2);
+  odd.policy = "fastest";
+  const Decision d = Decide(*Make("elastic"), {j, odd}, Gpus({{"V100", 4}}));
+  EXPECT_GT(Workers(d, "j"), 0) << Reason(d, "j");
+  EXPECT_NE(Reason(d, "odd").find("invalid: unknown policy 'fastest'"), std::string::npos);
+}
+
+TEST(PolicyRegistry, APolicyThatRegistersItselfIsInTheHelp) {
+  const std::string help = PolicyHelp("  ");
+  EXPECT_NE(help.find("  minimum    every job on its minimum of workers, or it waits; never "
+                      "resized\n"),
+            std::string::npos)
+      << help;
+  for (const PolicyInfo& p : RegisteredPolicies()) {
+    EXPECT_NE(help.find("  " + p.name + " "), std::string::npos) << p.name << "\n" << help;
+    EXPECT_NE(help.find(p.description), std::string::npos) << p.name << "\n" << help;
+  }
+  EXPECT_EQ(std::count(help.begin(), help.end(), '\n'),
+            static_cast<long>(RegisteredPolicies().size()));
+}
+
+TEST(PolicyRegistry, RefusesATakenNameAndNamesNoManifestCanCarry) {
+  auto factory = [](const PolicyOptions& o) { return std::make_unique<MinimumPolicy>(o); };
+  EXPECT_EQ(RegisterPolicy({"elastic", "again", Sharing::kByWeight, factory}).code(),
+            StatusCode::kFailedPrecondition);
+  for (const char* bad : {"", "Elastic", "two words", "-lead", "trail-", "under_score"}) {
+    EXPECT_EQ(RegisterPolicy({bad, "bad", Sharing::kByWeight, factory}).code(),
+              StatusCode::kInvalidArgument)
+        << bad;
+  }
+  EXPECT_EQ(RegisterPolicy({"no-factory", "none", Sharing::kByWeight, nullptr}).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(RegisterPolicy({"no-help", "", Sharing::kByWeight, factory}).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_FALSE(IsKnownPolicy("no-factory"));
+  EXPECT_FALSE(IsKnownPolicy("Elastic"));
+  EXPECT_EQ(KnownPolicyNames().size(), ShippedPolicyNames().size() + 1);
+}
+
+std::string SourceFile(const std::string& relative) {
+  std::ifstream in(std::string(VF_SOURCE_DIR) + "/" + relative);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::vector<std::string> Strings(const YAML::Node& list) {
+  std::vector<std::string> out;
+  for (const auto& item : list) out.push_back(item.as<std::string>());
+  return out;
+}
+
+// The API server's enum of spec.elasticity.policy, in the CRD and its copy in the chart, and the
+// chart's schema of its `policy` value (JSON, which YAML reads): the registry's names.
+TEST(PolicyRegistry, TheCrdAndTheChartEnumerateTheShippedPolicies) {
+  for (const char* file :
+       {"crds/virtualflowjob.yaml", "charts/virtualflow/files/virtualflowjob.yaml"}) {
+    const YAML::Node crd = YAML::Load(SourceFile(file));
+    const YAML::Node spec =
+        crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    EXPECT_EQ(Strings(spec["properties"]["elasticity"]["properties"]["policy"]["enum"]),
+              ShippedPolicyNames())
+        << file;
+  }
+  const YAML::Node values = YAML::Load(SourceFile("charts/virtualflow/values.schema.json"));
+  EXPECT_EQ(Strings(values["properties"]["policy"]["enum"]), ShippedPolicyNames());
+}
+
+// The words in backquotes of `column` (0: the first) of the first table row that starts with
+// `start`.
+std::vector<std::string> QuotedInRow(const std::string& doc, const std::string& start,
+                                     size_t column) {
+  const std::string text = SourceFile(doc);
+  const size_t at = text.find("\n" + start);
+  if (at == std::string::npos) return {"<no row " + start + ">"};
+  const std::string row = text.substr(at + 1, text.find('\n', at + 1) - at - 1);
+  std::vector<std::string> cells;
+  for (size_t from = 1, bar = 0; (bar = row.find('|', from)) != std::string::npos; from = bar + 1) {
+    cells.push_back(row.substr(from, bar - from));
+  }
+  if (column >= cells.size()) return {"<no column " + std::to_string(column) + ">"};
+  std::vector<std::string> words;
+  const std::string& cell = cells[column];
+  for (size_t open = cell.find('`'); open != std::string::npos; open = cell.find('`', open + 1)) {
+    const size_t close = cell.find('`', open + 1);
+    if (close == std::string::npos) break;
+    words.push_back(cell.substr(open + 1, close - open - 1));
+    open = close;
+  }
+  return words;
+}
+
+TEST(PolicyRegistry, TheDocsListTheShippedPolicies) {
+  EXPECT_EQ(QuotedInRow("docs/crd-reference.md", "| `spec.elasticity.policy` |", 3),
+            ShippedPolicyNames());
+  EXPECT_EQ(QuotedInRow("docs/user-guide.md", "| `elasticity.policy` |", 1), ShippedPolicyNames());
+  // The chart's `policy` value: its description begins with the names.
+  std::vector<std::string> chart = QuotedInRow("docs/operations.md", "| `policy` |", 2);
+  chart.resize(std::min(chart.size(), ShippedPolicyNames().size()));
+  EXPECT_EQ(chart, ShippedPolicyNames());
 }
 
 TEST(CreatePolicy, RejectsNegativeCooldown) {
@@ -312,8 +502,14 @@ TEST_P(EveryPolicy, InvariantsHoldOverRandomSequences) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Policies, EveryPolicy, ::testing::Values("static", "elastic", "autoscale"),
-                         [](const auto& param_info) { return param_info.param; });
+// Every registered policy, the test's own included (the generator runs after static
+// initialisation, so after every policy has registered itself).
+INSTANTIATE_TEST_SUITE_P(Policies, EveryPolicy, ::testing::ValuesIn(KnownPolicyNames()),
+                         [](const auto& param_info) {
+                           std::string name = param_info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
 // ---- static --------------------------------------------------------------------------------
 
@@ -662,7 +858,7 @@ TEST(PerJobPolicy, AnUnknownPolicyNameMakesThatJobWait) {
 }
 
 TEST(PerJobPolicy, InvariantsHoldOverRandomMixedSequences) {
-  const std::vector<std::string> names = KnownPolicyNames();
+  const std::vector<std::string> names = KnownPolicyNames();  // the test's own policy too
   for (const std::string& fallback : names) {
     auto p = Make(fallback);
     std::mt19937 rng(4321);

@@ -63,7 +63,7 @@ std::string Pad(const std::string& s, size_t width, bool right = false) {
 
 constexpr const char* kSimulateDescription =
     "Runs a job trace on a simulated GPU cluster under the operator's own scheduling policies\n"
-    "(static, elastic, autoscale: the code the operator runs, unchanged) and prints each job's\n"
+    "(the code the operator runs, unchanged; --policy lists them) and prints each job's\n"
     "completion time and, per policy side by side, mean / median / p99 JCT, makespan, GPU\n"
     "utilisation and resizes per job.\n\n"
     "A job's step time on an allocation is the slowest worker's virtual nodes x its seconds per\n"
@@ -263,7 +263,8 @@ int RunSimulateCommand(int argc, char** argv) {
       ->type_name("CLUSTER.yaml");
   app.add_option("--policy", f.policies,
                  "policies to compare, comma-separated; the first is the baseline\n"
-                 "of the % lines")
+                 "of the % lines. The policies:\n" +
+                     policy::PolicyHelp("  "))
       ->type_name("NAME[,NAME...]")
       ->capture_default_str();
   app.add_option("--profiles", f.profiles,

@@ -102,12 +102,11 @@ Result<std::vector<TraceJob>> ParseTrace(const std::string& text, const std::str
       j.glue_task = true;
     }
     if (o.contains("policy")) {
-      static const std::vector<std::string> kKnown = policy::KnownPolicyNames();
-      if (!o["policy"].is_string() ||
-          std::find(kKnown.begin(), kKnown.end(), o["policy"].get<std::string>()) == kKnown.end()) {
-        return InvalidArgument(where + ": \"policy\" must be static, elastic or autoscale");
+      if (!o["policy"].is_string()) {
+        return InvalidArgument(where + ": \"policy\" must be a policy's name");
       }
       j.policy = o["policy"].get<std::string>();
+      VF_RETURN_IF_ERROR(policy::CheckPolicyName(where + ": \"policy\"", j.policy));
     }
     if (j.batch_size % j.VirtualNodes() != 0) {
       return InvalidArgument(where + ": \"batch_size\" " + std::to_string(j.batch_size) +

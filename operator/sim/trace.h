@@ -22,7 +22,7 @@ struct TraceJob {
   int virtual_nodes_per_device = 1;  // virtual nodes = gpu_demand x this
   std::string dataset;               // `dataset` (imagenet, cifar10) or `glue_task`
   bool glue_task = false;            // which key `dataset` came from
-  // The job's own elasticity policy (static, elastic, autoscale), as spec.elasticity.policy;
+  // The job's own elasticity policy (a registered name), as spec.elasticity.policy;
   // empty: the one simulated (--policy). Not in the published traces.
   std::string policy;
 

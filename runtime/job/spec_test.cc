@@ -633,10 +633,10 @@ std::vector<ErrorCase> ErrorCases() {
        Manifest({{"seed", "9223372036854775808"}}),
        kBad,
        {"spec.seed", "out of range", "9223372036854775807"}},
-      {"UnknownPolicy",
-       Manifest({{"elasticity", "{policy: dynamic}"}}),
+      {"EmptyPolicy",  // which names are known is operator/policy's registry's to check
+       Manifest({{"elasticity", "{policy: ''}"}}),
        kBad,
-       {"spec.elasticity.policy: unknown policy 'dynamic'", "known: static, elastic, autoscale"}},
+       {"spec.elasticity.policy: must name a scheduling policy"}},
       {"CooldownNegative",
        Manifest({{"elasticity", "{cooldownSeconds: -5}"}}),
        kBad,
