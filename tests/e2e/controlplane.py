@@ -1100,7 +1100,7 @@ class ControlPlane:
 
         self.wait_for("Kueue's CRDs to be established", lambda: all(map(established, plurals)))
 
-    def start_kueue(self, timeout=120):
+    def start_kueue(self, timeout=120, wait_for_pods_ready=None):
         """Installs Kueue's CRDs and starts Kueue's controller manager (`kueue`, built from its
         upstream source beside the other tools, CRDs from the same module) against this control
         plane, as the admin, and waits until it is ready. Returns the Component.
@@ -1118,7 +1118,12 @@ class ControlPlane:
         kubelet's part for the certificates: it writes the Secret's keys into the directory
         Kueue reads them from (the Secret volume of its pod). No leader election; the
         visibility API server (VisibilityOnDemand, an aggregated API) is off; metrics and
-        health on free loopback ports (self.ports["kueue-metrics"], ["kueue-health"])."""
+        health on free loopback ports (self.ports["kueue-metrics"], ["kueue-health"]).
+
+        VirtualFlowJob is registered in integrations.externalFrameworks, as docs/operations.md
+        tells an administrator to. WAIT_FOR_PODS_READY (seconds) turns on Kueue's
+        waitForPodsReady with that timeout (as Kueue v0.19 does by default, with 30 minutes):
+        an admitted Workload whose PodsReady condition is not True by then is evicted."""
         if self.kueue is not None:
             raise RuntimeError("Kueue is already running")
         binary = os.path.join(self.bin, "kueue")
@@ -1153,7 +1158,14 @@ class ControlPlane:
             },
             "leaderElection": {"leaderElect": False},
             "featureGates": {"VisibilityOnDemand": False},
+            "integrations": {"externalFrameworks": ["VirtualFlowJob.v1alpha1.virtualflow.io"]},
         }
+        if wait_for_pods_ready is not None:
+            config["waitForPodsReady"] = {
+                "timeout": "%ds" % wait_for_pods_ready,
+                "blockAdmission": False,
+                "recoveryTimeout": "%ds" % wait_for_pods_ready,
+            }
         config_path = self._path("kueue-config.yaml")
         with open(config_path, "w") as f:
             json.dump(config, f, indent=2)  # JSON is YAML
