@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <set>
 #include <string>
 
@@ -78,19 +79,63 @@ int64_t ParseCpuMillis(const json& quantity) {
   return scale == 1 ? w : w * 1000 + std::stoll(frac);
 }
 
-int PodGpus(const json& pod) {
+bool IsExtendedResource(const std::string& name) {
+  const size_t slash = name.find('/');
+  if (slash == std::string::npos || name.rfind("requests.", 0) == 0) return false;
+  const std::string domain = name.substr(0, slash);
+  return domain != "kubernetes.io" && !domain.ends_with(".kubernetes.io");
+}
+
+namespace {
+
+// What one container asks for of each extended resource (its limit, else its request).
+std::map<std::string, int> ContainerAccelerators(const json& container) {
+  std::map<std::string, int> out;
+  const json& res = ObjectAt(container, "resources");
+  for (const char* part : {"requests", "limits"}) {  // limits last: they win
+    for (const auto& [name, quantity] : ObjectAt(res, part).items()) {
+      if (IsExtendedResource(name)) out[name] = ParseGpuQuantity(quantity);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+int PodGpus(const json& pod, const std::string& resource) {
   int total = 0;
   for (const json& c : ArrayAt(ObjectAt(pod, "spec"), "containers")) {
-    const json& res = ObjectAt(c, "resources");
-    const json& limits = ObjectAt(res, "limits");
-    const json& requests = ObjectAt(res, "requests");
-    if (limits.contains(kGpuResource)) {
-      total += ParseGpuQuantity(limits.at(kGpuResource));
-    } else if (requests.contains(kGpuResource)) {
-      total += ParseGpuQuantity(requests.at(kGpuResource));
+    for (const auto& [name, n] : ContainerAccelerators(c)) {
+      if (resource.empty() || name == resource) total += n;
     }
   }
   return total;
+}
+
+const json& TemplateWorkerContainer(const json& pod_template) {
+  static const json kNone = json::object();
+  const json& containers = ArrayAt(ObjectAt(pod_template, "spec"), "containers");
+  for (const json& c : containers) {
+    if (c.is_object() && c.value("name", "") == kWorkerContainer) return c;
+  }
+  return !containers.empty() && containers[0].is_object() ? containers[0] : kNone;
+}
+
+std::string TemplateAccelerator(const json& pod_template) {
+  const std::map<std::string, int> named =
+      ContainerAccelerators(TemplateWorkerContainer(pod_template));
+  for (const auto& [name, n] : named) {
+    if (n > 0) return name;
+  }
+  return kGpuResource;
+}
+
+std::string TypeOnNode(const ClusterGpus& cluster, const std::string& node,
+                       const std::string& resource) {
+  auto types = cluster.node_types.find(node);
+  if (types == cluster.node_types.end()) return "";
+  auto type = types->second.find(resource);
+  return type == types->second.end() ? "" : type->second;
 }
 
 bool PodHoldsResources(const json& pod) {
@@ -178,12 +223,13 @@ bool Tolerates(const json& tolerations, const json& taint) {
 
 bool NodeEligible(const json& node, const json& pod_template) {
   if (!NodeSchedulable(node)) return false;
+  const json& pod_spec = ObjectAt(pod_template, "spec");
   const json& labels = ObjectAt(ObjectAt(node, "metadata"), "labels");
-  const json& selector = ObjectAt(pod_template, "nodeSelector");
+  const json& selector = ObjectAt(pod_spec, "nodeSelector");
   for (const auto& [k, v] : selector.items()) {
     if (!labels.contains(k) || labels[k] != v) return false;
   }
-  const json& required = ObjectAt(ObjectAt(ObjectAt(pod_template, "affinity"), "nodeAffinity"),
+  const json& required = ObjectAt(ObjectAt(ObjectAt(pod_spec, "affinity"), "nodeAffinity"),
                                   "requiredDuringSchedulingIgnoredDuringExecution");
   const json& terms = ArrayAt(required, "nodeSelectorTerms");
   if (!terms.empty()) {
@@ -191,7 +237,7 @@ bool NodeEligible(const json& node, const json& pod_template) {
     for (const json& term : terms) any = any || TermMatches(term, node);
     if (!any) return false;
   }
-  const json& tolerations = ArrayAt(pod_template, "tolerations");
+  const json& tolerations = ArrayAt(pod_spec, "tolerations");
   for (const json& taint : ArrayAt(ObjectAt(node, "spec"), "taints")) {
     const std::string effect = taint.value("effect", "");
     if (effect != "NoSchedule" && effect != "NoExecute") continue;
@@ -203,15 +249,20 @@ bool NodeEligible(const json& node, const json& pod_template) {
 int EligibleWorkers(const ClusterGpus& cluster, const json& pod_template, int gpus_per_worker,
                     int64_t cpu_millis) {
   int workers = 0;
+  const std::string resource = gpus_per_worker > 0 ? TemplateAccelerator(pod_template) : "";
   for (const auto& [name, shared] : cluster.nodes) {
     const json& node = *shared;
     if (!NodeEligible(node, pod_template)) continue;
     if (gpus_per_worker > 0) {
       const json& alloc = ObjectAt(ObjectAt(node, "status"), "allocatable");
-      if (!alloc.contains(kGpuResource)) continue;
-      auto held = cluster.node_gpus_held_by_others.find(name);
-      const int gpus = ParseGpuQuantity(alloc.at(kGpuResource)) -
-                       (held == cluster.node_gpus_held_by_others.end() ? 0 : held->second);
+      if (!alloc.contains(resource)) continue;
+      int held = 0;
+      if (auto on_node = cluster.node_held_by_others.find(name);
+          on_node != cluster.node_held_by_others.end()) {
+        auto of = on_node->second.find(resource);
+        if (of != on_node->second.end()) held = of->second;
+      }
+      const int gpus = ParseGpuQuantity(alloc.at(resource)) - held;
       workers += std::max(0, gpus) / gpus_per_worker;
     } else if (cpu_millis > 0) {
       auto alloc = cluster.cpu_allocatable.find(name);
@@ -227,10 +278,13 @@ int EligibleWorkers(const ClusterGpus& cluster, const json& pod_template, int gp
 
 std::vector<std::string> EligibleProducts(const ClusterGpus& cluster, const json& pod_template) {
   std::set<std::string> products;
-  for (const auto& [name, product] : cluster.node_product) {
+  const std::string resource = TemplateAccelerator(pod_template);
+  for (const auto& [name, types] : cluster.node_types) {
+    auto type = types.find(resource);
+    if (type == types.end()) continue;
     auto node = cluster.nodes.find(name);
     if (node != cluster.nodes.end() && NodeEligible(*node->second, pod_template)) {
-      products.insert(product);
+      products.insert(type->second);
     }
   }
   return {products.begin(), products.end()};
@@ -248,14 +302,21 @@ ClusterGpus CountGpus(const std::vector<std::shared_ptr<const json>>& nodes,
     if (alloc.contains("cpu")) {
       out.cpu_allocatable[node_name] = std::max<int64_t>(0, ParseCpuMillis(alloc.at("cpu")));
     }
-    if (!alloc.contains(kGpuResource)) continue;
-    const int gpus = ParseGpuQuantity(alloc.at(kGpuResource));
-    if (gpus <= 0) continue;
-    const json& labels = ObjectAt(ObjectAt(node, "metadata"), "labels");
-    const std::string product = labels.value(kGpuProductLabel, std::string(kUnknownProduct));
-    const std::string name = ObjectAt(node, "metadata").value("name", "");
-    out.node_product[name] = product;
-    out.products[product].total += gpus;
+    for (const auto& [resource, quantity] : alloc.items()) {
+      if (!IsExtendedResource(resource)) continue;
+      const int gpus = ParseGpuQuantity(quantity);
+      if (gpus <= 0) continue;
+      // nvidia.com/gpu by product, as the policy's types have always been; any other extended
+      // resource by its name (a MIG profile is itself a type).
+      std::string type = resource;
+      if (resource == kGpuResource) {
+        const json& labels = ObjectAt(ObjectAt(node, "metadata"), "labels");
+        type = labels.value(kGpuProductLabel, std::string(kUnknownProduct));
+        out.node_product[node_name] = type;
+      }
+      out.node_types[node_name][resource] = type;
+      out.products[type].total += gpus;
+    }
   }
   for (const std::shared_ptr<const json>& shared : pods) {
     const json& pod = *shared;
@@ -264,13 +325,18 @@ ClusterGpus CountGpus(const std::vector<std::shared_ptr<const json>>& nodes,
     if (!IsWorkerPod(pod) && out.cpu_allocatable.count(node) != 0) {
       out.cpu_held_by_others[node] += PodCpuMillis(pod);
     }
-    auto it = out.node_product.find(node);
-    if (it == out.node_product.end()) continue;
-    const int gpus = PodGpus(pod);
-    out.products[it->second].allocated += gpus;
-    if (!IsWorkerPod(pod)) {
-      out.held_by_others[it->second] += gpus;
-      out.node_gpus_held_by_others[node] += gpus;
+    auto types = out.node_types.find(node);
+    if (types == out.node_types.end()) continue;
+    for (const json& c : ArrayAt(ObjectAt(pod, "spec"), "containers")) {
+      for (const auto& [resource, gpus] : ContainerAccelerators(c)) {
+        auto type = types->second.find(resource);
+        if (type == types->second.end()) continue;
+        out.products[type->second].allocated += gpus;
+        if (!IsWorkerPod(pod)) {
+          out.held_by_others[type->second] += gpus;
+          out.node_held_by_others[node][resource] += gpus;
+        }
+      }
     }
   }
   return out;

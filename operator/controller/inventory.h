@@ -1,6 +1,7 @@
-// The GPU inventory of a cluster as the operator sees it: allocatable `nvidia.com/gpu` of every
-// schedulable node, by product (the `nvidia.com/gpu.product` label), minus what pods that are not
-// VirtualFlow workers request. Pure functions of Node and Pod objects.
+// The accelerator inventory of a cluster as the operator sees it: allocatable `nvidia.com/gpu` of
+// every schedulable node, by product (the `nvidia.com/gpu.product` label), and of every other
+// extended resource (nvidia.com/mig-1g.10gb, amd.com/gpu, ...) by its name, minus what pods that
+// are not VirtualFlow workers request. Pure functions of Node and Pod objects.
 #pragma once
 
 #include <map>
@@ -10,14 +11,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/job/spec.h"
+
 namespace vf::controller {
 
-inline constexpr char kGpuResource[] = "nvidia.com/gpu";
+inline constexpr char kGpuResource[] = "nvidia.com/gpu";  // kNvidiaGpu
 inline constexpr char kGpuProductLabel[] = "nvidia.com/gpu.product";
 // The product name of a node that advertises GPUs without the label.
 inline constexpr char kUnknownProduct[] = "unknown";
 
-// GPUs of one product. Value type.
+// Accelerators of one type (an nvidia.com/gpu product, or another extended resource). Value type.
 struct ProductGpus {
   int total = 0;      // allocatable on schedulable, ready nodes
   int allocated = 0;  // requested by running or pending pods bound to those nodes
@@ -26,12 +29,16 @@ struct ProductGpus {
 
 // Value type; thread-compatible.
 struct ClusterGpus {
+  // By type: the product of nvidia.com/gpu, the resource's name for any other extended resource.
   std::map<std::string, ProductGpus> products;
-  // Node name -> product, for the nodes counted above.
+  // Node name -> product, for the nodes with nvidia.com/gpu.
   std::map<std::string, std::string> node_product;
-  // GPUs per product that other workloads (not VirtualFlow workers) hold.
+  // Node name -> extended resource -> type, for every accelerator the node advertises.
+  std::map<std::string, std::map<std::string, std::string>> node_types;
+  // Accelerators per type that other workloads (not VirtualFlow workers) hold.
   std::map<std::string, int> held_by_others;
-  std::map<std::string, int> node_gpus_held_by_others;  // the same, by node
+  // The same by node and extended resource.
+  std::map<std::string, std::map<std::string, int>> node_held_by_others;
   // Every schedulable node (GPUs or not), by name: CPU-only jobs run on any of them.
   std::map<std::string, std::shared_ptr<const nlohmann::json>> nodes;
   // Millicores per node: allocatable, and requested by pods that are not VirtualFlow workers.
@@ -48,18 +55,34 @@ const nlohmann::json& ArrayAt(const nlohmann::json& j, const char* key);
 // The pool type CPU-only workers are counted in, in millicores (never a GPU product).
 inline constexpr char kCpuPool[] = "cpu";
 
-// True when a worker built from `pod_template` (spec.template) may be placed on `node` as the
-// scheduler decides it: the node is schedulable, has every nodeSelector label, satisfies the
-// required node affinity (matchExpressions and matchFields on metadata.name), and every
-// NoSchedule or NoExecute taint is tolerated.
+// An extended resource: a name with a domain outside kubernetes.io (nvidia.com/gpu, amd.com/gpu);
+// cpu, memory, ephemeral-storage and hugepages-* have none. Each counts as an accelerator.
+bool IsExtendedResource(const std::string& name);
+
+// The worker container of a pod template (core/v1 PodTemplateSpec, spec.template): the one named
+// kWorkerContainer, else the first; an empty object when there is none.
+const nlohmann::json& TemplateWorkerContainer(const nlohmann::json& pod_template);
+// The accelerator a worker of that template asks for: the extended resource its worker container
+// names (runtime/job/spec.cc allows one), else nvidia.com/gpu (spec.gpusPerWorker's).
+std::string TemplateAccelerator(const nlohmann::json& pod_template);
+// The type `resource` counts in on node `node` (see ClusterGpus::products); empty when the node
+// has none of it.
+std::string TypeOnNode(const ClusterGpus& cluster, const std::string& node,
+                       const std::string& resource);
+
+// True when a worker built from `pod_template` (spec.template, a PodTemplateSpec) may be placed
+// on `node` as the scheduler decides it: the node is schedulable, has every nodeSelector label,
+// satisfies the required node affinity (matchExpressions and matchFields on metadata.name), and
+// every NoSchedule or NoExecute taint is tolerated.
 bool NodeEligible(const nlohmann::json& node, const nlohmann::json& pod_template);
 
 // Workers of one job that fit on the nodes eligible for its template, counting only what other
-// workloads hold: `gpus_per_worker` GPUs of one node each, or for a CPU-only job (0)
-// `cpu_millis` millicores each. An upper bound on the job's size whatever the policy says.
+// workloads hold: `gpus_per_worker` of the template's accelerator (TemplateAccelerator) of one
+// node each, or for a CPU-only job (0) `cpu_millis` millicores each. An upper bound on the job's
+// size whatever the policy says.
 int EligibleWorkers(const ClusterGpus& cluster, const nlohmann::json& pod_template,
                     int gpus_per_worker, int64_t cpu_millis);
-// GPU products with at least one eligible node for the template.
+// Types of the template's accelerator with at least one eligible node for the template.
 std::vector<std::string> EligibleProducts(const ClusterGpus& cluster,
                                           const nlohmann::json& pod_template);
 
@@ -69,8 +92,9 @@ bool NodeSchedulable(const nlohmann::json& node);
 int ParseGpuQuantity(const nlohmann::json& quantity);
 // Millicores a CPU quantity stands for ("500m", "2", "1.5"); -1 for anything else.
 int64_t ParseCpuMillis(const nlohmann::json& quantity);
-// GPUs a pod requests (sum over its containers' limits or requests).
-int PodGpus(const nlohmann::json& pod);
+// Accelerators a pod requests: of `resource` (sum over its containers' limits or requests), or
+// with none named, of every extended resource.
+int PodGpus(const nlohmann::json& pod, const std::string& resource = "");
 // True while a pod holds its node's resources: bound, and not Succeeded or Failed.
 bool PodHoldsResources(const nlohmann::json& pod);
 // True for pods the operator created (they carry the virtualflow.io/job label).

@@ -150,9 +150,8 @@ void SetProgram(json& container, const json& job, const JobSpec& spec, const std
                 const PodSettings& settings) {
   const json& meta = job.at("metadata");
   const std::string job_id = meta.value("namespace", "") + "/" + meta.value("name", "");
-  const json& tmpl = job.value("spec", json::object()).value("template", json::object());
   json env = json::array();
-  for (const json& e : tmpl.value("env", json::array())) {
+  for (const json& e : ArrayAt(container, "env")) {
     if (!IsOperatorEnv(e.value("name", ""))) env.push_back(e);
   }
   env.push_back(EnvValue("VF_JOB_SPEC", AgentManifest(job).dump()));
@@ -189,13 +188,14 @@ void SetProgram(json& container, const json& job, const JobSpec& spec, const std
   container["env"] = env;
 }
 
-json Resources(const json& tmpl, const JobSpec& spec) {
-  json resources = tmpl.value("resources", json::object());
-  if (!resources.is_object()) resources = json::object();
-  if (spec.gpus_per_worker > 0) {
-    resources["limits"][kGpuResource] = std::to_string(spec.gpus_per_worker);
-    if (resources.contains("requests") && resources["requests"].contains(kGpuResource)) {
-      resources["requests"][kGpuResource] = std::to_string(spec.gpus_per_worker);
+json Resources(const json& container, const JobSpec& spec) {
+  json resources = ObjectAt(container, "resources");
+  const std::string accelerator = AcceleratorResource(spec);
+  if (!accelerator.empty()) {
+    // The container's own count, or gpusPerWorker's nvidia.com/gpu (spec.cc makes them agree).
+    resources["limits"][accelerator] = std::to_string(spec.gpus_per_worker);
+    if (resources.contains("requests") && resources["requests"].contains(accelerator)) {
+      resources["requests"][accelerator] = std::to_string(spec.gpus_per_worker);
     }
   } else {
     // A CPU-only worker asks for what the operator counted it as (see WorkerCpuMillis), so
@@ -213,10 +213,18 @@ json Resources(const json& tmpl, const JobSpec& spec) {
 }
 
 // The agent's /healthz (the process answers) and /readyz (joined and warmed up). The startup
-// probe gives a program time to import its framework and load its data.
+// probe gives a program time to import its framework and load its data. The metrics port joins
+// the container's own ports (replacing one the template named "metrics").
 void SetProbes(json& container, int port) {
   if (port <= 0) return;
-  container["ports"] = {{{"name", "metrics"}, {"containerPort", port}}};
+  json ports = json::array();
+  for (const json& p : ArrayAt(container, "ports")) {
+    if (p.value("name", "") != "metrics" && p.value("containerPort", -1) != port) {
+      ports.push_back(p);
+    }
+  }
+  ports.push_back({{"name", "metrics"}, {"containerPort", port}});
+  container["ports"] = ports;
   auto probe = [&](const char* path, int period, int failures) {
     return json{{"httpGet", {{"path", path}, {"port", "metrics"}}},
                 {"periodSeconds", period},
@@ -228,17 +236,17 @@ void SetProbes(json& container, int port) {
   container["readinessProbe"] = probe("/readyz", 5, 3);
 }
 
+const json& TemplateOf(const json& job) { return ObjectAt(ObjectAt(job, "spec"), "template"); }
+
+// The worker container as the template wrote it, patched with what the operator owns.
 json Container(const json& job, const JobSpec& spec, const std::string& pod_name,
                const PodSettings& settings) {
-  const json& tmpl = job.value("spec", json::object()).value("template", json::object());
-  json container = {{"name", "agent"}};
+  json container = TemplateWorkerContainer(TemplateOf(job));
+  if (!container.contains("name")) container["name"] = kWorkerContainer;
   container["image"] = StartingImage(job, settings.default_image);
-  for (const char* key : {"imagePullPolicy", "workingDir", "envFrom"}) {
-    if (tmpl.contains(key)) container[key] = tmpl[key];
-  }
   SetProgram(container, job, spec, pod_name, settings);
-  container["resources"] = Resources(tmpl, spec);
-  json mounts = tmpl.value("volumeMounts", json::array());
+  container["resources"] = Resources(container, spec);
+  json mounts = ArrayAt(container, "volumeMounts");
   mounts.push_back({{"name", kTokenVolume}, {"mountPath", kTokenDir}, {"readOnly", true}});
   mounts.push_back({{"name", kShmVolume}, {"mountPath", "/dev/shm"}});
   container["volumeMounts"] = mounts;
@@ -246,35 +254,40 @@ json Container(const json& job, const JobSpec& spec, const std::string& pod_name
                                                {"capabilities", {{"drop", {"ALL"}}}},
                                                {"runAsNonRoot", true},
                                                {"seccompProfile", {{"type", "RuntimeDefault"}}}},
-                                              tmpl.value("securityContext", json::object()));
+                                              ObjectAt(container, "securityContext"));
   container["terminationMessagePath"] = kTerminationMessagePath;
   container["terminationMessagePolicy"] = "FallbackToLogsOnError";
   SetProbes(container, settings.metrics_port);
   return container;
 }
 
+// The template's pod spec with the worker container first (so that kubectl logs and exec pick
+// it) and the rest in their order, plus what the operator owns.
 json PodSpec(const json& job, const JobSpec& spec, const std::string& pod_name, json container,
              const PodSettings& settings, const std::string& gpu_product) {
-  const json& tmpl = job.value("spec", json::object()).value("template", json::object());
-  json pod_spec = {{"restartPolicy", "Never"},
-                   {"enableServiceLinks", false},
-                   {"terminationGracePeriodSeconds", settings.termination_grace_seconds},
-                   {"containers", {std::move(container)}}};
+  const json& tmpl = ObjectAt(TemplateOf(job), "spec");
+  json pod_spec = tmpl;
+  json containers = json::array({std::move(container)});
+  const json& worker = TemplateWorkerContainer(TemplateOf(job));
+  for (const json& c : ArrayAt(tmpl, "containers")) {
+    if (&c != &worker) containers.push_back(c);
+  }
+  pod_spec["containers"] = std::move(containers);
+  pod_spec["restartPolicy"] = "Never";  // the operator replaces failed workers itself
+  // Defaults: the template's own values win.
+  if (!tmpl.contains("enableServiceLinks")) pod_spec["enableServiceLinks"] = false;
+  if (!tmpl.contains("terminationGracePeriodSeconds")) {
+    pod_spec["terminationGracePeriodSeconds"] = settings.termination_grace_seconds;
+  }
   // Workers talk to the coordinator with their own token, never to the API server: no token
   // unless the template names a service account (whose own setting then decides).
-  if (tmpl.contains("serviceAccountName")) {
-    pod_spec["serviceAccountName"] = tmpl["serviceAccountName"];
-  } else {
+  if (!tmpl.contains("serviceAccountName") && !tmpl.contains("automountServiceAccountToken")) {
     pod_spec["automountServiceAccountToken"] = false;
   }
-  for (const char* key : {"affinity", "tolerations", "priorityClassName", "schedulerName",
-                          "imagePullSecrets", "runtimeClassName", "nodeSelector"}) {
-    if (tmpl.contains(key)) pod_spec[key] = tmpl[key];
-  }
-  if (!gpu_product.empty() && spec.gpus_per_worker > 0) {
+  if (!gpu_product.empty() && AcceleratorResource(spec) == kGpuResource) {
     pod_spec["nodeSelector"][kGpuProductLabel] = gpu_product;
   }
-  json volumes = tmpl.value("volumes", json::array());
+  json volumes = ArrayAt(tmpl, "volumes");
   json items = {{{"key", kTokenKey}, {"path", "token"}}};
   if (!settings.coordinator_ca.empty()) items.push_back({{"key", kCaKey}, {"path", kCaKey}});
   volumes.push_back({{"name", kTokenVolume},
@@ -286,40 +299,40 @@ json PodSpec(const json& job, const JobSpec& spec, const std::string& pod_name, 
   pod_spec["volumes"] = volumes;
   pod_spec["securityContext"] =
       MergeObjects({{"runAsNonRoot", true}, {"seccompProfile", {{"type", "RuntimeDefault"}}}},
-                   tmpl.value("podSecurityContext", json::object()));
+                   ObjectAt(tmpl, "securityContext"));
   return pod_spec;
 }
 
 }  // namespace
 
 Status ValidateTemplate(const json& job) {
-  const json& tmpl = job.value("spec", json::object()).value("template", json::object());
-  if (!tmpl.is_object()) return Status::Ok();
+  const json& tmpl = ObjectAt(TemplateOf(job), "spec");
   std::set<std::string> volumes;
-  for (const json& v : tmpl.value("volumes", json::array())) {
+  for (const json& v : ArrayAt(tmpl, "volumes")) {
     const std::string name = v.value("name", "");
     if (name.rfind("vf-", 0) == 0) {
-      return InvalidArgument("spec.template.volumes: the name " + name +
+      return InvalidArgument("spec.template.spec.volumes: the name " + name +
                              " is the operator's (vf-*); choose another");
     }
     volumes.insert(name);
   }
-  for (const json& m : tmpl.value("volumeMounts", json::array())) {
+  const json& worker = TemplateWorkerContainer(TemplateOf(job));
+  const std::string where = "spec.template.spec.containers[" + worker.value("name", "") + "]";
+  for (const json& m : ArrayAt(worker, "volumeMounts")) {
     const std::string name = m.value("name", "");
     const std::string path = m.value("mountPath", "");
     if (volumes.count(name) == 0) {
-      return InvalidArgument("spec.template.volumeMounts: " + path + " mounts volume \"" + name +
-                             "\", which spec.template.volumes does not have");
+      return InvalidArgument(where + ".volumeMounts: " + path + " mounts volume \"" + name +
+                             "\", which spec.template.spec.volumes does not have");
     }
     if (path == "/dev/shm" || path.rfind(kTokenDir, 0) == 0) {
-      return InvalidArgument("spec.template.volumeMounts: " + path +
+      return InvalidArgument(where + ".volumeMounts: " + path +
                              " is the operator's (a memory-backed /dev/shm and the token)");
     }
   }
-  for (const json& e : tmpl.value("env", json::array())) {
+  for (const json& e : ArrayAt(worker, "env")) {
     if (IsOperatorEnv(e.value("name", ""))) {
-      return InvalidArgument("spec.template.env: " + e.value("name", "") +
-                             " is set by the operator");
+      return InvalidArgument(where + ".env: " + e.value("name", "") + " is set by the operator");
     }
   }
   return Status::Ok();
@@ -329,9 +342,8 @@ json BuildWorkerPod(const json& job, const JobSpec& spec, const std::string& pod
                     const PodSettings& settings, const std::string& gpu_product) {
   const json& meta = job.at("metadata");
   const std::string name = meta.value("name", "");
-  const json& tmpl = job.value("spec", json::object()).value("template", json::object());
-  const json& tmeta = tmpl.value("metadata", json::object());
-  json labels = tmeta.value("labels", json::object());
+  const json& tmeta = ObjectAt(TemplateOf(job), "metadata");
+  json labels = ObjectAt(tmeta, "labels");
   labels[kJobLabel] = name;
   labels[kManagedByLabel] = kManagedBy;
   labels["app.kubernetes.io/name"] = "virtualflow-agent";
@@ -339,18 +351,19 @@ json BuildWorkerPod(const json& job, const JobSpec& spec, const std::string& pod
                    {"namespace", meta.value("namespace", "")},
                    {"labels", labels},
                    {"ownerReferences", {OwnerReference(job)}}};
-  if (tmeta.contains("annotations")) metadata["annotations"] = tmeta["annotations"];
+  json container = Container(job, spec, pod_name, settings);
+  json annotations = ObjectAt(tmeta, "annotations");
+  // What kubectl logs and exec pick without -c.
+  annotations[kDefaultContainerAnnotation] = container.value("name", "");
+  metadata["annotations"] = annotations;
   return {{"apiVersion", "v1"},
           {"kind", "Pod"},
           {"metadata", metadata},
-          {"spec", PodSpec(job, spec, pod_name, Container(job, spec, pod_name, settings), settings,
-                           gpu_product)}};
+          {"spec", PodSpec(job, spec, pod_name, std::move(container), settings, gpu_product)}};
 }
 
 int64_t WorkerCpuMillis(const json& job) {
-  const json& res = job.value("spec", json::object())
-                        .value("template", json::object())
-                        .value("resources", json::object());
+  const json& res = ObjectAt(TemplateWorkerContainer(TemplateOf(job)), "resources");
   for (const char* part : {"requests", "limits"}) {
     const json& r = res.value(part, json::object());
     if (r.contains("cpu")) {
@@ -365,11 +378,11 @@ json FinalCheckpointLocation(const json& job, const JobSpec& spec) {
   const std::string& path = spec.checkpoint.path;
   if (path.empty()) return nullptr;
   json out = {{"path", path}};
-  const json& tmpl = job.value("spec", json::object()).value("template", json::object());
-  // The deepest mount that holds the path.
+  const json& tmpl = ObjectAt(TemplateOf(job), "spec");
+  // The deepest mount of the worker container that holds the path.
   const json* best = nullptr;
   size_t best_len = 0;
-  const json mounts = tmpl.value("volumeMounts", json::array());  // `best` points into it
+  const json& mounts = ArrayAt(TemplateWorkerContainer(TemplateOf(job)), "volumeMounts");
   for (const json& m : mounts) {
     std::string mp = m.value("mountPath", "");
     while (mp.size() > 1 && mp.back() == '/') mp.pop_back();
@@ -387,7 +400,7 @@ json FinalCheckpointLocation(const json& job, const JobSpec& spec) {
   std::string sub = best->value("subPath", "");
   if (!sub.empty() && !rest.empty()) sub += "/";
   out["subPath"] = sub + rest;
-  for (const json& v : tmpl.value("volumes", json::array())) {
+  for (const json& v : ArrayAt(tmpl, "volumes")) {
     if (v.value("name", "") == volume && v.contains("persistentVolumeClaim")) {
       out["claimName"] = v["persistentVolumeClaim"].value("claimName", "");
     }
@@ -425,8 +438,7 @@ policy::WorkerLife WorkerLifeOf(PodLife life) {
 }
 
 std::string StartingImage(const json& job, const std::string& default_image) {
-  const json& tmpl = job.value("spec", json::object()).value("template", json::object());
-  const json image = tmpl.value("image", json());
+  const json image = TemplateWorkerContainer(TemplateOf(job)).value("image", json());
   return image.is_string() && !image.get<std::string>().empty() ? image.get<std::string>()
                                                                 : default_image;
 }
@@ -466,13 +478,22 @@ std::string WorkerImage(const json& job, const std::vector<json>& pods,
 }
 
 namespace {
-// Points into `pod` itself (json::value() returns copies, which would dangle).
+// The worker container's terminated state, pointing into `pod` itself (json::value() returns
+// copies, which would dangle). The worker is the pod's first container (BuildWorkerPod); the
+// kubelet lists container statuses by name, so the status is found by its name.
 const json* Terminated(const json& pod) {
   auto status = pod.find("status");
   if (status == pod.end() || !status->is_object()) return nullptr;
   auto statuses = status->find("containerStatuses");
   if (statuses == status->end() || !statuses->is_array() || statuses->empty()) return nullptr;
-  const json& first = (*statuses)[0];
+  const json& containers = ArrayAt(ObjectAt(pod, "spec"), "containers");
+  const std::string worker =
+      containers.empty() || !containers[0].is_object() ? "" : containers[0].value("name", "");
+  const json* mine = &(*statuses)[0];
+  for (const json& s : *statuses) {
+    if (s.is_object() && !worker.empty() && s.value("name", "") == worker) mine = &s;
+  }
+  const json& first = *mine;
   if (!first.is_object()) return nullptr;
   auto state = first.find("state");
   if (state == first.end() || !state->is_object()) return nullptr;

@@ -29,7 +29,7 @@ struct PodSettings {
   // PEM of the CA the coordinator's certificate chains to, when it serves TLS; empty for plain
   // HTTP. Goes into each worker's credential Secret (never the CA's key).
   std::string coordinator_ca;
-  std::string default_image;  // when the job's spec.template.image is empty
+  std::string default_image;  // when the job's worker container names no image
   int metrics_port = 9090;    // the agent's /metrics port; < 0: no metrics endpoint
   // Seconds a leaving worker gets to finish its step and acknowledge the plan.
   int termination_grace_seconds = 60;
@@ -51,6 +51,8 @@ inline constexpr char kTerminationMessagePath[] = "/dev/termination-log";
 // Volume names the operator owns; a template may not use them.
 inline constexpr char kTokenVolume[] = "vf-token";
 inline constexpr char kShmVolume[] = "vf-shm";
+// The pod annotation that names the container kubectl logs and exec pick without -c.
+inline constexpr char kDefaultContainerAnnotation[] = "kubectl.kubernetes.io/default-container";
 // The CPU a worker of a CPU-only job requests when its template says nothing.
 inline constexpr char kDefaultWorkerCpu[] = "1";
 
@@ -106,33 +108,37 @@ nlohmann::json OwnerReference(const nlohmann::json& job);
 // The manifest an agent trains from: apiVersion, kind, metadata (name, namespace) and spec.
 nlohmann::json AgentManifest(const nlohmann::json& job);
 
-// What the CRD's schema cannot say about spec.template: volume and mount names the operator
-// owns (vf-*), mounts of volumes that do not exist, a mount at /dev/shm or the token directory,
-// environment variables the operator sets (VF_*). InvalidArgument naming the field.
+// What the CRD's schema cannot say about spec.template: volume names the operator owns (vf-*),
+// and in the worker container mounts of volumes that do not exist, a mount at /dev/shm or the
+// token directory, environment variables the operator sets (VF_*). InvalidArgument naming the
+// field.
 Status ValidateTemplate(const nlohmann::json& job);
 
-// The worker pod `pod_name` of `job` (whose parsed spec is `spec`): the job's spec.template
-// (a pod template flattened to its one container: see docs/crd-reference.md) plus what the
-// operator owns: name, labels, owner reference, restartPolicy Never (the operator replaces
-// failed workers itself), the command (virtualflow-agent, or the user's program with the job
+// The worker pod `pod_name` of `job` (whose parsed spec is `spec`): the job's spec.template (a
+// core/v1 PodTemplateSpec) as written, with what the operator owns (docs/crd-reference.md, "The
+// worker pods"): name, labels, owner reference, restartPolicy Never (the operator replaces
+// failed workers itself), and in the worker container (the one named kWorkerContainer, else the
+// first, moved to the front) the command (virtualflow-agent, or the user's program with the job
 // in VF_* variables), the worker's own credential as a mounted file (from its Secret,
 // BuildCredentialSecret, created once the pod exists), the pod's address for the communicator,
-// nvidia.com/gpu from gpusPerWorker (a CPU request for CPU-only jobs when the template has
-// none), a memory-backed /dev/shm, probes on the agent's /healthz and /readyz, and a security
-// context that passes the restricted Pod Security Standard (the template's fields win).
-// `gpu_product` non-empty pins the pod to nodes of that nvidia.com/gpu.product.
+// the accelerator (AcceleratorResource; a CPU request for CPU-only jobs when the template has
+// none), a memory-backed /dev/shm, the termination message path, probes on the agent's /healthz
+// and /readyz, and a security context that passes the restricted Pod Security Standard (the
+// template's fields win; the pod's likewise). The grace period and the service account token
+// setting are defaults the template may set. `gpu_product` non-empty pins a pod of
+// nvidia.com/gpu to nodes of that nvidia.com/gpu.product.
 nlohmann::json BuildWorkerPod(const nlohmann::json& job, const JobSpec& spec,
                               const std::string& pod_name, const PodSettings& settings,
                               const std::string& gpu_product = "");
 
-// The image a job would start its workers on now: spec.template.image, else `default_image`
+// The image a job would start its workers on now: the worker container's, else `default_image`
 // (the operator's --agent-image, the chart's default agent image).
 std::string StartingImage(const nlohmann::json& job, const std::string& default_image);
 
 // The image of the job's workers, which every new pod of the job runs. A job that trains keeps
 // the build it started with, since its workers must all run one build (the coordinator refuses
 // a worker of another one), whatever the operator's default image has become since (an
-// upgrade) and whatever its spec.template.image says now: it is status.workerImage, recorded
+// upgrade) and whatever its template's image says now: it is status.workerImage, recorded
 // with the job's first pods; for a job whose pods an operator without that field made, the
 // image of its pods (a pod of a plan member first, else the oldest live pod). A job without
 // members in its plan (`members` empty: none trains yet, or none is left, as after a resume)
@@ -141,15 +147,16 @@ std::string StartingImage(const nlohmann::json& job, const std::string& default_
 std::string WorkerImage(const nlohmann::json& job, const std::vector<nlohmann::json>& pods,
                         const std::set<std::string>& members, const std::string& default_image);
 
-// The image of a pod's (first) container; empty if it names none.
+// The image of a pod's first container (the worker's); empty if it names none.
 std::string PodImage(const nlohmann::json& pod);
 
-// The CPU one worker of a CPU-only job requests, in millicores (the template's request, else
-// its limit, else kDefaultWorkerCpu).
+// The CPU one worker of a CPU-only job requests, in millicores (the worker container's request,
+// else its limit, else kDefaultWorkerCpu).
 int64_t WorkerCpuMillis(const nlohmann::json& job);
 
 // Where the final checkpoint (the trained weights) of `job` is, for status.finalCheckpoint:
-// {path, and when a template volume holds it: volume, claimName (a PVC), subPath}; null when
+// {path, and when a volume the worker container mounts holds it: volume, claimName (a PVC),
+// subPath}; null when
 // the job writes no checkpoint.
 nlohmann::json FinalCheckpointLocation(const nlohmann::json& job, const JobSpec& spec);
 

@@ -432,21 +432,146 @@ Status ParseStringList(const Fields& f, std::string_view key, std::vector<std::s
   return Status::Ok();
 }
 
-// The pod template belongs to the operator (image, resources, ...: not checked here), except the
-// worker program, which `vf run` starts too.
-Status ParseTemplate(const Fields& spec, TemplateSpec* t) {
+// A whole count of an extended resource, as a number or a string of digits ("1").
+Status ParseResourceCount(const YAML::Node& node, const std::string& path, int* out) {
+  const Kind kind = KindOf(node);
+  if (kind == Kind::kInt) return ParseInt(node, path, out);
+  const std::string s = kind == Kind::kString ? node.Scalar() : std::string();
+  if (s.empty() || s.size() > 9 ||
+      !std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return InvalidArgument(path + ": an extended resource is counted in whole units (got " +
+                           Describe(node) + ")");
+  }
+  *out = std::stoi(s);
+  return Status::Ok();
+}
+
+// An extended resource: a name with a domain outside kubernetes.io (nvidia.com/gpu, amd.com/gpu);
+// cpu, memory, ephemeral-storage and hugepages-* have none.
+bool IsExtendedResource(std::string_view name) {
+  const size_t slash = name.find('/');
+  if (slash == std::string_view::npos || name.rfind("requests.", 0) == 0) return false;
+  const std::string_view domain = name.substr(0, slash);
+  return domain != "kubernetes.io" && !domain.ends_with(".kubernetes.io");
+}
+
+// The accelerator of the worker container `c` (its resources' one extended resource) and how
+// many a worker asks for; with spec.gpusPerWorker (`gpus_given`) they must agree.
+Status ParseAccelerator(const Fields& c, bool gpus_given, JobSpec* job) {
+  if (!c.Has("resources")) return Status::Ok();
+  VF_ASSIGN_OR_RETURN(Fields res, Fields::Open(c.Get("resources"), c.PathOf("resources"), {},
+                                               /*strict=*/false));
+  std::map<std::string, std::pair<std::string, YAML::Node>> named;  // name -> (path, count)
+  for (const char* part : {"requests", "limits"}) {                 // limits last: they win
+    if (!res.Has(part)) continue;
+    VF_ASSIGN_OR_RETURN(Fields counts,
+                        Fields::Open(res.Get(part), res.PathOf(part), {}, /*strict=*/false));
+    for (auto it = res.Get(part).begin(); it != res.Get(part).end(); ++it) {
+      const std::string name = it->first.Scalar();
+      if (!IsExtendedResource(name) || !counts.Has(name)) continue;
+      auto [known, fresh] = named.try_emplace(name, counts.PathOf(name), counts.Get(name));
+      if (!fresh && known->second.second.Scalar() != counts.Get(name).Scalar()) {
+        return InvalidArgument(counts.PathOf(name) +
+                               ": an extended resource's request must equal its limit");
+      }
+    }
+  }
+  if (named.empty()) return Status::Ok();
+  if (named.size() > 1) {
+    std::string names;
+    for (const auto& [name, where] : named) names += (names.empty() ? "" : ", ") + name;
+    return InvalidArgument(res.PathOf("limits") + ": names several extended resources (" + names +
+                           "); a worker asks for one kind of accelerator");
+  }
+  const auto& [name, where] = *named.begin();
+  int count = 0;
+  VF_RETURN_IF_ERROR(ParseResourceCount(where.second, where.first, &count));
+  if (gpus_given && job->gpus_per_worker != count) {
+    return InvalidArgument("spec.gpusPerWorker (" + std::to_string(job->gpus_per_worker) +
+                           ") disagrees with " + where.first + " (" + std::to_string(count) +
+                           "): leave spec.gpusPerWorker out; the container's resources say it");
+  }
+  job->gpus_per_worker = count;
+  if (count > 0) job->worker_template.accelerator = name;
+  return Status::Ok();
+}
+
+// The flattened template of earlier versions: its fields sat at spec.template's top level.
+constexpr std::array<std::string_view, 20> kOldTemplateFields = {"image",
+                                                                 "imagePullPolicy",
+                                                                 "command",
+                                                                 "args",
+                                                                 "workingDir",
+                                                                 "env",
+                                                                 "envFrom",
+                                                                 "volumeMounts",
+                                                                 "resources",
+                                                                 "securityContext",
+                                                                 "volumes",
+                                                                 "affinity",
+                                                                 "tolerations",
+                                                                 "nodeSelector",
+                                                                 "priorityClassName",
+                                                                 "schedulerName",
+                                                                 "serviceAccountName",
+                                                                 "imagePullSecrets",
+                                                                 "runtimeClassName",
+                                                                 "podSecurityContext"};
+constexpr std::array<std::string_view, 2> kTemplateFields = {"metadata", "spec"};
+// The CRD's rule on spec.template says the same (scripts/crd_pod_template.py).
+constexpr char kOldTemplateMessage[] =
+    "spec.template is a pod template now: write image, command, args, env, resources, "
+    "volumeMounts and securityContext under spec.template.spec.containers (one container "
+    "named worker), and volumes, affinity, tolerations, nodeSelector and the other pod fields "
+    "under spec.template.spec (podSecurityContext as spec.template.spec.securityContext)";
+
+// The worker container of spec.template.spec.containers: the one named kWorkerContainer, else
+// the first; nullopt when there is none.
+Result<std::optional<Fields>> WorkerContainer(const Fields& pod) {
+  if (!pod.Has("containers")) return std::optional<Fields>();
+  const YAML::Node& list = pod.Get("containers");
+  const std::string path = pod.PathOf("containers");
+  if (KindOf(list) != Kind::kList) return TypeError(path, "a list of containers", list);
+  std::optional<Fields> first;
+  for (size_t i = 0; i < list.size(); ++i) {
+    VF_ASSIGN_OR_RETURN(Fields c, Fields::Open(list[i], path + "[" + std::to_string(i) + "]", {},
+                                               /*strict=*/false));
+    std::string name;
+    VF_RETURN_IF_ERROR(c.ReadString("name", &name));
+    if (name == kWorkerContainer) return std::optional<Fields>(std::move(c));
+    if (!first) first = std::move(c);
+  }
+  return first;
+}
+
+// spec.template is a core/v1 PodTemplateSpec that the operator reads (and the API server
+// checks); `vf run` reads only the worker container's program and accelerator, and refuses the
+// flattened form of earlier versions.
+Status ParseTemplate(const Fields& spec, JobSpec* job) {
   if (!spec.Has("template")) return Status::Ok();
   VF_ASSIGN_OR_RETURN(Fields f, Fields::Open(spec.Get("template"), spec.PathOf("template"), {},
                                              /*strict=*/false));
-  VF_RETURN_IF_ERROR(ParseStringList(f, "command", &t->command));
-  VF_RETURN_IF_ERROR(ParseStringList(f, "args", &t->args));
+  for (std::string_view old : kOldTemplateFields) {
+    if (f.Has(old)) return InvalidArgument(f.PathOf(old) + ": " + kOldTemplateMessage);
+  }
+  VF_ASSIGN_OR_RETURN(f, Fields::Open(spec.Get("template"), spec.PathOf("template"),
+                                      kTemplateFields, /*strict=*/true));
+  if (!f.Has("spec")) return Status::Ok();
+  VF_ASSIGN_OR_RETURN(Fields pod, Fields::Open(f.Get("spec"), f.PathOf("spec"), {},
+                                               /*strict=*/false));
+  VF_ASSIGN_OR_RETURN(std::optional<Fields> c, WorkerContainer(pod));
+  if (!c) return Status::Ok();
+  TemplateSpec* t = &job->worker_template;
+  VF_RETURN_IF_ERROR(ParseStringList(*c, "command", &t->command));
+  VF_RETURN_IF_ERROR(ParseStringList(*c, "args", &t->args));
   if (t->command.empty() && !t->args.empty()) {
-    return InvalidArgument(f.PathOf("args") + ": needs spec.template.command (the program)");
+    return InvalidArgument(c->PathOf("args") + ": needs " + c->PathOf("command") +
+                           " (the program)");
   }
   if (!t->command.empty() && t->command.front().empty()) {
-    return InvalidArgument(f.PathOf("command") + "[0]: the program must not be empty");
+    return InvalidArgument(c->PathOf("command") + "[0]: the program must not be empty");
   }
-  return Status::Ok();
+  return ParseAccelerator(*c, spec.Has("gpusPerWorker"), job);
 }
 
 Status ParseReplicas(const Fields& spec, JobSpec* job) {
@@ -686,7 +811,7 @@ Status ParseSpec(const YAML::Node& node, JobSpec* job) {
 
   VF_RETURN_IF_ERROR(ParseRunPolicy(spec, &job->run_policy));
   VF_RETURN_IF_ERROR(spec.ReadBool("suspend", &job->suspend));
-  return ParseTemplate(spec, &job->worker_template);
+  return ParseTemplate(spec, job);
 }
 
 Status ExpectConstant(const Fields& top, std::string_view key, std::string_view expected) {
@@ -1059,6 +1184,11 @@ const char* ReductionName(Reduction r) {
       return "fast";
   }
   return "unknown";
+}
+
+std::string AcceleratorResource(const JobSpec& job) {
+  if (job.gpus_per_worker <= 0) return "";
+  return job.worker_template.accelerator.empty() ? kNvidiaGpu : job.worker_template.accelerator;
 }
 
 std::string JobSpec::Fingerprint() const {

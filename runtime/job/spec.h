@@ -121,12 +121,23 @@ struct RunPolicySpec {
   bool operator==(const RunPolicySpec&) const = default;
 };
 
-// The worker program: empty for the built-in model (the virtualflow-agent binary trains it);
-// otherwise the user's own training program (spec.template.command and args, as in a Pod),
-// which joins the job through the virtualflow Python package.
+// The container of spec.template (a core/v1 PodTemplateSpec) that runs the worker: the one named
+// kWorkerContainer, else the first. The operator patches it with what it owns.
+inline constexpr char kWorkerContainer[] = "worker";
+// What spec.gpusPerWorker asks for when the worker container names no extended resource.
+inline constexpr char kNvidiaGpu[] = "nvidia.com/gpu";
+
+// What `vf run` and the operator both read of spec.template (the rest is the operator's alone):
+// the worker container's program, empty for the built-in model (the virtualflow-agent binary
+// trains it), otherwise the user's own training program (command and args, as in a Pod), which
+// joins the job through the virtualflow Python package; and the accelerator it asks for.
 struct TemplateSpec {
   std::vector<std::string> command;
   std::vector<std::string> args;
+  // The extended resource (nvidia.com/gpu, nvidia.com/mig-1g.10gb, amd.com/gpu, ...) that the
+  // worker container's resources name, JobSpec::gpus_per_worker of it a worker; empty when they
+  // name none (then gpusPerWorker asks for kNvidiaGpu).
+  std::string accelerator;
 
   bool user_program() const { return !command.empty(); }
   bool operator==(const TemplateSpec&) const = default;
@@ -182,6 +193,10 @@ int64_t TotalSteps(const JobSpec& job, int64_t train_samples);
 inline constexpr int kMaxVirtualNodes = 4096;
 
 const char* ReductionName(Reduction r);
+
+// The extended resource each worker of `job` asks for (gpus_per_worker of it): the template's
+// accelerator, else kNvidiaGpu; empty for a CPU-only job.
+std::string AcceleratorResource(const JobSpec& job);
 
 // Parses and validates a VirtualFlowJob manifest. Errors are one line that names the source
 // and the field: "job.yaml: spec.globalBatchSize (250) must be divisible by spec.virtualNodes

@@ -214,51 +214,130 @@ TEST(JobSpecTest, ReadsEveryField) {
   EXPECT_TRUE(job.suspend);
 }
 
-TEST(JobSpecTest, TemplateAcceptsAnyMap) {
-  const JobSpec job = MustParse(
-      Manifest({{"template",
-                 "{image: 'x:1', resources: {limits: {nvidia.com/gpu: 1}}, nodeSelector: {a: b}, "
-                 "tolerations: [{key: k, operator: Exists}], env: [{name: A, value: '1'}], "
-                 "anythingElse: {deep: [1, 2, {x: y}]}}"}}));
+// spec.template as a pod template whose only container is `container` (flow YAML).
+std::string PodTemplate(const std::string& container, const std::string& pod_fields = "") {
+  return "{metadata: {labels: {a: b}}, spec: {" + pod_fields + "containers: [" + container + "]}}";
+}
+
+TEST(JobSpecTest, TemplateIsAPodTemplateWhoseRestIsTheOperators) {
+  const JobSpec job = MustParse(Manifest(
+      {{"template", PodTemplate("{name: worker, image: 'x:1', env: [{name: A, value: '1'}], "
+                                "anythingElse: {deep: [1, 2, {x: y}]}}",
+                                "nodeSelector: {a: b}, tolerations: [{key: k, operator: Exists}], "
+                                "initContainers: [{name: init, image: busybox}], ")}}));
   EXPECT_EQ(job.virtual_nodes, 8);
+  EXPECT_FALSE(job.worker_template.user_program());
+  EXPECT_EQ(job.gpus_per_worker, 1);
+  EXPECT_EQ(AcceleratorResource(job), "nvidia.com/gpu");
 }
 
 TEST(JobSpecTest, TemplateCommandAndArgsNameTheUsersProgram) {
   const JobSpec builtin = MustParse(Manifest({}));
   EXPECT_FALSE(builtin.worker_template.user_program());
   const JobSpec job = MustParse(Manifest(
-      {{"template", "{image: 'x:1', command: [python3, train.py], args: ['--lr', '3']}"}}));
+      {{"template", PodTemplate("{name: worker, image: 'x:1', command: [python3, train.py], "
+                                "args: ['--lr', '3']}")}}));
   EXPECT_TRUE(job.worker_template.user_program());
   EXPECT_EQ(job.worker_template.command, (std::vector<std::string>{"python3", "train.py"}));
   EXPECT_EQ(job.worker_template.args, (std::vector<std::string>{"--lr", "3"}));
 }
 
+TEST(JobSpecTest, TheProgramIsTheWorkerContainersElseTheFirsts) {
+  const std::string sidecar = "{name: sidecar, image: s, command: [sleep, inf]}";
+  const JobSpec named = MustParse(Manifest(
+      {{"template", PodTemplate(sidecar + ", {name: worker, image: w, command: [train]}")}}));
+  EXPECT_EQ(named.worker_template.command, (std::vector<std::string>{"train"}));
+  const JobSpec first = MustParse(Manifest(
+      {{"template", PodTemplate(sidecar + ", {name: other, image: w, command: [train]}")}}));
+  EXPECT_EQ(first.worker_template.command, (std::vector<std::string>{"sleep", "inf"}));
+}
+
 TEST(JobSpecTest, TheUsersProgramIsPartOfTheFingerprintAndTheBuiltInsIsUnchanged) {
+  const auto print = [](const std::string& container) {
+    return MustParse(Manifest({{"template", PodTemplate(container)}})).Fingerprint();
+  };
   const std::string builtin = MustParse(Manifest({})).Fingerprint();
-  EXPECT_EQ(MustParse(Manifest({{"template", "{image: 'x:2'}"}})).Fingerprint(), builtin);
-  const std::string a =
-      MustParse(Manifest({{"template", "{command: [python3, a.py]}"}})).Fingerprint();
-  const std::string b =
-      MustParse(Manifest({{"template", "{command: [python3, b.py]}"}})).Fingerprint();
-  const std::string a_args =
-      MustParse(Manifest({{"template", "{command: [python3, a.py], args: [x]}"}})).Fingerprint();
+  EXPECT_EQ(print("{name: worker, image: 'x:2'}"), builtin);
+  const std::string a = print("{name: worker, command: [python3, a.py]}");
+  const std::string b = print("{name: worker, command: [python3, b.py]}");
+  const std::string a_args = print("{name: worker, command: [python3, a.py], args: [x]}");
   EXPECT_NE(a, builtin);
   EXPECT_NE(a, b);
   EXPECT_NE(a, a_args);
 }
 
+// The first error of a job whose template is `tmpl`.
+std::string TemplateError(const std::string& tmpl, const std::string& more = "") {
+  Result<JobSpec> job = ParseJobYaml(Manifest({{"template", tmpl}}) + more, "job.yaml");
+  EXPECT_FALSE(job.ok()) << tmpl;
+  return job.ok() ? std::string() : job.status().message();
+}
+
 TEST(JobSpecTest, ABadTemplateCommandIsAOneLineErrorNamingTheField) {
-  const auto error = [](const std::string& tmpl) {
-    Result<JobSpec> job = ParseJobYaml(Manifest({{"template", tmpl}}), "job.yaml");
-    EXPECT_FALSE(job.ok()) << tmpl;
-    return job.ok() ? std::string() : job.status().message();
+  const auto error = [](const std::string& container) {
+    return TemplateError(PodTemplate(container));
   };
-  EXPECT_NE(error("{command: python3}").find("spec.template.command"), std::string::npos);
-  EXPECT_NE(error("{command: [python3, {a: b}]}").find("spec.template.command[1]"),
+  const std::string c = "spec.template.spec.containers[0].";
+  EXPECT_NE(error("{name: worker, command: python3}").find(c + "command"), std::string::npos);
+  EXPECT_NE(error("{name: worker, command: [python3, {a: b}]}").find(c + "command[1]"),
             std::string::npos);
-  EXPECT_NE(error("{args: [x]}").find("needs spec.template.command"), std::string::npos);
-  EXPECT_NE(error("{command: ['']}").find("must not be empty"), std::string::npos);
-  EXPECT_NE(error("[a]").find("spec.template"), std::string::npos);
+  EXPECT_NE(error("{name: worker, args: [x]}").find("needs " + c + "command"), std::string::npos);
+  EXPECT_NE(error("{name: worker, command: ['']}").find("must not be empty"), std::string::npos);
+  EXPECT_NE(TemplateError("[a]").find("spec.template"), std::string::npos);
+  EXPECT_NE(TemplateError("{spec: {containers: {name: a}}}").find("spec.template.spec.containers"),
+            std::string::npos);
+  EXPECT_NE(TemplateError("{metadata: {}, specs: {}}").find("spec.template.specs: unknown field"),
+            std::string::npos);
+}
+
+TEST(JobSpecTest, TheFlattenedTemplateIsRefusedWithTheNewForm) {
+  for (const char* old : {"{image: 'x:1'}", "{command: [python3, a.py]}",
+                          "{metadata: {}, podSecurityContext: {fsGroup: 1}}",
+                          "{spec: {containers: [{name: worker}]}, volumes: []}"}) {
+    const std::string error = TemplateError(old);
+    EXPECT_NE(error.find("spec.template is a pod template now"), std::string::npos) << error;
+    EXPECT_NE(error.find("spec.template.spec.containers"), std::string::npos) << error;
+  }
+}
+
+TEST(JobSpecTest, TheWorkerContainersExtendedResourceIsTheAccelerator) {
+  const auto job = [](const std::string& resources, const std::string& more = "") {
+    return MustParse(
+        Manifest({{"template", PodTemplate("{name: worker, resources: " + resources + "}")}}) +
+        more);
+  };
+  const JobSpec mig = job("{limits: {nvidia.com/mig-1g.10gb: 2, cpu: '4', memory: 8Gi}}");
+  EXPECT_EQ(mig.gpus_per_worker, 2);
+  EXPECT_EQ(AcceleratorResource(mig), "nvidia.com/mig-1g.10gb");
+  const JobSpec amd = job("{requests: {amd.com/gpu: '1'}, limits: {amd.com/gpu: '1'}}");
+  EXPECT_EQ(amd.gpus_per_worker, 1);
+  EXPECT_EQ(AcceleratorResource(amd), "amd.com/gpu");
+  // hugepages, cpu and kubernetes.io resources are no accelerator: gpusPerWorker decides.
+  const JobSpec none = job("{limits: {hugepages-2Mi: 1Gi, cpu: 1}}");
+  EXPECT_EQ(none.gpus_per_worker, 1);
+  EXPECT_EQ(AcceleratorResource(none), "nvidia.com/gpu");
+  // The same count in gpusPerWorker agrees; none at all is a CPU-only job.
+  EXPECT_EQ(job("{limits: {nvidia.com/gpu: 4}}", "  gpusPerWorker: 4\n").gpus_per_worker, 4);
+  const JobSpec cpu = MustParse(Manifest({{"gpusPerWorker", "0"}}));
+  EXPECT_EQ(AcceleratorResource(cpu), "");
+}
+
+TEST(JobSpecTest, AnAcceleratorThatDisagreesWithGpusPerWorkerIsRefused) {
+  const auto error = [](const std::string& resources, const std::string& more = "") {
+    return TemplateError(PodTemplate("{name: worker, resources: " + resources + "}"), more);
+  };
+  EXPECT_NE(error("{limits: {nvidia.com/mig-1g.10gb: 1}}", "  gpusPerWorker: 2\n")
+                .find("spec.gpusPerWorker (2) disagrees with "
+                      "spec.template.spec.containers[0].resources.limits.nvidia.com/"
+                      "mig-1g.10gb (1)"),
+            std::string::npos);
+  EXPECT_NE(error("{limits: {nvidia.com/gpu: 1, amd.com/gpu: 1}}")
+                .find("names several extended resources (amd.com/gpu, nvidia.com/gpu)"),
+            std::string::npos);
+  EXPECT_NE(error("{requests: {nvidia.com/gpu: 1}, limits: {nvidia.com/gpu: 2}}")
+                .find("request must equal its limit"),
+            std::string::npos);
+  EXPECT_NE(error("{limits: {nvidia.com/gpu: 500m}}").find("whole units"), std::string::npos);
 }
 
 TEST(JobSpecTest, AcceptsWhatTheApiServerAccepts) {
