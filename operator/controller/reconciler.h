@@ -162,8 +162,10 @@ class Reconciler {
   // would hand one to whoever made such a pod; a pod that has not started has trained nothing,
   // and its replacement gets its credential the moment it is made.
   Status RepairCredentials(Pass& p);
-  // Counts failed pods; one whose agent found that the job cannot go on fails the job, and so
-  // do more failures than spec.runPolicy.backoffLimit.
+  // Counts failed pods in status.failed (recorded, with the pods counted, before any is
+  // deleted, so an operator that restarts counts none twice); spec.runPolicy.podFailurePolicy
+  // may ignore one or fail the job for it. One whose agent found that the job cannot go on
+  // fails the job, and so do more failures than spec.runPolicy.backoffLimit.
   Result<Next> RecordFailures(Pass& p);
   // Ends the job as Failed with the condition reason `reason` (and an event `event_reason`);
   // the coordinator forgets it, so its workers stop.
@@ -199,11 +201,13 @@ class Reconciler {
   void KeepDrainCondition(Pass& p, nlohmann::json& conditions);
   // spec.runPolicy.activeDeadlineSeconds: fails a job past it, or says when to look again.
   Result<Next> EnforceDeadline(Pass& p, ReconcileResult& result);
-  // spec.runPolicy.ttlSecondsAfterFinished: deletes a finished job past it, or says when to
-  // look again.
+  // A finished job: spec.runPolicy.cleanPodPolicy for its pods, then
+  // spec.runPolicy.ttlSecondsAfterFinished (from its Succeeded or Failed condition): deletes it
+  // past it, or says when to look again.
   Result<ReconcileResult> EnforceTtl(Pass& p);
-  // status.startTime and status.completionTime: each set once and kept, even while the cache
-  // has not yet seen this operator's own write.
+  // status.startTime and status.completionTime (on success only, as batch/v1): each set once
+  // and kept, even while the cache has not yet seen this operator's own write. And
+  // status.selector, for the scale subresource.
   void StampTimes(Pass& p);
   // Publishes the next membership plan when one is due: the status first, then the coordinator.
   Status UpdateMembership(Pass& p);

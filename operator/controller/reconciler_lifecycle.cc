@@ -10,12 +10,14 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "agent/protocol/json.h"
 #include "operator/controller/reconciler_internal.h"
+#include "operator/controller/run_policy.h"
 
 namespace vf::controller {
 
@@ -31,6 +33,40 @@ using reconciler_internal::SetCondition;
 using reconciler_internal::UnixSeconds;
 
 namespace {
+
+// When a finished job finished, as batch/v1's TTL controller reads it: the lastTransitionTime of
+// its Succeeded or Failed condition, else status.completionTime; NaN when neither says.
+double FinishedAt(const json& status) {
+  const json conditions = status.value("conditions", json::array());
+  for (const char* type : {"Succeeded", "Failed"}) {
+    const json* c = FindCondition(conditions, type);
+    if (c == nullptr || c->value("status", "") != "True") continue;
+    const double at = UnixSeconds(c->value("lastTransitionTime", ""));
+    if (!std::isnan(at)) return at;
+  }
+  return UnixSeconds(status.value("completionTime", ""));
+}
+
+// spec.runPolicy.cleanPodPolicy for a finished job: deletes its pods still pending or running
+// (kRunning), or all of them (kAll). `pods` are the cache's with the job's label.
+Status CleanFinishedPods(kube::Client& client, CleanPodPolicy policy, const std::string& ns,
+                         const std::string& name, const std::string& uid,
+                         const std::vector<std::shared_ptr<const json>>& pods) {
+  for (const std::shared_ptr<const json>& pod : pods) {
+    if (!OwnedBy(*pod, ns, name, uid)) continue;
+    const PodLife life = PodLifeOf(*pod);
+    if (life == PodLife::kTerminating) continue;
+    const bool ended = life == PodLife::kSucceeded || life == PodLife::kFailed;
+    if (ended && policy == CleanPodPolicy::kRunning) continue;
+    kube::DeleteOptions del;
+    del.precondition_uid = Obj(*pod, "metadata").value("uid", "");
+    auto r = client.Delete(kube::kPods, ns, PodName(*pod), del);
+    if (!r.ok() && r.reason() != kube::Reason::kNotFound && r.reason() != kube::Reason::kConflict) {
+      return r.status().WithContext("spec.runPolicy.cleanPodPolicy");
+    }
+  }
+  return Status::Ok();
+}
 
 // A requeue for a deadline `seconds` away, capped at a day: the wait is only a hint to look
 // again, and a far-off one would overflow.
@@ -289,6 +325,15 @@ Status Reconciler::FailJob(Pass& p, const std::string& reason, const std::string
 }
 
 Result<Reconciler::Next> Reconciler::RecordFailures(Pass& p) {
+  // The failed pods this operator or an earlier one accounted for (status.countedFailedPods,
+  // written before they are deleted), so that none is counted twice, whatever restarts between.
+  std::set<std::string> counted_before;
+  for (const json& name : p.old_status.value("countedFailedPods", json::array())) {
+    if (name.is_string()) counted_before.insert(name.get<std::string>());
+  }
+  json counted = json::array();  // those that still exist, after this pass
+  int64_t failed = p.old_status.value("failed", int64_t{0});
+  bool fresh_any = false;
   for (const json& pod : p.pods) {
     if (PodLifeOf(pod) != PodLife::kFailed) continue;
     const std::string pod_name = PodName(pod);
@@ -315,28 +360,53 @@ Result<Reconciler::Next> Reconciler::RecordFailures(Pass& p) {
                                  "worker " + pod_name + ": " + PodTerminationMessage(pod)));
       return Next::kDone;
     }
-    bool fresh = false;
-    {
+    counted.push_back(pod_name);
+    bool fresh = counted_before.count(pod_name) == 0;
+    if (fresh) {
       std::lock_guard<std::mutex> lock(mu_);
       fresh = failures_seen_[p.key].insert(pod_name).second;
     }
-    if (fresh) {
-      p.restarts["failure"] += 1;
-      Event(p.job, true, "WorkerFailed",
-            "worker " + pod_name + " failed (exit code " + std::to_string(PodExitCode(pod)) +
-                "): " + PodTerminationMessage(pod));
+    if (!fresh) continue;
+    fresh_any = true;
+    p.restarts["failure"] += 1;
+    const std::string what = "worker " + pod_name + " failed (exit code " +
+                             std::to_string(PodExitCode(pod)) + "): " + PodTerminationMessage(pod);
+    const PodFailureVerdict verdict = MatchPodFailurePolicy(p.spec.run_policy, pod);
+    const std::string rule =
+        "spec.runPolicy.podFailurePolicy.rules[" + std::to_string(verdict.rule) + "]";
+    if (verdict.action == PodFailureAction::kFailJob) {
+      p.status["restarts"] = p.restarts;
+      VF_RETURN_IF_ERROR(
+          FailJob(p, "PodFailurePolicy", "PodFailurePolicy",
+                  what + "; " + verdict.what + " matches " + rule + ", which fails the job"));
+      return Next::kDone;
     }
+    if (verdict.action == PodFailureAction::kIgnore) {
+      Event(p.job, true, "WorkerFailed",
+            what + "; not counted: " + verdict.what + " matches " + rule + " (Ignore)");
+      continue;
+    }
+    ++failed;
+    p.status["lastFailureTime"] = Now();
+    Event(p.job, true, "WorkerFailed", what);
   }
+  if (failed > 0) p.status["failed"] = failed;
+  if (counted.empty()) {
+    p.status.erase("countedFailedPods");
+  } else {
+    p.status["countedFailedPods"] = counted;
+  }
+  p.status["restarts"] = p.restarts;
+  // Recorded before DeleteEndedPods deletes any of them.
+  if (fresh_any) VF_RETURN_IF_ERROR(PatchStatus(p.job, p.status));
   // As batch/v1 Job's backoffLimit: the failures counted above (preemptions and leaves are
-  // counted apart and do not count here).
-  const std::optional<int>& limit = p.spec.run_policy.backoff_limit;
-  auto failures = p.restarts.find("failure");
-  if (limit && failures != p.restarts.end() && failures->second > *limit) {
-    p.status["restarts"] = p.restarts;
+  // counted apart, and podFailurePolicy may ignore some).
+  const int limit = p.spec.run_policy.backoff_limit;
+  if (failed > limit) {
     VF_RETURN_IF_ERROR(FailJob(p, "BackoffLimitExceeded", "BackoffLimitExceeded",
-                               std::to_string(failures->second) +
+                               std::to_string(failed) +
                                    " worker failures, more than spec.runPolicy.backoffLimit (" +
-                                   std::to_string(*limit) + ") allows"));
+                                   std::to_string(limit) + ") allows"));
     return Next::kDone;
   }
   return Next::kGoOn;
@@ -532,12 +602,20 @@ Result<Reconciler::Next> Reconciler::EnforceDeadline(Pass& p, ReconcileResult& r
 }
 
 Result<ReconcileResult> Reconciler::EnforceTtl(Pass& p) {
+  if (p.spec.run_policy.clean_pod_policy != CleanPodPolicy::kNone) {
+    std::shared_ptr<const ClusterView> view = View();
+    auto labelled = view->pods_by_job.find(p.key);
+    if (labelled != view->pods_by_job.end()) {
+      VF_RETURN_IF_ERROR(CleanFinishedPods(client_, p.spec.run_policy.clean_pod_policy, p.ns,
+                                           p.name, p.uid, labelled->second));
+    }
+  }
   const std::optional<int>& ttl = p.spec.run_policy.ttl_seconds_after_finished;
   if (!ttl) return ReconcileResult{};
   // A job that finished before completionTime was written counts from now.
   StampTimes(p);
   VF_RETURN_IF_ERROR(PatchStatus(p.job, p.status));
-  const double completed = UnixSeconds(p.status.value("completionTime", ""));
+  const double completed = FinishedAt(p.status);
   if (std::isnan(completed)) return ReconcileResult{};
   const double left = completed + *ttl - NowUnix();
   if (left > 0) {
@@ -576,7 +654,10 @@ void Reconciler::StampTimes(Pass& p) {
   // batch/v1 Job's moment: when the controller first takes the job up. A job that ended before
   // startTime existed gets none.
   if (!ended(p.old_status) || p.old_status.contains("startTime")) stamp("startTime", times.start);
-  if (ended(p.status)) stamp("completionTime", times.completion);
+  // As batch/v1: on success only; a failed job's Failed condition says when.
+  if (p.status.value("phase", "") == "Succeeded") stamp("completionTime", times.completion);
+  // The scale subresource's labelSelectorPath, for a job that may still be scaled.
+  if (!ended(p.old_status)) p.status["selector"] = std::string(kJobLabel) + "=" + p.name;
 }
 
 }  // namespace vf::controller

@@ -16,6 +16,7 @@
 
 #include "operator/controller/job_key.h"
 #include "operator/controller/reconciler_internal.h"
+#include "operator/controller/run_policy.h"
 
 namespace vf::controller {
 
@@ -23,9 +24,11 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 using reconciler_internal::FindCondition;
 using reconciler_internal::kExpectationTimeout;
+using reconciler_internal::NowUnix;
 using reconciler_internal::Obj;
 using reconciler_internal::PodName;
 using reconciler_internal::TemplateOf;
+using reconciler_internal::UnixSeconds;
 
 namespace {
 
@@ -244,6 +247,13 @@ Status Reconciler::DeleteSurplusPods(Pass& p, int& live, std::vector<const json*
 }
 
 Status Reconciler::CreateMissingPods(Pass& p, int live) {
+  // As the Job controller: after a counted worker failure, new pods wait out a back-off from
+  // status.lastFailureTime. No sleep: a later pass (a job is looked at again within 2 s) makes
+  // them once it is over.
+  const double backoff =
+      FailureBackoffLeft(p.status.value("failed", int64_t{0}),
+                         UnixSeconds(p.status.value("lastFailureTime", "")), NowUnix());
+  if (live < p.desired && backoff > 0) return Status::Ok();
   // A template that names a product itself keeps it.
   const bool own_product = Obj(TemplateOf(p.job), "nodeSelector").contains(kGpuProductLabel);
   std::vector<std::string> pins =

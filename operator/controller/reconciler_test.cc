@@ -743,7 +743,9 @@ TEST_F(ReconcilerTest, MoreWorkerFailuresThanTheBackoffLimitFailTheJob) {
   const json* failed = Condition(status, "Failed");
   ASSERT_NE(failed, nullptr);
   EXPECT_EQ((*failed)["reason"], "BackoffLimitExceeded");
-  EXPECT_TRUE(status.contains("completionTime"));
+  EXPECT_EQ(status["failed"], 2);
+  // batch/v1: a failed job has no completionTime; its Failed condition says when.
+  EXPECT_FALSE(status.contains("completionTime"));
   const std::vector<std::string> events = api_->event_reasons();
   EXPECT_EQ(events.back(), "BackoffLimitExceeded");
   EXPECT_FALSE(coordinator_.GetJob(kKey).ok());  // its workers stop
@@ -776,7 +778,7 @@ TEST_F(ReconcilerTest, AJobPastItsActiveDeadlineFailsWithDeadlineExceeded) {
             std::string::npos)
       << patches[0]["message"];
   EXPECT_EQ(patches[0]["startTime"], start);
-  EXPECT_TRUE(patches[0].contains("completionTime"));
+  EXPECT_FALSE(patches[0].contains("completionTime"));
   EXPECT_EQ(api_->event_reasons().back(), "DeadlineExceeded");
   EXPECT_FALSE(coordinator_.GetJob(kKey).ok());
 }
@@ -817,6 +819,185 @@ TEST_F(ReconcilerTest, AFinishedJobBeforeItsTtlIsLookedAtAgainWhenItRunsOut) {
   EXPECT_TRUE(api_->status_patches().empty());  // completionTime stays as it was
   EXPECT_GT(result->requeue_after, std::chrono::seconds(3580));
   EXPECT_LE(result->requeue_after, std::chrono::seconds(3591));
+}
+
+TEST_F(ReconcilerTest, WorkerFailuresDefaultToBatchV1sBackoffLimitOfSix) {
+  std::vector<json> pods;
+  for (const char* name : {"a", "b", "c", "d", "e", "f"}) {
+    pods.push_back(FailedPod(std::string("mnist-worker-") + name, 1));
+  }
+  Start({StepJob(nullptr, {{"phase", "Running"}, {"startTime", SecondsAgo(60)}})}, pods,
+        {GpuNode("gpu-a", 1)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_NE(api_->status_patches().back()["phase"], "Failed");
+  EXPECT_EQ(api_->status_patches().back()["failed"], 6);
+}
+
+TEST_F(ReconcilerTest, FailuresTheStatusCountedAreNotCountedAgainByARestartedOperator) {
+  // As an operator that restarted finds the job: one failure counted, its pod not yet deleted.
+  const json counted = {{"phase", "Running"},
+                        {"startTime", SecondsAgo(600)},
+                        {"failed", 1},
+                        {"lastFailureTime", SecondsAgo(300)},
+                        {"countedFailedPods", {"mnist-worker-a"}}};
+  Start({StepJob({{"backoffLimit", 1}}, counted)}, {FailedPod("mnist-worker-a", 1)},
+        {GpuNode("gpu-a", 1)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  const json status = api_->status_patches().back();
+  EXPECT_NE(status["phase"], "Failed");
+  EXPECT_EQ(status["failed"], 1);
+  const std::vector<std::string> events = api_->event_reasons();
+  EXPECT_EQ(std::count(events.begin(), events.end(), "WorkerFailed"), 0);
+}
+
+TEST_F(ReconcilerTest, ASecondFailureAfterARestartFailsTheJobAtItsBackoffLimit) {
+  // The count lives in the status: a new failure adds to it, whatever the operator forgot.
+  const json counted = {{"phase", "Running"},
+                        {"startTime", SecondsAgo(600)},
+                        {"failed", 1},
+                        {"lastFailureTime", SecondsAgo(300)}};
+  Start({StepJob({{"backoffLimit", 1}}, counted)}, {FailedPod("mnist-worker-b", 1)},
+        {GpuNode("gpu-a", 1)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  const json status = api_->status_patches().back();
+  EXPECT_EQ(status["phase"], "Failed");
+  EXPECT_EQ(status["failed"], 2);
+  EXPECT_EQ((*Condition(status, "Failed"))["reason"], "BackoffLimitExceeded");
+}
+
+TEST_F(ReconcilerTest, AFailureIsRecordedInStatusBeforeItsPodIsDeleted) {
+  Start({StepJob(nullptr, {{"phase", "Running"}, {"startTime", SecondsAgo(60)}})},
+        {FailedPod("mnist-worker-a", 1)}, {GpuNode("gpu-a", 1)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  const json first = api_->status_patches().front();
+  EXPECT_EQ(first["failed"], 1);
+  EXPECT_EQ(first["countedFailedPods"], json::array({"mnist-worker-a"}));
+  EXPECT_TRUE(first.contains("lastFailureTime"));
+  bool deleted = false;
+  for (const auto& [path, body] : api_->deletions()) {
+    deleted = deleted || path.find("/pods/mnist-worker-a") != std::string::npos;
+  }
+  EXPECT_TRUE(deleted);
+}
+
+TEST_F(ReconcilerTest, AReplacementWaitsOutTheBackoffAfterAFailure) {
+  const json recent = {{"phase", "Running"},
+                       {"startTime", SecondsAgo(600)},
+                       {"failed", 2},
+                       {"lastFailureTime", SecondsAgo(5)}};
+  Start({StepJob(nullptr, recent)}, {}, {GpuNode("gpu-a", 1)});
+  const Result<ReconcileResult> result = reconciler_->Reconcile(kKey);
+  ASSERT_TRUE(result.ok());
+  EXPECT_TRUE(api_->created_pods().empty());  // 20 s after the second failure
+  EXPECT_GT(result->requeue_after.count(), 0);
+}
+
+TEST_F(ReconcilerTest, AReplacementIsCreatedOnceTheBackoffIsOver) {
+  const json past = {{"phase", "Running"},
+                     {"startTime", SecondsAgo(600)},
+                     {"failed", 2},
+                     {"lastFailureTime", SecondsAgo(21)}};
+  Start({StepJob(nullptr, past)}, {}, {GpuNode("gpu-a", 1)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_EQ(api_->created_pods().size(), 1u);
+}
+
+TEST_F(ReconcilerTest, APodFailurePolicyRuleFailsTheJobAtOnce) {
+  const json rules = json::parse(R"({"backoffLimit": 5, "podFailurePolicy": {"rules": [
+      {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [42]}}]}})");
+  Start({StepJob(rules, {{"phase", "Running"}, {"startTime", SecondsAgo(60)}})},
+        {FailedPod("mnist-worker-a", 42)}, {GpuNode("gpu-a", 1)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  const json status = api_->status_patches().back();
+  EXPECT_EQ(status["phase"], "Failed");
+  const json* failed = Condition(status, "Failed");
+  ASSERT_NE(failed, nullptr);
+  EXPECT_EQ((*failed)["reason"], "PodFailurePolicy");
+  EXPECT_NE(
+      (*failed)["message"].get<std::string>().find("worker mnist-worker-a failed (exit code 42)"),
+      std::string::npos)
+      << (*failed)["message"];
+  EXPECT_NE((*failed)["message"].get<std::string>().find(
+                "matches spec.runPolicy.podFailurePolicy.rules[0], which fails the job"),
+            std::string::npos)
+      << (*failed)["message"];
+  EXPECT_EQ(api_->event_reasons().back(), "PodFailurePolicy");
+}
+
+TEST_F(ReconcilerTest, AFailureAPodFailurePolicyIgnoresIsNotCountedNorBackedOff) {
+  const json rules = json::parse(R"({"backoffLimit": 0, "podFailurePolicy": {"rules": [
+      {"action": "Ignore", "onExitCodes": {"operator": "In", "values": [42]}}]}})");
+  Start({StepJob(rules, {{"phase", "Running"}, {"startTime", SecondsAgo(60)}})},
+        {FailedPod("mnist-worker-a", 42)}, {GpuNode("gpu-a", 2)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  const json status = api_->status_patches().back();
+  EXPECT_NE(status["phase"], "Failed");
+  EXPECT_FALSE(status.contains("failed")) << status;
+  EXPECT_EQ(status["restarts"]["failure"], 1);
+  EXPECT_FALSE(api_->created_pods().empty());  // replaced at once
+}
+
+json FinishedJob(const json& run_policy) {
+  return StepJob(run_policy, {{"phase", "Failed"}, {"startTime", SecondsAgo(600)}});
+}
+
+std::vector<std::string> DeletedPods(const std::vector<std::pair<std::string, json>>& deletions) {
+  std::vector<std::string> out;
+  for (const auto& [path, body] : deletions) {
+    if (path.find("/pods/") != std::string::npos) out.push_back(path.substr(path.rfind('/') + 1));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST_F(ReconcilerTest, CleanPodPolicyRunningDeletesAFinishedJobsRunningPodsOnly) {
+  Start({FinishedJob({{"cleanPodPolicy", "Running"}})},
+        {RunningPod("mnist-worker-a"), FailedPod("mnist-worker-b", 1)}, {});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_EQ(DeletedPods(api_->deletions()), (std::vector<std::string>{"mnist-worker-a"}));
+}
+
+TEST_F(ReconcilerTest, CleanPodPolicyAllDeletesEveryPodOfAFinishedJob) {
+  Start({FinishedJob({{"cleanPodPolicy", "All"}})},
+        {RunningPod("mnist-worker-a"), FailedPod("mnist-worker-b", 1)}, {});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_EQ(DeletedPods(api_->deletions()),
+            (std::vector<std::string>{"mnist-worker-a", "mnist-worker-b"}));
+}
+
+TEST_F(ReconcilerTest, AFinishedJobKeepsItsPodsByDefault) {
+  Start({FinishedJob(nullptr)}, {RunningPod("mnist-worker-a"), FailedPod("mnist-worker-b", 1)}, {});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_TRUE(api_->deletions().empty());
+}
+
+TEST_F(ReconcilerTest, AFailedJobsTtlCountsFromItsFailedCondition) {
+  json status = {{"phase", "Failed"},
+                 {"startTime", SecondsAgo(600)},
+                 {"conditions",
+                  {{{"type", "Failed"},
+                    {"status", "True"},
+                    {"reason", "BackoffLimitExceeded"},
+                    {"message", "x"},
+                    {"lastTransitionTime", SecondsAgo(120)}}}}};
+  Start({StepJob({{"ttlSecondsAfterFinished", 60}}, status)}, {}, {});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  ASSERT_EQ(api_->deletions().size(), 1u);
+  EXPECT_EQ(api_->deletions()[0].first, kJobPath);
+  EXPECT_TRUE(api_->status_patches().empty());  // no completionTime is made up for it
+}
+
+TEST_F(ReconcilerTest, ReplicasDesiredCapsTheWorkersAndTheStatusNamesTheSelector) {
+  json job = Job({{"virtualNodes", 8},
+                  {"globalBatchSize", 256},
+                  {"steps", 10},
+                  {"replicas", {{"min", 1}, {"max", 4}, {"desired", 2}}}});
+  Start({job}, {}, {GpuNode("gpu-a", 4)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_EQ(api_->created_pods().size(), 2u);
+  const json status = api_->status_patches().back();
+  EXPECT_EQ(status["desiredWorkers"], 2);
+  EXPECT_EQ(status["selector"], "virtualflow.io/job=mnist");
 }
 
 TEST_F(ReconcilerTest, AFinishedJobWithoutTtlStays) {

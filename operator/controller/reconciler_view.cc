@@ -207,6 +207,12 @@ Reconciler::Desired Reconciler::DesiredWorkers(const Pass& p, const ClusterView&
     out.reason += "; " + std::to_string(fit) +
                   " fit on the nodes its nodeSelector, affinity and tolerations allow";
   }
+  // spec.replicas.desired (the scale subresource) caps it; it never adds workers that do not fit.
+  const std::optional<int>& asked = p.spec.replicas_desired;
+  if (asked && out.workers > *asked) {
+    out.workers = *asked;
+    out.reason += "; spec.replicas.desired is " + std::to_string(*asked);
+  }
   return out;
 }
 
