@@ -82,36 +82,41 @@ TEST(InventoryTest, CpuQuantitiesAreMillicores) {
   EXPECT_EQ(ParseCpuMillis(json(nullptr)), -1);
 }
 
+// A pod template (spec.template) whose pod spec is `pod_spec`.
+json Template(const json& pod_spec) { return {{"spec", pod_spec}}; }
+
 TEST(InventoryTest, EligibilityFollowsSelectorAffinityAndTaints) {
   json node = Node("a", 4, "H100");
   node["metadata"]["labels"]["pool"] = "train";
   node["metadata"]["labels"]["zone"] = "z1";
   EXPECT_TRUE(NodeEligible(node, json::object()));
-  EXPECT_TRUE(NodeEligible(node, {{"nodeSelector", {{"pool", "train"}}}}));
-  EXPECT_FALSE(NodeEligible(node, {{"nodeSelector", {{"pool", "serve"}}}}));
-  json affinity = json::parse(R"({"affinity": {"nodeAffinity": {
+  EXPECT_TRUE(NodeEligible(node, Template({{"nodeSelector", {{"pool", "train"}}}})));
+  EXPECT_FALSE(NodeEligible(node, Template({{"nodeSelector", {{"pool", "serve"}}}})));
+  json affinity = Template(json::parse(R"({"affinity": {"nodeAffinity": {
       "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z2"]}]},
         {"matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["z3"]},
-                              {"key": "spot", "operator": "DoesNotExist"}]}]}}}})");
+                              {"key": "spot", "operator": "DoesNotExist"}]}]}}}})"));
   EXPECT_TRUE(NodeEligible(node, affinity));  // the second term matches
   node["metadata"]["labels"]["spot"] = "true";
   EXPECT_FALSE(NodeEligible(node, affinity));
-  json by_name = json::parse(R"({"affinity": {"nodeAffinity": {
+  json by_name = Template(json::parse(R"({"affinity": {"nodeAffinity": {
       "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["b"]}]}]}}}})");
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["b"]}]}]}}}})"));
   EXPECT_FALSE(NodeEligible(node, by_name));
   node["spec"]["taints"] = json::parse(R"([{"key": "gpu", "value": "yes", "effect": "NoSchedule"},
                                            {"key": "soft", "effect": "PreferNoSchedule"}])");
   EXPECT_FALSE(NodeEligible(node, json::object()));
   EXPECT_TRUE(NodeEligible(
-      node,
-      json::parse(R"({"tolerations": [{"key": "gpu", "operator": "Equal", "value": "yes"}]})")));
-  EXPECT_FALSE(
-      NodeEligible(node, json::parse(R"({"tolerations": [{"key": "gpu", "value": "no"}]})")));
-  EXPECT_TRUE(NodeEligible(node, json::parse(R"({"tolerations": [{"operator": "Exists"}]})")));
+      node, Template(json::parse(
+                R"({"tolerations": [{"key": "gpu", "operator": "Equal", "value": "yes"}]})"))));
+  EXPECT_FALSE(NodeEligible(
+      node, Template(json::parse(R"({"tolerations": [{"key": "gpu", "value": "no"}]})"))));
+  EXPECT_TRUE(
+      NodeEligible(node, Template(json::parse(R"({"tolerations": [{"operator": "Exists"}]})"))));
   node["spec"]["unschedulable"] = true;
-  EXPECT_FALSE(NodeEligible(node, json::parse(R"({"tolerations": [{"operator": "Exists"}]})")));
+  EXPECT_FALSE(
+      NodeEligible(node, Template(json::parse(R"({"tolerations": [{"operator": "Exists"}]})"))));
 }
 
 TEST(InventoryTest, EligibleWorkersCountOnlyTheNodesATemplateAllows) {
@@ -124,7 +129,7 @@ TEST(InventoryTest, EligibleWorkersCountOnlyTheNodesATemplateAllows) {
   ClusterGpus cluster = CountGpus(nodes, {other});
   EXPECT_EQ(EligibleWorkers(cluster, json::object(), 1, 0), 3 + 2);
   EXPECT_EQ(EligibleWorkers(cluster, json::object(), 2, 0), 1 + 1);
-  const json train = {{"nodeSelector", {{"pool", "train"}}}};
+  const json train = Template({{"nodeSelector", {{"pool", "train"}}}});
   EXPECT_EQ(EligibleWorkers(cluster, train, 1, 0), 3);
   EXPECT_EQ(EligibleProducts(cluster, train), std::vector<std::string>{"H100"});
   EXPECT_EQ(EligibleProducts(cluster, json::object()), (std::vector<std::string>{"A100", "H100"}));
@@ -132,6 +137,47 @@ TEST(InventoryTest, EligibleWorkersCountOnlyTheNodesATemplateAllows) {
   EXPECT_EQ(EligibleWorkers(cluster, json::object(), 0, 2000), 2 + 4 + 4);
   EXPECT_EQ(EligibleWorkers(cluster, train, 0, 2000), 2);
   EXPECT_EQ(cluster.cpu_held_by_others["a"], 3000);
+}
+
+TEST(InventoryTest, AnyExtendedResourceIsAnAcceleratorCountedByItsName) {
+  // Node a: 7 MIG slices of one profile and no whole GPU; node b: 4 GPUs and 2 MIG slices of
+  // another profile; node c: AMD GPUs.
+  std::vector<json> nodes = {Node("a", 0, "A100"), Node("b", 4, "H100"), Node("c", 0, "")};
+  nodes[0]["status"]["allocatable"].erase("nvidia.com/gpu");
+  nodes[0]["status"]["allocatable"]["nvidia.com/mig-1g.10gb"] = "7";
+  nodes[1]["status"]["allocatable"]["nvidia.com/mig-3g.40gb"] = "2";
+  nodes[2]["status"]["allocatable"].erase("nvidia.com/gpu");
+  nodes[2]["status"]["allocatable"]["amd.com/gpu"] = "8";
+  nodes[2]["status"]["allocatable"]["hugepages-2Mi"] = "1Gi";
+  // Another workload holds 2 slices on a; a worker holds 1 GPU on b.
+  json other = Pod("a", 0, false);
+  other["spec"]["containers"][0]["resources"]["limits"] = {{"nvidia.com/mig-1g.10gb", "2"}};
+  const ClusterGpus cluster = CountGpus(nodes, {other, Pod("b", 1, true)});
+  EXPECT_EQ(cluster.products.at("nvidia.com/mig-1g.10gb").total, 7);
+  EXPECT_EQ(cluster.products.at("nvidia.com/mig-1g.10gb").allocated, 2);
+  EXPECT_EQ(cluster.held_by_others.at("nvidia.com/mig-1g.10gb"), 2);
+  EXPECT_EQ(cluster.products.at("H100").total, 4);
+  EXPECT_EQ(cluster.products.at("H100").allocated, 1);
+  EXPECT_EQ(cluster.products.at("nvidia.com/mig-3g.40gb").total, 2);
+  EXPECT_EQ(cluster.products.at("amd.com/gpu").total, 8);
+  EXPECT_EQ(cluster.products.count("hugepages-2Mi"), 0u);
+  EXPECT_EQ(cluster.products.count("cpu"), 0u);
+  EXPECT_EQ(TypeOnNode(cluster, "b", "nvidia.com/gpu"), "H100");
+  EXPECT_EQ(TypeOnNode(cluster, "b", "nvidia.com/mig-3g.40gb"), "nvidia.com/mig-3g.40gb");
+  EXPECT_EQ(TypeOnNode(cluster, "a", "nvidia.com/gpu"), "");
+  // A template whose worker container asks for a MIG slice fits where that profile is free.
+  const json mig = json::parse(R"({"spec": {"containers": [
+      {"name": "sidecar", "resources": {"limits": {"amd.com/gpu": 1}}},
+      {"name": "worker", "resources": {"limits": {"nvidia.com/mig-1g.10gb": 1}}}]}})");
+  EXPECT_EQ(TemplateAccelerator(mig), "nvidia.com/mig-1g.10gb");
+  EXPECT_EQ(EligibleWorkers(cluster, mig, 1, 0), 5);
+  EXPECT_EQ(EligibleProducts(cluster, mig), std::vector<std::string>{"nvidia.com/mig-1g.10gb"});
+  // gpusPerWorker alone asks for whole NVIDIA GPUs.
+  EXPECT_EQ(TemplateAccelerator(Template({{"containers", {{{"name", "worker"}}}}})),
+            "nvidia.com/gpu");
+  EXPECT_EQ(EligibleProducts(cluster, json::object()), std::vector<std::string>{"H100"});
+  EXPECT_EQ(PodGpus(other), 2);
+  EXPECT_EQ(PodGpus(other, "nvidia.com/gpu"), 0);
 }
 
 TEST(InventoryTest, NodeSchedulingFactsIgnoreHeartbeatsAndSeeWhatPlacesWorkers) {

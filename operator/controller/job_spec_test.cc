@@ -34,7 +34,7 @@ TEST(JobSpecOf, ReadsEveryFieldAsTheAgentsParserDoes) {
     "epochs": 3, "reduction": "fast", "seed": 9,
     "elasticity": {"policy": "autoscale", "cooldownSeconds": 45},
     "checkpoint": {"path": "/ckpt/mnist", "everySteps": 50},
-    "template": {"image": "example/agent:1"}})");
+    "template": {"spec": {"containers": [{"name": "worker", "image": "example/agent:1"}]}}})");
   Result<JobSpec> job = JobSpecOf(Job(spec));
   ASSERT_TRUE(job.ok()) << job.status().message();
   // The agents read the same manifest as JSON text (VF_JOB_SPEC): the two must agree exactly.

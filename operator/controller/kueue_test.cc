@@ -17,7 +17,8 @@ json Job(int min_workers, int max_workers, const std::string& policy = "elastic"
                  "uid": "0a1b2c3d-4e5f-6789-abcd-ef0123456789",
                  "labels": {"kueue.x-k8s.io/queue-name": "team-queue"}},
     "spec": {"virtualNodes": 8, "globalBatchSize": 256, "steps": 10, "gpusPerWorker": 2,
-             "template": {"image": "example/agent:1", "nodeSelector": {"pool": "gpu"}}}})");
+             "template": {"spec": {"nodeSelector": {"pool": "gpu"}, "containers": [
+                 {"name": "worker", "image": "example/agent:1"}]}}}})");
   job["spec"]["replicas"] = {{"min", min_workers}, {"max", max_workers}};
   job["spec"]["elasticity"] = {{"policy", policy}};
   return job;

@@ -21,12 +21,17 @@ json Job() {
     "apiVersion": "virtualflow.io/v1alpha1", "kind": "VirtualFlowJob",
     "metadata": {"name": "mnist", "namespace": "team", "uid": "u-1"},
     "spec": {"virtualNodes": 8, "globalBatchSize": 256, "steps": 10, "gpusPerWorker": 2,
-             "template": {"image": "example/agent:1", "nodeSelector": {"pool": "gpu"},
-                          "env": [{"name": "X", "value": "1"}]}},
+             "template": {"spec": {"nodeSelector": {"pool": "gpu"}, "containers": [
+                 {"name": "worker", "image": "example/agent:1",
+                  "env": [{"name": "X", "value": "1"}]}]}}},
     "status": {"phase": "Running"}})");
 }
 
 JobSpec SpecOf(const json& job) {
+// The worker container of Job()'s template, and the template's pod spec.
+json& Worker(json& job) { return job["spec"]["template"]["spec"]["containers"][0]; }
+json& TemplatePod(json& job) { return job["spec"]["template"]["spec"]; }
+
   Result<JobSpec> spec = JobSpecOf(job);
   EXPECT_TRUE(spec.ok()) << spec.status().message();
   return spec.ok() ? spec.value() : JobSpec{};
@@ -136,7 +141,7 @@ TEST(WorkerPodTest, WithTlsTheCoordinatorsCaIsInTheCredentialSecretAndMounted) {
   EXPECT_EQ(*(ca + 1), kCaFile);
   // A user's program gets the same file through its environment.
   json job = Job();
-  job["spec"]["template"]["command"] = {"python3", "train.py"};
+  Worker(job)["command"] = {"python3", "train.py"};
   pod = BuildWorkerPod(job, SpecOf(job), "mnist-worker-x", s);
   std::map<std::string, std::string> env;
   for (const json& e : pod["spec"]["containers"][0]["env"]) env[e["name"]] = e.value("value", "");
@@ -162,9 +167,9 @@ TEST(WorkerPodTest, PassesTheRestrictedPodSecurityStandardByDefault) {
   EXPECT_TRUE(sc["runAsNonRoot"].get<bool>());
   // The template's own fields win, key by key.
   json job = Job();
-  job["spec"]["template"]["securityContext"] = {{"runAsUser", 1000},
-                                                {"capabilities", {{"add", {"NET_BIND_SERVICE"}}}}};
-  job["spec"]["template"]["podSecurityContext"] = {{"fsGroup", 2000}};
+  Worker(job)["securityContext"] = {{"runAsUser", 1000},
+                                    {"capabilities", {{"add", {"NET_BIND_SERVICE"}}}}};
+  TemplatePod(job)["securityContext"] = {{"fsGroup", 2000}};
   pod = BuildWorkerPod(job, SpecOf(job), "w", PodSettings{});
   const json& merged = pod["spec"]["containers"][0]["securityContext"];
   EXPECT_EQ(merged["runAsUser"], 1000);
@@ -174,43 +179,91 @@ TEST(WorkerPodTest, PassesTheRestrictedPodSecurityStandardByDefault) {
   EXPECT_TRUE(pod["spec"]["securityContext"]["runAsNonRoot"].get<bool>());
 }
 
-TEST(WorkerPodTest, TheTemplateIsAPodTemplateFlattenedToItsContainer) {
+TEST(WorkerPodTest, TheTemplatesPodIsKeptAsWrittenAroundWhatTheOperatorOwns) {
   json job = Job();
   json& t = job["spec"]["template"];
   t["metadata"] = {{"labels", {{"team", "vision"}, {kJobLabel, "spoofed"}}},
                    {"annotations", {{"a", "b"}}}};
-  t["workingDir"] = "/work";
-  t["volumes"] = json::parse(R"([{"name": "data", "persistentVolumeClaim": {"claimName": "c"}}])");
-  t["volumeMounts"] = json::parse(R"([{"name": "data", "mountPath": "/data"}])");
-  t["affinity"] = {{"nodeAffinity", json::object()}};
-  t["priorityClassName"] = "high";
-  t["schedulerName"] = "volcano";
-  t["serviceAccountName"] = "trainer";
-  t["imagePullSecrets"] = json::parse(R"([{"name": "registry"}])");
+  Worker(job)["workingDir"] = "/work";
+  Worker(job)["ports"] = json::parse(R"([{"name": "dash", "containerPort": 8265}])");
+  Worker(job)["volumeMounts"] = json::parse(R"([{"name": "data", "mountPath": "/data"}])");
+  json& pod_spec = TemplatePod(job);
+  pod_spec["volumes"] =
+      json::parse(R"([{"name": "data", "persistentVolumeClaim": {"claimName": "c"}}])");
+  pod_spec["affinity"] = {{"nodeAffinity", json::object()}};
+  pod_spec["priorityClassName"] = "high";
+  pod_spec["schedulerName"] = "volcano";
+  pod_spec["serviceAccountName"] = "trainer";
+  pod_spec["imagePullSecrets"] = json::parse(R"([{"name": "registry"}])");
+  pod_spec["hostNetwork"] = true;
+  pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet";
+  pod_spec["terminationGracePeriodSeconds"] = 5;
+  pod_spec["restartPolicy"] = "Always";
+  pod_spec["schedulingGates"] = json::parse(R"([{"name": "example.com/wait"}])");
+  pod_spec["resourceClaims"] = json::parse(R"([{"name": "gpu", "resourceClaimName": "rc"}])");
+  pod_spec["topologySpreadConstraints"] = json::parse(
+      R"([{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}])");
+  pod_spec["initContainers"] = json::parse(R"([{"name": "fetch", "image": "busybox"},
+      {"name": "log-shipper", "image": "shipper", "restartPolicy": "Always"}])");
+  // A sidecar before the worker: the worker is found by its name and goes first.
+  pod_spec["containers"].insert(pod_spec["containers"].begin(),
+                                json::parse(R"({"name": "proxy", "image": "envoy"})"));
+  const json written = pod_spec;
   json pod = BuildWorkerPod(job, SpecOf(job), "w", PodSettings{}, "NVIDIA-H100");
   EXPECT_EQ(pod["metadata"]["labels"]["team"], "vision");
   EXPECT_EQ(pod["metadata"]["labels"][kJobLabel], "mnist");  // the operator's label wins
   EXPECT_EQ(pod["metadata"]["annotations"]["a"], "b");
   const json& spec = pod["spec"];
+  EXPECT_EQ(pod["metadata"]["annotations"][kDefaultContainerAnnotation], "worker");
   EXPECT_EQ(spec["containers"][0]["workingDir"], "/work");
+  ASSERT_EQ(spec["containers"].size(), 2u);
+  EXPECT_EQ(spec["containers"][0]["name"], "worker");
+  EXPECT_EQ(spec["containers"][1], written["containers"][0]);  // the sidecar, untouched
+  EXPECT_EQ(spec["initContainers"], written["initContainers"]);
   EXPECT_EQ(spec["volumes"][0]["name"], "data");
+  EXPECT_EQ(spec["containers"][0]["ports"][0]["name"], "dash");
+  EXPECT_EQ(spec["containers"][0]["ports"][1]["name"], "metrics");
   EXPECT_EQ(spec["containers"][0]["volumeMounts"][0]["mountPath"], "/data");
-  EXPECT_EQ(spec["priorityClassName"], "high");
-  EXPECT_EQ(spec["schedulerName"], "volcano");
-  EXPECT_EQ(spec["serviceAccountName"], "trainer");
+  for (const char* kept :
+       {"priorityClassName", "schedulerName", "serviceAccountName", "imagePullSecrets",
+        "hostNetwork", "dnsPolicy", "schedulingGates", "resourceClaims",
+        "topologySpreadConstraints", "affinity", "terminationGracePeriodSeconds"}) {
+    EXPECT_EQ(spec[kept], written[kept]) << kept;
+  }
+  EXPECT_EQ(spec["restartPolicy"], "Never");                    // the operator's
   EXPECT_FALSE(spec.contains("automountServiceAccountToken"));  // the account decides
-  EXPECT_EQ(spec["imagePullSecrets"][0]["name"], "registry");
   EXPECT_EQ(spec["nodeSelector"]["pool"], "gpu");
   EXPECT_EQ(spec["nodeSelector"]["nvidia.com/gpu.product"], "NVIDIA-H100");
 }
+  // Without a grace period of its own, the operator's.
+  TemplatePod(job).erase("terminationGracePeriodSeconds");
+  PodSettings s;
+  s.termination_grace_seconds = 77;
+  EXPECT_EQ(BuildWorkerPod(job, SpecOf(job), "w", s)["spec"]["terminationGracePeriodSeconds"], 77);
+}
+
+TEST(WorkerPodTest, TheAcceleratorIsTheWorkerContainersExtendedResource) {
+  json job = Job();
+  job["spec"].erase("gpusPerWorker");
+  Worker(job)["resources"] = {{"limits", {{"nvidia.com/mig-1g.10gb", 1}, {"memory", "8Gi"}}}};
+  json pod = BuildWorkerPod(job, SpecOf(job), "w", PodSettings{}, "NVIDIA-H100");
+  const json& limits = pod["spec"]["containers"][0]["resources"]["limits"];
+  EXPECT_EQ(limits, json({{"nvidia.com/mig-1g.10gb", "1"}, {"memory", "8Gi"}}));
+  // A MIG slice is no whole GPU of a product: no product pin.
+  EXPECT_FALSE(pod["spec"]["nodeSelector"].contains("nvidia.com/gpu.product"));
+  // gpusPerWorker that agrees is the same job; one that disagrees is no job.
+  job["spec"]["gpusPerWorker"] = 1;
+  EXPECT_TRUE(JobSpecOf(job).ok());
+  job["spec"]["gpusPerWorker"] = 2;
+  EXPECT_FALSE(JobSpecOf(job).ok());
 
 TEST(WorkerPodTest, AUserProgramGetsTheJobInItsEnvironment) {
   json job = Job();
   // A knob of the worker's own passes through; the job's facts are the operator's.
-  job["spec"]["template"]["env"] =
+  Worker(job)["env"] =
       json::parse(R"([{"name": "VF_VNODE_DELAY_MS", "value": "8"}, {"name": "X", "value": "1"}])");
-  job["spec"]["template"]["command"] = {"python3", "train.py"};
-  job["spec"]["template"]["args"] = {"--lr", "0.1"};
+  Worker(job)["command"] = {"python3", "train.py"};
+  Worker(job)["args"] = {"--lr", "0.1"};
   PodSettings s;
   s.coordinator_url = "http://op:7070";
   json pod = BuildWorkerPod(job, SpecOf(job), "mnist-worker-x", s);
@@ -235,7 +288,7 @@ TEST(WorkerPodTest, AUserProgramGetsTheJobInItsEnvironment) {
 // no pod template can set it: it is the operator's, never a job's.
 TEST(WorkerPodTest, OnlyAPosingOperatorSetsTheTestProtocolOfItsWorkers) {
   json job = Job();
-  job["spec"]["template"]["env"] = json::parse(
+  Worker(job)["env"] = json::parse(
       R"([{"name": "VF_TEST_AGENT_PROTOCOL", "value": "7"}, {"name": "X", "value": "1"}])");
   auto env_of = [&](const PodSettings& s) {
     const json pod = BuildWorkerPod(job, SpecOf(job), "w", s);
@@ -248,7 +301,7 @@ TEST(WorkerPodTest, OnlyAPosingOperatorSetsTheTestProtocolOfItsWorkers) {
   EXPECT_EQ(env_of(s)["X"], "1");
   s.test_agent_protocol = 2;
   EXPECT_EQ(env_of(s)[kTestAgentProtocolEnv], "2");
-  job["spec"]["template"]["command"] = {"python3", "train.py"};
+  Worker(job)["command"] = {"python3", "train.py"};
   EXPECT_EQ(env_of(s)[kTestAgentProtocolEnv], "2");
 }
 
@@ -261,7 +314,7 @@ TEST(WorkerPodTest, ACpuOnlyWorkerAsksForCpuAndNoGpu) {
   EXPECT_EQ(res["requests"]["cpu"], kDefaultWorkerCpu);
   EXPECT_FALSE(pod["spec"]["nodeSelector"].contains("nvidia.com/gpu.product"));
   EXPECT_EQ(WorkerCpuMillis(job), 1000);
-  job["spec"]["template"]["resources"] = {{"requests", {{"cpu", "1500m"}}}};
+  Worker(job)["resources"] = {{"requests", {{"cpu", "1500m"}}}};
   EXPECT_EQ(WorkerCpuMillis(job), 1500);
   pod = BuildWorkerPod(job, SpecOf(job), "w", PodSettings{});
   EXPECT_EQ(pod["spec"]["containers"][0]["resources"]["requests"]["cpu"], "1500m");
@@ -269,21 +322,28 @@ TEST(WorkerPodTest, ACpuOnlyWorkerAsksForCpuAndNoGpu) {
 
 TEST(WorkerPodTest, TemplatesThatCollideWithTheOperatorAreRefused) {
   EXPECT_TRUE(ValidateTemplate(Job()).ok());
-  auto refused = [](const char* tmpl, const char* says) {
+  auto refused = [](const char* worker, const char* says) {
     json job = Job();
-    job["spec"]["template"] = json::parse(tmpl);
+    json container = json::parse(worker);
+    TemplatePod(job)["volumes"] = container["volumes"];
+    container.erase("volumes");
+    container["name"] = "worker";
+    Worker(job) = container;
     Status s = ValidateTemplate(job);
-    EXPECT_FALSE(s.ok()) << tmpl;
+    EXPECT_FALSE(s.ok()) << worker;
     EXPECT_NE(s.message().find(says), std::string::npos) << s.message();
   };
-  refused(R"({"volumes": [{"name": "vf-token", "emptyDir": {}}]})", "vf-token");
-  refused(R"({"volumeMounts": [{"name": "nope", "mountPath": "/x"}]})", "\"nope\"");
+  refused(R"({"volumes": [{"name": "vf-token", "emptyDir": {}}]})",
+          "spec.template.spec.volumes: the name vf-token");
+  refused(R"({"volumes": [], "volumeMounts": [{"name": "nope", "mountPath": "/x"}]})",
+          "spec.template.spec.containers[worker].volumeMounts: /x mounts volume \"nope\"");
   refused(R"({"volumes": [{"name": "m", "emptyDir": {}}],
               "volumeMounts": [{"name": "m", "mountPath": "/dev/shm"}]})",
           "/dev/shm");
-  refused(R"({"env": [{"name": "VF_WORKER", "value": "me"}]})", "VF_WORKER");
+  refused(R"({"volumes": [], "env": [{"name": "VF_WORKER", "value": "me"}]})",
+          "spec.template.spec.containers[worker].env: VF_WORKER");
   json job = Job();
-  job["spec"]["template"]["env"] = json::parse(R"([{"name": "VF_THREADS", "value": "2"}])");
+  Worker(job)["env"] = json::parse(R"([{"name": "VF_THREADS", "value": "2"}])");
   EXPECT_TRUE(ValidateTemplate(job).ok());  // the library's knobs are the user's
 }
 
@@ -293,9 +353,9 @@ TEST(WorkerPodTest, TheFinalCheckpointIsFoundOnItsVolume) {
   job["spec"]["checkpoint"] = {{"path", "/ckpt/runs/cnn.ckpt"}};
   json where = FinalCheckpointLocation(job, SpecOf(job));
   EXPECT_EQ(where, json({{"path", "/ckpt/runs/cnn.ckpt"}}));  // on no volume: said so by absence
-  job["spec"]["template"]["volumes"] =
+  TemplatePod(job)["volumes"] =
       json::parse(R"([{"name": "store", "persistentVolumeClaim": {"claimName": "train"}}])");
-  job["spec"]["template"]["volumeMounts"] =
+  Worker(job)["volumeMounts"] =
       json::parse(R"([{"name": "store", "mountPath": "/ckpt/", "subPath": "team"}])");
   where = FinalCheckpointLocation(job, SpecOf(job));
   EXPECT_EQ(where["volume"], "store");
@@ -308,7 +368,7 @@ TEST(WorkerPodTest, DefaultImageAndNoMetricsPort) {
   s.default_image = "default/agent:0";
   s.metrics_port = -1;
   json job = Job();
-  job["spec"]["template"].erase("image");
+  Worker(job).erase("image");
   json pod = BuildWorkerPod(job, SpecOf(job), "w", s);
   EXPECT_EQ(pod["spec"]["containers"][0]["image"], "default/agent:0");
   for (const auto& a : pod["spec"]["containers"][0]["args"]) EXPECT_NE(a, "--metrics-port");
@@ -328,9 +388,9 @@ TEST(WorkerImageTest, ANewJobStartsOnItsTemplatesImageElseTheDefault) {
   json job = Job();
   job.erase("status");
   EXPECT_EQ(WorkerImage(job, {}, {}, "default/agent:2"), "example/agent:1");
-  job["spec"]["template"].erase("image");
+  Worker(job).erase("image");
   EXPECT_EQ(WorkerImage(job, {}, {}, "default/agent:2"), "default/agent:2");
-  job["spec"]["template"]["image"] = "";
+  Worker(job)["image"] = "";
   EXPECT_EQ(StartingImage(job, "default/agent:2"), "default/agent:2");
 }
 
@@ -338,13 +398,13 @@ TEST(WorkerImageTest, ANewJobStartsOnItsTemplatesImageElseTheDefault) {
 // so does a job whose template names another image now.
 TEST(WorkerImageTest, ARunningJobKeepsItsRecordedImageWhateverTheDefaultBecame) {
   json job = Job();
-  job["spec"]["template"].erase("image");
+  Worker(job).erase("image");
   job["status"]["workerImage"] = "default/agent:1";
   const std::vector<json> pods = {
       PodOfImage("mnist-worker-a", "default/agent:1", "Running", "2026-01-02T03:04:05Z")};
   EXPECT_EQ(WorkerImage(job, pods, {"mnist-worker-a"}, "default/agent:2"), "default/agent:1");
   EXPECT_EQ(WorkerImage(job, {}, {"mnist-worker-a"}, "default/agent:2"), "default/agent:1");
-  job["spec"]["template"]["image"] = "example/agent:3";
+  Worker(job)["image"] = "example/agent:3";
   EXPECT_EQ(WorkerImage(job, pods, {"mnist-worker-a"}, "default/agent:2"), "default/agent:1");
   EXPECT_EQ(StartingImage(job, "default/agent:2"), "example/agent:3");
   // No member left to keep a build for (none trains yet, or the job was resumed): a corrected
@@ -357,7 +417,7 @@ TEST(WorkerImageTest, ARunningJobKeepsItsRecordedImageWhateverTheDefaultBecame) 
 // the plan (refused, say, for running another image) does not count.
 TEST(WorkerImageTest, AJobStartedBeforeTheImageWasRecordedKeepsItsPodsImage) {
   json job = Job();
-  job["spec"]["template"].erase("image");
+  Worker(job).erase("image");
   const json refused =
       PodOfImage("mnist-worker-r", "default/agent:2", "Failed", "2026-01-02T03:04:01Z");
   const json joiner =
