@@ -22,6 +22,7 @@
 #include "agent/state_sync.h"
 #include "runtime/comm/staged/communicator.h"
 #include "runtime/comm/store.h"
+#include "runtime/job/worker_env.h"
 
 namespace vf::agent {
 namespace {
@@ -132,7 +133,7 @@ class Agent::Impl {
     return slash == std::string::npos ? id : id.substr(slash + 1);
   }
   static std::string FaultSpec() {
-    const char* spec = std::getenv("VF_FAULT_INJECT");
+    const char* spec = std::getenv(worker_env::kFaultInject.name);
     return spec == nullptr ? "" : spec;
   }
 

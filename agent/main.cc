@@ -12,13 +12,14 @@
 #include "agent/protocol/client.h"
 #include "agent/worker.h"
 #include "runtime/command_line.h"
+#include "runtime/job/worker_env.h"
 
 namespace {
 
 // A launcher that sets VF_EXIT_WITH_PARENT=<its pid> wants its workers gone when it dies, even
 // by SIGKILL, rather than training on alone.
 void ExitWithParent() {
-  const char* parent = std::getenv("VF_EXIT_WITH_PARENT");
+  const char* parent = std::getenv(vf::worker_env::kExitWithParent.name);
   if (parent == nullptr) return;
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (std::to_string(getppid()) != parent) std::_Exit(1);  // the parent died before prctl
@@ -112,22 +113,23 @@ int main(int argc, char** argv) {
   }
   auto usage = [](const std::string& m) { return vf::UsageError("virtualflow-agent", m); };
   if (o.job_path.empty()) {
-    const char* spec = std::getenv("VF_JOB_SPEC");
+    const char* spec = std::getenv(vf::worker_env::kJobSpec.name);
     if (spec == nullptr || *spec == '\0') {
       return usage("--job is required unless VF_JOB_SPEC holds the manifest (see --help)");
     }
     o.job_text = spec;
   }
   if (o.coordinator_url.empty()) return usage("--coordinator is required (see --help)");
-  if (const char* ca = std::getenv("VF_COORDINATOR_CA_FILE");
+  if (const char* ca = std::getenv(vf::worker_env::kCoordinatorCaFile.name);
       o.ca_file.empty() && ca != nullptr && *ca != '\0') {
     o.ca_file = ca;
   }
   // The container's terminationMessagePath, which the operator names for it.
-  if (const char* path = std::getenv("VF_TERMINATION_MESSAGE_PATH"); path != nullptr) {
+  if (const char* path = std::getenv(vf::worker_env::kTerminationMessagePath.name);
+      path != nullptr) {
     o.termination_message_path = path;
   }
-  if (const char* ip = std::getenv("VF_POD_IP");
+  if (const char* ip = std::getenv(vf::worker_env::kPodIp.name);
       app.count("--host") == 0 && ip != nullptr && *ip != '\0') {
     o.host = ip;
   }
@@ -137,7 +139,7 @@ int main(int argc, char** argv) {
   o.metrics_port = static_cast<int>(metrics_port);
   if (o.slowdown < 1) return usage("--slowdown must be at least 1");
   // Pods get experiment knobs through their environment (spec.template.env).
-  if (const char* delay = std::getenv("VF_VNODE_DELAY_MS");
+  if (const char* delay = std::getenv(vf::worker_env::kVnodeDelayMs.name);
       delay != nullptr && o.vnode_delay_ms == 0) {
     char* end = nullptr;
     o.vnode_delay_ms = std::strtod(delay, &end);
@@ -161,7 +163,7 @@ int main(int argc, char** argv) {
     while (!o.token.empty() && (o.token.back() == '\n' || o.token.back() == '\r')) {
       o.token.pop_back();
     }
-  } else if (const char* t = std::getenv("VF_JOB_TOKEN")) {
+  } else if (const char* t = std::getenv(vf::worker_env::kJobToken.name)) {
     o.token = t;
   }
   if (o.token.empty()) return usage("no coordinator credential (--token-file or VF_JOB_TOKEN)");

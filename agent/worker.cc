@@ -19,6 +19,7 @@
 #include "runtime/device.h"
 #include "runtime/executor.h"
 #include "runtime/job/spec.h"
+#include "runtime/job/worker_env.h"
 #include "runtime/state/training_state.h"
 
 namespace vf {
@@ -58,7 +59,7 @@ enum class DeviceChoice {
 // unless VF_DEVICE says otherwise: `cpu` forces the CPU, `cuda-shared` shares GPU 0 with other
 // workers of one machine (`vf run`'s, when asked). `why` says why not the GPU, when not.
 Result<DeviceChoice> ChooseDevice(std::string* why) {
-  const char* forced = std::getenv("VF_DEVICE");
+  const char* forced = std::getenv(worker_env::kDevice.name);
   const std::string_view want = forced == nullptr ? "" : forced;
   if (want == "cpu") {
     *why = "VF_DEVICE=cpu";
@@ -181,7 +182,7 @@ Status BuiltinWorker::Start() {
   VF_ASSIGN_OR_RETURN(executor_, Executor::Create(job_, *device_, data_.train));
   executor_->set_slowdown(o_.slowdown);
   executor_->set_vnode_delay(o_.vnode_delay_ms / 1000.0);
-  const char* fault_spec = std::getenv("VF_FAULT_INJECT");
+  const char* fault_spec = std::getenv(worker_env::kFaultInject.name);
   faults_ = std::make_unique<FaultInjector>(fault_spec == nullptr ? "" : fault_spec, o_.worker);
   executor_->set_before_reduce([this](int64_t step) { faults_->At("allreduce", step); });
   state_ = std::make_unique<ExecutorState>(*executor_, job_.checkpoint.path);

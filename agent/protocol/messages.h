@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/job/worker_env.h"
+
 namespace vf {
 
 // The version of this contract: the paths, the JSON shapes and what each call means. It is not
@@ -23,7 +25,7 @@ inline constexpr int64_t kProtocolVersion = 1;
 // changed the protocol (VF_TEST_OPERATOR_PROTOCOL) and start workers of that protocol on the
 // same build. The operator sets it on the pods it creates only while it poses so; a job's pod
 // template cannot set it (the operator drops it, as every variable it owns).
-inline constexpr char kTestAgentProtocolEnv[] = "VF_TEST_AGENT_PROTOCOL";
+inline constexpr const char* kTestAgentProtocolEnv = worker_env::kTestAgentProtocol.name;
 
 // What a coordinator's refusal of a worker of another build than the job's workers says, after
 // "worker NAME " and before "BUILD, the job runs build BUILD" (HTTP 409). A worker refused so

@@ -30,6 +30,7 @@
 #include "runtime/device/cuda/plugin.h"
 #include "runtime/executor.h"
 #include "runtime/job/spec.h"
+#include "runtime/job/worker_env.h"
 #include "runtime/split.h"
 #include "runtime/state/training_state.h"
 
@@ -293,17 +294,17 @@ Status LocalCluster::Start() {
     out << info.dump() << "\n";
   }
   // Workers die with this process rather than linger if it is killed.
-  setenv("VF_EXIT_WITH_PARENT", std::to_string(getpid()).c_str(), 1);
+  setenv(worker_env::kExitWithParent.name, std::to_string(getpid()).c_str(), 1);
   // Local workers share this machine, and NCCL cannot put two ranks of one communicator on the
   // same GPU: they all train on GPU 0 when there is one, reducing with Gloo through host copies
   // (cuda-shared), and on the CPU otherwise, unless the caller set VF_DEVICE (cpu).
-  setenv("VF_DEVICE", "cuda-shared", 0);
+  setenv(worker_env::kDevice.name, "cuda-shared", 0);
   // A PyTorch worker that asks for NCCL (VF_TORCH_COLLECTIVES=nccl) loads the CUDA plugin built
   // with this binary: the plugin's loader looks beside the executable, which is the
   // interpreter there.
   std::error_code ec;
   const fs::path plugin = fs::read_symlink("/proc/self/exe", ec).parent_path() / kCudaPluginFile;
-  if (!ec && fs::exists(plugin, ec)) setenv("VF_CUDA_PLUGIN", plugin.c_str(), 0);
+  if (!ec && fs::exists(plugin, ec)) setenv(worker_env::kCudaPlugin.name, plugin.c_str(), 0);
   return Status::Ok();
 }
 
@@ -396,20 +397,22 @@ LocalCluster::Launch LocalCluster::UserProgram(const Worker& w, int slot) const 
   // The job reaches the program through its environment, as on Kubernetes (virtualflow.torch's
   // init() reads it). The caller's own variables of these names (and a stale VF_JOB_SPEC or
   // VF_JOB_TOKEN) do not reach it; others (VF_THREADS, VF_CHECK_EVERY, ...) do.
-  std::map<std::string, std::string> vf = {{"VF_JOB", fs::absolute(o_.job_path).string()},
-                                           {"VF_COORDINATOR", server_->url()},
-                                           {"VF_JOB_ID", job_id_},
-                                           {"VF_WORKER", w.name},
-                                           {"VF_JOB_TOKEN_FILE", CredentialPath(w.name)},
-                                           {"VF_RESULT", w.result_path},
-                                           {"VF_TIMEOUT", FormatNumber(o_.timeout)},
-                                           {"VF_REPORT_INTERVAL", "0.5"}};
-  if (o_.steps_override > 0) vf["VF_STEPS"] = std::to_string(o_.steps_override);
+  std::map<std::string, std::string> vf = {
+      {worker_env::kJob.name, fs::absolute(o_.job_path).string()},
+      {worker_env::kCoordinator.name, server_->url()},
+      {worker_env::kJobId.name, job_id_},
+      {worker_env::kWorker.name, w.name},
+      {worker_env::kJobTokenFile.name, CredentialPath(w.name)},
+      {worker_env::kResult.name, w.result_path},
+      {worker_env::kTimeout.name, FormatNumber(o_.timeout)},
+      {worker_env::kReportInterval.name, "0.5"}};
+  if (o_.steps_override > 0) vf[worker_env::kSteps.name] = std::to_string(o_.steps_override);
   if (!o_.slowdowns.empty()) {
-    vf["VF_SLOWDOWN"] = FormatNumber(o_.slowdowns[static_cast<size_t>(slot) % o_.slowdowns.size()]);
+    vf[worker_env::kSlowdown.name] =
+        FormatNumber(o_.slowdowns[static_cast<size_t>(slot) % o_.slowdowns.size()]);
   }
   if (!o_.vnode_delays_ms.empty()) {
-    vf["VF_VNODE_DELAY_MS"] =
+    vf[worker_env::kVnodeDelayMs.name] =
         FormatNumber(o_.vnode_delays_ms[static_cast<size_t>(slot) % o_.vnode_delays_ms.size()]);
   }
   std::string python_path = python_package_;
@@ -417,7 +420,8 @@ LocalCluster::Launch LocalCluster::UserProgram(const Worker& w, int slot) const 
     const std::string name = e.substr(0, e.find('='));
     if (name == "PYTHONPATH" && !python_package_.empty()) {
       python_path += ":" + e.substr(name.size() + 1);
-    } else if (vf.count(name) == 0 && name != "VF_JOB_TOKEN" && name != "VF_JOB_SPEC") {
+    } else if (vf.count(name) == 0 && name != worker_env::kJobToken.name &&
+               name != worker_env::kJobSpec.name) {
       l.env.push_back(e);
     }
   }

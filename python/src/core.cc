@@ -32,6 +32,7 @@
 #include "runtime/device.h"
 #include "runtime/device/cuda/plugin.h"
 #include "runtime/job/spec.h"
+#include "runtime/job/worker_env.h"
 #include "runtime/reduce/reducer.h"
 #include "runtime/state/training_state.h"
 
@@ -445,6 +446,12 @@ NB_MODULE(_core, m) {
   // code (agent/protocol/messages.h): the operator replaces its pod with the job's image.
   m.attr("ANOTHER_BUILD_REFUSAL") = std::string(vf::kAnotherBuildRefusal);
   m.attr("EXIT_ANOTHER_BUILD") = vf::kExitAnotherBuild;
+  // The worker's environment (runtime/job/worker_env.h): ENV_JOB_SPEC is "VF_JOB_SPEC", and so
+  // on, so that virtualflow.torch reads the names the operator and `vf run` set.
+  for (const vf::worker_env::Variable& v : vf::worker_env::kAll) {
+    const std::string_view name = v.name;
+    m.attr(("ENV_" + std::string(name.substr(3))).c_str()) = std::string(name);
+  }
   m.def(
       "parse_job",
       [](const std::string& text, const std::string& source) {

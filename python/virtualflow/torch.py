@@ -346,7 +346,7 @@ class _Staging:
         sizes = [t.numel() for t in tensors]
         total = sum(sizes)
         self.device = device
-        forced = int(os.environ.get("VF_TORCH_STAGING", "0") or 0) if host_fold else 0
+        forced = int(os.environ.get(_core.ENV_TORCH_STAGING, "0") or 0) if host_fold else 0
         copies = host_fold and (device.type != "cpu" or forced > 0)
         self.slots = (forced or _GPU_SLOTS) if copies else 1
         pin = device.type == "cuda"
@@ -418,9 +418,11 @@ def _fold_on_device(device: torch.device, reduction: str) -> bool:
     every node's gradients and a wait for it; on the CPU, where the C++ reducer reads them in
     place in one fused pass, only with VF_TORCH_FOLD=device (the tests' way to run the GPU's
     path without one). VF_TORCH_FOLD=host keeps the host's fold. Exact reduction only."""
-    choice = os.environ.get("VF_TORCH_FOLD", "")
+    choice = os.environ.get(_core.ENV_TORCH_FOLD, "")
     if choice not in ("", "device", "host"):
-        raise Error(f"VF_TORCH_FOLD={choice!r}: set it to 'device' or 'host', or leave it unset")
+        raise Error(
+            f"{_core.ENV_TORCH_FOLD}={choice!r}: set it to 'device' or 'host', or leave it unset"
+        )
     if not _DEVICE_FOLD or reduction != "exact":
         return False
     if choice:
@@ -435,7 +437,7 @@ def _collectives(device: torch.device) -> str:
     every worker (it refuses two ranks on one GPU, so not `vf run`'s workers sharing one) and the
     same setting on every worker of the job; its buffers are still the host's sums, staged
     through the GPU."""
-    choice = os.environ.get("VF_TORCH_COLLECTIVES", "")
+    choice = os.environ.get(_core.ENV_TORCH_COLLECTIVES, "")
     if choice not in ("", "gloo", "nccl"):
         raise Error(
             f"VF_TORCH_COLLECTIVES={choice!r}: set it to 'gloo' or 'nccl', or leave it unset (gloo)"
@@ -550,50 +552,53 @@ class Job:
         self.spec: dict[str, Any] = _core.parse_job(spec_text, source)
         self._spec_text = spec_text
         env = os.environ
-        missing = [k for k in ("VF_COORDINATOR", "VF_WORKER") if not env.get(k)]
+        missing = [k for k in (_core.ENV_COORDINATOR, _core.ENV_WORKER) if not env.get(k)]
         if missing:
             raise Error(
                 f"{', '.join(missing)} not set: this script is a VirtualFlow worker; start it with "
                 "`vf run JOB.yaml` (spec.template.command names the script) or through the operator"
             )
-        timeout = float(env.get("VF_TIMEOUT", "60") or 60)
-        token = env.get("VF_JOB_TOKEN", "")
-        if not token and env.get("VF_JOB_TOKEN_FILE"):
+        timeout = float(env.get(_core.ENV_TIMEOUT, "60") or 60)
+        token = env.get(_core.ENV_JOB_TOKEN, "")
+        if not token and env.get(_core.ENV_JOB_TOKEN_FILE):
             # Mounted from a Secret for the pod's life: a file missing at start is the pod's
             # fault, not the job's. Read again for up to the timeout, then CollectiveError
             # (exit 1: the pod is replaced), never exit 3.
             token = _core.read_credential_file(
-                env["VF_JOB_TOKEN_FILE"], "this worker's token file", env["VF_WORKER"], timeout
+                env[_core.ENV_JOB_TOKEN_FILE],
+                "this worker's token file",
+                env[_core.ENV_WORKER],
+                timeout,
             ).strip()
         if not token:
             raise Error(
                 "no coordinator credential for this worker (VF_JOB_TOKEN_FILE or VF_JOB_TOKEN)"
             )
-        if env.get("VF_STEPS"):
-            self.spec["steps"], self.spec["epochs"] = int(env["VF_STEPS"]), 0
-        self.worker_name = env["VF_WORKER"]
-        self.job_id = env.get("VF_JOB_ID") or f"{self.spec['namespace']}/{self.spec['name']}"
-        self._result_path = env.get("VF_RESULT", "")
-        self._check_every = int(env.get("VF_CHECK_EVERY", "0") or 0)
+        if env.get(_core.ENV_STEPS):
+            self.spec["steps"], self.spec["epochs"] = int(env[_core.ENV_STEPS]), 0
+        self.worker_name = env[_core.ENV_WORKER]
+        self.job_id = env.get(_core.ENV_JOB_ID) or f"{self.spec['namespace']}/{self.spec['name']}"
+        self._result_path = env.get(_core.ENV_RESULT, "")
+        self._check_every = int(env.get(_core.ENV_CHECK_EVERY, "0") or 0)
         # Experiments (vf run --slowdown, VF_VNODE_DELAY_MS): a slower device, simulated.
-        self._slowdown = float(env.get("VF_SLOWDOWN", "1") or 1)
-        self._vnode_delay = float(env.get("VF_VNODE_DELAY_MS", "0") or 0) / 1000.0
+        self._slowdown = float(env.get(_core.ENV_SLOWDOWN, "1") or 1)
+        self._vnode_delay = float(env.get(_core.ENV_VNODE_DELAY_MS, "0") or 0) / 1000.0
         self._worker = _core.Worker(
-            coordinator=env["VF_COORDINATOR"],
+            coordinator=env[_core.ENV_COORDINATOR],
             job_id=self.job_id,
             worker=self.worker_name,
             token=token,
             fingerprint=self.spec["fingerprint"],
             build=_core.BUILD,
             timeout=timeout,
-            report_interval=float(env.get("VF_REPORT_INTERVAL", "1") or 1),
-            metrics_port=int(env.get("VF_METRICS_PORT", "-1") or -1),
+            report_interval=float(env.get(_core.ENV_REPORT_INTERVAL, "1") or 1),
+            metrics_port=int(env.get(_core.ENV_METRICS_PORT, "-1") or -1),
             # The pod's own address on Kubernetes, where the other workers reach this one.
-            host=env.get("VF_POD_IP") or "127.0.0.1",
+            host=env.get(_core.ENV_POD_IP) or "127.0.0.1",
             # The operator's CA, when the coordinator serves https (the operator mounts it).
-            ca_file=env.get("VF_COORDINATOR_CA_FILE", ""),
+            ca_file=env.get(_core.ENV_COORDINATOR_CA_FILE, ""),
             # Where the final report is left for an operator restarted before it recorded it.
-            termination_message_path=env.get("VF_TERMINATION_MESSAGE_PATH", ""),
+            termination_message_path=env.get(_core.ENV_TERMINATION_MESSAGE_PATH, ""),
         )
         # The agent's threads (its plan watcher polls the coordinator) stop before the
         # interpreter finalizes, whatever ends the script: finish() closes it, and so does exit.
@@ -1125,10 +1130,10 @@ class Job:
 
 
 def _read_spec() -> tuple[str, str]:
-    text = os.environ.get("VF_JOB_SPEC", "")
+    text = os.environ.get(_core.ENV_JOB_SPEC, "")
     if text:
-        return text, "$VF_JOB_SPEC"
-    path = os.environ.get("VF_JOB", "")
+        return text, "$" + _core.ENV_JOB_SPEC
+    path = os.environ.get(_core.ENV_JOB, "")
     if path:
         with open(path, encoding="utf-8") as f:
             return f.read(), path
@@ -1173,16 +1178,16 @@ def init(*, threads: int | None = None) -> Job:
     Sets PyTorch's intra-op threads (VF_THREADS, default 1): a node's gradient has the same bits
     on every worker only if every worker computes it with the same number of threads.
     """
-    parent = os.environ.get("VF_EXIT_WITH_PARENT")
+    parent = os.environ.get(_core.ENV_EXIT_WITH_PARENT)
     if parent:
         _core.exit_with_parent(int(parent))
-    torch.set_num_threads(threads or int(os.environ.get("VF_THREADS", "1") or 1))
+    torch.set_num_threads(threads or int(os.environ.get(_core.ENV_THREADS, "1") or 1))
     # cuBLAS is deterministic only with a fixed workspace, set before its first handle.
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True)
     # In C, not with the signal module: a Python handler would wait for the interpreter, and a
     # joiner spends its wait inside the library.
     _core.leave_on_sigterm()
-    _install_excepthook(os.environ.get("VF_WORKER", "worker"))
+    _install_excepthook(os.environ.get(_core.ENV_WORKER, "worker"))
     text, source = _read_spec()
     return Job(text, source)

@@ -13,6 +13,7 @@
 #include "runtime/comm/communicator.h"
 #include "runtime/device.h"
 #include "runtime/device/cuda/plugin.h"
+#include "runtime/job/worker_env.h"
 
 namespace vf {
 namespace {
@@ -25,7 +26,8 @@ struct Loaded {
 
 // The library beside the executable, or $VF_CUDA_PLUGIN.
 std::string PluginPath() {
-  if (const char* p = std::getenv("VF_CUDA_PLUGIN"); p != nullptr && *p != '\0') return p;
+  if (const char* p = std::getenv(worker_env::kCudaPlugin.name); p != nullptr && *p != '\0')
+    return p;
   std::error_code ec;
   const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (ec) return kCudaPluginFile;

@@ -1,0 +1,69 @@
+// The worker's environment table (worker_env.h): well formed, and the user guide's list of the
+// variables is the table's, row for row.
+#include "runtime/job/worker_env.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+
+namespace vf::worker_env {
+namespace {
+
+TEST(WorkerEnv, NamesAreUniqueVfWordsWithAMeaning) {
+  std::set<std::string> names;
+  for (const Variable& v : kAll) {
+    const std::string name = v.name;
+    EXPECT_TRUE(names.insert(name).second) << name << " twice";
+    EXPECT_EQ(name.rfind("VF_", 0), 0u) << name;
+    EXPECT_EQ(name.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_"), std::string::npos)
+        << name;
+    EXPECT_FALSE(std::string(v.meaning).empty()) << name;
+  }
+  EXPECT_GE(names.size(), 25u);
+}
+
+TEST(WorkerEnv, FindsByNameAndTellsFactsFromSettings) {
+  static_assert(Find("VF_JOB_SPEC") == &kAll[0]);
+  static_assert(IsFact("VF_WORKER") && IsFact("VF_TERMINATION_MESSAGE_PATH"));
+  static_assert(!IsFact("VF_THREADS") && !IsFact("VF_NOT_A_VARIABLE"));
+  EXPECT_EQ(Find("VF_NOT_A_VARIABLE"), nullptr);
+  const Variable* pod_ip = Find("VF_POD_IP");
+  ASSERT_NE(pod_ip, nullptr);
+  EXPECT_STREQ(pod_ip->meaning, kPodIp.meaning);
+}
+
+const char* SetBy(Kind kind) {
+  switch (kind) {
+    case Kind::kFact:
+      return "the operator and `vf run`";
+    case Kind::kRunFlag:
+      return "`vf run`, from its flags";
+    case Kind::kSetting:
+      break;
+  }
+  return "you: the template's `env`, or `vf run`'s environment";
+}
+
+// The table as docs/user-guide.md shows it.
+std::string MarkdownTable() {
+  std::string out = "| variable | set by | meaning |\n|---|---|---|\n";
+  for (const Variable& v : kAll) {
+    out += std::string("| `") + v.name + "` | " + SetBy(v.kind) + " | " + v.meaning + " |\n";
+  }
+  return out;
+}
+
+TEST(WorkerEnv, TheUserGuideListsExactlyTheTable) {
+  std::ifstream in(std::string(VF_SOURCE_DIR) + "/docs/user-guide.md");
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_NE(text.str().find(MarkdownTable()), std::string::npos)
+      << "docs/user-guide.md (The worker's environment) should hold this table:\n"
+      << MarkdownTable();
+}
+
+}  // namespace
+}  // namespace vf::worker_env
