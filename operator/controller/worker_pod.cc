@@ -559,7 +559,16 @@ void TrimPodForCache(json& pod) {
   }
   if (pod.contains("status")) {
     json& status = pod["status"];
-    KeepOnly(status, {"phase", "reason", "message", "containerStatuses"});
+    // A failed pod's conditions and init containers are what spec.runPolicy.podFailurePolicy
+    // reads; a pod that has not failed changes its conditions often, and they say nothing here.
+    if (status.value("phase", json()) == "Failed") {
+      KeepOnly(status, {"phase", "reason", "message", "containerStatuses", "initContainerStatuses",
+                        "conditions"});
+      KeepOnlyInEach(status, "initContainerStatuses", {"name", "state"});
+      KeepOnlyInEach(status, "conditions", {"type", "status"});
+    } else {
+      KeepOnly(status, {"phase", "reason", "message", "containerStatuses"});
+    }
     KeepOnlyInEach(status, "containerStatuses", {"name", "state"});
   }
 }

@@ -169,7 +169,9 @@ nlohmann::json FinalCheckpointLocation(const nlohmann::json& job, const JobSpec&
 //             ownerReferences (not resourceVersion: a pod whose kept fields are unchanged is
 //             the same pod to the cache, and queues no reconcile);
 //   spec:     nodeName, nodeSelector, and of each container name, image and resources;
-//   status:   phase, reason, message, and of each container status name and state.
+//   status:   phase, reason, message, and of each container status name and state; of a failed
+//             pod also each init container's and each condition's type and status (what
+//             spec.runPolicy.podFailurePolicy reads).
 // A field read from a pod must be added here (worker_pod_test checks the list).
 void TrimPodForCache(nlohmann::json& pod);
 

@@ -10,6 +10,7 @@
 #include "agent/protocol/messages.h"
 #include "operator/controller/inventory.h"
 #include "operator/controller/job_spec.h"
+#include "operator/controller/run_policy.h"
 
 namespace vf::controller {
 namespace {
@@ -538,6 +539,7 @@ TEST(WorkerPodTest, ThePodCacheKeepsTheAllowListAndNothingElse) {
                              "resources": {"limits": {"nvidia.com/gpu": "2"},
                                            "requests": {"cpu": "3"}}}]},
     "status": {"phase": "Failed", "reason": "Evicted", "message": "node pressure",
+               "conditions": [{"type": "Ready", "status": "False"}],
                "containerStatuses": [{"name": "agent",
                                       "state": {"terminated": {"exitCode": 3,
                                                                "message": "a\nlast"}}}]}})");
@@ -562,6 +564,19 @@ TEST(WorkerPodTest, WhatTheOperatorReadsOfAPodIsTheSameTrimmed) {
     EXPECT_EQ(PodHoldsResources(trimmed), PodHoldsResources(full));
     EXPECT_EQ(IsWorkerPod(trimmed), IsWorkerPod(full));
     EXPECT_EQ(ControlledBy(trimmed, "u-1"), ControlledBy(full, "u-1"));
+    for (const char* rule : {"{action: Ignore, onPodConditions: [{type: Ready, status: 'False'}]}",
+                             "{action: FailJob, onExitCodes: {operator: In, values: [3]}}"}) {
+      const JobSpec spec = ParseJobYaml(
+                               "apiVersion: virtualflow.io/v1alpha1\nkind: VirtualFlowJob\n"
+                               "metadata: {name: j}\nspec: {virtualNodes: 1, globalBatchSize: 1, "
+                               "steps: 1, runPolicy: {podFailurePolicy: {rules: [" +
+                                   std::string(rule) + "]}}}\n",
+                               "job.yaml")
+                               .value();
+      EXPECT_EQ(MatchPodFailurePolicy(spec.run_policy, trimmed).rule,
+                MatchPodFailurePolicy(spec.run_policy, full).rule)
+          << rule;
+    }
     const std::vector<json> nodes = {json::parse(R"({
       "metadata": {"name": "gpu-a", "labels": {"nvidia.com/gpu.product": "V100"}},
       "status": {"allocatable": {"nvidia.com/gpu": "4", "cpu": "8"}}})")};
