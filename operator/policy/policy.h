@@ -13,6 +13,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -156,6 +157,9 @@ Status RegisterPolicy(PolicyInfo info);
 std::vector<PolicyInfo> RegisteredPolicies();
 std::vector<std::string> KnownPolicyNames();
 bool IsKnownPolicy(const std::string& name);
+// How the jobs of policy `name` are held beside other policies' (e.g. fixed: they always need
+// their request); nothing for an unknown name.
+std::optional<Sharing> SharingOf(const std::string& name);
 // Ok for a registered name; else kInvalidArgument "<field>: unknown policy 'x' (known: static,
 // elastic, ...)", e.g. field "spec.elasticity.policy" or "--policy".
 Status CheckPolicyName(const std::string& field, const std::string& name);

@@ -147,6 +147,10 @@ TEST(PolicyRegistry, APolicyThatRegistersItselfIsCreatedByName) {
 TEST(PolicyRegistry, APolicyThatRegistersItselfIsValid) {
   EXPECT_TRUE(CheckPolicyName("--policy", "minimum").ok());
   EXPECT_TRUE(IsKnownPolicy("minimum"));
+  EXPECT_EQ(SharingOf("minimum"), Sharing::kFixed);
+  EXPECT_EQ(SharingOf("static"), Sharing::kFixed);
+  EXPECT_EQ(SharingOf("elastic"), Sharing::kByWeight);
+  EXPECT_EQ(SharingOf("fastest"), std::nullopt);
   const Status unknown = CheckPolicyName("spec.elasticity.policy", "fastest");
   EXPECT_EQ(unknown.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(unknown.message(),

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,6 +55,12 @@ class Registry {
   bool Has(const std::string& name) const {
     std::lock_guard<std::mutex> lock(mu_);
     return Find(name) != nullptr;
+  }
+
+  std::optional<Sharing> SharingOf(const std::string& name) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    const PolicyInfo* p = Find(name);
+    return p == nullptr ? std::nullopt : std::optional<Sharing>(p->sharing);
   }
 
  private:
@@ -107,6 +114,10 @@ std::vector<std::string> KnownPolicyNames() {
 }
 
 bool IsKnownPolicy(const std::string& name) { return Registry::Get().Has(name); }
+
+std::optional<Sharing> SharingOf(const std::string& name) {
+  return Registry::Get().SharingOf(name);
+}
 
 Status CheckPolicyName(const std::string& field, const std::string& name) {
   if (IsKnownPolicy(name)) return Status::Ok();
