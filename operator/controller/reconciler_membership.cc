@@ -74,10 +74,12 @@ policy::MembershipInput Reconciler::MembershipInputOf(const Pass& p) const {
       w.seconds_per_virtual_node = it->second.last_report.seconds_per_virtual_node;
     }
     const std::string node = Obj(pod, "spec").value("nodeName", "");
-    // A GPU job's pod needs a schedulable node with GPUs; a CPU-only job's any schedulable one.
+    // A GPU job's pod needs a schedulable node with its accelerator; a CPU-only job's any
+    // schedulable one.
     w.on_schedulable_node =
-        node.empty() || (p.spec.gpus_per_worker > 0 ? p.gpus().node_product.count(node) != 0
-                                                    : p.gpus().nodes.count(node) != 0);
+        node.empty() || (p.spec.gpus_per_worker > 0
+                             ? !TypeOnNode(p.gpus(), node, AcceleratorResource(p.spec)).empty()
+                             : p.gpus().nodes.count(node) != 0);
     const double created = UnixSeconds(Obj(pod, "metadata").value("creationTimestamp", ""));
     w.age_seconds = std::isnan(created) ? 0 : now_unix - created;
     in.workers.push_back(w);

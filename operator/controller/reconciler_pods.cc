@@ -255,7 +255,8 @@ Status Reconciler::CreateMissingPods(Pass& p, int live) {
                          UnixSeconds(p.status.value("lastFailureTime", "")), NowUnix());
   if (live < p.desired && backoff > 0) return Status::Ok();
   // A template that names a product itself keeps it.
-  const bool own_product = Obj(TemplateOf(p.job), "nodeSelector").contains(kGpuProductLabel);
+  const bool own_product =
+      Obj(Obj(TemplateOf(p.job), "spec"), "nodeSelector").contains(kGpuProductLabel);
   std::vector<std::string> pins =
       own_product ? std::vector<std::string>{} : ProductsToPin(p.allocation, p.pods, p.gpus());
   size_t next_pin = 0;

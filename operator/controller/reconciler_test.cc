@@ -641,8 +641,9 @@ json CpuOnlyJob() {
   json job = EpochJob();
   job["spec"]["gpusPerWorker"] = 0;
   job["spec"]["replicas"]["max"] = 4;
-  job["spec"]["template"] = {{"nodeSelector", {{"pool", "cpu"}}},
-                             {"resources", {{"requests", {{"cpu", "1500m"}}}}}};
+  job["spec"]["template"]["spec"] = {
+      {"nodeSelector", {{"pool", "cpu"}}},
+      {"containers", {{{"name", "worker"}, {"resources", {{"requests", {{"cpu", "1500m"}}}}}}}}};
   return job;
 }
 
@@ -682,7 +683,8 @@ TEST_F(ReconcilerTest, ACpuOnlyJobsWorkersOnACpuNodeStartTraining) {
 
 TEST_F(ReconcilerTest, AGpuJobWhoseSelectorMatchesNoNodeWaits) {
   json job = EpochJob();
-  job["spec"]["template"] = {{"nodeSelector", {{"pool", "nowhere"}}}};
+  job["spec"]["template"]["spec"] = {{"nodeSelector", {{"pool", "nowhere"}}},
+                                     {"containers", {{{"name", "worker"}}}}};
   Start({job}, {}, {GpuNode("gpu-a", 4)});
   ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
   EXPECT_TRUE(api_->created_pods().empty());
@@ -1639,7 +1641,8 @@ TEST_F(ReconcilerTest, ANewJobRecordsTheImageItsFirstPodsRun) {
 
 TEST_F(ReconcilerTest, AJobWithATemplateImageRunsItWhateverTheDefault) {
   json job = EpochJob();
-  job["spec"]["template"] = {{"image", "example/train:3"}};
+  job["spec"]["template"]["spec"]["containers"] = {
+      {{"name", "worker"}, {"image", "example/train:3"}}};
   default_image_ = "virtualflow/agent:2";
   Start({job}, {}, {GpuNode("gpu-a", 1)});
   ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());

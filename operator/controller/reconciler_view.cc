@@ -113,8 +113,9 @@ std::optional<policy::PolicyJob> Reconciler::PolicyJobOf(const json& job, const 
       if (gpus.nodes.count(node) != 0) p.current[kCpuPool] += 1;
       continue;
     }
-    auto it = gpus.node_product.find(node);
-    if (it != gpus.node_product.end()) p.current[it->second] += 1;
+    // The type the job's accelerator counts in on that node (a product, or a MIG profile).
+    const std::string type = TypeOnNode(gpus, node, AcceleratorResource(s));
+    if (!type.empty()) p.current[type] += 1;
   }
   return p;
 }
