@@ -56,7 +56,9 @@ def job_manifest(name: str, workers: int) -> dict[str, Any]:
             "model": {"name": "mlp", "hiddenSizes": [128]},
             "dataset": {"name": "synthetic"},
             "steps": 1000,
-            "template": {"image": "virtualflow/agent:load"},
+            "template": {
+                "spec": {"containers": [{"name": "worker", "image": "virtualflow/agent:load"}]}
+            },
         },
     }
 

@@ -269,7 +269,9 @@ def splice(path: str, schema: dict[str, Any]) -> None:
         lines = f.read().splitlines()
     start = next(i for i, line in enumerate(lines) if line == " " * 16 + "template:")
     end = start + 1
-    while end < len(lines) and (not lines[end].strip() or len(lines[end]) - len(lines[end].lstrip()) > 16):
+    while end < len(lines) and (
+        not lines[end].strip() or len(lines[end]) - len(lines[end].lstrip()) > 16
+    ):
         end += 1
     lines[start + 1 : end] = render(schema, 18)
     with open(path, "w") as f:

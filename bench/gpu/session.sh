@@ -135,7 +135,8 @@ spec:
   steps: 40
   seed: 11
   template:
-    command: [python3, examples/torch/cnn.py]
+    spec:
+      containers: [{name: worker, command: [python3, examples/torch/cnn.py]}]
   elasticity: {policy: elastic, cooldownSeconds: 0}
 EOF
 CNN_DEVICE=cuda timeout "$(budget 60 "$(need build vfrun tuning runtime overhead ab)")" vf run "$work/resize.yaml" --capacity 0:2,4:3,14:1,22:2 \

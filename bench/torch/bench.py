@@ -84,8 +84,11 @@ spec:
   seed: 42
   elasticity: {{policy: elastic, cooldownSeconds: 0}}
   template:
-    image: virtualflow/torch-agent:0.1.0
-    command: [python3, {script}]
+    spec:
+      containers:
+        - name: worker
+          image: virtualflow/torch-agent:0.1.0
+          command: [python3, {script}]
 """
 
 

@@ -42,7 +42,8 @@ spec:
   reduction: exact
   seed: 7
   template:
-    command: [python3, {script}]
+    spec:
+      containers: [{{name: worker, command: [python3, {script}]}}]
 """
 
 

@@ -145,8 +145,11 @@ spec:
   replicas: {min: 1, max: 2}
   steps: 5
   template:
-    command: [python3, -c,
-              "import sys; print('no module named my_model', file=sys.stderr); sys.exit(1)"]
+    spec:
+      containers:
+        - name: worker
+          command: [python3, -c,
+                    "import sys; print('no module named my_model', file=sys.stderr); sys.exit(1)"]
 """,
         )
         self.assertOneLineError(

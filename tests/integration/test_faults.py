@@ -51,7 +51,8 @@ def cnn_job(path, steps, checkpoint=None):
           seed: 11
           elasticity: {policy: elastic, cooldownSeconds: 0}
           template:
-            command: [python3, %s]
+            spec:
+              containers: [{name: worker, command: [python3, %s]}]
         """) % (steps, CNN)
     if checkpoint:
         text += "  checkpoint: {path: %s, everySteps: %d}\n" % checkpoint
@@ -223,7 +224,8 @@ class CheckpointFaultTest(VfTestCase):
               seed: 11
               checkpoint: {path: %s, everySteps: 3}
               template:
-                command: [python3, examples/torch/cnn.py]
+                spec:
+                  containers: [{name: worker, command: [python3, examples/torch/cnn.py]}]
             """)
             % ckpt,
         )

@@ -186,7 +186,8 @@ class PythonWorkerAttackTest(VfTestCase):
             "apiVersion: virtualflow.io/v1alpha1\nkind: VirtualFlowJob\n"
             "metadata: {name: paced}\nspec:\n  virtualNodes: 4\n  globalBatchSize: 16\n"
             "  replicas: {min: 1, max: 1}\n  steps: 200\n  seed: 3\n"
-            "  template:\n    command: [python3, %s]\n" % script,
+            "  template:\n    spec:\n      containers: [{name: worker, command: [python3, %s]}]\n"
+            % script,
         )
         path = os.path.dirname(PYTHON) + os.pathsep + os.environ["PATH"]
         saved = os.environ["PATH"]

@@ -70,7 +70,8 @@ def torch_job(path, command, steps, virtual_nodes=8, batch=256, extra=""):
           steps: %d
           seed: 11
           template:
-            command: [%s]
+            spec:
+              containers: [{name: worker, command: [%s]}]
         %s""")
         % (virtual_nodes, batch, steps, ", ".join(command), extra),
     )
