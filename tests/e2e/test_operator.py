@@ -40,6 +40,11 @@ EXAMPLE = os.path.join(SOURCE_DIR, "examples", "fashion-mnist.yaml")
 NS = "training"
 
 
+def worker(manifest: dict) -> dict:
+    """The worker container of MANIFEST's pod template (the one job_manifest writes)."""
+    return manifest["spec"]["template"]["spec"]["containers"][0]
+
+
 def job_manifest(
     name,
     steps,
@@ -63,10 +68,13 @@ def job_manifest(
         "reduction": "exact",
         "seed": 7,
         "elasticity": {"policy": "elastic", "cooldownSeconds": cooldown},
-        "template": {"image": "virtualflow/agent:e2e"},
+        "template": {
+            "spec": {"containers": [{"name": "worker", "image": "virtualflow/agent:e2e"}]}
+        },
     }
     if delay_ms:
-        spec["template"]["env"] = [{"name": "VF_VNODE_DELAY_MS", "value": str(delay_ms)}]
+        env = [{"name": "VF_VNODE_DELAY_MS", "value": str(delay_ms)}]
+        spec["template"]["spec"]["containers"][0]["env"] = env
     return {
         "apiVersion": "virtualflow.io/v1alpha1",
         "kind": "VirtualFlowJob",
@@ -790,8 +798,10 @@ class OperatorTest(OperatorTestCase):
         # No periodic checkpoint: the file on the volume is the one written on leaving.
         manifest["spec"]["checkpoint"] = {"path": mount + "/job.ckpt"}
         manifest["spec"]["runPolicy"] = {"activeDeadlineSeconds": 3600}
-        manifest["spec"]["template"]["volumes"] = [{"name": "store", "hostPath": {"path": store}}]
-        manifest["spec"]["template"]["volumeMounts"] = [{"name": "store", "mountPath": mount}]
+        manifest["spec"]["template"]["spec"]["volumes"] = [
+            {"name": "store", "hostPath": {"path": store}}
+        ]
+        worker(manifest)["volumeMounts"] = [{"name": "store", "mountPath": mount}]
         self.reset_nodes(("gpu-s", 2))
         try:
             self.apply(manifest)
@@ -870,7 +880,7 @@ class OperatorTest(OperatorTestCase):
     def test_8b_a_crash_looping_worker_fails_the_job_past_its_backoff_limit(self):
         name = "crashloop"
         manifest = job_manifest(name, steps=50, replicas=(1, 1))
-        manifest["spec"]["template"]["command"] = ["false"]  # every worker exits 1 at once
+        worker(manifest)["command"] = ["false"]  # every worker exits 1 at once
         manifest["spec"]["runPolicy"] = {"backoffLimit": 1}
         self.reset_nodes(("gpu-b", 1))
         self.apply(manifest)

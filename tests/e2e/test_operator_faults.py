@@ -19,7 +19,15 @@ import unittest
 from collections.abc import Callable
 from typing import Any
 
-from test_operator import BIN_DIR, NS, SOURCE_DIR, OperatorTestCase, job_manifest, local_sha
+from test_operator import (
+    BIN_DIR,
+    NS,
+    SOURCE_DIR,
+    OperatorTestCase,
+    job_manifest,
+    local_sha,
+    worker,
+)
 from test_torch_job import DATASET, PYTHON, cnn_manifest, torch_env
 
 FAULT_ENV = "VF_FAULT_OPERATOR_EXIT_AT"
@@ -32,7 +40,7 @@ def with_timeout(manifest: dict[str, Any], seconds: int) -> dict[str, Any]:
     program, with the facts the operator hands it in VF_* variables), so that a hung member's
     peers give up on it in seconds rather than the default minute. Same training, same weights."""
     manifest = copy.deepcopy(manifest)
-    manifest["spec"]["template"]["command"] = [
+    worker(manifest)["command"] = [
         "sh",
         "-c",
         (
@@ -106,7 +114,7 @@ def cnn_faults_manifest(name: str, checkpoint_dir: str, delay_ms: int) -> dict[s
     )
     manifest["spec"]["steps"] = CNN_STEPS
     manifest["spec"]["globalBatchSize"] = CNN_BATCH
-    manifest["spec"]["template"]["env"] += [
+    worker(manifest)["env"] += [
         {"name": "VF_TIMEOUT", "value": "15"},
         {"name": "CNN_TEST_SAMPLES", "value": str(CNN_TEST_SAMPLES)},
     ]
@@ -119,8 +127,8 @@ def cnn_local_sha(manifest: dict[str, Any], workers: int) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         manifest = copy.deepcopy(manifest)
         manifest["spec"]["checkpoint"]["path"] = os.path.join(tmp, "cnn.ckpt")
-        manifest["spec"]["template"]["env"] = [
-            e for e in manifest["spec"]["template"]["env"] if e["name"] != "VF_VNODE_DELAY_MS"
+        worker(manifest)["env"] = [
+            e for e in worker(manifest)["env"] if e["name"] != "VF_VNODE_DELAY_MS"
         ]
         return str(local_sha(manifest, workers, env=torch_env(), cwd=SOURCE_DIR))
 
@@ -202,7 +210,7 @@ class OperatorFaultsTest(OperatorTestCase):
         name = "upgrade"
         new_image = "virtualflow/agent:99.0.0-test"
         manifest = faults_manifest(name, delay_ms=12)
-        del manifest["spec"]["template"]["image"]  # the operator's default
+        del worker(manifest)["image"]  # the operator's default
         self.reset_nodes(("gpu-u", 2))
         self.apply(manifest)
         self.wait_workers(name, 2)
@@ -253,8 +261,10 @@ class OperatorFaultsTest(OperatorTestCase):
         manifest = faults_manifest(name, delay_ms=8)
         # No periodic checkpoint: the job resumes from the one rank 0 writes as it leaves.
         manifest["spec"]["checkpoint"] = {"path": mount + "/job.ckpt"}
-        manifest["spec"]["template"]["volumes"] = [{"name": "store", "hostPath": {"path": store}}]
-        manifest["spec"]["template"]["volumeMounts"] = [{"name": "store", "mountPath": mount}]
+        manifest["spec"]["template"]["spec"]["volumes"] = [
+            {"name": "store", "hostPath": {"path": store}}
+        ]
+        worker(manifest)["volumeMounts"] = [{"name": "store", "mountPath": mount}]
         self.reset_nodes(("gpu-v", 2))
         since = self.runner_log_size()
         try:

@@ -13,7 +13,7 @@ import tempfile
 import unittest
 
 from controlplane import ApiError
-from test_operator import BIN_DIR, SOURCE_DIR, OperatorTestCase, job_manifest, local_sha
+from test_operator import BIN_DIR, SOURCE_DIR, OperatorTestCase, job_manifest, local_sha, worker
 
 PYTHON = os.environ.get("VF_PYTHON", "")
 DATASET = "/usr/share/datasets/fashion-mnist"
@@ -32,7 +32,8 @@ def torch_env() -> dict[str, str]:
 def cnn_manifest(name, ns, data_dir, checkpoint, volume=None, delay_ms=60):
     """The CNN example as a job of STEPS steps whose data and checkpoint are at DATA_DIR and
     CHECKPOINT; with VOLUME = (claim, mount root), both are on that PVC."""
-    template = {
+    container = {
+        "name": "worker",
         "image": "virtualflow/torch-agent:e2e",
         "command": ["python3", CNN],
         "workingDir": SOURCE_DIR,
@@ -42,10 +43,11 @@ def cnn_manifest(name, ns, data_dir, checkpoint, volume=None, delay_ms=60):
             {"name": "VF_VNODE_DELAY_MS", "value": str(delay_ms)},
         ],
     }
+    pod: dict = {"containers": [container]}
     if volume:
         claim, root = volume
-        template["volumes"] = [{"name": "store", "persistentVolumeClaim": {"claimName": claim}}]
-        template["volumeMounts"] = [
+        pod["volumes"] = [{"name": "store", "persistentVolumeClaim": {"claimName": claim}}]
+        container["volumeMounts"] = [
             {"name": "store", "mountPath": root + "/data", "subPath": "data", "readOnly": True},
             {"name": "store", "mountPath": root + "/checkpoints", "subPath": "checkpoints"},
         ]
@@ -59,7 +61,7 @@ def cnn_manifest(name, ns, data_dir, checkpoint, volume=None, delay_ms=60):
         "reduction": "exact",
         "elasticity": {"policy": "elastic", "cooldownSeconds": 0},
         "checkpoint": {"path": checkpoint, "everySteps": 20},
-        "template": template,
+        "template": {"spec": pod},
     }
     return {
         "apiVersion": "virtualflow.io/v1alpha1",
@@ -230,8 +232,8 @@ class TorchJobTest(OperatorTestCase):
         manifest = job_manifest(name, steps=60, delay_ms=8)
         manifest["metadata"]["namespace"] = self.ns
         manifest["spec"]["gpusPerWorker"] = 0
-        manifest["spec"]["template"]["nodeSelector"] = {"pool": "cpu"}
-        manifest["spec"]["template"]["resources"] = {"requests": {"cpu": "2"}}
+        manifest["spec"]["template"]["spec"]["nodeSelector"] = {"pool": "cpu"}
+        worker(manifest)["resources"] = {"requests": {"cpu": "2"}}
         self.apply(manifest)
         # Four CPUs fit two workers of two CPUs, whatever replicas.max says.
         self.wait_workers(name, 2, timeout=240)
