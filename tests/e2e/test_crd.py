@@ -13,6 +13,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import tempfile
 import unittest
 
@@ -20,6 +21,9 @@ from controlplane import ApiError, ControlPlaneTestCase
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE_DIR = os.environ.get("VF_SOURCE_DIR") or os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(SOURCE_DIR, "scripts"))
+import crd_pod_template  # noqa: E402 (the generator of spec.template's schema, in scripts/)
+
 CRD_FILE = os.path.join(SOURCE_DIR, "crds", "virtualflowjob.yaml")
 EXAMPLE = os.path.join(SOURCE_DIR, "examples", "fashion-mnist.yaml")
 REFERENCE = os.path.join(SOURCE_DIR, "docs", "crd-reference.md")
@@ -273,6 +277,13 @@ INVALID = [
         ["metadata.name", "'job.v2' is not a valid name", "(a DNS-1123 label)"],
         ["metadata.name: 'job.v2' is not a valid name"],
     ),
+    (
+        "flattened-template",
+        {"template": {"image": "virtualflow/agent:0.1.0", "command": ["python3", "a.py"]}},
+        None,
+        ["spec.template", crd_pod_template.OLD_FORM_MESSAGE],
+        ["spec.template.image: " + crd_pod_template.OLD_FORM_MESSAGE],
+    ),
 ]
 
 # Manifests both must accept, besides the examples.
@@ -328,16 +339,31 @@ VALID = [
         "full-template",
         {
             "template": {
-                "image": "virtualflow/agent:0.1.0",
-                "resources": {
-                    "requests": {"cpu": "4", "memory": "16Gi"},
-                    "limits": {"memory": "16Gi"},
+                "metadata": {"labels": {"team": "vision"}},
+                "spec": {
+                    "initContainers": [{"name": "fetch", "image": "busybox"}],
+                    "containers": [
+                        {
+                            "name": "worker",
+                            "image": "virtualflow/agent:0.1.0",
+                            "resources": {
+                                "requests": {"cpu": "4", "memory": "16Gi"},
+                                "limits": {"memory": "16Gi", "nvidia.com/mig-1g.10gb": 1},
+                            },
+                            "ports": [{"name": "dash", "containerPort": 8265}],
+                            "env": [{"name": "NCCL_DEBUG", "value": "WARN"}],
+                        },
+                        {"name": "proxy", "image": "envoy"},
+                    ],
+                    "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"},
+                    "tolerations": [
+                        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+                    ],
+                    "securityContext": {"fsGroup": 1000},
+                    "topologySpreadConstraints": [
+                        {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}
+                    ],
                 },
-                "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"},
-                "tolerations": [
-                    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-                ],
-                "env": [{"name": "NCCL_DEBUG", "value": "WARN"}],
             }
         },
     ),
@@ -551,6 +577,30 @@ class CrdTest(ControlPlaneTestCase):
         self.assertIn("at most virtualNodes", out)
         out = self.kubectl("explain", "virtualflowjob.status.phase", check=True).stdout
         self.assertIn("Pending", out)
+        # spec.template is a whole PodTemplateSpec, every field explained.
+        out = self.kubectl(
+            "explain", "virtualflowjob.spec.template.spec.containers.securityContext", check=True
+        ).stdout
+        self.assertRegex(out, r"allowPrivilegeEscalation\s+<boolean>")
+        self.assertRegex(out, r"capabilities\s+<Object>")
+        out = self.kubectl(
+            "explain", "vfj.spec.template.spec.topologySpreadConstraints", check=True
+        ).stdout
+        self.assertRegex(out, r"maxSkew\s+<integer> -required-")
+
+    def test_the_template_schema_is_the_api_servers_pod_template(self):
+        # Generated from this API server's own OpenAPI document for core/v1, so that the
+        # committed CRD cannot drift from what scripts/crd_pod_template.py makes of it.
+        doc = self.cp.request("GET", crd_pod_template.OPENAPI_PATH)
+        spec = self.crd_json()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+        self.assertEqual(
+            spec["spec"]["properties"]["template"],
+            crd_pod_template.template_schema(doc),
+            "spec.template differs from scripts/crd_pod_template.py's; run it",
+        )
+        # Client-side `kubectl apply` stores the CRD in an annotation of at most 256 KiB.
+        applied = len(json.dumps(self.crd_json(), separators=(",", ":")))
+        self.assertLess(applied, 256 * 1024)
 
     # ------------------------------------------------------------------ the example
 
@@ -729,11 +779,10 @@ class CrdTest(ControlPlaneTestCase):
         for name, edits, field in (
             ("unknown-spec-field", {"frobnicate": 1}, "spec.frobnicate"),
             ("misspelled-field", {"replicas": {"min": 1, "maximum": 4}}, "spec.replicas.maximum"),
-            # The operator owns the pod's network: a worker never gets the host's.
             (
-                "unknown-template-field",
-                {"template": {"image": "x", "hostNetwork": True}},
-                "spec.template.hostNetwork",
+                "unknown-container-field",
+                {"template": {"spec": {"containers": [{"name": "worker", "imag": "x"}]}}},
+                "spec.template.spec.containers[0].imag",
             ),
         ):
             with self.subTest(name):
@@ -792,8 +841,9 @@ class CrdTest(ControlPlaneTestCase):
         self.assertEqual(proc.returncode, 0, proc.stderr)
         spec = self.job("defaults")["spec"]
         # The values of runtime/job/spec.h; fields that depend on another field's value (the
-        # dataset path, sgd's momentum, adamw's betas, replicas.max = min) are left to the
-        # runtime, which applies the same defaults.
+        # dataset path, sgd's momentum, adamw's betas, replicas.max = min, gpusPerWorker = the
+        # worker container's accelerator count) are left to the runtime, which applies the same
+        # defaults.
         self.assertEqual(
             spec,
             {
@@ -801,7 +851,6 @@ class CrdTest(ControlPlaneTestCase):
                 "globalBatchSize": 256,
                 "steps": 10,
                 "replicas": {"min": 1},
-                "gpusPerWorker": 1,
                 "model": {"name": "mlp", "hiddenSizes": [512, 256]},
                 "dataset": {"name": "fashion-mnist"},
                 "optimizer": {"name": "sgd", "learningRate": 0.05, "weightDecay": 0},
@@ -850,6 +899,17 @@ class CrdTest(ControlPlaneTestCase):
             with self.subTest("vf run: invalid-" + name):
                 self.assertLocal(vf, manifest("bad-" + name, edits, metadata_name), local_error)
         self.assertLocal(vf, manifest("x", {"frobnicate": 1}), ["spec.frobnicate: unknown field"])
+        # The one rule the schema leaves to the parser (it would compare a field with a map key
+        # of a container found by name): the operator fails such a job with the same message.
+        worker = {"name": "worker", "resources": {"limits": {"nvidia.com/gpu": 1}}}
+        self.assertLocal(
+            vf,
+            manifest("x", {"gpusPerWorker": 2, "template": {"spec": {"containers": [worker]}}}),
+            [
+                "spec.gpusPerWorker (2) disagrees with "
+                "spec.template.spec.containers[0].resources.limits.nvidia.com/gpu (1)"
+            ],
+        )
         self.assertLocal(
             vf,
             manifest("x", {"replicas": {"min": 1, "maximum": 4}}),
@@ -866,6 +926,14 @@ class CrdTest(ControlPlaneTestCase):
 
         for section, prefix in (("## Spec fields", "spec"), ("## Status fields", "status")):
             schema = schema_paths(root["properties"][prefix], prefix)
+            # spec.template is Kubernetes' PodTemplateSpec, documented by Kubernetes (and by
+            # kubectl explain); the reference names its two parts and the refused old fields.
+            schema = {
+                path: sub
+                for path, sub in schema.items()
+                if not re.match(r"spec\.template\.(spec|metadata)\.", path)
+                and not sub.get("description", "").startswith("Refused:")
+            }
             rows = reference_rows(text, section)
             documented = {}
             for row in rows:
