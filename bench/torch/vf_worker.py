@@ -8,7 +8,7 @@ the $VF_BENCH_KILL_STEP hook SIGKILLs the highest rank once, after its first nod
 with VF_BENCH_NODE_TIMES=1 each node's start is recorded too (the resize runs use it to split
 the recovery into detection and recomputation); with VF_BENCH_PROFILE=1 each step's time in
 the library's calls, node.backward(), the forward passes and the optimizer (bench.py profile).
-Started by `vf run` (spec.template.command).
+Started by `vf run` (the command of the job's worker container).
 """
 
 from __future__ import annotations

@@ -205,7 +205,7 @@ std::optional<int> ParseFlags(int argc, char** argv, OperatorFlags& f) {
   app.add_option("--http-listen", f.http_listen, "HOST:PORT for /metrics, /healthz and /readyz")
       ->capture_default_str();
   app.add_option("--agent-image", f.agent_image,
-                 "image of worker pods whose job sets no spec.template.image (a job that\n"
+                 "image of worker pods whose job's worker container names none (a job that\n"
                  "trains keeps the image it started on: status.workerImage)")
       ->capture_default_str();
   app.add_option("--policy", f.policy,

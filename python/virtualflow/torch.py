@@ -556,7 +556,7 @@ class Job:
         if missing:
             raise Error(
                 f"{', '.join(missing)} not set: this script is a VirtualFlow worker; start it with "
-                "`vf run JOB.yaml` (spec.template.command names the script) or through the operator"
+                "`vf run JOB.yaml` (its template's worker container names the script) or through the operator"
             )
         timeout = float(env.get(_core.ENV_TIMEOUT, "60") or 60)
         token = env.get(_core.ENV_JOB_TOKEN, "")
@@ -1139,7 +1139,7 @@ def _read_spec() -> tuple[str, str]:
             return f.read(), path
     raise Error(
         "no job: VF_JOB_SPEC (the manifest) or VF_JOB (its path) is not set; start this script "
-        "with `vf run JOB.yaml` (spec.template.command names it) or through the operator"
+        "with `vf run JOB.yaml` (its template's worker container names it) or through the operator"
     )
 
 
