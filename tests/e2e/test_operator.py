@@ -893,7 +893,9 @@ class OperatorTest(OperatorTestCase):
         self.assertEqual((failed["status"], failed["reason"]), ("True", "BackoffLimitExceeded"))
         self.assertIn("more than spec.runPolicy.backoffLimit (1)", failed["message"])
         self.assertEqual(status["restarts"]["failure"], 2)
-        self.assertIn("completionTime", status)
+        self.assertEqual(status["failed"], 2)
+        # batch/v1: a failed job has no completionTime; its Failed condition says when.
+        self.assertNotIn("completionTime", status)
         self.assertIn("BackoffLimitExceeded", [r for r, _ in self.events(name)])
         self.delete_job(name)
 
