@@ -83,7 +83,8 @@ Reconciler::Reconciler(kube::Client& client, const Informer& jobs, const Informe
       coordinator_(coordinator),
       options_(std::move(options)),
       hooks_(std::move(hooks)),
-      policy_(std::move(policy)) {
+      policy_(std::move(policy)),
+      events_(client, kube::kVirtualFlowJobs) {
   if (options_.fault.armed("state-transfer")) {
     coordinator_.ObserveKeySets([this](const std::string& job, const std::string& key) {
       InjectStateTransferFault(job, key);
@@ -106,8 +107,7 @@ Status Reconciler::EnsureCoordinatorJob(const std::string& key, const json& job,
   const std::string uid = job.at("metadata").value("uid", "");
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = registered_.find(key);
-    if (it != registered_.end() && it->second == uid) return Status::Ok();
+    if (MemoryOf(key, uid).registered) return Status::Ok();
   }
   // A job whose workers train under an earlier operator (a restart, an upgrade) expects their
   // build, as its status recorded it, so that a pod that registers before they do again is not
@@ -139,7 +139,7 @@ Status Reconciler::EnsureCoordinatorJob(const std::string& key, const json& job,
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
-  registered_[key] = uid;
+  MemoryOf(key, uid).registered = true;
   return Status::Ok();
 }
 
@@ -156,9 +156,9 @@ Status Reconciler::PatchStatus(const json& job, const json& status) {
     // else would have moved the version). Writing the same status again would only cost a
     // request, for each job, each time its pods change before its own write comes back.
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = written_.find(key);
-    if (!version.empty() && it != written_.end() && it->second.uid == uid &&
-        it->second.over_version == version && it->second.status == wanted) {
+    const JobMemory& memory = MemoryOf(key, uid);
+    if (!version.empty() && memory.written_over_version == version &&
+        memory.written_status == wanted) {
       return Status::Ok();
     }
   }
@@ -171,53 +171,26 @@ Status Reconciler::PatchStatus(const json& job, const json& status) {
                                meta.value("name", ""), json{{"status", patch_status}});
   if (r.ok() && !version.empty()) {
     std::lock_guard<std::mutex> lock(mu_);
-    written_[key] = WrittenStatus{uid, version, std::move(wanted)};
+    JobMemory& memory = MemoryOf(key, uid);
+    memory.written_over_version = version;
+    memory.written_status = std::move(wanted);
   }
   return r.status();
 }
 
 void Reconciler::Event(const json& job, bool warning, const std::string& reason,
                        const std::string& message) {
-  constexpr size_t kMaxSeries = 4096;  // client-go's event cache holds as many
-  const std::string key = Obj(job, "metadata").value("uid", "") + '\n' + (warning ? "W" : "N") +
-                          '\n' + reason + '\n' + message;
-  auto log = [&](const kube::ApiError& e) {
-    std::fprintf(stderr, "virtualflow-operator: event %s for %s not recorded: %s\n", reason.c_str(),
-                 ObjectKey(job).c_str(), e.ToString().c_str());
-  };
-  std::optional<EventSeries> series;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = event_series_.find(key);
-    if (it != event_series_.end()) series = it->second;
+  events_.Record(job, warning ? kube::EventType::kWarning : kube::EventType::kNormal, reason,
+                 message);
+}
+
+Reconciler::JobMemory& Reconciler::MemoryOf(const std::string& key, const std::string& uid) {
+  JobMemory& memory = memory_[key];
+  if (memory.uid != uid) {
+    memory = JobMemory{};
+    memory.uid = uid;
   }
-  if (series) {
-    const json patch = {{"count", series->count + 1}, {"lastTimestamp", Now()}};
-    auto patched = client_.MergePatch(kube::kEvents, series->ns, series->name, patch);
-    if (patched.ok()) {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = event_series_.find(key);
-      if (it != event_series_.end()) it->second.count = series->count + 1;
-      return;
-    }
-    // Gone (the API server keeps Events for an hour by default): a new series begins.
-    if (patched.reason() != kube::Reason::kNotFound) return log(patched.error());
-  }
-  auto r = client_.CreateEvent(kube::kVirtualFlowJobs, job,
-                               warning ? kube::EventType::kWarning : kube::EventType::kNormal,
-                               reason, message);
-  if (!r.ok()) return log(r.error());
-  const json& meta = Obj(*r, "metadata");
-  if (meta.value("name", "").empty()) return;
-  std::lock_guard<std::mutex> lock(mu_);
-  if (event_series_.count(key) == 0) {
-    event_order_.push_back(key);
-    if (event_order_.size() > kMaxSeries) {
-      event_series_.erase(event_order_.front());
-      event_order_.pop_front();
-    }
-  }
-  event_series_[key] = EventSeries{meta.value("namespace", ""), meta.value("name", ""), 1};
+  return memory;
 }
 
 Result<ReconcileResult> Reconciler::Reconcile(const std::string& key) {
@@ -332,18 +305,10 @@ void Reconciler::RecordBlocked(Pass& p, const Status& error) {
 Result<ReconcileResult> Reconciler::Forget(const std::string& key) {
   // Gone: its pods and Secret follow through their owner references.
   (void)coordinator_.RemoveJob(key);
-  std::lock_guard<std::mutex> lock(mu_);
-  registered_.erase(key);
-  expected_.erase(key);
-  policies_created_.erase(key);
-  failures_seen_.erase(key);
-  forged_seen_.erase(key);
-  credentials_checked_.erase(key);
-  checkpoint_failures_seen_.erase(key);
-  drain_events_.erase(key);
-  times_.erase(key);
-  specs_.erase(key);
-  written_.erase(key);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    memory_.erase(key);  // all that was kept for the job
+  }
   if (hooks_.on_job_gone) hooks_.on_job_gone(key);
   return ReconcileResult{};
 }

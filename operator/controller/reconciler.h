@@ -6,7 +6,6 @@
 #pragma once
 
 #include <chrono>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -19,6 +18,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "operator/controller/event_recorder.h"
+#include "operator/controller/expectations.h"
 #include "operator/controller/fault.h"
 #include "operator/controller/informer.h"
 #include "operator/controller/inventory.h"
@@ -288,9 +289,7 @@ class Reconciler {
   // for the policy, and parsing a thousand specs each time would cost more than the rest.
   std::shared_ptr<const Result<JobSpec>> CachedSpecOf(const nlohmann::json& job);
   Status PatchStatus(const nlohmann::json& job, const nlohmann::json& status);
-  // Records an Event on the job. A repeat of one already recorded (same job, type, reason and
-  // message) increments that Event's count and moves its lastTimestamp, as client-go's event
-  // recorder does, rather than creating another.
+  // Records an Event on the job (events_ aggregates repeats).
   void Event(const nlohmann::json& job, bool warning, const std::string& reason,
              const std::string& message);
 
@@ -305,65 +304,55 @@ class Reconciler {
   const ReconcilerHooks hooks_;
   const std::unique_ptr<policy::Policy> policy_;
 
-  std::mutex mu_;
-  // Pods created but not yet seen in the cache, by job key: name -> when created.
-  std::map<std::string, std::map<std::string, std::chrono::steady_clock::time_point>> expected_;
-  // Job key -> the UID of the job whose NetworkPolicy this operator created, and when: a
-  // policy created but not yet in the cache is not created again.
-  std::map<std::string, std::pair<std::string, std::chrono::steady_clock::time_point>>
-      policies_created_;
-  // Job key -> UID of the incarnation registered with the coordinator.
-  std::map<std::string, std::string> registered_;
-  // Job key -> failed pods already counted and reported.
-  std::map<std::string, std::set<std::string>> failures_seen_;
-  // Job key -> UIDs of the pods whose final reports were refused and reported.
-  std::map<std::string, std::set<std::string>> forged_seen_;
-  // Job key -> worker pod -> when the operator last saw that its credential Secret exists.
-  std::map<std::string, std::map<std::string, std::chrono::steady_clock::time_point>>
-      credentials_checked_;
-  // Test-only (options_.fault armed for state-transfer): per job, the epoch of the last plan this
-  // operator published and the joiners it added.
-  std::map<std::string, std::pair<int64_t, std::set<std::string>>> published_joiners_;
-  // Job key -> the step of the last failed checkpoint an Event was recorded for.
-  std::map<std::string, int64_t> checkpoint_failures_seen_;
-  // Job key -> the UID of the job and the drain Events recorded for it ("Draining",
-  // "Restarted"): the cache may not show this operator's own status write yet.
-  std::map<std::string, std::pair<std::string, std::set<std::string>>> drain_events_;
-  // Job key -> the UID of the incarnation and the startTime and completionTime written for it.
-  struct Times {
+  // What this reconciler remembers of one job between reconciles, for the incarnation (UID) it
+  // was gathered for: a job deleted and made again under the same name starts afresh
+  // (MemoryOf), and a job that is gone is forgotten whole (Forget). Value type; guarded by mu_.
+  struct JobMemory {
     std::string uid;
-    std::string start;
-    std::string completion;
-  };
-  std::map<std::string, Times> times_;
-  // Job key -> the UID and resourceVersion a spec was parsed from, and the result. Value type.
-  struct ParsedSpec {
-    std::string uid;
-    std::string resource_version;
+    // Registered with the coordinator.
+    bool registered = false;
+    // Pods created but not yet seen in the cache.
+    Expectations pods;
+    // When this operator created the job's NetworkPolicy: one created but not yet in the cache
+    // is not created again.
+    std::optional<std::chrono::steady_clock::time_point> policy_created;
+    // Failed pods already counted and reported.
+    std::set<std::string> failures_seen;
+    // UIDs of the pods whose final reports were refused and reported.
+    std::set<std::string> forged_seen;
+    // Worker pod -> when the operator last saw that its credential Secret exists.
+    std::map<std::string, std::chrono::steady_clock::time_point> credentials_checked;
+    // Test-only (options_.fault armed for state-transfer): the epoch of the last plan this
+    // operator published and the joiners it added.
+    int64_t published_epoch = 0;
+    std::set<std::string> published_joiners;
+    // The step of the last failed checkpoint an Event was recorded for.
+    int64_t checkpoint_failure_seen = 0;
+    // The drain Events recorded ("Draining", "Restarted"): the cache may not show this
+    // operator's own status write yet.
+    std::set<std::string> drain_events;
+    // The startTime and completionTime written.
+    std::string start_time;
+    std::string completion_time;
+    // The resourceVersion a spec was parsed from, and the result (null: none parsed yet).
+    std::string spec_version;
     std::shared_ptr<const Result<JobSpec>> spec;
+    // The last status this operator wrote (without transition times), and the resourceVersion
+    // of the job it was written over (empty: none written).
+    std::string written_over_version;
+    nlohmann::json written_status;
   };
-  std::map<std::string, ParsedSpec> specs_;
-  // Job key -> the last status this operator wrote (without transition times), and the UID and
-  // resourceVersion of the job it was written over. Value type.
-  struct WrittenStatus {
-    std::string uid;
-    std::string over_version;
-    nlohmann::json status;
-  };
-  std::map<std::string, WrittenStatus> written_;
+  // The memory of job `key` for incarnation `uid`: made when there is none, and emptied when it
+  // was another incarnation's. The one place that tells incarnations apart. Under mu_.
+  JobMemory& MemoryOf(const std::string& key, const std::string& uid);
+
+  std::mutex mu_;
+  std::map<std::string, JobMemory> memory_;  // by job key
   // The newest ClusterView; view_mu_ is held while one is made, so that one thread makes it and
   // the others wait for it rather than make it too. Taken before mu_, never after.
   std::mutex view_mu_;
   std::shared_ptr<const ClusterView> view_;
-  // Events recorded, for aggregating repeats: job UID, type, reason and message -> the Event's
-  // namespace, name and count. Bounded (the oldest series is forgotten first), as client-go's.
-  struct EventSeries {
-    std::string ns;
-    std::string name;
-    int64_t count = 0;
-  };
-  std::map<std::string, EventSeries> event_series_;
-  std::deque<std::string> event_order_;  // keys of event_series_, oldest first
+  EventRecorder events_;
 };
 
 }  // namespace vf::controller

@@ -21,7 +21,7 @@ namespace vf::controller {
 namespace reconciler_internal {
 
 // How long a pod or NetworkPolicy this operator created is taken to be on its way to the cache.
-inline constexpr auto kExpectationTimeout = std::chrono::seconds(60);
+inline constexpr auto kExpectationTimeout = Expectations::kDefaultTimeout;
 
 // j[key] when it is an object, else an empty object.
 const nlohmann::json& Obj(const nlohmann::json& j, const char* key);

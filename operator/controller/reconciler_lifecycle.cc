@@ -297,7 +297,9 @@ void Reconciler::IgnoreForgedOutcomes(
     bool fresh = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      fresh = forged_seen_[p.key].insert(Obj(*pod, "metadata").value("uid", name)).second;
+      fresh = MemoryOf(p.key, p.uid)
+                  .forged_seen.insert(Obj(*pod, "metadata").value("uid", name))
+                  .second;
     }
     if (!fresh) continue;
     const std::string message =
@@ -343,7 +345,7 @@ Result<Reconciler::Next> Reconciler::RecordFailures(Pass& p) {
       bool fresh = false;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        fresh = failures_seen_[p.key].insert(pod_name).second;
+        fresh = MemoryOf(p.key, p.uid).failures_seen.insert(pod_name).second;
       }
       if (fresh) {
         Event(p.job, true, "WorkerRefused",
@@ -364,7 +366,7 @@ Result<Reconciler::Next> Reconciler::RecordFailures(Pass& p) {
     bool fresh = counted_before.count(pod_name) == 0;
     if (fresh) {
       std::lock_guard<std::mutex> lock(mu_);
-      fresh = failures_seen_[p.key].insert(pod_name).second;
+      fresh = MemoryOf(p.key, p.uid).failures_seen.insert(pod_name).second;
     }
     if (!fresh) continue;
     fresh_any = true;
@@ -415,8 +417,10 @@ Result<Reconciler::Next> Reconciler::RecordFailures(Pass& p) {
 void Reconciler::ForgetRegistration(const std::string& key) {
   (void)coordinator_.RemoveJob(key);
   std::lock_guard<std::mutex> lock(mu_);
-  registered_.erase(key);
-  expected_.erase(key);
+  auto it = memory_.find(key);
+  if (it == memory_.end()) return;
+  it->second.registered = false;
+  it->second.pods = Expectations{};
 }
 
 Result<Reconciler::Next> Reconciler::Suspend(Pass& p, ReconcileResult& result) {
@@ -431,7 +435,7 @@ Result<Reconciler::Next> Reconciler::Suspend(Pass& p, ReconcileResult& result) {
   ForgetRegistration(p.key);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    times_[p.key].start.clear();
+    MemoryOf(p.key, p.uid).start_time.clear();
   }
   VF_ASSIGN_OR_RETURN(const int stopping, DeleteAllPods(p));
   const std::string message =
@@ -526,10 +530,7 @@ Result<Reconciler::Next> Reconciler::Drain(Pass& p, ReconcileResult& result) {
   const bool was_draining = was != nullptr && was->value("status", "") == "True";
   auto first = [&](const std::string& what) {
     std::lock_guard<std::mutex> lock(mu_);
-    auto& [uid, said] = drain_events_[p.key];
-    if (uid != p.uid) said.clear();
-    uid = p.uid;
-    return said.insert(what).second;
+    return MemoryOf(p.key, p.uid).drain_events.insert(what).second;
   };
   if (!was_draining && first("Draining")) {
     // A warning when the job loses its progress.
@@ -642,8 +643,7 @@ void Reconciler::StampTimes(Pass& p) {
     return phase == "Succeeded" || phase == "Failed";
   };
   std::lock_guard<std::mutex> lock(mu_);
-  Times& times = times_[p.key];
-  if (times.uid != p.uid) times = Times{p.uid, "", ""};
+  JobMemory& memory = MemoryOf(p.key, p.uid);
   // What the API server holds wins; then what this operator wrote; then now.
   auto stamp = [&p](const char* field, std::string& remembered) {
     auto it = p.old_status.find(field);
@@ -653,9 +653,10 @@ void Reconciler::StampTimes(Pass& p) {
   };
   // batch/v1 Job's moment: when the controller first takes the job up. A job that ended before
   // startTime existed gets none.
-  if (!ended(p.old_status) || p.old_status.contains("startTime")) stamp("startTime", times.start);
+  const bool has_start = !ended(p.old_status) || p.old_status.contains("startTime");
+  if (has_start) stamp("startTime", memory.start_time);
   // As batch/v1: on success only; a failed job's Failed condition says when.
-  if (p.status.value("phase", "") == "Succeeded") stamp("completionTime", times.completion);
+  if (p.status.value("phase", "") == "Succeeded") stamp("completionTime", memory.completion_time);
   // The scale subresource's labelSelectorPath, for a job that may still be scaled.
   if (!ended(p.old_status)) p.status["selector"] = std::string(kJobLabel) + "=" + p.name;
 }

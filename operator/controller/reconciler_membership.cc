@@ -101,9 +101,9 @@ void Reconciler::InjectFault(const Pass& p) {
 
 void Reconciler::InjectStateTransferFault(const std::string& job, const std::string& key) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto published = published_joiners_.find(job);
-  if (published != published_joiners_.end() && !published->second.second.empty() &&
-      KeyEpoch(key) == published->second.first) {
+  auto memory = memory_.find(job);
+  if (memory != memory_.end() && !memory->second.published_joiners.empty() &&
+      KeyEpoch(key) == memory->second.published_epoch) {
     options_.fault.At("state-transfer", job);
   }
 }
@@ -160,7 +160,9 @@ Status Reconciler::UpdateMembership(Pass& p) {
       if (p.in_plan.count(m.worker) == 0) joiners.insert(m.worker);
     }
     std::lock_guard<std::mutex> lock(mu_);
-    published_joiners_[p.key] = {p.epoch, std::move(joiners)};
+    JobMemory& memory = MemoryOf(p.key, p.uid);
+    memory.published_epoch = p.epoch;
+    memory.published_joiners = std::move(joiners);
   }
   p.members = next;
   p.in_plan.clear();

@@ -24,9 +24,8 @@ Status Reconciler::EnsureNetworkPolicy(Pass& p) {
   if (!have) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      auto it = policies_created_.find(p.key);
-      if (it != policies_created_.end() && it->second.first == p.uid &&
-          Clock::now() - it->second.second < kExpectationTimeout) {
+      const std::optional<Clock::time_point>& created = MemoryOf(p.key, p.uid).policy_created;
+      if (created && Clock::now() - *created < kExpectationTimeout) {
         return Status::Ok();  // created; the cache has not seen it yet
       }
     }
@@ -39,13 +38,13 @@ Status Reconciler::EnsureNetworkPolicy(Pass& p) {
     }
     if (!created.ok()) return created.status().WithContext(where);
     std::lock_guard<std::mutex> lock(mu_);
-    policies_created_[p.key] = {p.uid, Clock::now()};
+    MemoryOf(p.key, p.uid).policy_created = Clock::now();
     return Status::Ok();
   }
   {
     // Seen: from now on its absence means that it was deleted, and it is made again at once.
     std::lock_guard<std::mutex> lock(mu_);
-    policies_created_.erase(p.key);
+    MemoryOf(p.key, p.uid).policy_created.reset();
   }
   const json& meta = Obj(*have, "metadata");
   // An earlier job's of the same name, being collected: made again once it is gone.

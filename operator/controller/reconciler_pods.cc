@@ -23,7 +23,6 @@ namespace vf::controller {
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 using reconciler_internal::FindCondition;
-using reconciler_internal::kExpectationTimeout;
 using reconciler_internal::NowUnix;
 using reconciler_internal::Obj;
 using reconciler_internal::PodName;
@@ -119,10 +118,7 @@ std::set<std::string> Reconciler::AdmittedWorkers(const Pass& p) {
   }
   // Created, but not in the cache yet: their agents may be starting already.
   std::lock_guard<std::mutex> lock(mu_);
-  auto expected = expected_.find(p.key);
-  if (expected != expected_.end()) {
-    for (const auto& [name, when] : expected->second) admitted.insert(name);
-  }
+  for (const std::string& name : MemoryOf(p.key, p.uid).pods.Pending()) admitted.insert(name);
   return admitted;
 }
 
@@ -131,7 +127,7 @@ Status Reconciler::RepairCredentials(Pass& p) {
   std::map<std::string, Clock::time_point> checked;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    checked = credentials_checked_[p.key];
+    checked = MemoryOf(p.key, p.uid).credentials_checked;
   }
   std::map<std::string, Clock::time_point> kept;  // of the pods there still are
   for (const json& pod : p.pods) {
@@ -167,7 +163,7 @@ Status Reconciler::RepairCredentials(Pass& p) {
   }
   if (!p.replaced.empty()) VF_RETURN_IF_ERROR(coordinator_.RestrictWorkers(p.key, p.admitted));
   std::lock_guard<std::mutex> lock(mu_);
-  credentials_checked_[p.key] = std::move(kept);
+  MemoryOf(p.key, p.uid).credentials_checked = std::move(kept);
   return Status::Ok();
 }
 
@@ -213,18 +209,10 @@ Status Reconciler::DeleteEndedPods(Pass& p, int& live, std::vector<const json*>&
 
 int Reconciler::PendingCreations(const Pass& p) {
   // Pods created but not in the cache yet count as live, so none is created twice.
-  int pending = 0;
   std::lock_guard<std::mutex> lock(mu_);
-  auto& expected = expected_[p.key];
-  for (auto it = expected.begin(); it != expected.end();) {
-    if (p.by_name.count(it->first) != 0 || Clock::now() - it->second > kExpectationTimeout) {
-      it = expected.erase(it);
-    } else {
-      ++pending;
-      ++it;
-    }
-  }
-  return pending;
+  return MemoryOf(p.key, p.uid)
+      .pods.Observe([&p](const std::string& name) { return p.by_name.count(name) != 0; },
+                    Clock::now());
 }
 
 Status Reconciler::DeleteSurplusPods(Pass& p, int& live, std::vector<const json*>& spare) {
@@ -295,8 +283,9 @@ Status Reconciler::CreateMissingPods(Pass& p, int live) {
     p.failed_pod.clear();
     {
       std::lock_guard<std::mutex> lock(mu_);
-      expected_[p.key][pod_name] = Clock::now();
-      credentials_checked_[p.key][pod_name] = Clock::now();
+      JobMemory& memory = MemoryOf(p.key, p.uid);
+      memory.pods.ExpectCreation(pod_name, Clock::now());
+      memory.credentials_checked[pod_name] = Clock::now();
     }
     ++live;
     ++p.created;

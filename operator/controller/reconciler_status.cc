@@ -233,7 +233,7 @@ void Reconciler::SetCheckpointCondition(Pass& p, json& conditions) {
     bool fresh = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      int64_t& seen = checkpoint_failures_seen_[p.key];
+      int64_t& seen = MemoryOf(p.key, p.uid).checkpoint_failure_seen;
       fresh = seen != newest->checkpoint_step;
       seen = newest->checkpoint_step;
     }

@@ -30,16 +30,20 @@ std::shared_ptr<const Result<JobSpec>> Reconciler::CachedSpecOf(const json& job)
   const std::string version = meta.value("resourceVersion", "");
   if (!uid.empty() && !version.empty()) {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = specs_.find(key);
-    if (it != specs_.end() && it->second.uid == uid && it->second.resource_version == version) {
-      return it->second.spec;
+    // Only for a job that still exists: Forget erased the memory of one that is gone.
+    if (jobs_.Has(key)) {
+      const JobMemory& memory = MemoryOf(key, uid);
+      if (memory.spec && memory.spec_version == version) return memory.spec;
     }
   }
   auto parsed = std::make_shared<const Result<JobSpec>>(JobSpecOf(job));
   if (!uid.empty() && !version.empty()) {
     std::lock_guard<std::mutex> lock(mu_);
-    // Only for a job that still exists: Forget erases the entry of one that is gone.
-    if (jobs_.Has(key)) specs_[key] = ParsedSpec{uid, version, parsed};
+    if (jobs_.Has(key)) {
+      JobMemory& memory = MemoryOf(key, uid);
+      memory.spec_version = version;
+      memory.spec = parsed;
+    }
   }
   return parsed;
 }
