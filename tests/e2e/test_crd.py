@@ -560,7 +560,18 @@ class CrdTest(ControlPlaneTestCase):
         self.assertEqual(crd["spec"]["scope"], "Namespaced")
         versions = [(v["name"], v["served"], v["storage"]) for v in crd["spec"]["versions"]]
         self.assertEqual(versions, [("v1alpha1", True, True)])
-        self.assertEqual(crd["spec"]["versions"][0]["subresources"], {"status": {}})
+        # The scale subresource: kubectl scale, an HPA or KEDA set spec.replicas.desired.
+        self.assertEqual(
+            crd["spec"]["versions"][0]["subresources"],
+            {
+                "status": {},
+                "scale": {
+                    "specReplicasPath": ".spec.replicas.desired",
+                    "statusReplicasPath": ".status.workers",
+                    "labelSelectorPath": ".status.selector",
+                },
+            },
+        )
 
         # explain reads the published OpenAPI, which trails the CRD by a moment.
         out = self.cp.wait_for(
