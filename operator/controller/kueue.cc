@@ -64,7 +64,23 @@ std::string WorkloadName(const json& job) {
   return name + "-vf-" + uid.substr(0, 8);
 }
 
-json BuildWorkload(const json& job, const JobSpec& spec, const json& worker_pod) {
+int CoreWorkers(const JobSpec& spec) {
+  // The static policy runs a job at replicas.max or not at all.
+  return std::max(1, spec.elasticity.policy == "static" ? spec.replicas_max : spec.replicas_min);
+}
+
+int UnitWorkloads(const JobSpec& spec) {
+  return std::max(0, spec.replicas_max - CoreWorkers(spec));
+}
+
+std::string UnitWorkloadName(const json& job, int index) {
+  return WorkloadName(job) + "-" + std::to_string(index);
+}
+
+namespace {
+
+json WorkloadOf(const json& job, const std::string& name, const std::string& role, int count,
+                const json& worker_pod) {
   const json& meta = Obj(job, "metadata");
   // Only labels and annotations may be in a pod set template's metadata.
   json template_meta = json::object();
@@ -72,23 +88,38 @@ json BuildWorkload(const json& job, const JobSpec& spec, const json& worker_pod)
     template_meta["labels"] = labels;
   }
   json pod_set = {{"name", kWorkersPodSet},
-                  {"count", spec.replicas_max},
+                  {"count", count},
                   {"template", {{"metadata", template_meta}, {"spec", Obj(worker_pod, "spec")}}}};
-  // Kueue's partial admission: it may admit fewer workers, down to the job's minimum.
-  const int min_workers =
-      spec.elasticity.policy == "static" ? spec.replicas_max : spec.replicas_min;
-  if (min_workers < spec.replicas_max) pod_set["minCount"] = std::max(1, min_workers);
   return {{"apiVersion", kWorkloadApiVersion},
           {"kind", "Workload"},
           {"metadata",
-           {{"name", WorkloadName(job)},
+           {{"name", name},
             {"namespace", meta.value("namespace", "")},
             {"labels",
              {{kJobLabel, meta.value("name", "")},
               {kManagedByLabel, kManagedBy},
+              {kWorkloadRoleLabel, role},
               {kQueueNameLabel, QueueNameOf(job)}}},
             {"ownerReferences", {OwnerReference(job)}}}},
           {"spec", {{"queueName", QueueNameOf(job)}, {"podSets", {pod_set}}}}};
+}
+
+bool Evicted(const json& workload) { return IsTrue(Condition(workload, "Evicted")); }
+
+bool HoldsReservation(const json& workload) {
+  return IsTrue(Condition(workload, "QuotaReserved")) ||
+         Obj(workload, "status").contains("admission");
+}
+
+}  // namespace
+
+json BuildWorkload(const json& job, const JobSpec& spec, const json& worker_pod) {
+  return WorkloadOf(job, WorkloadName(job), kCoreRole, CoreWorkers(spec), worker_pod);
+}
+
+json BuildUnitWorkload(const json& job, const JobSpec& /*spec*/, const json& worker_pod,
+                       int index) {
+  return WorkloadOf(job, UnitWorkloadName(job, index), kUnitRole, 1, worker_pod);
 }
 
 KueueAdmission AdmissionOf(const json& workload, const JobSpec& spec) {
@@ -116,10 +147,31 @@ KueueAdmission AdmissionOf(const json& workload, const JobSpec& spec) {
   return out;
 }
 
-int KueueWorkerLimit(const json& job, const json& workload, const JobSpec& spec) {
+JobAdmission JobAdmissionOf(const json& core, const std::vector<json>& units, const JobSpec& spec) {
+  JobAdmission out;
+  if (core.is_null()) {
+    out.admission.reason = kNotSeenByKueue;
+    out.admission.message = "the Workload was just created";
+    return out;
+  }
+  out.admission = AdmissionOf(core, spec);
+  for (size_t i = 0; i < units.size(); ++i) {
+    const json& unit = units[i];
+    if (unit.is_null()) continue;
+    if (Evicted(unit)) {
+      if (HoldsReservation(unit)) out.units_evicted.push_back(static_cast<int>(i) + 1);
+      continue;
+    }
+    if (out.admission.admitted && AdmissionOf(unit, spec).admitted) ++out.units_admitted;
+  }
+  if (out.admission.admitted) out.admission.workers += out.units_admitted;
+  return out;
+}
+
+int KueueWorkerLimit(const json& job, const json& core, const std::vector<json>& units,
+                     const JobSpec& spec) {
   if (QueueNameOf(job).empty()) return spec.replicas_max;
-  if (workload.is_null()) return 0;
-  const KueueAdmission admission = AdmissionOf(workload, spec);
+  const KueueAdmission admission = JobAdmissionOf(core, units, spec).admission;
   return admission.admitted && !admission.finished ? std::min(admission.workers, spec.replicas_max)
                                                    : 0;
 }

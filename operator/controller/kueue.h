@@ -7,6 +7,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -30,12 +31,30 @@ std::string QueueNameOf(const nlohmann::json& job);
 // uid, so that a job deleted and created again never finds its predecessor's Workload.
 std::string WorkloadName(const nlohmann::json& job);
 
-// The Workload for `job` (parsed spec `spec`), owned by it: one pod set of replicas.max workers
-// (minCount replicas.min when the job may run on fewer, Kueue's partial admission), whose
-// template is `worker_pod`'s labels and spec (requests included: nvidia.com/gpu, CPU, memory),
-// in the LocalQueue of the job's label.
+// A job's quota is Workloads Kueue can take back one by one (docs/architecture.md, "Sharing a
+// GPU quota with Kueue"): a core Workload for the workers the job cannot run without
+// (CoreWorkers: replicas.min, or replicas.max under the static policy) and, once the core is
+// admitted, a unit Workload of one worker for each worker above it (UnitWorkloads), one
+// priority below the core's, so that Kueue preempts units first and a preemption shrinks the
+// job rather than stopping it. kWorkloadRoleLabel tells them apart.
+inline constexpr char kWorkloadRoleLabel[] = "virtualflow.io/workload-role";
+inline constexpr char kCoreRole[] = "core";
+inline constexpr char kUnitRole[] = "unit";
+int CoreWorkers(const JobSpec& spec);
+int UnitWorkloads(const JobSpec& spec);
+
+// The name of unit Workload `index` (1 ... UnitWorkloads) of this incarnation of `job`.
+std::string UnitWorkloadName(const nlohmann::json& job, int index);
+
+// The core Workload for `job` (parsed spec `spec`), owned by it: one pod set of CoreWorkers,
+// whose template is `worker_pod`'s labels and spec (requests included: nvidia.com/gpu, CPU,
+// memory), in the LocalQueue of the job's label.
 nlohmann::json BuildWorkload(const nlohmann::json& job, const JobSpec& spec,
                              const nlohmann::json& worker_pod);
+
+// Unit Workload `index` of `job`: as the core, with a pod set of one worker.
+nlohmann::json BuildUnitWorkload(const nlohmann::json& job, const JobSpec& spec,
+                                 const nlohmann::json& worker_pod, int index);
 
 // What a job's Workload allows. Value type.
 struct KueueAdmission {
@@ -52,10 +71,26 @@ struct KueueAdmission {
 // Reads Kueue's decision from a Workload as the API server returned it.
 KueueAdmission AdmissionOf(const nlohmann::json& workload, const JobSpec& spec);
 
+// Kueue's decision on all of a job's Workloads: the core's admission, with `workers` the
+// core's plus one for each unit admitted and not evicted (none while the core is not admitted),
+// and the units Kueue evicted that still hold their reservation. Value type.
+struct JobAdmission {
+  KueueAdmission admission;
+  int units_admitted = 0;
+  // Indexes of units evicted (Kueue's preemption of part of the job) whose quota is still
+  // reserved: the operator releases each once a worker fewer holds it (RequeuedAfterEviction).
+  std::vector<int> units_evicted;
+};
+
+// `core` is the core Workload (null when it does not exist); `units[i - 1]` unit i (null when
+// it does not exist).
+JobAdmission JobAdmissionOf(const nlohmann::json& core, const std::vector<nlohmann::json>& units,
+                            const JobSpec& spec);
+
 // The most workers `job` may have: replicas.max without a queue label; with one, what Kueue
-// admitted, or 0 while the Workload (`workload`, null when it does not exist) is not admitted.
-int KueueWorkerLimit(const nlohmann::json& job, const nlohmann::json& workload,
-                     const JobSpec& spec);
+// admitted (JobAdmissionOf), or 0 while the core Workload is not admitted.
+int KueueWorkerLimit(const nlohmann::json& job, const nlohmann::json& core,
+                     const std::vector<nlohmann::json>& units, const JobSpec& spec);
 
 // `workload` with the condition Finished=True (reason Succeeded or Failed, `message`) added,
 // Kueue's conditions kept: the object to write back through the status subresource. Kueue then

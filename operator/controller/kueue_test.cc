@@ -57,7 +57,7 @@ TEST(KueueTest, TheWorkloadNameIsTheJobsAndItsIncarnations) {
   EXPECT_LE(WorkloadName(long_name).size(), 253u);
 }
 
-TEST(KueueTest, TheWorkloadAsksForTheWorkersWithPartialAdmissionDownToTheMinimum) {
+TEST(KueueTest, TheCoreWorkloadAsksForTheMinimumAndEachUnitForOneWorker) {
   const json w = Workload(Job(2, 4));
   EXPECT_EQ(w["apiVersion"], "kueue.x-k8s.io/v1beta2");
   EXPECT_EQ(w["kind"], "Workload");
@@ -65,6 +65,7 @@ TEST(KueueTest, TheWorkloadAsksForTheWorkersWithPartialAdmissionDownToTheMinimum
   EXPECT_EQ(w["metadata"]["namespace"], "team");
   EXPECT_EQ(w["metadata"]["labels"][kJobLabel], "mnist");
   EXPECT_EQ(w["metadata"]["labels"][kManagedByLabel], kManagedBy);
+  EXPECT_EQ(w["metadata"]["labels"][kWorkloadRoleLabel], kCoreRole);
   // Owned by the job: deleting the job deletes the Workload, which releases its quota.
   const json& owner = w["metadata"]["ownerReferences"][0];
   EXPECT_EQ(owner["kind"], "VirtualFlowJob");
@@ -74,8 +75,8 @@ TEST(KueueTest, TheWorkloadAsksForTheWorkersWithPartialAdmissionDownToTheMinimum
   ASSERT_EQ(w["spec"]["podSets"].size(), 1u);
   const json& ps = w["spec"]["podSets"][0];
   EXPECT_EQ(ps["name"], kWorkersPodSet);
-  EXPECT_EQ(ps["count"], 4);
-  EXPECT_EQ(ps["minCount"], 2);
+  EXPECT_EQ(ps["count"], 2);  // replicas.min: the rest are units Kueue can take back
+  EXPECT_FALSE(ps.contains("minCount"));
   // Each worker's requests as its pod has them; the nodeSelector lets Kueue pick flavors.
   const json& container = ps["template"]["spec"]["containers"][0];
   EXPECT_EQ(container["resources"]["limits"]["nvidia.com/gpu"], "2");
@@ -85,9 +86,24 @@ TEST(KueueTest, TheWorkloadAsksForTheWorkersWithPartialAdmissionDownToTheMinimum
   EXPECT_EQ(ps["template"]["metadata"]["labels"][kJobLabel], "mnist");
 }
 
-TEST(KueueTest, AJobThatCannotShrinkAsksForAllOrNothing) {
-  EXPECT_FALSE(Workload(Job(4, 4))["spec"]["podSets"][0].contains("minCount"));
-  EXPECT_FALSE(Workload(Job(1, 4, "static"))["spec"]["podSets"][0].contains("minCount"));
+TEST(KueueTest, UnitsAreTheWorkersAboveTheCore) {
+  const json job = Job(2, 4);
+  const JobSpec spec = SpecOf(job);
+  EXPECT_EQ(CoreWorkers(spec), 2);
+  EXPECT_EQ(UnitWorkloads(spec), 2);
+  const json unit = BuildUnitWorkload(job, spec, BuildWorkerPod(job, spec, "w", PodSettings{}), 2);
+  EXPECT_EQ(unit["metadata"]["name"], "mnist-vf-0a1b2c3d-2");
+  EXPECT_EQ(unit["metadata"]["name"], UnitWorkloadName(job, 2));
+  EXPECT_EQ(unit["metadata"]["labels"][kWorkloadRoleLabel], kUnitRole);
+  EXPECT_EQ(unit["metadata"]["ownerReferences"][0]["kind"], "VirtualFlowJob");
+  EXPECT_EQ(unit["spec"]["podSets"][0]["count"], 1);
+  EXPECT_EQ(unit["spec"]["podSets"][0]["template"]["spec"]["containers"][0]["resources"]["limits"]
+                ["nvidia.com/gpu"],
+            "2");
+  // A job that cannot shrink is all core, all or nothing.
+  EXPECT_EQ(UnitWorkloads(SpecOf(Job(4, 4))), 0);
+  EXPECT_EQ(Workload(Job(1, 4, "static"))["spec"]["podSets"][0]["count"], 4);
+  EXPECT_EQ(UnitWorkloads(SpecOf(Job(1, 4, "static"))), 0);
 }
 
 TEST(KueueTest, AWorkloadWithoutQuotaWaitsWithKueuesReason) {
@@ -107,7 +123,7 @@ TEST(KueueTest, AWorkloadWithoutQuotaWaitsWithKueuesReason) {
   EXPECT_FALSE(pending.admitted);
   EXPECT_EQ(pending.reason, "Pending");
   EXPECT_NE(pending.message.find("insufficient unused quota"), std::string::npos);
-  EXPECT_EQ(KueueWorkerLimit(Job(1, 4), w, spec), 0);
+  EXPECT_EQ(KueueWorkerLimit(Job(1, 4), w, {}, spec), 0);
 }
 
 TEST(KueueTest, AnAdmittedWorkloadAllowsTheCountKueueAdmitted) {
@@ -120,12 +136,42 @@ TEST(KueueTest, AnAdmittedWorkloadAllowsTheCountKueueAdmitted) {
       {"podSetAssignments", {{{"name", "workers"}, {"count", 3}, {"flavors", {}}}}}};
   KueueAdmission a = AdmissionOf(w, spec);
   EXPECT_TRUE(a.admitted);
-  EXPECT_EQ(a.workers, 3);  // partial admission: fewer than the 4 asked for
+  EXPECT_EQ(a.workers, 3);  // as the assignment says
   EXPECT_EQ(a.cluster_queue, "gpus");
-  EXPECT_EQ(KueueWorkerLimit(Job(1, 4), w, spec), 3);
-  // Without a count, the whole pod set was admitted.
+  // Without a count, the whole pod set was admitted: the core's one worker.
   w["status"]["admission"]["podSetAssignments"][0].erase("count");
-  EXPECT_EQ(AdmissionOf(w, spec).workers, 4);
+  EXPECT_EQ(AdmissionOf(w, spec).workers, 1);
+  EXPECT_EQ(KueueWorkerLimit(Job(1, 4), w, {}, spec), 1);
+}
+
+json Admitted(json w) {
+  w["status"]["conditions"] = {Condition("QuotaReserved", "True", "QuotaReserved", "reserved"),
+                               Condition("Admitted", "True", "Admitted", "admitted")};
+  w["status"]["admission"] = {{"clusterQueue", "gpus"},
+                              {"podSetAssignments", {{{"name", "workers"}, {"flavors", {}}}}}};
+  return w;
+}
+
+TEST(KueueTest, EachAdmittedUnitAddsAWorkerAndAnEvictedOneIsToBeReleased) {
+  const json job = Job(1, 4);
+  const JobSpec spec = SpecOf(job);
+  const json pod = BuildWorkerPod(job, spec, "w", PodSettings{});
+  const json core = Admitted(Workload(job));
+  json evicted = Admitted(BuildUnitWorkload(job, spec, pod, 2));
+  evicted["status"]["conditions"].push_back(
+      Condition("Evicted", "True", "Preempted", "Preempted to accommodate a higher priority"));
+  // Unit 1 admitted, unit 2 evicted but still reserved, unit 3 pending.
+  const std::vector<json> units = {Admitted(BuildUnitWorkload(job, spec, pod, 1)), evicted,
+                                   BuildUnitWorkload(job, spec, pod, 3)};
+  JobAdmission a = JobAdmissionOf(core, units, spec);
+  EXPECT_TRUE(a.admission.admitted);
+  EXPECT_EQ(a.admission.workers, 2);
+  EXPECT_EQ(a.units_admitted, 1);
+  EXPECT_EQ(a.units_evicted, std::vector<int>{2});
+  EXPECT_EQ(KueueWorkerLimit(job, core, units, spec), 2);
+  // A unit admitted while the core is not counts for nothing.
+  EXPECT_EQ(KueueWorkerLimit(job, Workload(job), units, spec), 0);
+  EXPECT_EQ(JobAdmissionOf(json(nullptr), units, spec).admission.reason, kNotSeenByKueue);
 }
 
 TEST(KueueTest, AnEvictedWorkloadIsNotAdmitted) {
@@ -138,15 +184,15 @@ TEST(KueueTest, AnEvictedWorkloadIsNotAdmitted) {
   KueueAdmission a = AdmissionOf(w, spec);
   EXPECT_FALSE(a.admitted);
   EXPECT_EQ(a.reason, "Preempted");
-  EXPECT_EQ(KueueWorkerLimit(Job(1, 4), w, spec), 0);
+  EXPECT_EQ(KueueWorkerLimit(Job(1, 4), w, {}, spec), 0);
 }
 
 TEST(KueueTest, WithoutAQueueLabelKueuePlaysNoPart) {
   json plain = Job(1, 4);
   plain["metadata"].erase("labels");
-  EXPECT_EQ(KueueWorkerLimit(plain, json(nullptr), SpecOf(plain)), 4);
+  EXPECT_EQ(KueueWorkerLimit(plain, json(nullptr), {}, SpecOf(plain)), 4);
   // With one and no Workload yet: nothing.
-  EXPECT_EQ(KueueWorkerLimit(Job(1, 4), json(nullptr), SpecOf(Job(1, 4))), 0);
+  EXPECT_EQ(KueueWorkerLimit(Job(1, 4), json(nullptr), {}, SpecOf(Job(1, 4))), 0);
 }
 
 TEST(KueueTest, FinishingKeepsKueuesConditionsAndReleasesTheWorkers) {
@@ -167,7 +213,7 @@ TEST(KueueTest, FinishingKeepsKueuesConditionsAndReleasesTheWorkers) {
   EXPECT_EQ(finished["lastTransitionTime"], "2026-01-02T03:04:05Z");
   EXPECT_EQ(finished["observedGeneration"], 1);
   EXPECT_TRUE(AdmissionOf(done, spec).finished);
-  EXPECT_EQ(KueueWorkerLimit(Job(1, 4), done, spec), 0);
+  EXPECT_EQ(KueueWorkerLimit(Job(1, 4), done, {}, spec), 0);
   // Finishing twice changes nothing.
   EXPECT_EQ(FinishedWorkload(done, false, "x", "2027-01-01T00:00:00Z"), done);
   EXPECT_EQ(FinishedWorkload(w, false, "x", "t")["status"]["conditions"][2]["reason"], "Failed");

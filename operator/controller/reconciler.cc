@@ -239,6 +239,9 @@ Result<ReconcileResult> Reconciler::Advance(Pass& p) {
   ReconcileResult drained;
   VF_ASSIGN_OR_RETURN(const Next after_drain, Drain(p, drained));
   if (after_drain == Next::kDone) return drained;
+  ReconcileResult evicted;
+  VF_ASSIGN_OR_RETURN(const Next after_eviction, DrainEvicted(p, evicted));
+  if (after_eviction == Next::kDone) return evicted;
 
   Result<std::string> token = JobSecret(p.job);
   VF_RETURN_IF_ERROR(doing("FailedJobSecret", token.status()));

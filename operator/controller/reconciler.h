@@ -136,6 +136,21 @@ class Reconciler {
   void SetAdmittedCondition(Pass& p, nlohmann::json& conditions);
   // A job that ended marks its Workload finished, so that Kueue releases its quota.
   Status FinishWorkload(Pass& p);
+  // The unit Workloads (kueue.h) exist while the core is admitted, and not otherwise.
+  Status KeepUnits(Pass& p, const JobAdmission& admission,
+                   const std::vector<nlohmann::json>& units);
+  // Each unit Kueue evicted is released (its reservation cleared and Requeued set, as Kueue's
+  // job framework does) once the job holds a worker fewer: the policy has already shrunk the
+  // job to what stays admitted.
+  Status ReleaseEvictedUnits(Pass& p, const JobAdmission& admission,
+                             const std::vector<nlohmann::json>& units);
+  // The PodsReady condition of the core and each unit Workload, from the workers that train.
+  Status WritePodsReady(Pass& p, const nlohmann::json& core,
+                        const std::vector<nlohmann::json>& units);
+  // Kueue evicted the job's core Workload: the job drains (its pods deleted gracefully, rank 0
+  // writing a checkpoint), then its units are deleted and the core's reservation cleared so
+  // that Kueue queues it again; readmitted, it resumes from the checkpoint. kDone while so.
+  Result<Next> DrainEvicted(Pass& p, ReconcileResult& result);
   // The most workers the policy may give `job` under Kueue: nullopt when Kueue plays no part
   // (no queue label, or Workloads not mirrored yet), else what Kueue admitted (0 while waiting).
   std::optional<int> KueueCap(const nlohmann::json& job, const JobSpec& spec) const;

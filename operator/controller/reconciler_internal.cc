@@ -96,4 +96,27 @@ std::string PodName(const json& pod) { return Obj(pod, "metadata").value("name",
 
 const json& TemplateOf(const json& job) { return Obj(Obj(job, "spec"), "template"); }
 
+void MarkWorkersStopping(json& status, const std::string& phase, const std::string& message,
+                         int stopping) {
+  status["phase"] = phase;
+  status["message"] = message;
+  status["workers"] = 0;
+  status["readyWorkers"] = 0;
+  status["workerCounts"] = {
+      {"pending", 0}, {"joining", 0}, {"training", 0}, {"leaving", stopping}, {"failed", 0}};
+  status["assignment"] = json::array();
+}
+
+json ConditionsWithoutWorkers(const json& old, const std::string& own) {
+  json conditions = json::array();
+  for (const json& c : old) {
+    const std::string type = c.value("type", "");
+    if (type != own && type != "Running" && type != "Resizing" && type != "Degraded" &&
+        type != "ReconcileError" && type != "ImageKept") {
+      conditions.push_back(c);
+    }
+  }
+  return conditions;
+}
+
 }  // namespace vf::controller::reconciler_internal

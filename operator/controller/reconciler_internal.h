@@ -49,6 +49,14 @@ std::string PodName(const nlohmann::json& pod);
 // spec.template of a job.
 const nlohmann::json& TemplateOf(const nlohmann::json& job);
 
+// The status of a job whose worker pods are all being deleted (suspended, drained, evicted by
+// Kueue): `phase`, `message`, no workers, `stopping` of them leaving, no plan.
+void MarkWorkersStopping(nlohmann::json& status, const std::string& phase,
+                         const std::string& message, int stopping);
+// `old` less the condition `own` (which the caller sets again) and those that only a job with
+// workers has (Running, Resizing, Degraded, ReconcileError, ImageKept).
+nlohmann::json ConditionsWithoutWorkers(const nlohmann::json& old, const std::string& own);
+
 }  // namespace reconciler_internal
 
 // One reconcile of one job: what it read and what it decided so far. Lives for one call on one

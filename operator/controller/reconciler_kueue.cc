@@ -1,26 +1,101 @@
-// Kueue: a job with a queue label runs as Kueue admits its Workload, and finishes it at its end.
+// Kueue: a job with a queue label runs as Kueue admits its Workloads (a core and a unit per
+// worker above it, kueue.h), shrinks when Kueue takes units back, drains and requeues when
+// Kueue evicts the core, keeps the Workloads' PodsReady, and finishes them at its end.
 #include "operator/controller/reconciler.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "operator/controller/kueue_contract.h"
 #include "operator/controller/reconciler_internal.h"
 
 namespace vf::controller {
 
 using nlohmann::json;
+using reconciler_internal::ConditionsWithoutWorkers;
+using reconciler_internal::FindCondition;
+using reconciler_internal::MarkWorkersStopping;
 using reconciler_internal::Now;
 using reconciler_internal::Obj;
 using reconciler_internal::SetCondition;
+
+namespace {
+
+// The unit Workloads of `job` as `workloads` mirrors them: element i - 1 is unit i, null where
+// there is none.
+std::vector<json> CachedUnits(const Informer& workloads, const json& job, const JobSpec& spec) {
+  const std::string ns = Obj(job, "metadata").value("namespace", "");
+  std::vector<json> units;
+  for (int i = 1; i <= UnitWorkloads(spec); ++i) {
+    std::optional<json> unit = workloads.Get(ns + "/" + UnitWorkloadName(job, i));
+    units.push_back(unit ? std::move(*unit) : json(nullptr));
+  }
+  return units;
+}
+
+// Pods that hold a node's GPUs: those that have not ended (a terminating pod still does).
+int HoldingPods(const std::vector<json>& pods) {
+  int holding = 0;
+  for (const json& pod : pods) {
+    const PodLife life = PodLifeOf(pod);
+    if (life != PodLife::kSucceeded && life != PodLife::kFailed) ++holding;
+  }
+  return holding;
+}
+
+// Writes a Workload's status back when `update` changed it. A conflict (Kueue wrote in between)
+// or a Workload gone is left to the next pass, which reads it again.
+Status WriteWorkloadStatus(kube::Client& client, const std::string& ns,
+                           const WorkloadUpdate& update) {
+  if (!update.changed) return Status::Ok();
+  kube::ApiResult<json> r = client.ReplaceStatus(kube::kWorkloads, ns, update.workload);
+  if (r.ok() || r.reason() == kube::Reason::kConflict || r.reason() == kube::Reason::kNotFound) {
+    return Status::Ok();
+  }
+  return r.status().WithContext("Kueue Workload " +
+                                Obj(update.workload, "metadata").value("name", std::string()));
+}
+
+// Gives `workload` its priority, as Kueue's integrations do: the class the job names
+// (kueue_contract.h PriorityClassOf) and its value, plus `offset` (a unit is one below its
+// core, so that Kueue preempts units first). Without a class, only a non-zero offset is set.
+Status SetPriority(kube::Client& client, const json& job, const json& worker_pod, int offset,
+                   json& workload) {
+  const std::optional<PriorityClassRef> ref = PriorityClassOf(job, worker_pod);
+  int64_t value = 0;
+  if (ref) {
+    const bool kueue_class = ref->group == "kueue.x-k8s.io";
+    kube::ApiResult<json> got = client.Get(
+        kueue_class ? kube::kWorkloadPriorityClasses : kube::kPriorityClasses, "", ref->name);
+    if (!got.ok()) return got.status().WithContext(ref->kind + " " + ref->name);
+    VF_ASSIGN_OR_RETURN(const int32_t class_value, PriorityValueOf(*got));
+    value = class_value;
+  }
+  value = std::max<int64_t>(value + offset, std::numeric_limits<int32_t>::min());
+  if (ref && offset == 0) {
+    SetWorkloadPriority(workload, *ref, static_cast<int32_t>(value));
+  } else if (value != 0) {
+    // A unit takes the number only: its class's value is the core's.
+    workload["spec"]["priority"] = static_cast<int32_t>(value);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 std::optional<int> Reconciler::KueueCap(const json& job, const JobSpec& spec) const {
   if (QueueNameOf(job).empty() || workloads_ == nullptr || !workloads_->synced()) {
     return std::nullopt;
   }
   const std::string ns = Obj(job, "metadata").value("namespace", "");
-  std::optional<json> workload = workloads_->Get(ns + "/" + WorkloadName(job));
-  return KueueWorkerLimit(job, workload ? *workload : json(nullptr), spec);
+  std::optional<json> core = workloads_->Get(ns + "/" + WorkloadName(job));
+  return KueueWorkerLimit(job, core ? *core : json(nullptr), CachedUnits(*workloads_, job, spec),
+                          spec);
 }
 
 Result<json> Reconciler::FindWorkload(const Pass& p) {
@@ -53,8 +128,12 @@ Result<Reconciler::Next> Reconciler::AdmitThroughKueue(Pass& p) {
   VF_ASSIGN_OR_RETURN(json workload, FindWorkload(p));
   if (workload.is_null()) {
     const json pod = BuildWorkerPod(p.job, p.spec, p.name + "-worker", options_.pods);
-    kube::ApiResult<json> created =
-        client_.Create(kube::kWorkloads, p.ns, BuildWorkload(p.job, p.spec, pod));
+    json core = BuildWorkload(p.job, p.spec, pod);
+    if (Status priority = SetPriority(client_, p.job, pod, 0, core); !priority.ok()) {
+      p.failed_action = "FailedWorkloadPriority";
+      return priority.WithContext("the priority of Kueue Workload " + WorkloadName(p.job));
+    }
+    kube::ApiResult<json> created = client_.Create(kube::kWorkloads, p.ns, core);
     if (!created.ok() && created.reason() != kube::Reason::kAlreadyExists) {
       p.failed_action = "FailedCreateWorkload";
       if (created.reason() == kube::Reason::kNotFound) {
@@ -70,12 +149,143 @@ Result<Reconciler::Next> Reconciler::AdmitThroughKueue(Pass& p) {
             "created Kueue Workload " + WorkloadName(p.job) + " in LocalQueue " + queue);
     }
   }
-  p.kueue = workload.is_null() ? KueueAdmission{} : AdmissionOf(workload, p.spec);
+  const std::vector<json> units = CachedUnits(*workloads_, p.job, p.spec);
+  const JobAdmission admission = JobAdmissionOf(workload, units, p.spec);
+  VF_RETURN_IF_ERROR(KeepUnits(p, admission, units));
+  VF_RETURN_IF_ERROR(ReleaseEvictedUnits(p, admission, units));
+  VF_RETURN_IF_ERROR(WritePodsReady(p, workload, units));
+  p.kueue = admission.admission;
   if (!p.kueue->admitted && p.kueue->message.empty()) {
     p.kueue->reason = kNotSeenByKueue;
     p.kueue->message = "the Workload was just created";
   }
   return Next::kGoOn;
+}
+
+Status Reconciler::KeepUnits(Pass& p, const JobAdmission& admission,
+                             const std::vector<json>& units) {
+  // Units hold quota only beside an admitted core: without it they would keep GPUs the job
+  // cannot use, so they go (and come again once the core is admitted).
+  if (!admission.admission.admitted) {
+    for (size_t i = 0; i < units.size(); ++i) {
+      if (units[i].is_null()) continue;
+      kube::ApiResult<json> r =
+          client_.Delete(kube::kWorkloads, p.ns, UnitWorkloadName(p.job, static_cast<int>(i) + 1));
+      if (!r.ok() && r.reason() != kube::Reason::kNotFound) {
+        p.failed_action = "FailedDeleteWorkload";
+        return r.status().WithContext("Kueue Workload");
+      }
+    }
+    return Status::Ok();
+  }
+  const json pod = BuildWorkerPod(p.job, p.spec, p.name + "-worker", options_.pods);
+  for (size_t i = 0; i < units.size(); ++i) {
+    if (!units[i].is_null()) continue;
+    const int index = static_cast<int>(i) + 1;
+    json unit = BuildUnitWorkload(p.job, p.spec, pod, index);
+    if (Status priority = SetPriority(client_, p.job, pod, -1, unit); !priority.ok()) {
+      p.failed_action = "FailedWorkloadPriority";
+      return priority.WithContext("the priority of Kueue Workload " +
+                                  UnitWorkloadName(p.job, index));
+    }
+    kube::ApiResult<json> created = client_.Create(kube::kWorkloads, p.ns, unit);
+    if (!created.ok() && created.reason() != kube::Reason::kAlreadyExists) {
+      p.failed_action = "FailedCreateWorkload";
+      return created.status().WithContext("Kueue Workload");
+    }
+  }
+  return Status::Ok();
+}
+
+Status Reconciler::ReleaseEvictedUnits(Pass& p, const JobAdmission& admission,
+                                       const std::vector<json>& units) {
+  if (admission.units_evicted.empty()) return Status::Ok();
+  // The evicted units still in use: the pods beyond what the rest of the admission covers
+  // (the policy has already taken the evicted workers out of the plan; their pods go as they
+  // leave at a step boundary).
+  const int in_use = std::max(0, HoldingPods(p.pods) - admission.admission.workers);
+  const int release = static_cast<int>(admission.units_evicted.size()) - in_use;
+  for (int k = 0; k < release; ++k) {
+    const int index = admission.units_evicted[admission.units_evicted.size() - 1 - k];
+    const WorkloadUpdate update = RequeuedAfterEviction(units[index - 1], Now());
+    VF_RETURN_IF_ERROR(WriteWorkloadStatus(client_, p.ns, update));
+    if (update.changed) {
+      std::fprintf(stderr,
+                   "virtualflow-operator: %s: released Kueue Workload %s after its eviction\n",
+                   p.key.c_str(), UnitWorkloadName(p.job, index).c_str());
+    }
+  }
+  return Status::Ok();
+}
+
+Status Reconciler::WritePodsReady(Pass& p, const json& core, const std::vector<json>& units) {
+  int training = 0;
+  for (const Member& m : p.members) {
+    auto it = p.by_name.find(m.worker);
+    if (it != p.by_name.end() && PodLifeOf(*it->second) == PodLife::kRunning) ++training;
+  }
+  // The core is ready once its workers train; the k-th admitted unit once one more does.
+  int needed = CoreWorkers(p.spec);
+  const std::string trains = std::to_string(training) + " worker(s) train";
+  VF_RETURN_IF_ERROR(WriteWorkloadStatus(
+      client_, p.ns,
+      WithPodsReady(core, training >= needed, trains + ", " + std::to_string(needed) + " needed",
+                    Now())));
+  for (const json& unit : units) {
+    if (unit.is_null()) continue;
+    const bool admitted = AdmissionOf(unit, p.spec).admitted;
+    if (admitted) ++needed;
+    VF_RETURN_IF_ERROR(WriteWorkloadStatus(
+        client_, p.ns,
+        WithPodsReady(unit, admitted && training >= needed,
+                      trains + ", " + std::to_string(needed) + " needed", Now())));
+  }
+  return Status::Ok();
+}
+
+Result<Reconciler::Next> Reconciler::DrainEvicted(Pass& p, ReconcileResult& result) {
+  if (QueueNameOf(p.job).empty() || workloads_ == nullptr || !workloads_->synced()) {
+    return Next::kGoOn;
+  }
+  std::optional<json> core = workloads_->Get(p.ns + "/" + WorkloadName(p.job));
+  if (!core) return Next::kGoOn;
+  const WorkloadUpdate requeued = RequeuedAfterEviction(*core, Now());
+  if (!requeued.changed) return Next::kGoOn;  // not evicted, or already requeued
+  const std::string reason = EvictionReason(*core);
+  const json core_conditions = Obj(*core, "status").value("conditions", json::array());
+  const json* evicted = FindCondition(core_conditions, "Evicted");
+  const std::string why = evicted != nullptr ? evicted->value("message", "") : "";
+  // As for spec.suspend: the workers leave at a step boundary, rank 0 writing a checkpoint (its
+  // coordinator no longer knows the job), and the job starts again from it when readmitted.
+  ForgetRegistration(p.key);
+  VF_ASSIGN_OR_RETURN(const int stopping, DeleteAllPods(p));
+  const std::string message = "evicted by Kueue (" + reason + (why.empty() ? "" : ": " + why) +
+                              "): " +
+                              (stopping > 0 ? std::to_string(stopping) + " worker pod(s) stopping"
+                                            : "its workers stopped; the Workload is requeued");
+  json& status = p.status;
+  MarkWorkersStopping(status, "Pending", message, stopping);
+  status["desiredWorkers"] = 0;
+  json conditions = ConditionsWithoutWorkers(p.old_conditions, "Admitted");
+  SetCondition(conditions, p.old_conditions, "Running", false, "EvictedByKueue", message,
+               p.generation);
+  SetCondition(conditions, p.old_conditions, "Admitted", false, reason, message, p.generation);
+  status["conditions"] = conditions;
+  VF_RETURN_IF_ERROR(PatchStatus(p.job, status));
+  const json* was = FindCondition(p.old_conditions, "Admitted");
+  if (was == nullptr || was->value("status", "") == "True") {
+    Event(p.job, true, "EvictedByKueue", message);
+  }
+  if (stopping == 0) {
+    // Its units go with it; the core's reservation is cleared so that Kueue counts the quota
+    // free and queues the Workload again.
+    VF_RETURN_IF_ERROR(KeepUnits(p, JobAdmission{}, CachedUnits(*workloads_, p.job, p.spec)));
+    VF_RETURN_IF_ERROR(WriteWorkloadStatus(client_, p.ns, requeued));
+    Event(p.job, false, "Requeued", "Kueue Workload " + WorkloadName(p.job) + " requeued");
+  }
+  if (hooks_.on_job_status) hooks_.on_job_status(p.key, status, p.spec);
+  result.requeue_after = std::chrono::milliseconds(stopping > 0 ? 500 : 1000);
+  return Next::kDone;
 }
 
 void Reconciler::SetAdmittedCondition(Pass& p, json& conditions) {
@@ -100,6 +310,8 @@ Status Reconciler::FinishWorkload(Pass& p) {
   if (QueueNameOf(p.job).empty() || workloads_ == nullptr || !workloads_->synced()) {
     return Status::Ok();
   }
+  // The units' quota goes back at once; the core is marked finished, as Kueue asks.
+  VF_RETURN_IF_ERROR(KeepUnits(p, JobAdmission{}, CachedUnits(*workloads_, p.job, p.spec)));
   VF_ASSIGN_OR_RETURN(json workload, FindWorkload(p));
   const bool succeeded = p.old_status.value("phase", "") == "Succeeded";
   const std::string message = "VirtualFlowJob " + p.old_status.value("phase", "") + ": " +

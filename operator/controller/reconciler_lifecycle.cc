@@ -22,7 +22,9 @@
 namespace vf::controller {
 
 using nlohmann::json;
+using reconciler_internal::ConditionsWithoutWorkers;
 using reconciler_internal::FindCondition;
+using reconciler_internal::MarkWorkersStopping;
 using reconciler_internal::MembersFromJson;
 using reconciler_internal::Now;
 using reconciler_internal::NowUnix;
@@ -177,33 +179,6 @@ PodOutcome FinalReportOfPods(const std::string& key, const std::string& job_name
     out.report = std::move(found->second);
   }
   return out;
-}
-
-// The status of a job whose worker pods are all being deleted (suspended, drained): `phase`,
-// `message`, no workers, `stopping` of them leaving, no plan.
-void MarkWorkersStopping(json& status, const std::string& phase, const std::string& message,
-                         int stopping) {
-  status["phase"] = phase;
-  status["message"] = message;
-  status["workers"] = 0;
-  status["readyWorkers"] = 0;
-  status["workerCounts"] = {
-      {"pending", 0}, {"joining", 0}, {"training", 0}, {"leaving", stopping}, {"failed", 0}};
-  status["assignment"] = json::array();
-}
-
-// `old` less the condition `own` (which the caller sets again) and those that only a job with
-// workers has (Running, Resizing, Degraded, ReconcileError, ImageKept).
-json ConditionsWithoutWorkers(const json& old, const std::string& own) {
-  json conditions = json::array();
-  for (const json& c : old) {
-    const std::string type = c.value("type", "");
-    if (type != own && type != "Running" && type != "Resizing" && type != "Degraded" &&
-        type != "ReconcileError" && type != "ImageKept") {
-      conditions.push_back(c);
-    }
-  }
-  return conditions;
 }
 
 // The coordinator protocol of a job's workers as its status records it. A job whose status

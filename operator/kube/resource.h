@@ -40,6 +40,11 @@ inline constexpr Resource kVirtualFlowJobs{"virtualflow.io", "v1alpha1", "virtua
                                            "VirtualFlowJob", true};
 // Kueue's admission unit (operator/controller/kueue.h); served only where Kueue is installed.
 inline constexpr Resource kWorkloads{"kueue.x-k8s.io", "v1beta2", "workloads", "Workload", true};
+// The priority classes a job's Workloads take their priority from (kueue_contract.h).
+inline constexpr Resource kWorkloadPriorityClasses{
+    "kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses", "WorkloadPriorityClass", false};
+inline constexpr Resource kPriorityClasses{"scheduling.k8s.io", "v1", "priorityclasses",
+                                           "PriorityClass", false};
 
 // The path of a collection or of one object, relative to the server's URL:
 //   /api/v1/namespaces/{ns}/pods[/{name}[/{subresource}]]

@@ -271,14 +271,22 @@ JOB_RIGHTS = [
     ("watch", "networkpolicies.networking.k8s.io", ""),
     ("create", "networkpolicies.networking.k8s.io", ""),
     ("update", "networkpolicies.networking.k8s.io", ""),
-    # Kueue admission: a job's Workload, and its Finished condition.
+    # Kueue admission: a job's Workloads (a unit deleted when not needed), and their status.
     ("get", "workloads.kueue.x-k8s.io", ""),
     ("list", "workloads.kueue.x-k8s.io", ""),
     ("watch", "workloads.kueue.x-k8s.io", ""),
     ("create", "workloads.kueue.x-k8s.io", ""),
+    ("delete", "workloads.kueue.x-k8s.io", ""),
     ("update", "workloads.kueue.x-k8s.io", "status"),
 ]
-NODE_RIGHTS = [("get", "nodes", ""), ("list", "nodes", ""), ("watch", "nodes", "")]
+NODE_RIGHTS = [
+    ("get", "nodes", ""),
+    ("list", "nodes", ""),
+    ("watch", "nodes", ""),
+    # The priority of a job's Workloads, from the class it names.
+    ("get", "workloadpriorityclasses.kueue.x-k8s.io", ""),
+    ("get", "priorityclasses.scheduling.k8s.io", ""),
+]
 # Read cluster-wide even with watchNamespace: the GPU inventory counts what every pod holds.
 INVENTORY_RIGHTS = NODE_RIGHTS + [("get", "pods", ""), ("list", "pods", ""), ("watch", "pods", "")]
 # Asked with the Lease's name for get and update (the Role names it).
@@ -328,11 +336,12 @@ DENIED = [
     ("delete", "leases.coordination.k8s.io", ""),
     ("update", "customresourcedefinitions.apiextensions.k8s.io", ""),
     ("impersonate", "serviceaccounts", ""),
-    # Kueue: no Workload changed but through its status, none deleted, no quota touched.
+    # Kueue: no Workload changed but through its status, no quota touched.
     ("update", "workloads.kueue.x-k8s.io", ""),
     ("patch", "workloads.kueue.x-k8s.io", ""),
-    ("delete", "workloads.kueue.x-k8s.io", ""),
     ("patch", "workloads.kueue.x-k8s.io", "status"),
+    ("list", "workloadpriorityclasses.kueue.x-k8s.io", ""),
+    ("update", "priorityclasses.scheduling.k8s.io", ""),
     ("get", "clusterqueues.kueue.x-k8s.io", ""),
     ("update", "localqueues.kueue.x-k8s.io", ""),
 ]
@@ -1241,7 +1250,9 @@ class ChartInstallTest(OperatorProcesses, ControlPlaneTestCase):
         cls.cache = os.path.join(cls.cp.dir, "kubectl-cache")
         # Kueue's API, so that the operator's rights on Workloads (and the absence of others)
         # are asked about resources the server knows.
-        cls.cp.install_kueue_crds(("workloads", "clusterqueues", "localqueues"))
+        cls.cp.install_kueue_crds(
+            ("workloads", "clusterqueues", "localqueues", "workloadpriorityclasses")
+        )
         cls.run_kubectl("apply", "-f", "-", input=MONITOR_CRDS, check=True)
         cls.run_kubectl(
             "wait",

@@ -1,10 +1,21 @@
 """Kueue admission on the real control plane: a real Kueue controller manager (built from its
-upstream source at the pinned version, started by ControlPlane.start_kueue) holds a GPU quota
-in a ClusterQueue; VirtualFlowJobs labelled with its LocalQueue get no pods until Kueue admits
-their Workload, then run on at most the workers admitted; a job over the remaining quota waits
-with Kueue's reason in its Admitted condition and runs once the first job's end releases the
-quota; partial admission gives a job fewer workers than the free GPUs would."""
+upstream source at the pinned version, started by ControlPlane.start_kueue, with
+waitForPodsReady on at a short timeout) holds a GPU quota in a ClusterQueue; VirtualFlowJobs
+labelled with its LocalQueue get no pods until Kueue admits their Workload, then run on at most
+the workers admitted; a job over the remaining quota waits with Kueue's reason in its Admitted
+condition and runs once the first job's end releases the quota; a job admitted in part (its
+core and fewer units than it could use) gets fewer workers than the free GPUs would; a
+higher-priority batch Job makes Kueue preempt units of a running job, which shrinks by exactly
+those workers without stopping, its quota released once they left, and grows back when the Job
+ends, with the weights of a static run; an eviction of the whole job drains it with a
+checkpoint, requeues its Workload and resumes it from the checkpoint once readmitted; a job
+that runs past the waitForPodsReady timeout is not evicted."""
 
+import os
+import shutil
+import tempfile
+import threading
+import time
 import unittest
 from typing import Any
 
@@ -15,6 +26,13 @@ QUEUE = "team"
 CLUSTER_QUEUE = "gpus"
 GPU_QUOTA = 3  # GPUs in the ClusterQueue; the nodes have 4
 KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
+# Seconds an admitted Workload has to report PodsReady before Kueue evicts it: short, so that a
+# job that did not keep Kueue's contract would be evicted within every test that runs it.
+PODS_READY_TIMEOUT = 30
+# A second ClusterQueue where jobs of two priorities compete: it preempts lower priorities.
+SHARED_QUEUE = "shared"
+SHARED_CLUSTER_QUEUE = "shared-gpus"
+SHARED_GPU_QUOTA = 4  # the nodes of those tests have 6: only the quota keeps usage at 4
 
 
 def queued_manifest(
@@ -34,13 +52,151 @@ def condition(status: dict[str, Any], kind: str) -> dict[str, Any] | None:
     return {c["type"]: c for c in status.get("conditions", [])}.get(kind)
 
 
+def cluster_queue(name: str, gpus: int, preempt: str = "Never") -> dict[str, Any]:
+    """A ClusterQueue of GPUS nvidia.com/gpu (and ample CPU and memory) in flavor `gpu`, which
+    preempts admitted Workloads within it as PREEMPT says (Kueue's withinClusterQueue)."""
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "ClusterQueue",
+        "metadata": {"name": name},
+        "spec": {
+            "namespaceSelector": {},
+            "queueingStrategy": "BestEffortFIFO",
+            "preemption": {"withinClusterQueue": preempt, "reclaimWithinCohort": "Never"},
+            "resourceGroups": [
+                {
+                    "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+                    "flavors": [
+                        {
+                            "name": "gpu",
+                            "resources": [
+                                {"name": "cpu", "nominalQuota": "64"},
+                                {"name": "memory", "nominalQuota": "256Gi"},
+                                {"name": "nvidia.com/gpu", "nominalQuota": str(gpus)},
+                            ],
+                        }
+                    ],
+                }
+            ],
+        },
+    }
+
+
+def local_queue(name: str, cluster: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "LocalQueue",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"clusterQueue": cluster},
+    }
+
+
+def batch_job(name: str, queue: str, priority: str, pods: int, seconds: int) -> dict[str, Any]:
+    """A batch/v1 Job for Kueue's own Job integration: PODS pods of one GPU each that sleep
+    SECONDS, created suspended (as Kueue's webhook, which this control plane does not call,
+    would make it) for Kueue to admit and start."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "labels": {
+                "kueue.x-k8s.io/queue-name": queue,
+                "kueue.x-k8s.io/priority-class": priority,
+            },
+        },
+        "spec": {
+            "suspend": True,
+            "parallelism": pods,
+            "completions": pods,
+            "backoffLimit": 0,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [
+                        {
+                            "name": "sleep",
+                            "image": "busybox",
+                            "command": ["sleep", str(seconds)],
+                            "resources": {
+                                "requests": {"cpu": "100m", "nvidia.com/gpu": "1"},
+                                "limits": {"nvidia.com/gpu": "1"},
+                            },
+                        }
+                    ],
+                }
+            },
+        },
+    }
+
+
+class Watch(threading.Thread):
+    """Samples the namespace's GPU pods and job JOB's step every 0.1 s until stopped: the most
+    GPUs held at once by pods that have not ended (terminating ones included: they still hold
+    their GPU), and every time the step went back. Also times, for each unit Workload of the
+    job, its eviction (first seen Evicted) to its quota being free (first seen without a
+    reservation)."""
+
+    def __init__(self, test: "KueueTest", job: str):
+        super().__init__(daemon=True)
+        self.test, self.job = test, job
+        self.max_gpus = 0
+        self.steps_back: list[tuple[int, int]] = []
+        self.evicted_at: dict[str, float] = {}
+        self.released_after: dict[str, float] = {}
+        self.error: BaseException | None = None
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        last_step = 0
+        try:
+            while not self._stop_event.is_set():
+                held = 0
+                for pod in self.test.cp.request("GET", "/api/v1/namespaces/%s/pods" % NS)["items"]:
+                    if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+                        continue
+                    for c in pod["spec"]["containers"]:
+                        held += int(
+                            c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0)
+                        )
+                self.max_gpus = max(self.max_gpus, held)
+                step = self.test.status(self.job).get("step", 0)
+                if step < last_step:
+                    self.steps_back.append((last_step, step))
+                last_step = max(last_step, step)
+                now = time.monotonic()
+                for w in self.test.workloads(self.job):
+                    name = w["metadata"]["name"]
+                    evicted = (condition(w.get("status", {}), "Evicted") or {}).get("status")
+                    reserved = (condition(w.get("status", {}), "QuotaReserved") or {}).get("status")
+                    if evicted == "True" and name not in self.evicted_at:
+                        self.evicted_at[name] = now
+                    if (
+                        name in self.evicted_at
+                        and name not in self.released_after
+                        and reserved != "True"
+                    ):
+                        self.released_after[name] = now - self.evicted_at[name]
+                time.sleep(0.1)
+        except BaseException as e:  # noqa: BLE001 - reported by stop()
+            self.error = e
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=10)
+        if self.error is not None:
+            raise self.error
+
+
 class KueueTest(OperatorTestCase):
     ns = NS
 
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.cp.start_kueue()
+        cls.cp.start_kueue(wait_for_pods_ready=PODS_READY_TIMEOUT)
         # No webhook defaults these objects: they are written in full.
         cls.cp.request(
             "POST",
@@ -89,23 +245,54 @@ class KueueTest(OperatorTestCase):
                 "spec": {"clusterQueue": CLUSTER_QUEUE},
             },
         )
-        cls.cp.wait_for(
-            "the ClusterQueue to be active",
-            lambda: any(
-                c["type"] == "Active" and c["status"] == "True"
-                for c in (cls.cp.get(KUEUE + "/clusterqueues/" + CLUSTER_QUEUE) or {})
-                .get("status", {})
-                .get("conditions", [])
-            ),
+        cls.cp.request(
+            "POST",
+            KUEUE + "/clusterqueues",
+            cluster_queue(SHARED_CLUSTER_QUEUE, SHARED_GPU_QUOTA, preempt="LowerPriority"),
         )
+        cls.cp.request(
+            "POST",
+            KUEUE + "/namespaces/%s/localqueues" % NS,
+            local_queue(SHARED_QUEUE, SHARED_CLUSTER_QUEUE),
+        )
+        for name, value in (("low", 10), ("high", 1000)):
+            cls.cp.request(
+                "POST",
+                KUEUE + "/workloadpriorityclasses",
+                {
+                    "apiVersion": "kueue.x-k8s.io/v1beta2",
+                    "kind": "WorkloadPriorityClass",
+                    "metadata": {"name": name},
+                    "value": value,
+                },
+            )
+        for queue in (CLUSTER_QUEUE, SHARED_CLUSTER_QUEUE):
+            cls.cp.wait_for(
+                "ClusterQueue %s to be active" % queue,
+                lambda q=queue: any(
+                    c["type"] == "Active" and c["status"] == "True"
+                    for c in (cls.cp.get(KUEUE + "/clusterqueues/" + q) or {})
+                    .get("status", {})
+                    .get("conditions", [])
+                ),
+            )
 
-    def workload(self, name: str) -> dict[str, Any] | None:
-        items = self.cp.request(
+    def workloads(self, name: str) -> list[dict[str, Any]]:
+        """Every Workload of job NAME: its core and its units."""
+        return self.cp.request(
             "GET",
             KUEUE
             + "/namespaces/%s/workloads?labelSelector=%s" % (NS, "virtualflow.io/job%3D" + name),
         )["items"]
-        return items[0] if items else None
+
+    def workload(self, name: str) -> dict[str, Any] | None:
+        """The core Workload of job NAME."""
+        cores = [
+            w
+            for w in self.workloads(name)
+            if w["metadata"]["labels"].get("virtualflow.io/workload-role") == "core"
+        ]
+        return cores[0] if cores else None
 
     def admitted(self, name: str) -> dict[str, Any]:
         return self.wait_status(
@@ -174,8 +361,8 @@ class KueueTest(OperatorTestCase):
         partial = queued_manifest("partial", steps=100, replicas=(1, 4), delay_ms=8)
         self.apply(holder)
         self.wait_workers("holder", 2)
-        # 1 GPU of the quota is left and the node has 2 free: Kueue admits 1 of the 4 workers
-        # asked for (down to replicas.min), and the job runs on 1.
+        # 1 GPU of the quota is left and the node has 2 free: Kueue admits the job's core (its
+        # replicas.min, 1 worker) and none of its 3 units, and the job runs on 1.
         self.apply(partial)
         status = self.admitted("partial")
         self.assertIn("Kueue admitted 1 worker(s)", condition(status, "Admitted")["message"])
@@ -184,6 +371,19 @@ class KueueTest(OperatorTestCase):
         running = self.wait_workers("partial", 1)
         self.assertEqual(running["desiredWorkers"], 1)
         self.assertEqual(len(self.pods("partial")), 1)
+        units = [
+            w
+            for w in self.workloads("partial")
+            if w["metadata"]["name"] != self.workload("partial")["metadata"]["name"]
+        ]
+        self.assertEqual(len(units), 3)
+        self.assertTrue(
+            all(
+                condition(u.get("status", {}), "Admitted") is None
+                or condition(u["status"], "Admitted")["status"] == "False"
+                for u in units
+            )
+        )
         self.wait_succeeded("partial")
         self.delete_job("holder")
 
@@ -204,6 +404,161 @@ class KueueTest(OperatorTestCase):
         )
         self.assertEqual(self.pods("lost"), [])
         self.delete_job("lost")
+
+    def shared_job(self, name: str, steps: int, replicas: tuple[int, int], delay_ms: int):
+        manifest = queued_manifest(name, steps, replicas, delay_ms=delay_ms, queue=SHARED_QUEUE)
+        manifest["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = "low"
+        return manifest
+
+    def batch_pods(self, name: str) -> list[dict[str, Any]]:
+        return self.cp.request(
+            "GET", "/api/v1/namespaces/%s/pods?labelSelector=job-name%%3D%s" % (NS, name)
+        )["items"]
+
+    def wait_batch_job_done(self, name: str, timeout: float = 180) -> None:
+        self.cp.wait_for(
+            "batch Job %s to complete" % name,
+            lambda: (
+                (self.cp.get("/apis/batch/v1/namespaces/%s/jobs/%s" % (NS, name)) or {})
+                .get("status", {})
+                .get("succeeded")
+                == 2
+            ),
+            timeout=timeout,
+        )
+
+    def test_4_a_preemption_shrinks_the_job_which_grows_back_when_the_quota_frees(self):
+        """Kueue preempts 2 of a running job's 4 workers for a higher-priority batch Job: the
+        job shrinks to 2 between two steps and trains on, the Job's pods start once the 2
+        workers left (usage never over the quota, though the nodes have GPUs to spare), and
+        when the Job ends the job grows back to 4. No step is redone; the weights are those of
+        a static run. The job runs well past waitForPodsReady's timeout without an eviction."""
+        self.reset_nodes(("gpu-p1", 2), ("gpu-p2", 2), ("gpu-p3", 2))
+        name = "shrinking"
+        manifest = self.shared_job(name, steps=1500, replicas=(2, 4), delay_ms=10)
+        self.apply(manifest)
+        started = time.monotonic()
+        self.wait_workers(name, 4)
+        core = self.workload(name)
+        self.assertEqual(core["spec"]["priority"], 10)  # WorkloadPriorityClass low
+        self.assertEqual(core["spec"]["priorityClassRef"]["name"], "low")
+        units = [
+            w for w in self.workloads(name) if w["metadata"]["name"] != core["metadata"]["name"]
+        ]
+        self.assertEqual(sorted(u["spec"]["priority"] for u in units), [9, 9])
+        watch = Watch(self, name)
+        watch.start()
+        try:
+            self.cp.request(
+                "POST",
+                "/apis/batch/v1/namespaces/%s/jobs" % NS,
+                batch_job("urgent", SHARED_QUEUE, "high", pods=2, seconds=10),
+            )
+            shrunk = self.wait_status(
+                name,
+                "2 workers after the preemption",
+                lambda s: s.get("workers") == 2 and s.get("phase") == "Running",
+                timeout=120,
+            )
+            self.assertEqual(condition(shrunk, "Admitted")["status"], "True")
+            self.cp.wait_for(
+                "the batch Job's 2 pods to run",
+                lambda: (
+                    sum(
+                        p.get("status", {}).get("phase") == "Running"
+                        for p in self.batch_pods("urgent")
+                    )
+                    == 2
+                ),
+                timeout=120,
+            )
+            during = self.status(name)
+            self.assertEqual(during.get("phase"), "Running")
+            self.assertLessEqual(during.get("workers", 0), 2)
+            self.wait_batch_job_done("urgent")
+            self.wait_workers(name, 4, timeout=180)
+            done = self.wait_succeeded(name)
+        finally:
+            watch.stop()
+        self.assertEqual(watch.steps_back, [])
+        self.assertLessEqual(watch.max_gpus, SHARED_GPU_QUOTA)
+        self.assertEqual(len(watch.released_after), 2, watch.evicted_at)
+        print(
+            "\nKueue eviction of a unit to its quota free: %s s"
+            % ", ".join("%.2f" % t for t in sorted(watch.released_after.values()))
+        )
+        # Past waitForPodsReady's timeout without an eviction of the core.
+        self.assertGreater(time.monotonic() - started, PODS_READY_TIMEOUT)
+        core = self.workload(name)
+        self.assertIsNone(condition(core["status"], "Evicted"))
+        self.assertEqual(condition(core["status"], "PodsReady")["status"], "True")
+        self.assertEqual(done["step"], 1500)
+        self.assertEqual(done["weightsSha256"], local_sha(manifest, 4))
+        self.delete_job(name)
+        self.cp.request(
+            "DELETE", "/apis/batch/v1/namespaces/%s/jobs/urgent?propagationPolicy=Background" % NS
+        )
+
+    def test_5_an_eviction_of_the_whole_job_drains_requeues_and_resumes_it(self):
+        """A job all of whose workers are its core (replicas.min = max) is evicted whole by a
+        higher-priority Job: it drains, rank 0 checkpointing as it leaves; its Workload's
+        reservation is cleared and it is requeued; once the Job ends Kueue admits it again and
+        it resumes from the checkpoint, ending with the weights of an uninterrupted run."""
+        self.reset_nodes(("gpu-e1", 2), ("gpu-e2", 2), ("gpu-e3", 2))
+        name = "evicted"
+        store = tempfile.mkdtemp(prefix="vf-e2e-evicted-")
+        mount = "/tmp/vf-e2e-evicted-mnt-%d" % os.getpid()
+        manifest = self.shared_job(name, steps=400, replicas=(4, 4), delay_ms=10)
+        manifest["spec"]["checkpoint"] = {"path": mount + "/job.ckpt"}
+        pod = manifest["spec"]["template"]["spec"]
+        pod["volumes"] = [{"name": "store", "hostPath": {"path": store}}]
+        pod["containers"][0]["volumeMounts"] = [{"name": "store", "mountPath": mount}]
+        try:
+            self.apply(manifest)
+            self.wait_workers(name, 4)
+            self.wait_step(name, 20)
+            self.cp.request(
+                "POST",
+                "/apis/batch/v1/namespaces/%s/jobs" % NS,
+                batch_job("urgent2", SHARED_QUEUE, "high", pods=2, seconds=10),
+            )
+            evicted = self.wait_status(
+                name,
+                "evicted by Kueue",
+                lambda s: (condition(s, "Admitted") or {}).get("reason") == "Preempted",
+                timeout=120,
+            )
+            self.assertEqual(condition(evicted, "Admitted")["status"], "False")
+            self.assertEqual(evicted["phase"], "Pending")
+            self.cp.wait_for("the worker pods to be gone", lambda: not self.pods(name), timeout=120)
+            requeued = self.cp.wait_for(
+                "the Workload to be requeued",
+                lambda: (
+                    lambda w: (
+                        w
+                        if (condition(w.get("status", {}), "Requeued") or {}).get("status")
+                        == "True"
+                        else None
+                    )
+                )(self.workload(name) or {}),
+                timeout=60,
+            )
+            self.assertNotIn("admission", requeued["status"])
+            self.assertIn("leaving; checkpoint at step", self.pod_logs(name))
+            self.assertIn("EvictedByKueue", [r for r, _ in self.events(name)])
+            self.wait_batch_job_done("urgent2")
+            done = self.wait_succeeded(name)
+            self.assertIn("resuming from checkpoint %s/job.ckpt" % mount, self.pod_logs(name))
+            self.assertEqual(done["step"], 400)
+            uninterrupted = queued_manifest(name, steps=400, replicas=(4, 4))
+            self.assertEqual(done["weightsSha256"], local_sha(uninterrupted, 4))
+        finally:
+            self.delete_job(name)
+            self.cp.request(
+                "DELETE",
+                "/apis/batch/v1/namespaces/%s/jobs/urgent2?propagationPolicy=Background" % NS,
+            )
+            shutil.rmtree(store, ignore_errors=True)
 
 
 if __name__ == "__main__":

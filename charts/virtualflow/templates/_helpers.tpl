@@ -192,13 +192,15 @@ namespace, each with watchNamespace) do not collide.
   resources: [networkpolicies]
   verbs: [list, watch, create, update]
 {{- end }}
-# Kueue admission (jobs labelled kueue.x-k8s.io/queue-name): the job's Workload, created once
-# and mirrored; marked Finished through its status when the job ends. Never deleted (the
-# garbage collector follows its owner reference), never changed otherwise. Harmless where
-# Kueue is not installed: the operator asks for Workloads only once a job names a queue.
+# Kueue admission (jobs labelled kueue.x-k8s.io/queue-name): the job's Workloads (a core and a
+# unit per worker above replicas.min), created and mirrored; their status written as Kueue's
+# job framework writes it (PodsReady; the reservation cleared after an eviction; Finished when
+# the job ends); a unit deleted when its core is not admitted or the job ended. Never changed
+# otherwise. Harmless where Kueue is not installed: the operator asks for Workloads only once a
+# job names a queue.
 - apiGroups: [kueue.x-k8s.io]
   resources: [workloads]
-  verbs: [get, list, watch, create]
+  verbs: [get, list, watch, create, delete]
 - apiGroups: [kueue.x-k8s.io]
   resources: [workloads/status]
   verbs: [update]
@@ -212,6 +214,14 @@ nvidia.com/gpu, the product label) and every Pod (other workloads hold GPUs too)
 - apiGroups: [""]
   resources: [nodes]
   verbs: [get, list, watch]
+# The value of the priority class a job names (kueue.x-k8s.io/priority-class, or its pods'
+# priorityClassName), for the priority of its Kueue Workloads.
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloadpriorityclasses]
+  verbs: [get]
+- apiGroups: [scheduling.k8s.io]
+  resources: [priorityclasses]
+  verbs: [get]
 {{- end }}
 {{- define "virtualflow.inventoryRules" -}}
 {{ include "virtualflow.nodeRules" . }}
