@@ -138,7 +138,7 @@ int main(int argc, char** argv) {
   if (metrics_port < -1 || metrics_port > 65535) return usage("--metrics-port must be 0..65535");
   o.metrics_port = static_cast<int>(metrics_port);
   if (o.slowdown < 1) return usage("--slowdown must be at least 1");
-  // Pods get experiment knobs through their environment (the env of spec.template's worker container).
+  // Pods get experiment knobs through their environment (their worker container's env).
   if (const char* delay = std::getenv(vf::worker_env::kVnodeDelayMs.name);
       delay != nullptr && o.vnode_delay_ms == 0) {
     char* end = nullptr;

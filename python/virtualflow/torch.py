@@ -556,7 +556,8 @@ class Job:
         if missing:
             raise Error(
                 f"{', '.join(missing)} not set: this script is a VirtualFlow worker; start it with "
-                "`vf run JOB.yaml` (its template's worker container names the script) or through the operator"
+                "`vf run JOB.yaml` (its template's worker container names the script) or through "
+                "the operator"
             )
         timeout = float(env.get(_core.ENV_TIMEOUT, "60") or 60)
         token = env.get(_core.ENV_JOB_TOKEN, "")
