@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "operator/controller/worker_pod.h"
+#include "operator/policy/policy.h"
 
 namespace vf::controller {
 
@@ -65,8 +66,9 @@ std::string WorkloadName(const json& job) {
 }
 
 int CoreWorkers(const JobSpec& spec) {
-  // The static policy runs a job at replicas.max or not at all.
-  return std::max(1, spec.elasticity.policy == "static" ? spec.replicas_max : spec.replicas_min);
+  // A fixed-size policy (static) runs a job at replicas.max or not at all.
+  const bool fixed = policy::SharingOf(spec.elasticity.policy) == policy::Sharing::kFixed;
+  return std::max(1, fixed ? spec.replicas_max : spec.replicas_min);
 }
 
 int UnitWorkloads(const JobSpec& spec) {
