@@ -163,7 +163,7 @@ std::optional<Sharing> SharingOf(const std::string& name);
 // Ok for a registered name; else kInvalidArgument "<field>: unknown policy 'x' (known: static,
 // elastic, ...)", e.g. field "spec.elasticity.policy" or "--policy".
 Status CheckPolicyName(const std::string& field, const std::string& name);
-// One line per policy, "<indent>static     <description>", for --help texts.
+// One line per policy, "<indent>static     <description>", for --help texts (no final newline).
 std::string PolicyHelp(const std::string& indent);
 
 // The policy `name` (a registered one) for the jobs that name none: a job that names its own

@@ -130,7 +130,8 @@ std::string PolicyHelp(const std::string& indent) {
   for (const PolicyInfo& p : all) width = std::max(width, p.name.size());
   std::string out;
   for (const PolicyInfo& p : all) {
-    out += indent + p.name + std::string(width + 2 - p.name.size(), ' ') + p.description + "\n";
+    if (!out.empty()) out += "\n";
+    out += indent + p.name + std::string(width + 2 - p.name.size(), ' ') + p.description;
   }
   return out;
 }
