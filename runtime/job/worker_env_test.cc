@@ -56,13 +56,33 @@ std::string MarkdownTable() {
   return out;
 }
 
-TEST(WorkerEnv, TheUserGuideListsExactlyTheTable) {
-  std::ifstream in(std::string(VF_SOURCE_DIR) + "/docs/user-guide.md");
+std::string SourceFile(const std::string& relative) {
+  std::ifstream in(std::string(VF_SOURCE_DIR) + "/" + relative);
   std::stringstream text;
   text << in.rdbuf();
-  EXPECT_NE(text.str().find(MarkdownTable()), std::string::npos)
+  return text.str();
+}
+
+TEST(WorkerEnv, TheUserGuideListsExactlyTheTable) {
+  EXPECT_NE(SourceFile("docs/user-guide.md").find(MarkdownTable()), std::string::npos)
       << "docs/user-guide.md (The worker's environment) should hold this table:\n"
       << MarkdownTable();
+}
+
+// The CRD reference's list of what the operator sets in a worker pod's environment names only
+// facts of the table.
+TEST(WorkerEnv, TheCrdReferenceNamesOnlyFactsAsThePodsEnvironment) {
+  const std::string text = SourceFile("docs/crd-reference.md");
+  const size_t row = text.find("\n| environment |");
+  ASSERT_NE(row, std::string::npos);
+  const std::string line = text.substr(row + 1, text.find('\n', row + 1) - row - 1);
+  int named = 0;
+  for (size_t at = line.find("`VF_"); at != std::string::npos; at = line.find("`VF_", at + 1)) {
+    const std::string name = line.substr(at + 1, line.find('`', at + 1) - at - 1);
+    EXPECT_TRUE(IsFact(name)) << name << " in docs/crd-reference.md";
+    ++named;
+  }
+  EXPECT_GE(named, 5);
 }
 
 }  // namespace
