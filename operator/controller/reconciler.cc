@@ -125,9 +125,9 @@ Status Reconciler::EnsureCoordinatorJob(const std::string& key, const json& job,
   // epoch included, so that they carry on without a switch.
   const json& status = Obj(job, "status");
   const int64_t epoch = status.value("epoch", int64_t{0});
-  const std::string phase = status.value("phase", "");
+  const Phase phase = PhaseOf(status);
   VF_ASSIGN_OR_RETURN(Plan current, coordinator_.GetPlan(key));
-  if (epoch > current.epoch && phase != "Succeeded" && phase != "Failed") {
+  if (epoch > current.epoch && !Ended(phase)) {
     std::vector<Member> members = MembersFromJson(status.value("assignment", json::array()));
     auto restored = coordinator_.PublishPlanWithEpoch(key, epoch, members);
     if (!restored.ok()) {
@@ -208,8 +208,7 @@ Result<ReconcileResult> Reconciler::Reconcile(const std::string& key) {
     return ReconcileResult{};
   }
   p.spec = std::move(spec).value();
-  const std::string phase_before = p.old_status.value("phase", "");
-  if (phase_before == "Succeeded" || phase_before == "Failed") {
+  if (Ended(PhaseOf(p.old_status))) {
     (void)coordinator_.RemoveJob(key);
     if (hooks_.on_job_status) hooks_.on_job_status(key, p.old_status, p.spec);
     if (Status finished = FinishWorkload(p); !finished.ok()) {
@@ -268,7 +267,7 @@ Result<ReconcileResult> Reconciler::Advance(Pass& p) {
   // Membership moves with the workers' reports; look again soon while anything is in motion.
   ReconcileResult result;
   result.requeue_after =
-      std::chrono::milliseconds(p.status.value("phase", "") == "Running" ? 2000 : 500);
+      std::chrono::milliseconds(PhaseOf(p.status) == Phase::kRunning ? 2000 : 500);
   if (deadline.requeue_after.count() > 0) {
     result.requeue_after = std::min(result.requeue_after, deadline.requeue_after);
   }

@@ -22,6 +22,7 @@
 #include "operator/controller/expectations.h"
 #include "operator/controller/fault.h"
 #include "operator/controller/informer.h"
+#include "operator/controller/job_status.h"
 #include "operator/controller/inventory.h"
 #include "operator/controller/kueue.h"
 #include "operator/controller/worker_pod.h"

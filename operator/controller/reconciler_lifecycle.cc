@@ -201,11 +201,11 @@ Status Reconciler::FailInvalidSpec(Pass& p, const Status& why) {
   json conditions = json::array();
   SetCondition(conditions, p.old_conditions, "Failed", true, "InvalidSpec", why.message(),
                p.generation);
-  p.status["phase"] = "Failed";
+  WritePhase(p.status, Phase::kFailed);
   p.status["message"] = why.message();
   p.status["conditions"] = conditions;
   StampTimes(p);
-  if (p.old_status.value("phase", "") != "Failed") Event(p.job, true, "InvalidSpec", why.message());
+  if (PhaseOf(p.old_status) != Phase::kFailed) Event(p.job, true, "InvalidSpec", why.message());
   return PatchStatus(p.job, p.status);
 }
 
@@ -230,7 +230,7 @@ Result<Reconciler::Next> Reconciler::RecordSuccess(Pass& p) {
   if (final) {
     const Report& r = *final;
     json& status = p.status;
-    status["phase"] = "Succeeded";
+    WritePhase(status, Phase::kSucceeded);
     StampTimes(p);
     status["step"] = r.step;
     if (p.total_steps > 0) status["totalSteps"] = p.total_steps;
@@ -286,7 +286,7 @@ void Reconciler::IgnoreForgedOutcomes(
 
 Status Reconciler::FailJob(Pass& p, const std::string& reason, const std::string& event_reason,
                            const std::string& message) {
-  p.status["phase"] = "Failed";
+  WritePhase(p.status, Phase::kFailed);
   p.status["message"] = message;
   json conditions = json::array();
   SetCondition(conditions, p.old_conditions, "Failed", true, reason, message, p.generation);
@@ -613,10 +613,7 @@ Result<ReconcileResult> Reconciler::EnforceTtl(Pass& p) {
 }
 
 void Reconciler::StampTimes(Pass& p) {
-  auto ended = [](const json& status) {
-    const std::string phase = status.value("phase", "");
-    return phase == "Succeeded" || phase == "Failed";
-  };
+  auto ended = [](const json& status) { return Ended(PhaseOf(status)); };
   std::lock_guard<std::mutex> lock(mu_);
   JobMemory& memory = MemoryOf(p.key, p.uid);
   // What the API server holds wins; then what this operator wrote; then now.
@@ -631,7 +628,7 @@ void Reconciler::StampTimes(Pass& p) {
   const bool has_start = !ended(p.old_status) || p.old_status.contains("startTime");
   if (has_start) stamp("startTime", memory.start_time);
   // As batch/v1: on success only; a failed job's Failed condition says when.
-  if (p.status.value("phase", "") == "Succeeded") stamp("completionTime", memory.completion_time);
+  if (PhaseOf(p.status) == Phase::kSucceeded) stamp("completionTime", memory.completion_time);
   // The scale subresource's labelSelectorPath, for a job that may still be scaled.
   if (!ended(p.old_status)) p.status["selector"] = std::string(kJobLabel) + "=" + p.name;
 }

@@ -141,10 +141,9 @@ Status Reconciler::WriteProgress(Pass& p) {
 
 void Reconciler::SetPhase(Pass& p, bool all_switched) {
   const size_t workers = p.members.size();
-  std::string phase;
+  Phase phase = Phase::kPending;
   std::string message;
   if (workers == 0) {
-    phase = "Pending";
     // Before the first plan every worker is a joiner: whether the membership decision still
     // waits for them (kJoinBatchSeconds) or has none yet (this pass created them) is the same
     // thing to the job's user, and one message saves a status write for every new job.
@@ -153,13 +152,13 @@ void Reconciler::SetPhase(Pass& p, bool all_switched) {
               : why.empty() || why == policy::kWaitingForJoiners ? "waiting for workers to warm up"
                                                                  : why;
   } else if (!all_switched) {
-    phase = "Resizing";
+    phase = Phase::kResizing;
     message = "switching to membership epoch " + std::to_string(p.epoch);
   } else {
-    phase = "Running";
+    phase = Phase::kRunning;
     message = "training on " + std::to_string(workers) + " workers";
   }
-  p.status["phase"] = phase;
+  WritePhase(p.status, phase);
   p.status["message"] = message;
   const bool has_pods = !p.pods.empty() || p.created > 0 || p.unseen > 0;
   const json& old = p.old_conditions;
@@ -170,8 +169,8 @@ void Reconciler::SetPhase(Pass& p, bool all_switched) {
       conditions, old, "Running", workers > 0,
       workers == 0 ? (p.desired == 0 ? "WaitingForGPUs" : "WaitingForWorkers") : "Training",
       message, p.generation);
-  SetCondition(conditions, old, "Resizing", phase == "Resizing",
-               phase == "Resizing" ? "MembershipChange" : "Stable", message, p.generation);
+  SetCondition(conditions, old, "Resizing", phase == Phase::kResizing,
+               phase == Phase::kResizing ? "MembershipChange" : "Stable", message, p.generation);
   const bool degraded = workers > 0 && static_cast<int>(workers) < p.spec.replicas_min;
   SetCondition(
       conditions, old, "Degraded", degraded, degraded ? "BelowMinimum" : "AtLeastMinimum",

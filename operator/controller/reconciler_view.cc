@@ -51,8 +51,7 @@ std::shared_ptr<const Result<JobSpec>> Reconciler::CachedSpecOf(const json& job)
 std::optional<policy::PolicyJob> Reconciler::PolicyJobOf(const json& job, const ClusterGpus& gpus,
                                                          PolicyContext& context) {
   const json& status = Obj(job, "status");
-  const std::string phase = status.value("phase", "");
-  if (phase == "Succeeded" || phase == "Failed") return std::nullopt;
+  if (Ended(PhaseOf(status))) return std::nullopt;
   if (Obj(job, "metadata").contains("deletionTimestamp")) return std::nullopt;
   // A job whose spec does not parse is failed by its own reconcile; it takes no GPUs.
   const std::shared_ptr<const Result<JobSpec>> spec = CachedSpecOf(job);
