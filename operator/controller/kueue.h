@@ -21,6 +21,9 @@ inline constexpr char kWorkloadApiVersion[] = "kueue.x-k8s.io/v1beta2";
 // The reason of the Admitted condition while Kueue has said nothing about the Workload yet (a
 // Workload just created, or Kueue not running).
 inline constexpr char kNotSeenByKueue[] = "WaitingForKueue";
+// The reason of the Admitted condition of a job without a queue label under an operator that
+// runs every job through Kueue (ReconcilerOptions::require_queue).
+inline constexpr char kNoQueueName[] = "QueueNameMissing";
 // The one pod set of a job's Workload: its workers, all alike.
 inline constexpr char kWorkersPodSet[] = "workers";
 

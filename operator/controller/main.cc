@@ -85,6 +85,7 @@ struct OperatorFlags {
   std::string policy = "elastic";
   int64_t agent_metrics_port = 9090;
   bool network_policy = true;
+  bool require_queue = false;
   // NetworkPolicy peers admitted to the workers' metrics port, as JSON; the chart's default.
   std::string network_policy_metrics_from =
       R"([{"namespaceSelector": {}, "podSelector": {"matchLabels": )"
@@ -225,6 +226,11 @@ std::optional<int> ParseFlags(int argc, char** argv, OperatorFlags& f) {
                  "JSON array of NetworkPolicy peers admitted to the workers'\n"
                  "--agent-metrics-port")
       ->capture_default_str();
+  app.add_flag("--require-kueue-queue", f.require_queue,
+               "run every job through Kueue: a job without the label\n"
+               "kueue.x-k8s.io/queue-name gets no workers and waits, its condition\n"
+               "Admitted saying so (default false: such a job is scheduled by the\n"
+               "operator alone)");
   app.add_option("--workers", f.workers, "jobs reconciled at once")
       ->transform(vf::Base10Integer())
       ->capture_default_str();
@@ -464,6 +470,7 @@ vf::controller::ControllerOptions MakeControllerOptions(const OperatorFlags& f,
   options.reconciler.job_key = job_key;
   options.reconciler.pods.default_image = f.agent_image;
   options.reconciler.pods.metrics_port = static_cast<int>(f.agent_metrics_port);
+  options.reconciler.require_queue = f.require_queue;
   if (f.network_policy) {
     options.reconciler.network_policy = vf::controller::NetworkPolicySettings{f.metrics_from};
   }

@@ -67,6 +67,10 @@ struct ReconcilerOptions {
   // (BuildNetworkPolicy), kept as built: made again when deleted, restored when changed. Unset:
   // none (a cluster whose CNI ignores NetworkPolicies).
   std::optional<NetworkPolicySettings> network_policy;
+  // Every job goes through Kueue: a job without a kueue.x-k8s.io/queue-name label gets no
+  // workers and waits, its Admitted condition (reason kNoQueueName) saying what to add. Off:
+  // such a job is scheduled by the operator alone.
+  bool require_queue = false;
   // Test-only: the phase at which the operator kills itself (fault.h).
   OperatorFault fault;
 };

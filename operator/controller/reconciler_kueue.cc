@@ -89,9 +89,11 @@ Status SetPriority(kube::Client& client, const json& job, const json& worker_pod
 }  // namespace
 
 std::optional<int> Reconciler::KueueCap(const json& job, const JobSpec& spec) const {
-  if (QueueNameOf(job).empty() || workloads_ == nullptr || !workloads_->synced()) {
-    return std::nullopt;
+  if (QueueNameOf(job).empty()) {
+    // Under an operator that leaves every GPU to Kueue, a job Kueue never saw gets none.
+    return options_.require_queue ? std::optional<int>(0) : std::nullopt;
   }
+  if (workloads_ == nullptr || !workloads_->synced()) return std::nullopt;
   const std::string ns = Obj(job, "metadata").value("namespace", "");
   std::optional<json> core = workloads_->Get(ns + "/" + WorkloadName(job));
   return KueueWorkerLimit(job, core ? *core : json(nullptr), CachedUnits(*workloads_, job, spec),
@@ -110,7 +112,16 @@ Result<json> Reconciler::FindWorkload(const Pass& p) {
 
 Result<Reconciler::Next> Reconciler::AdmitThroughKueue(Pass& p) {
   const std::string queue = QueueNameOf(p.job);
-  if (queue.empty()) return Next::kGoOn;
+  if (queue.empty()) {
+    if (options_.require_queue) {
+      p.kueue = KueueAdmission{};
+      p.kueue->reason = kNoQueueName;
+      p.kueue->message =
+          "this operator runs every job through Kueue (--require-kueue-queue): label the job " +
+          std::string(kQueueNameLabel) + ": <LocalQueue of its namespace>";
+    }
+    return Next::kGoOn;
+  }
   if (workloads_ == nullptr) {
     p.failed_action = "KueueUnavailable";
     return FailedPrecondition("the job names a Kueue LocalQueue (" + std::string(kQueueNameLabel) +
@@ -299,8 +310,10 @@ void Reconciler::SetAdmittedCondition(Pass& p, json& conditions) {
                  p.generation);
     return;
   }
-  const std::string message = "waiting for Kueue to admit Workload " + WorkloadName(p.job) +
-                              " in LocalQueue " + queue + ": " + k.message;
+  const std::string message = queue.empty()
+                                  ? "waiting for a queue: " + k.message
+                                  : "waiting for Kueue to admit Workload " + WorkloadName(p.job) +
+                                        " in LocalQueue " + queue + ": " + k.message;
   SetCondition(conditions, p.old_conditions, "Admitted", false,
                k.reason.empty() ? kNotSeenByKueue : k.reason, message, p.generation);
   if (p.members.empty()) p.status["message"] = message;

@@ -318,6 +318,7 @@ class ReconcilerTest : public testing::Test {
     options.pods.default_image = default_image_;
     options.job_key = kJobKey;
     options.network_policy = std::move(network_policy);
+    options.require_queue = require_queue_;
     if (options.network_policy) policies_ = NewInformer(kube::kNetworkPolicies);
     reconciler_ = Reconciler::Create(*client_, *jobs_, *pods_, *nodes_, coordinator_, options,
                                      hooks_, nullptr, policies_.get())
@@ -372,6 +373,7 @@ class ReconcilerTest : public testing::Test {
   std::unique_ptr<Reconciler> reconciler_;
   std::string default_image_ = "virtualflow/agent:1";  // the operator's --agent-image
   ReconcilerHooks hooks_;                              // set before Start
+  bool require_queue_ = false;                         // --require-kueue-queue, before Start
 };
 
 TEST_F(ReconcilerTest, SpecTheParserRejectsFailsTheJobWithItsMessage) {
@@ -395,6 +397,26 @@ TEST_F(ReconcilerTest, CreatesThePodsThePolicyWantsWithTheSpecsGpus) {
   const json status = api_->status_patches().back();
   EXPECT_EQ(status["phase"], "Pending");
   EXPECT_EQ(status["desiredWorkers"], 2);
+}
+
+TEST_F(ReconcilerTest, UnderRequireQueueAJobWithoutAQueueLabelGetsNoPodsAndSaysWhy) {
+  require_queue_ = true;
+  Start({EpochJob()}, {}, {GpuNode("gpu-a", 4)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_TRUE(api_->created_pods().empty());
+  const json status = api_->status_patches().back();
+  EXPECT_EQ(status["phase"], "Pending");
+  EXPECT_EQ(status["desiredWorkers"], 0);
+  json admitted;
+  for (const json& c : status["conditions"]) {
+    if (c["type"] == "Admitted") admitted = c;
+  }
+  ASSERT_FALSE(admitted.is_null()) << status.dump();
+  EXPECT_EQ(admitted["status"], "False");
+  EXPECT_EQ(admitted["reason"], "QueueNameMissing");
+  EXPECT_NE(admitted["message"].get<std::string>().find("kueue.x-k8s.io/queue-name"),
+            std::string::npos);
+  EXPECT_EQ(status["message"], admitted["message"]);
 }
 
 TEST_F(ReconcilerTest, AStatusTheCacheHasNotSeenYetIsNotWrittenTwice) {

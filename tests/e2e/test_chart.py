@@ -739,6 +739,7 @@ class ChartFilesTest(unittest.TestCase):
                 "--agent-image=virtualflow/agent:" + APP_VERSION,
                 "--agent-metrics-port=9090",
                 "--policy=elastic",
+                "--require-kueue-queue=false",
                 "--kube-api-qps=150",
                 "--kube-api-burst=300",
                 "--network-policy=true",

@@ -9,7 +9,9 @@ higher-priority batch Job makes Kueue preempt units of a running job, which shri
 those workers without stopping, its quota released once they left, and grows back when the Job
 ends, with the weights of a static run; an eviction of the whole job drains it with a
 checkpoint, requeues its Workload and resumes it from the checkpoint once readmitted; a job
-that runs past the waitForPodsReady timeout is not evicted."""
+that runs past the waitForPodsReady timeout is not evicted; the same shrink through reclaim by
+another ClusterQueue of a cohort; under --require-kueue-queue, a job without a queue label
+waits, saying so."""
 
 import os
 import shutil
@@ -33,6 +35,11 @@ PODS_READY_TIMEOUT = 30
 SHARED_QUEUE = "shared"
 SHARED_CLUSTER_QUEUE = "shared-gpus"
 SHARED_GPU_QUOTA = 4  # the nodes of those tests have 6: only the quota keeps usage at 4
+# Two ClusterQueues of a cohort, 2 GPUs each: a job of the first borrows the second's, and the
+# second takes them back (reclaimWithinCohort) when its own workloads need them.
+BORROWER_QUEUE, BORROWER_CLUSTER_QUEUE = "research", "research-gpus"
+LENDER_QUEUE, LENDER_CLUSTER_QUEUE = "production", "production-gpus"
+COHORT = "pool"
 
 
 def queued_manifest(
@@ -52,17 +59,22 @@ def condition(status: dict[str, Any], kind: str) -> dict[str, Any] | None:
     return {c["type"]: c for c in status.get("conditions", [])}.get(kind)
 
 
-def cluster_queue(name: str, gpus: int, preempt: str = "Never") -> dict[str, Any]:
+def cluster_queue(
+    name: str, gpus: int, preempt: str = "Never", cohort: str = "", reclaim: str = "Never"
+) -> dict[str, Any]:
     """A ClusterQueue of GPUS nvidia.com/gpu (and ample CPU and memory) in flavor `gpu`, which
-    preempts admitted Workloads within it as PREEMPT says (Kueue's withinClusterQueue)."""
+    preempts admitted Workloads within it as PREEMPT says (Kueue's withinClusterQueue) and, in
+    COHORT, reclaims what others borrowed from it as RECLAIM says (reclaimWithinCohort)."""
+    spec: dict[str, Any] = {"cohortName": cohort} if cohort else {}
     return {
         "apiVersion": "kueue.x-k8s.io/v1beta2",
         "kind": "ClusterQueue",
         "metadata": {"name": name},
-        "spec": {
+        "spec": spec
+        | {
             "namespaceSelector": {},
             "queueingStrategy": "BestEffortFIFO",
-            "preemption": {"withinClusterQueue": preempt, "reclaimWithinCohort": "Never"},
+            "preemption": {"withinClusterQueue": preempt, "reclaimWithinCohort": reclaim},
             "resourceGroups": [
                 {
                     "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
@@ -255,6 +267,23 @@ class KueueTest(OperatorTestCase):
             KUEUE + "/namespaces/%s/localqueues" % NS,
             local_queue(SHARED_QUEUE, SHARED_CLUSTER_QUEUE),
         )
+        cls.cp.request(
+            "POST",
+            KUEUE + "/clusterqueues",
+            cluster_queue(BORROWER_CLUSTER_QUEUE, 2, cohort=COHORT),
+        )
+        cls.cp.request(
+            "POST",
+            KUEUE + "/clusterqueues",
+            cluster_queue(LENDER_CLUSTER_QUEUE, 2, cohort=COHORT, reclaim="Any"),
+        )
+        for queue, cluster in (
+            (BORROWER_QUEUE, BORROWER_CLUSTER_QUEUE),
+            (LENDER_QUEUE, LENDER_CLUSTER_QUEUE),
+        ):
+            cls.cp.request(
+                "POST", KUEUE + "/namespaces/%s/localqueues" % NS, local_queue(queue, cluster)
+            )
         for name, value in (("low", 10), ("high", 1000)):
             cls.cp.request(
                 "POST",
@@ -266,7 +295,12 @@ class KueueTest(OperatorTestCase):
                     "value": value,
                 },
             )
-        for queue in (CLUSTER_QUEUE, SHARED_CLUSTER_QUEUE):
+        for queue in (
+            CLUSTER_QUEUE,
+            SHARED_CLUSTER_QUEUE,
+            BORROWER_CLUSTER_QUEUE,
+            LENDER_CLUSTER_QUEUE,
+        ):
             cls.cp.wait_for(
                 "ClusterQueue %s to be active" % queue,
                 lambda q=queue: any(
@@ -427,15 +461,17 @@ class KueueTest(OperatorTestCase):
             timeout=timeout,
         )
 
-    def test_4_a_preemption_shrinks_the_job_which_grows_back_when_the_quota_frees(self):
-        """Kueue preempts 2 of a running job's 4 workers for a higher-priority batch Job: the
-        job shrinks to 2 between two steps and trains on, the Job's pods start once the 2
-        workers left (usage never over the quota, though the nodes have GPUs to spare), and
-        when the Job ends the job grows back to 4. No step is redone; the weights are those of
-        a static run. The job runs well past waitForPodsReady's timeout without an eviction."""
+    def shrink_and_grow_back(self, name: str, queue: str, batch_queue: str, quota: int) -> None:
+        """A job of 4 workers (replicas 2 to 4) in QUEUE; a higher-priority batch Job of 2 GPUs
+        in BATCH_QUEUE makes Kueue preempt 2 of its units: the job shrinks to 2 between two
+        steps and trains on, the Job's pods start once the 2 workers left (GPUs held never over
+        QUOTA, though the nodes have 6), and when the Job ends the job grows back to 4. No step
+        is redone; the weights are those of a static run. The job runs well past
+        waitForPodsReady's timeout without an eviction."""
         self.reset_nodes(("gpu-p1", 2), ("gpu-p2", 2), ("gpu-p3", 2))
-        name = "shrinking"
-        manifest = self.shared_job(name, steps=1500, replicas=(2, 4), delay_ms=10)
+        steps = 1200
+        manifest = queued_manifest(name, steps, (2, 4), delay_ms=10, queue=queue)
+        manifest["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = "low"
         self.apply(manifest)
         started = time.monotonic()
         self.wait_workers(name, 4)
@@ -446,13 +482,14 @@ class KueueTest(OperatorTestCase):
             w for w in self.workloads(name) if w["metadata"]["name"] != core["metadata"]["name"]
         ]
         self.assertEqual(sorted(u["spec"]["priority"] for u in units), [9, 9])
+        batch = name + "-urgent"
         watch = Watch(self, name)
         watch.start()
         try:
             self.cp.request(
                 "POST",
                 "/apis/batch/v1/namespaces/%s/jobs" % NS,
-                batch_job("urgent", SHARED_QUEUE, "high", pods=2, seconds=10),
+                batch_job(batch, batch_queue, "high", pods=2, seconds=8),
             )
             shrunk = self.wait_status(
                 name,
@@ -466,7 +503,7 @@ class KueueTest(OperatorTestCase):
                 lambda: (
                     sum(
                         p.get("status", {}).get("phase") == "Running"
-                        for p in self.batch_pods("urgent")
+                        for p in self.batch_pods(batch)
                     )
                     == 2
                 ),
@@ -475,13 +512,17 @@ class KueueTest(OperatorTestCase):
             during = self.status(name)
             self.assertEqual(during.get("phase"), "Running")
             self.assertLessEqual(during.get("workers", 0), 2)
-            self.wait_batch_job_done("urgent")
+            self.wait_batch_job_done(batch)
             self.wait_workers(name, 4, timeout=180)
             done = self.wait_succeeded(name)
         finally:
             watch.stop()
+            self.cp.request(
+                "DELETE",
+                "/apis/batch/v1/namespaces/%s/jobs/%s?propagationPolicy=Background" % (NS, batch),
+            )
         self.assertEqual(watch.steps_back, [])
-        self.assertLessEqual(watch.max_gpus, SHARED_GPU_QUOTA)
+        self.assertLessEqual(watch.max_gpus, quota)
         self.assertEqual(len(watch.released_after), 2, watch.evicted_at)
         print(
             "\nKueue eviction of a unit to its quota free: %s s"
@@ -492,12 +533,17 @@ class KueueTest(OperatorTestCase):
         core = self.workload(name)
         self.assertIsNone(condition(core["status"], "Evicted"))
         self.assertEqual(condition(core["status"], "PodsReady")["status"], "True")
-        self.assertEqual(done["step"], 1500)
+        self.assertEqual(done["step"], steps)
         self.assertEqual(done["weightsSha256"], local_sha(manifest, 4))
         self.delete_job(name)
-        self.cp.request(
-            "DELETE", "/apis/batch/v1/namespaces/%s/jobs/urgent?propagationPolicy=Background" % NS
-        )
+
+    def test_4_a_preemption_shrinks_the_job_which_grows_back_when_the_quota_frees(self):
+        self.shrink_and_grow_back("shrinking", SHARED_QUEUE, SHARED_QUEUE, SHARED_GPU_QUOTA)
+
+    def test_6_a_reclaim_by_another_cluster_queue_shrinks_the_job_as_well(self):
+        """As test 4, through the cohort: the job's ClusterQueue lends it 2 GPUs of its
+        neighbour's, and the neighbour takes them back for its own Job."""
+        self.shrink_and_grow_back("borrowing", BORROWER_QUEUE, LENDER_QUEUE, 4)
 
     def test_5_an_eviction_of_the_whole_job_drains_requeues_and_resumes_it(self):
         """A job all of whose workers are its core (replicas.min = max) is evicted whole by a
@@ -559,6 +605,50 @@ class KueueTest(OperatorTestCase):
                 "/apis/batch/v1/namespaces/%s/jobs/urgent2?propagationPolicy=Background" % NS,
             )
             shutil.rmtree(store, ignore_errors=True)
+
+    def test_7_with_every_job_through_kueue_a_job_without_a_queue_waits_saying_so(self):
+        """An operator started with --require-kueue-queue (the chart's kueue.required) gives a
+        job without a queue label no workers, though GPUs are free, and says why; labelled, the
+        job is admitted by Kueue and runs."""
+        self.operator.stop()
+        self.start_operator(extra=["--require-kueue-queue"])
+        try:
+            self.reset_nodes(("gpu-u", 2))
+            manifest = job_manifest("unqueued", steps=30, replicas=(1, 2))
+            manifest["metadata"]["namespace"] = NS
+            self.apply(manifest)
+            waiting = self.wait_status(
+                "unqueued",
+                "waiting for a queue",
+                lambda s: (condition(s, "Admitted") or {}).get("reason") == "QueueNameMissing",
+            )
+            admitted = condition(waiting, "Admitted")
+            self.assertEqual(admitted["status"], "False")
+            self.assertIn("label the job kueue.x-k8s.io/queue-name", admitted["message"])
+            self.assertEqual(waiting["phase"], "Pending")
+            self.assertEqual(waiting["message"], admitted["message"])
+            self.assertEqual(waiting.get("desiredWorkers"), 0)
+            self.assertEqual(self.pods("unqueued"), [])
+            self.cp.kubectl(
+                "label",
+                "vfj",
+                "-n",
+                NS,
+                "unqueued",
+                "kueue.x-k8s.io/queue-name=" + QUEUE,
+                check=True,
+            )
+            self.wait_succeeded("unqueued")
+            # It ran as Kueue admitted it: its Workload is there, and finished.
+            finished = self.cp.wait_for(
+                "its Workload to be finished",
+                lambda: condition((self.workload("unqueued") or {}).get("status", {}), "Finished"),
+            )
+            self.assertEqual(finished["reason"], "Succeeded")
+        finally:
+            self.delete_job("unqueued")
+            self.operator.stop()
+            self.start_operator()
 
 
 if __name__ == "__main__":
