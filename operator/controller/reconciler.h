@@ -13,6 +13,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -22,8 +23,8 @@
 #include "operator/controller/expectations.h"
 #include "operator/controller/fault.h"
 #include "operator/controller/informer.h"
-#include "operator/controller/job_status.h"
 #include "operator/controller/inventory.h"
+#include "operator/controller/job_status.h"
 #include "operator/controller/kueue.h"
 #include "operator/controller/worker_pod.h"
 #include "operator/coordinator/coordinator.h"
@@ -42,8 +43,16 @@ struct ReconcileResult {
 };
 
 // Things the reconciler reports for metrics, none required. Value type.
+// Why the membership of a running job changed: more workers, fewer (GPUs taken back), a
+// worker lost or failed, or a worker that asked to leave.
+enum class ResizeKind { kGrow, kShrink, kFailure, kLeave };
+
+// The kind of a membership change as policy::MembershipDecision names it ("grow", ...);
+// nullopt for a job's first plan ("start") and for a name it does not know.
+std::optional<ResizeKind> ResizeKindOf(std::string_view kind);
+
 struct ReconcilerHooks {
-  std::function<void(const std::string& job, const std::string& kind, int from, int to)> on_resize;
+  std::function<void(const std::string& job, ResizeKind kind, int from, int to)> on_resize;
   std::function<void(const std::string& job, double pause_seconds)> on_resize_pause;
   // Once for each failed periodic checkpoint a worker of the job reported.
   std::function<void(const std::string& job)> on_checkpoint_failure;

@@ -6,8 +6,10 @@
 #include <cmath>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -46,6 +48,14 @@ std::vector<Member> PlanMembers(const std::vector<policy::PlannedMember>& planne
 }
 
 }  // namespace
+
+std::optional<ResizeKind> ResizeKindOf(std::string_view kind) {
+  if (kind == "grow") return ResizeKind::kGrow;
+  if (kind == "shrink") return ResizeKind::kShrink;
+  if (kind == "failure") return ResizeKind::kFailure;
+  if (kind == "leave") return ResizeKind::kLeave;
+  return std::nullopt;
+}
 
 policy::MembershipInput Reconciler::MembershipInputOf(const Pass& p) const {
   policy::MembershipInput in;
@@ -149,7 +159,14 @@ Status Reconciler::UpdateMembership(Pass& p) {
   Event(p.job, kind == "failure",
         kind == "start" ? "Started" : (kind == "failure" ? "Recovered" : "Resized"),
         p.decision.reason + (reported.empty() ? "" : "; " + reported));
-  if (hooks_.on_resize && kind != "start") hooks_.on_resize(p.key, kind, from, to);
+  if (kind != "start") {
+    if (const std::optional<ResizeKind> resize = ResizeKindOf(kind); !resize) {
+      std::fprintf(stderr, "virtualflow-operator: %s: membership change of unknown kind %s\n",
+                   p.key.c_str(), kind.c_str());
+    } else if (hooks_.on_resize) {
+      hooks_.on_resize(p.key, *resize, from, to);
+    }
+  }
   if (kind != "start") options_.fault.At("plan-published", p.key);
   // The members this plan drops are to acknowledge it before they exit (a pod deleted, a
   // node drained: the operator plans without them as soon as it sees that, before they ask).

@@ -1354,6 +1354,10 @@ TEST_F(ReconcilerTest, AFailedCheckpointIsAConditionAndAWarningEventPerFailure) 
 TEST_F(ReconcilerTest, ARecoveryEventNamesWhatTheMembersReported) {
   json job = StepJob(nullptr, {{"phase", "Running"}, {"startTime", SecondsAgo(60)}});
   job["spec"]["replicas"] = {{"min", 1}, {"max", 2}};
+  std::vector<ResizeKind> resizes;  // Reconcile runs on this thread
+  hooks_.on_resize = [&resizes](const std::string&, ResizeKind kind, int, int) {
+    resizes.push_back(kind);
+  };
   Start({job}, {RunningPod("mnist-worker-a"), RunningPod("mnist-worker-b")}, {GpuNode("gpu-a", 2)});
   ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
   Ready({"mnist-worker-a", "mnist-worker-b"});
@@ -1368,6 +1372,8 @@ TEST_F(ReconcilerTest, ARecoveryEventNamesWhatTheMembersReported) {
   ASSERT_EQ(coordinator_.GetPlan(kKey)->epoch, epoch + 1);
   ASSERT_FALSE(api_->event_reasons().empty());
   EXPECT_EQ(api_->event_reasons().back(), "Recovered");
+  // The first plan is no resize; the recovery is one, of its kind.
+  EXPECT_EQ(resizes, std::vector<ResizeKind>{ResizeKind::kFailure});
   const std::string message = api_->event_messages().back();
   EXPECT_NE(message.find("a worker failed"), std::string::npos) << message;
   EXPECT_NE(message.find("mnist-worker-b reported: gloo rendezvous (rank 1 of 2): connection "
@@ -2046,6 +2052,15 @@ TEST_F(ReconcilerTest, APodOfTheDrawnNameThatExistsIsNotAdopted) {
   ASSERT_NE(blocked, nullptr) << status;
   EXPECT_EQ((*blocked)["reason"], "WorkerPodNotOwned");
   EXPECT_EQ(api_->event_reasons(), std::vector<std::string>{"WorkerPodNotOwned"});
+}
+
+TEST(ResizeKindTest, EachKindOfMembershipChangeHasOneAndTheFirstPlanNone) {
+  EXPECT_EQ(ResizeKindOf("grow"), ResizeKind::kGrow);
+  EXPECT_EQ(ResizeKindOf("shrink"), ResizeKind::kShrink);
+  EXPECT_EQ(ResizeKindOf("failure"), ResizeKind::kFailure);
+  EXPECT_EQ(ResizeKindOf("leave"), ResizeKind::kLeave);
+  EXPECT_EQ(ResizeKindOf("start"), std::nullopt);
+  EXPECT_EQ(ResizeKindOf("worker-lost"), std::nullopt);
 }
 
 }  // namespace

@@ -10,12 +10,19 @@
 namespace vf {
 namespace {
 
-ResizeReason ReasonOf(const std::string& kind) {
-  if (kind == "grow") return ResizeReason::kGrow;
-  if (kind == "shrink") return ResizeReason::kShrink;
-  if (kind == "leave") return ResizeReason::kLeave;
-  if (kind == "rebalance") return ResizeReason::kRebalance;
-  return ResizeReason::kFailure;
+// Exhaustive: a kind added to ResizeKind does not compile until it has a reason here.
+ResizeReason ReasonOf(controller::ResizeKind kind) {
+  switch (kind) {
+    case controller::ResizeKind::kGrow:
+      return ResizeReason::kGrow;
+    case controller::ResizeKind::kShrink:
+      return ResizeReason::kShrink;
+    case controller::ResizeKind::kFailure:
+      return ResizeReason::kFailure;
+    case controller::ResizeKind::kLeave:
+      return ResizeReason::kLeave;
+  }
+  return ResizeReason::kFailure;  // not reached: every kind is above
 }
 
 // "namespace/name" -> {namespace, name}.
@@ -62,7 +69,7 @@ void ReportControllerMetrics(controller::ControllerOptions& options, OperatorMet
   };
   auto phases = std::make_shared<Phases>(metrics);
   controller::ReconcilerHooks& hooks = options.hooks;
-  hooks.on_resize = [&metrics](const std::string& job, const std::string& kind, int, int) {
+  hooks.on_resize = [&metrics](const std::string& job, controller::ResizeKind kind, int, int) {
     auto [job_ns, name] = SplitJobKey(job);
     metrics.OnResize(job_ns, name, ReasonOf(kind));
   };

@@ -66,7 +66,7 @@ TEST_F(ControllerMetricsTest, AnEpochJobsLengthHasNoSeriesBeforeAnAgentReportsIt
 TEST_F(ControllerMetricsTest, AFinishedJobKeepsItsSeriesUntilItIsGoneThenLeavesNone) {
   Status("team/mnist", {{"phase", "Running"}, {"workers", 2}, {"step", 10}, {"totalSteps", 25}});
   Status("team/other", {{"phase", "Running"}, {"workers", 1}, {"step", 5}, {"totalSteps", 25}});
-  options_.hooks.on_resize("team/mnist", "grow", 1, 2);
+  options_.hooks.on_resize("team/mnist", controller::ResizeKind::kGrow, 1, 2);
   options_.hooks.on_resize_pause("team/mnist", 0.5);
   // Finished: the reconciler still reports it on every pass until it is deleted (by a user, or
   // by the operator when spec.runPolicy.ttlSecondsAfterFinished runs out).
@@ -83,14 +83,19 @@ TEST_F(ControllerMetricsTest, AFinishedJobKeepsItsSeriesUntilItIsGoneThenLeavesN
   EXPECT_TRUE(Contains(text, "vf_operator_job_step{job_name=\"other\",job_namespace=\"team\"} 5"));
 }
 
-TEST_F(ControllerMetricsTest, ResizesCountByReasonAndAnUnknownKindAsFailure) {
+TEST_F(ControllerMetricsTest, ResizesCountByTheirKind) {
   Status("team/mnist", {{"phase", "Running"}});
-  options_.hooks.on_resize("team/mnist", "shrink", 4, 2);
-  options_.hooks.on_resize("team/mnist", "worker-lost", 2, 1);
+  options_.hooks.on_resize("team/mnist", controller::ResizeKind::kShrink, 4, 2);
+  options_.hooks.on_resize("team/mnist", controller::ResizeKind::kFailure, 2, 1);
+  options_.hooks.on_resize("team/mnist", controller::ResizeKind::kLeave, 2, 1);
+  options_.hooks.on_resize("team/mnist", controller::ResizeKind::kGrow, 1, 2);
+  options_.hooks.on_resize("team/mnist", controller::ResizeKind::kGrow, 2, 3);
   const std::string text = Text();
   const std::string job = "job_name=\"mnist\",job_namespace=\"team\"";
   EXPECT_TRUE(Contains(text, "vf_operator_resizes_total{" + job + ",reason=\"shrink\"} 1"));
   EXPECT_TRUE(Contains(text, "vf_operator_resizes_total{" + job + ",reason=\"failure\"} 1"));
+  EXPECT_TRUE(Contains(text, "vf_operator_resizes_total{" + job + ",reason=\"leave\"} 1"));
+  EXPECT_TRUE(Contains(text, "vf_operator_resizes_total{" + job + ",reason=\"grow\"} 2"));
 }
 
 TEST_F(ControllerMetricsTest, EachFailedCheckpointTheReconcilerSeesCountsForItsJob) {
