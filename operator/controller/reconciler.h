@@ -26,6 +26,7 @@
 #include "operator/controller/inventory.h"
 #include "operator/controller/job_status.h"
 #include "operator/controller/kueue.h"
+#include "operator/controller/kueue_contract.h"
 #include "operator/controller/worker_pod.h"
 #include "operator/coordinator/coordinator.h"
 #include "operator/kube/client.h"
@@ -42,7 +43,6 @@ struct ReconcileResult {
   std::chrono::milliseconds requeue_after{0};
 };
 
-// Things the reconciler reports for metrics, none required. Value type.
 // Why the membership of a running job changed: more workers, fewer (GPUs taken back), a
 // worker lost or failed, or a worker that asked to leave.
 enum class ResizeKind { kGrow, kShrink, kFailure, kLeave };
@@ -51,6 +51,7 @@ enum class ResizeKind { kGrow, kShrink, kFailure, kLeave };
 // nullopt for a job's first plan ("start") and for a name it does not know.
 std::optional<ResizeKind> ResizeKindOf(std::string_view kind);
 
+// Things the reconciler reports for metrics, none required. Value type.
 struct ReconcilerHooks {
   std::function<void(const std::string& job, ResizeKind kind, int from, int to)> on_resize;
   std::function<void(const std::string& job, double pause_seconds)> on_resize_pause;
@@ -165,6 +166,10 @@ class Reconciler {
   // writing a checkpoint), then its units are deleted and the core's reservation cleared so
   // that Kueue queues it again; readmitted, it resumes from the checkpoint. kDone while so.
   Result<Next> DrainEvicted(Pass& p, ReconcileResult& result);
+  // Where Kueue's admission of the job's core puts its pods (kueue_contract.h PlacementOf): the
+  // admitted ResourceFlavors' node labels and tolerations and the admission checks'
+  // podSetUpdates, read from the API server; nullopt for a job Kueue plays no part in.
+  Result<std::optional<PodSetPlacement>> KueuePlacement(Pass& p);
   // The most workers the policy may give `job` under Kueue: nullopt when Kueue plays no part
   // (no queue label, or Workloads not mirrored yet), else what Kueue admitted (0 while waiting).
   std::optional<int> KueueCap(const nlohmann::json& job, const JobSpec& spec) const;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -189,7 +190,15 @@ Status Reconciler::KeepUnits(Pass& p, const JobAdmission& admission,
     }
     return Status::Ok();
   }
-  const json pod = BuildWorkerPod(p.job, p.spec, p.name + "-worker", options_.pods);
+  if (std::none_of(units.begin(), units.end(), [](const json& u) { return u.is_null(); })) {
+    return Status::Ok();
+  }
+  // A unit asks for the nodes of its core's flavors, so that Kueue charges it to one of them
+  // and its worker lands beside the others.
+  json pod = BuildWorkerPod(p.job, p.spec, p.name + "-worker", options_.pods);
+  p.kueue = admission.admission;
+  VF_ASSIGN_OR_RETURN(const std::optional<PodSetPlacement> placement, KueuePlacement(p));
+  if (placement) VF_RETURN_IF_ERROR(ApplyPlacement(*placement, pod));
   for (size_t i = 0; i < units.size(); ++i) {
     if (!units[i].is_null()) continue;
     const int index = static_cast<int>(i) + 1;
@@ -297,6 +306,27 @@ Result<Reconciler::Next> Reconciler::DrainEvicted(Pass& p, ReconcileResult& resu
   if (hooks_.on_job_status) hooks_.on_job_status(p.key, status, p.spec);
   result.requeue_after = std::chrono::milliseconds(stopping > 0 ? 500 : 1000);
   return Next::kDone;
+}
+
+Result<std::optional<PodSetPlacement>> Reconciler::KueuePlacement(Pass& p) {
+  if (!p.kueue || !p.kueue->admitted) return std::optional<PodSetPlacement>();
+  VF_ASSIGN_OR_RETURN(const json core, FindWorkload(p));
+  if (core.is_null()) return std::optional<PodSetPlacement>();
+  std::map<std::string, json> flavors;
+  for (const std::string& name : AdmittedFlavors(core, kWorkersPodSet)) {
+    kube::ApiResult<json> got = client_.Get(kube::kResourceFlavors, "", name);
+    if (!got.ok()) {
+      p.failed_action = "FailedKueuePlacement";
+      return got.status().WithContext("ResourceFlavor " + name);
+    }
+    flavors[name] = *got;
+  }
+  Result<PodSetPlacement> placement = PlacementOf(core, kWorkersPodSet, flavors);
+  if (!placement.ok()) {
+    p.failed_action = "FailedKueuePlacement";
+    return placement.status().WithContext("Kueue Workload " + WorkloadName(p.job));
+  }
+  return std::optional<PodSetPlacement>(std::move(placement).value());
 }
 
 void Reconciler::SetAdmittedCondition(Pass& p, json& conditions) {

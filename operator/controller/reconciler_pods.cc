@@ -248,10 +248,21 @@ Status Reconciler::CreateMissingPods(Pass& p, int live) {
   std::vector<std::string> pins =
       own_product ? std::vector<std::string>{} : ProductsToPin(p.allocation, p.pods, p.gpus());
   size_t next_pin = 0;
+  // Under Kueue, the nodes of the admitted flavors (read only when a pod is to be made).
+  std::optional<PodSetPlacement> placement;
+  if (live < p.desired) {
+    VF_ASSIGN_OR_RETURN(placement, KueuePlacement(p));
+  }
   while (live < p.desired) {
     const std::string pod_name = p.name + "-worker-" + RandomSuffix();
     const std::string product = next_pin < pins.size() ? pins[next_pin++] : "";
     json pod = BuildWorkerPod(p.job, p.spec, pod_name, options_.pods, product);
+    if (placement) {
+      if (Status placed = ApplyPlacement(*placement, pod); !placed.ok()) {
+        p.failed_action = "FailedKueuePlacement";
+        return placed.WithContext("the placement of Kueue's admission on pod " + pod_name);
+      }
+    }
     // The image the job's workers run, which may no longer be what a new job gets.
     pod["spec"]["containers"][0]["image"] = p.image;
     auto r = client_.Create(kube::kPods, p.ns, pod);

@@ -43,6 +43,9 @@ inline constexpr Resource kWorkloads{"kueue.x-k8s.io", "v1beta2", "workloads", "
 // The priority classes a job's Workloads take their priority from (kueue_contract.h).
 inline constexpr Resource kWorkloadPriorityClasses{
     "kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses", "WorkloadPriorityClass", false};
+// The flavors a Kueue admission names, whose node labels and tolerations its pods get.
+inline constexpr Resource kResourceFlavors{"kueue.x-k8s.io", "v1beta2", "resourceflavors",
+                                           "ResourceFlavor", false};
 inline constexpr Resource kPriorityClasses{"scheduling.k8s.io", "v1", "priorityclasses",
                                            "PriorityClass", false};
 

@@ -286,6 +286,8 @@ NODE_RIGHTS = [
     # The priority of a job's Workloads, from the class it names.
     ("get", "workloadpriorityclasses.kueue.x-k8s.io", ""),
     ("get", "priorityclasses.scheduling.k8s.io", ""),
+    # The node labels and tolerations of the flavors Kueue admitted a job to.
+    ("get", "resourceflavors.kueue.x-k8s.io", ""),
 ]
 # Read cluster-wide even with watchNamespace: the GPU inventory counts what every pod holds.
 INVENTORY_RIGHTS = NODE_RIGHTS + [("get", "pods", ""), ("list", "pods", ""), ("watch", "pods", "")]
@@ -1252,7 +1254,13 @@ class ChartInstallTest(OperatorProcesses, ControlPlaneTestCase):
         # Kueue's API, so that the operator's rights on Workloads (and the absence of others)
         # are asked about resources the server knows.
         cls.cp.install_kueue_crds(
-            ("workloads", "clusterqueues", "localqueues", "workloadpriorityclasses")
+            (
+                "workloads",
+                "clusterqueues",
+                "localqueues",
+                "workloadpriorityclasses",
+                "resourceflavors",
+            )
         )
         cls.run_kubectl("apply", "-f", "-", input=MONITOR_CRDS, check=True)
         cls.run_kubectl(

@@ -21,7 +21,7 @@ import time
 import unittest
 from typing import Any
 
-from test_operator import OperatorTestCase, job_manifest, local_sha
+from test_operator import OperatorTestCase, job_manifest, local_sha, local_sha_meanwhile
 
 NS = "queued"
 QUEUE = "team"
@@ -40,6 +40,8 @@ SHARED_GPU_QUOTA = 4  # the nodes of those tests have 6: only the quota keeps us
 BORROWER_QUEUE, BORROWER_CLUSTER_QUEUE = "research", "research-gpus"
 LENDER_QUEUE, LENDER_CLUSTER_QUEUE = "production", "production-gpus"
 COHORT = "pool"
+# A ClusterQueue whose one flavor names nodes by a label: its jobs' pods go only there.
+FLAVORED_QUEUE, FLAVORED_CLUSTER_QUEUE, FLAVOR = "labelled", "labelled-gpus", "pool-a"
 
 
 def queued_manifest(
@@ -60,9 +62,14 @@ def condition(status: dict[str, Any], kind: str) -> dict[str, Any] | None:
 
 
 def cluster_queue(
-    name: str, gpus: int, preempt: str = "Never", cohort: str = "", reclaim: str = "Never"
+    name: str,
+    gpus: int,
+    preempt: str = "Never",
+    cohort: str = "",
+    reclaim: str = "Never",
+    flavor: str = "gpu",
 ) -> dict[str, Any]:
-    """A ClusterQueue of GPUS nvidia.com/gpu (and ample CPU and memory) in flavor `gpu`, which
+    """A ClusterQueue of GPUS nvidia.com/gpu (and ample CPU and memory) in FLAVOR, which
     preempts admitted Workloads within it as PREEMPT says (Kueue's withinClusterQueue) and, in
     COHORT, reclaims what others borrowed from it as RECLAIM says (reclaimWithinCohort)."""
     spec: dict[str, Any] = {"cohortName": cohort} if cohort else {}
@@ -80,7 +87,7 @@ def cluster_queue(
                     "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
                     "flavors": [
                         {
-                            "name": "gpu",
+                            "name": flavor,
                             "resources": [
                                 {"name": "cpu", "nominalQuota": "64"},
                                 {"name": "memory", "nominalQuota": "256Gi"},
@@ -277,9 +284,25 @@ class KueueTest(OperatorTestCase):
             KUEUE + "/clusterqueues",
             cluster_queue(LENDER_CLUSTER_QUEUE, 2, cohort=COHORT, reclaim="Any"),
         )
+        cls.cp.request(
+            "POST",
+            KUEUE + "/resourceflavors",
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "ResourceFlavor",
+                "metadata": {"name": FLAVOR},
+                "spec": {"nodeLabels": {"example.com/pool": "a"}},
+            },
+        )
+        cls.cp.request(
+            "POST",
+            KUEUE + "/clusterqueues",
+            cluster_queue(FLAVORED_CLUSTER_QUEUE, 2, flavor=FLAVOR),
+        )
         for queue, cluster in (
             (BORROWER_QUEUE, BORROWER_CLUSTER_QUEUE),
             (LENDER_QUEUE, LENDER_CLUSTER_QUEUE),
+            (FLAVORED_QUEUE, FLAVORED_CLUSTER_QUEUE),
         ):
             cls.cp.request(
                 "POST", KUEUE + "/namespaces/%s/localqueues" % NS, local_queue(queue, cluster)
@@ -300,6 +323,7 @@ class KueueTest(OperatorTestCase):
             SHARED_CLUSTER_QUEUE,
             BORROWER_CLUSTER_QUEUE,
             LENDER_CLUSTER_QUEUE,
+            FLAVORED_CLUSTER_QUEUE,
         ):
             cls.cp.wait_for(
                 "ClusterQueue %s to be active" % queue,
@@ -469,9 +493,10 @@ class KueueTest(OperatorTestCase):
         is redone; the weights are those of a static run. The job runs well past
         waitForPodsReady's timeout without an eviction."""
         self.reset_nodes(("gpu-p1", 2), ("gpu-p2", 2), ("gpu-p3", 2))
-        steps = 1200
+        steps = 1000
         manifest = queued_manifest(name, steps, (2, 4), delay_ms=10, queue=queue)
         manifest["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = "low"
+        static = local_sha_meanwhile(manifest, 4)
         self.apply(manifest)
         started = time.monotonic()
         self.wait_workers(name, 4)
@@ -482,6 +507,9 @@ class KueueTest(OperatorTestCase):
             w for w in self.workloads(name) if w["metadata"]["name"] != core["metadata"]["name"]
         ]
         self.assertEqual(sorted(u["spec"]["priority"] for u in units), [9, 9])
+        # A step's time at 4 workers, from the workers' throughput (a global batch of 256).
+        rate = self.wait_status(name, "a throughput", lambda s: s.get("samplesPerSecond", 0) > 0)
+        step_seconds = 256 / rate["samplesPerSecond"]
         batch = name + "-urgent"
         watch = Watch(self, name)
         watch.start()
@@ -525,8 +553,8 @@ class KueueTest(OperatorTestCase):
         self.assertLessEqual(watch.max_gpus, quota)
         self.assertEqual(len(watch.released_after), 2, watch.evicted_at)
         print(
-            "\nKueue eviction of a unit to its quota free: %s s"
-            % ", ".join("%.2f" % t for t in sorted(watch.released_after.values()))
+            "\nKueue eviction of a unit to its quota free: %s s (a step: %.3f s)"
+            % (", ".join("%.2f" % t for t in sorted(watch.released_after.values())), step_seconds)
         )
         # Past waitForPodsReady's timeout without an eviction of the core.
         self.assertGreater(time.monotonic() - started, PODS_READY_TIMEOUT)
@@ -534,7 +562,7 @@ class KueueTest(OperatorTestCase):
         self.assertIsNone(condition(core["status"], "Evicted"))
         self.assertEqual(condition(core["status"], "PodsReady")["status"], "True")
         self.assertEqual(done["step"], steps)
-        self.assertEqual(done["weightsSha256"], local_sha(manifest, 4))
+        self.assertEqual(done["weightsSha256"], static.result())
         self.delete_job(name)
 
     def test_4_a_preemption_shrinks_the_job_which_grows_back_when_the_quota_frees(self):
@@ -649,6 +677,28 @@ class KueueTest(OperatorTestCase):
             self.delete_job("unqueued")
             self.operator.stop()
             self.start_operator()
+
+    def test_8_pods_of_a_job_admitted_to_a_flavor_run_on_its_nodes_only(self):
+        """A job admitted to a ResourceFlavor with node labels gets those labels as its pods'
+        nodeSelector, core and unit alike, and its pods run only on the labelled node, though
+        another node has GPUs free."""
+        self.reset_nodes(("gpu-other", 2))
+        self.cp.add_gpu_node("gpu-pool-a", gpus=2, labels={"example.com/pool": "a"})
+        manifest = queued_manifest("flavored", steps=60, replicas=(1, 2), queue=FLAVORED_QUEUE)
+        self.apply(manifest)
+        self.wait_workers("flavored", 2)
+        pods = self.pods("flavored")
+        self.assertEqual(len(pods), 2)
+        for pod in pods:
+            self.assertEqual(pod["spec"]["nodeSelector"]["example.com/pool"], "a")
+            self.assertEqual(pod["spec"]["nodeName"], "gpu-pool-a")
+        for w in self.workloads("flavored"):
+            if w["metadata"]["labels"]["virtualflow.io/workload-role"] == "unit":
+                template = w["spec"]["podSets"][0]["template"]["spec"]
+                self.assertEqual(template["nodeSelector"]["example.com/pool"], "a")
+        done = self.wait_succeeded("flavored")
+        self.assertEqual(done["weightsSha256"], local_sha(manifest, 2))
+        self.delete_job("flavored")
 
 
 if __name__ == "__main__":

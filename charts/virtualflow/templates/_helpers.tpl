@@ -219,6 +219,10 @@ nvidia.com/gpu, the product label) and every Pod (other workloads hold GPUs too)
 - apiGroups: [kueue.x-k8s.io]
   resources: [workloadpriorityclasses]
   verbs: [get]
+# The node labels and tolerations of the ResourceFlavors Kueue admitted a job to, for its pods.
+- apiGroups: [kueue.x-k8s.io]
+  resources: [resourceflavors]
+  verbs: [get]
 - apiGroups: [scheduling.k8s.io]
   resources: [priorityclasses]
   verbs: [get]
