@@ -151,6 +151,9 @@ struct JobSpec {
   int64_t global_batch_size = 0;
   int replicas_min = 1;
   int replicas_max = 1;
+  // spec.replicas.desired, the scale subresource's size: when set, the job runs on at most this
+  // many workers (min <= desired <= max). Not part of the fingerprint.
+  std::optional<int> replicas_desired;
   int gpus_per_worker = 1;
   ModelSpec model;
   DatasetSpec dataset;
@@ -162,9 +165,6 @@ struct JobSpec {
   ElasticitySpec elasticity;
   CheckpointSpec checkpoint;
   TemplateSpec worker_template;
-  // spec.replicas.desired, the scale subresource's size: when set, the job runs on at most this
-  // many workers (min <= desired <= max). Not part of the fingerprint.
-  std::optional<int> replicas_desired;
   RunPolicySpec run_policy;  // not part of the fingerprint: it does not change the training
   // spec.suspend, as batch/v1 Job has it: while true the operator keeps no worker pods; set back
   // to false, the job resumes from its checkpoint. Not part of the fingerprint; `vf run` refuses
