@@ -100,6 +100,8 @@ inline constexpr char kCheckpointFailed[] = "CheckpointFailed";
 inline constexpr char kCheckpointWritten[] = "CheckpointWritten";
 inline constexpr char kWorkloadCreated[] = "WorkloadCreated";
 inline constexpr char kReconcileFailed[] = "ReconcileFailed";
+inline constexpr char kDeadlineExceeded[] = "DeadlineExceeded";
+inline constexpr char kBackoffLimitExceeded[] = "BackoffLimitExceeded";
 }  // namespace event_reason
 
 // One entry of status.conditions, as metav1.Condition has it. Value type.

@@ -40,7 +40,7 @@ namespace {
 // its Succeeded or Failed condition, else status.completionTime; NaN when neither says.
 double FinishedAt(const json& status) {
   const json conditions = status.value("conditions", json::array());
-  for (const char* type : {"Succeeded", "Failed"}) {
+  for (const char* type : {condition::kSucceeded, condition::kFailed}) {
     const json* c = FindCondition(conditions, type);
     if (c == nullptr || c->value("status", "") != "True") continue;
     const double at = UnixSeconds(c->value("lastTransitionTime", ""));
@@ -199,13 +199,14 @@ std::optional<int64_t> WorkerProtocolOf(const json& status) {
 Status Reconciler::FailInvalidSpec(Pass& p, const Status& why) {
   // The API server's schema has already checked most of it; what it cannot check fails here.
   json conditions = json::array();
-  SetCondition(conditions, p.old_conditions, "Failed", true, "InvalidSpec", why.message(),
-               p.generation);
+  SetCondition(conditions, p.old_conditions, condition::kFailed, true, reason::kInvalidSpec,
+               why.message(), p.generation);
   WritePhase(p.status, Phase::kFailed);
   p.status["message"] = why.message();
   p.status["conditions"] = conditions;
   StampTimes(p);
-  if (PhaseOf(p.old_status) != Phase::kFailed) Event(p.job, true, "InvalidSpec", why.message());
+  if (PhaseOf(p.old_status) != Phase::kFailed)
+    Event(p.job, true, event_reason::kInvalidSpec, why.message());
   return PatchStatus(p.job, p.status);
 }
 
@@ -242,12 +243,12 @@ Result<Reconciler::Next> Reconciler::RecordSuccess(Pass& p) {
       status["finalCheckpoint"] = where;
     }
     json conditions = json::array();
-    SetCondition(conditions, p.old_conditions, "Created", true, "PodsCreated",
+    SetCondition(conditions, p.old_conditions, condition::kCreated, true, reason::kPodsCreated,
                  "worker pods were created", p.generation);
-    SetCondition(conditions, p.old_conditions, "Running", false, "Finished", "training finished",
-                 p.generation);
+    SetCondition(conditions, p.old_conditions, condition::kRunning, false, reason::kFinished,
+                 "training finished", p.generation);
     SetCondition(
-        conditions, p.old_conditions, "Succeeded", true, "TrainingFinished",
+        conditions, p.old_conditions, condition::kSucceeded, true, reason::kTrainingFinished,
         "trained " + std::to_string(r.step) + " steps; weights " + r.weights_sha256.substr(0, 12),
         p.generation);
     SetResumedCondition(p, conditions);
@@ -255,7 +256,7 @@ Result<Reconciler::Next> Reconciler::RecordSuccess(Pass& p) {
     status["conditions"] = conditions;
     status["message"] = "training finished";
     VF_RETURN_IF_ERROR(PatchStatus(p.job, status));
-    Event(p.job, false, "Succeeded",
+    Event(p.job, false, event_reason::kSucceeded,
           "trained " + std::to_string(r.step) + " steps, test accuracy " +
               std::to_string(r.test_accuracy));
     (void)coordinator_.RemoveJob(p.key);
@@ -280,7 +281,7 @@ void Reconciler::IgnoreForgedOutcomes(
     const std::string message =
         "the final report in the termination message of pod " + name + " is ignored: " + why;
     std::fprintf(stderr, "virtualflow-operator: %s: %s\n", p.key.c_str(), message.c_str());
-    Event(p.job, true, "ForgedOutcomeIgnored", message);
+    Event(p.job, true, event_reason::kForgedOutcomeIgnored, message);
   }
 }
 
@@ -289,7 +290,8 @@ Status Reconciler::FailJob(Pass& p, const std::string& reason, const std::string
   WritePhase(p.status, Phase::kFailed);
   p.status["message"] = message;
   json conditions = json::array();
-  SetCondition(conditions, p.old_conditions, "Failed", true, reason, message, p.generation);
+  SetCondition(conditions, p.old_conditions, condition::kFailed, true, reason, message,
+               p.generation);
   SetResumedCondition(p, conditions);
   KeepDrainCondition(p, conditions);
   p.status["conditions"] = conditions;
@@ -323,7 +325,7 @@ Result<Reconciler::Next> Reconciler::RecordFailures(Pass& p) {
         fresh = MemoryOf(p.key, p.uid).failures_seen.insert(pod_name).second;
       }
       if (fresh) {
-        Event(p.job, true, "WorkerRefused",
+        Event(p.job, true, event_reason::kWorkerRefused,
               "worker " + pod_name + " (image " + PodImage(pod) +
                   ") was refused: it runs another build than the job's workers; it is replaced "
                   "by a pod of the job's image " +
@@ -333,7 +335,7 @@ Result<Reconciler::Next> Reconciler::RecordFailures(Pass& p) {
     }
     if (PodExitCode(pod) == 3) {
       // The agent found that the job itself cannot go on (diverged, bad checkpoint).
-      VF_RETURN_IF_ERROR(FailJob(p, "JobFailed", "Failed",
+      VF_RETURN_IF_ERROR(FailJob(p, reason::kJobFailed, event_reason::kFailed,
                                  "worker " + pod_name + ": " + PodTerminationMessage(pod)));
       return Next::kDone;
     }
@@ -359,13 +361,13 @@ Result<Reconciler::Next> Reconciler::RecordFailures(Pass& p) {
       return Next::kDone;
     }
     if (verdict.action == PodFailureAction::kIgnore) {
-      Event(p.job, true, "WorkerFailed",
+      Event(p.job, true, event_reason::kWorkerFailed,
             what + "; not counted: " + verdict.what + " matches " + rule + " (Ignore)");
       continue;
     }
     ++failed;
     p.status["lastFailureTime"] = Now();
-    Event(p.job, true, "WorkerFailed", what);
+    Event(p.job, true, event_reason::kWorkerFailed, what);
   }
   if (failed > 0) p.status["failed"] = failed;
   if (counted.empty()) {
@@ -380,10 +382,10 @@ Result<Reconciler::Next> Reconciler::RecordFailures(Pass& p) {
   // counted apart, and podFailurePolicy may ignore some).
   const int limit = p.spec.run_policy.backoff_limit;
   if (failed > limit) {
-    VF_RETURN_IF_ERROR(FailJob(p, "BackoffLimitExceeded", "BackoffLimitExceeded",
-                               std::to_string(failed) +
-                                   " worker failures, more than spec.runPolicy.backoffLimit (" +
-                                   std::to_string(limit) + ") allows"));
+    VF_RETURN_IF_ERROR(FailJob(
+        p, reason::kBackoffLimitExceeded, event_reason::kBackoffLimitExceeded,
+        std::to_string(failed) + " worker failures, more than spec.runPolicy.backoffLimit (" +
+            std::to_string(limit) + ") allows"));
     return Next::kDone;
   }
   return Next::kGoOn;
@@ -399,10 +401,11 @@ void Reconciler::ForgetRegistration(const std::string& key) {
 }
 
 Result<Reconciler::Next> Reconciler::Suspend(Pass& p, ReconcileResult& result) {
-  const json* was = FindCondition(p.old_conditions, "Suspended");
+  const json* was = FindCondition(p.old_conditions, condition::kSuspended);
   const bool was_suspended = was != nullptr && was->value("status", "") == "True";
   if (!p.spec.suspend) {
-    if (was_suspended) Event(p.job, false, "Resumed", "job resumed (spec.suspend is false)");
+    if (was_suspended)
+      Event(p.job, false, event_reason::kResumed, "job resumed (spec.suspend is false)");
     return Next::kGoOn;
   }
   // The workers go; a resumed job starts again from its checkpoint, under a fresh
@@ -425,13 +428,15 @@ Result<Reconciler::Next> Reconciler::Suspend(Pass& p, ReconcileResult& result) {
   status.erase("workerImage");
   status.erase("workerBuild");
   status.erase("workerProtocol");
-  json conditions = ConditionsWithoutWorkers(p.old_conditions, "Suspended");
-  SetCondition(conditions, p.old_conditions, "Running", false, "Suspended", message, p.generation);
-  SetCondition(conditions, p.old_conditions, "Suspended", true, "JobSuspended",
+  json conditions = ConditionsWithoutWorkers(p.old_conditions, condition::kSuspended);
+  SetCondition(conditions, p.old_conditions, condition::kRunning, false, reason::kSuspended,
+               message, p.generation);
+  SetCondition(conditions, p.old_conditions, condition::kSuspended, true, reason::kJobSuspended,
                "job suspended (spec.suspend is true)", p.generation);
   status["conditions"] = conditions;
   VF_RETURN_IF_ERROR(PatchStatus(p.job, status));
-  if (!was_suspended) Event(p.job, false, "Suspended", "job suspended; worker pods deleted");
+  if (!was_suspended)
+    Event(p.job, false, event_reason::kSuspended, "job suspended; worker pods deleted");
   if (hooks_.on_job_status) hooks_.on_job_status(p.key, status, p.spec);
   // Look again while pods are stopping, so that the status counts them down.
   if (stopping > 0) result.requeue_after = std::chrono::milliseconds(1000);
@@ -490,36 +495,40 @@ Result<Reconciler::Next> Reconciler::Drain(Pass& p, ReconcileResult& result) {
     }
   }
   MarkWorkersStopping(status, "Pending", message, stopping);
-  json conditions = ConditionsWithoutWorkers(p.old_conditions, "Draining");
-  SetCondition(conditions, p.old_conditions, "Running", false, "Draining", message, p.generation);
-  SetCondition(conditions, p.old_conditions, "Draining", !drained,
-               drained ? (resumes ? "RestartedFromCheckpoint" : "RestartedFromStepZero")
-                       : "CoordinatorProtocolChanged",
+  json conditions = ConditionsWithoutWorkers(p.old_conditions, condition::kDraining);
+  SetCondition(conditions, p.old_conditions, condition::kRunning, false, reason::kDraining, message,
+               p.generation);
+  SetCondition(conditions, p.old_conditions, condition::kDraining, !drained,
+               drained
+                   ? (resumes ? reason::kRestartedFromCheckpoint : reason::kRestartedFromStepZero)
+                   : reason::kCoordinatorProtocolChanged,
                message, p.generation);
   status["conditions"] = conditions;
   VF_RETURN_IF_ERROR(PatchStatus(p.job, status));
   // One Event as the drain begins and one as the job starts again, however many passes the
   // cache takes to show this operator's own status write (and not again from an operator
   // restarted mid-drain, whose status already says Draining).
-  const json* was = FindCondition(p.old_conditions, "Draining");
+  const json* was = FindCondition(p.old_conditions, condition::kDraining);
   const bool was_draining = was != nullptr && was->value("status", "") == "True";
   auto first = [&](const std::string& what) {
     std::lock_guard<std::mutex> lock(mu_);
     return MemoryOf(p.key, p.uid).drain_events.insert(what).second;
   };
-  if (!was_draining && first("Draining")) {
+  if (!was_draining && first(event_reason::kDraining)) {
     // A warning when the job loses its progress.
-    Event(p.job, !resumes, "Draining",
+    Event(p.job, !resumes, event_reason::kDraining,
           why + ": its worker pods are deleted and it starts again " + then);
   }
-  if (drained && first("Restarted")) Event(p.job, false, "Restarted", message);
+  if (drained && first(event_reason::kRestarted)) {
+    Event(p.job, false, event_reason::kRestarted, message);
+  }
   if (hooks_.on_job_status) hooks_.on_job_status(p.key, status, p.spec);
   result.requeue_after = std::chrono::milliseconds(drained ? 200 : 1000);
   return Next::kDone;
 }
 
 void Reconciler::KeepDrainCondition(Pass& p, json& conditions) {
-  if (const json* drain = FindCondition(p.old_conditions, "Draining"); drain != nullptr) {
+  if (const json* drain = FindCondition(p.old_conditions, condition::kDraining); drain != nullptr) {
     conditions.push_back(*drain);
   }
 }
@@ -552,9 +561,9 @@ Result<int> Reconciler::DeleteAllPods(Pass& p, int* left) {
 }
 
 void Reconciler::SetResumedCondition(Pass& p, json& conditions) {
-  const json* was = FindCondition(p.old_conditions, "Suspended");
+  const json* was = FindCondition(p.old_conditions, condition::kSuspended);
   if (was == nullptr) return;  // never suspended
-  SetCondition(conditions, p.old_conditions, "Suspended", false, "JobResumed",
+  SetCondition(conditions, p.old_conditions, condition::kSuspended, false, reason::kJobResumed,
                "job resumed (spec.suspend is false)", p.generation);
 }
 
@@ -569,7 +578,7 @@ Result<Reconciler::Next> Reconciler::EnforceDeadline(Pass& p, ReconcileResult& r
     result.requeue_after = RequeueIn(left);
     return Next::kGoOn;
   }
-  VF_RETURN_IF_ERROR(FailJob(p, "DeadlineExceeded", "DeadlineExceeded",
+  VF_RETURN_IF_ERROR(FailJob(p, reason::kDeadlineExceeded, event_reason::kDeadlineExceeded,
                              "the job ran " + std::to_string(static_cast<int64_t>(ran)) +
                                  " s since " + p.status.value("startTime", "") +
                                  ", past spec.runPolicy.activeDeadlineSeconds (" +

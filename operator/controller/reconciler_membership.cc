@@ -157,7 +157,8 @@ Status Reconciler::UpdateMembership(Pass& p) {
   // communicator cannot be built) shows its cause among the job's events.
   const std::string reported = kind == "failure" ? ReportedFailure(p.view, p.view.plan.epoch) : "";
   Event(p.job, kind == "failure",
-        kind == "start" ? "Started" : (kind == "failure" ? "Recovered" : "Resized"),
+        kind == "start" ? event_reason::kStarted
+                        : (kind == "failure" ? event_reason::kRecovered : event_reason::kResized),
         p.decision.reason + (reported.empty() ? "" : "; " + reported));
   if (kind != "start") {
     if (const std::optional<ResizeKind> resize = ResizeKindOf(kind); !resize) {

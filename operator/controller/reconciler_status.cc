@@ -163,22 +163,26 @@ void Reconciler::SetPhase(Pass& p, bool all_switched) {
   const bool has_pods = !p.pods.empty() || p.created > 0 || p.unseen > 0;
   const json& old = p.old_conditions;
   json conditions = json::array();
-  SetCondition(conditions, old, "Created", has_pods, has_pods ? "PodsCreated" : "WaitingForGPUs",
+  SetCondition(conditions, old, condition::kCreated, has_pods,
+               has_pods ? reason::kPodsCreated : reason::kWaitingForGpus,
                has_pods ? "worker pods were created" : message, p.generation);
-  SetCondition(
-      conditions, old, "Running", workers > 0,
-      workers == 0 ? (p.desired == 0 ? "WaitingForGPUs" : "WaitingForWorkers") : "Training",
-      message, p.generation);
-  SetCondition(conditions, old, "Resizing", phase == Phase::kResizing,
-               phase == Phase::kResizing ? "MembershipChange" : "Stable", message, p.generation);
+  SetCondition(conditions, old, condition::kRunning, workers > 0,
+               workers == 0
+                   ? (p.desired == 0 ? reason::kWaitingForGpus : reason::kWaitingForWorkers)
+                   : reason::kTraining,
+               message, p.generation);
+  SetCondition(conditions, old, condition::kResizing, phase == Phase::kResizing,
+               phase == Phase::kResizing ? reason::kMembershipChange : reason::kStable, message,
+               p.generation);
   const bool degraded = workers > 0 && static_cast<int>(workers) < p.spec.replicas_min;
   SetCondition(
-      conditions, old, "Degraded", degraded, degraded ? "BelowMinimum" : "AtLeastMinimum",
+      conditions, old, condition::kDegraded, degraded,
+      degraded ? reason::kBelowMinimum : reason::kAtLeastMinimum,
       std::to_string(workers) + " of at least " + std::to_string(p.spec.replicas_min) + " workers",
       p.generation);
   // Shown once a pass has failed; this one did not.
-  if (FindCondition(old, "ReconcileError") != nullptr) {
-    SetCondition(conditions, old, "ReconcileError", false, "Reconciled",
+  if (FindCondition(old, condition::kReconcileError) != nullptr) {
+    SetCondition(conditions, old, condition::kReconcileError, false, reason::kReconciled,
                  "the last reconcile succeeded", p.generation);
   }
   SetCheckpointCondition(p, conditions);
@@ -193,14 +197,14 @@ void Reconciler::SetImageCondition(Pass& p, json& conditions) {
   const std::string starting = StartingImage(p.job, options_.pods.default_image);
   const bool kept = p.status.contains("workerImage") && p.image != starting;
   if (kept) {
-    SetCondition(conditions, p.old_conditions, "ImageKept", true, "JobStartedOnIt",
+    SetCondition(conditions, p.old_conditions, condition::kImageKept, true, reason::kJobStartedOnIt,
                  "the workers run " + p.image +
                      ", the image the job started on, and so does every new pod of the job; a "
                      "job started now would run " +
                      starting + ". Suspend and resume the job to move it to that image",
                  p.generation);
-  } else if (FindCondition(p.old_conditions, "ImageKept") != nullptr) {
-    SetCondition(conditions, p.old_conditions, "ImageKept", false, "StartingImage",
+  } else if (FindCondition(p.old_conditions, condition::kImageKept) != nullptr) {
+    SetCondition(conditions, p.old_conditions, condition::kImageKept, false, reason::kStartingImage,
                  "the workers run " + p.image + ", the image a job started now would run",
                  p.generation);
   }
@@ -216,7 +220,7 @@ void Reconciler::SetCheckpointCondition(Pass& p, json& conditions) {
       newest = &info.last_report;
     }
   }
-  const json* old = FindCondition(p.old_conditions, "CheckpointFailing");
+  const json* old = FindCondition(p.old_conditions, condition::kCheckpointFailing);
   if (newest == nullptr) {
     // Nothing reported since the coordinator (re)started: keep what was shown.
     if (old != nullptr) conditions.push_back(*old);
@@ -237,19 +241,20 @@ void Reconciler::SetCheckpointCondition(Pass& p, json& conditions) {
       seen = newest->checkpoint_step;
     }
     if (fresh) {
-      Event(p.job, true, "CheckpointFailed", "checkpoint not written; " + what);
+      Event(p.job, true, event_reason::kCheckpointFailed, "checkpoint not written; " + what);
       if (hooks_.on_checkpoint_failure) hooks_.on_checkpoint_failure(p.key);
     }
-    SetCondition(conditions, p.old_conditions, "CheckpointFailing", true, "CheckpointWriteFailed",
-                 message, p.generation);
+    SetCondition(conditions, p.old_conditions, condition::kCheckpointFailing, true,
+                 reason::kCheckpointWriteFailed, message, p.generation);
     return;
   }
   if (old == nullptr) return;  // never failed: no condition to show
   if (old->value("status", "") == "True") {
-    Event(p.job, false, "CheckpointWritten", "checkpoint written again at step " + step);
+    Event(p.job, false, event_reason::kCheckpointWritten,
+          "checkpoint written again at step " + step);
   }
-  SetCondition(conditions, p.old_conditions, "CheckpointFailing", false, "CheckpointWritten",
-               "checkpoint at step " + step + " written", p.generation);
+  SetCondition(conditions, p.old_conditions, condition::kCheckpointFailing, false,
+               reason::kCheckpointWritten, "checkpoint at step " + step + " written", p.generation);
 }
 
 }  // namespace vf::controller
