@@ -290,9 +290,60 @@ std::vector<std::string> EligibleProducts(const ClusterGpus& cluster, const json
   return {products.begin(), products.end()};
 }
 
+bool WaitsForScheduler(const json& pod) {
+  const json& spec = ObjectAt(pod, "spec");
+  const json& meta = ObjectAt(pod, "metadata");
+  const std::string phase = ObjectAt(pod, "status").value("phase", std::string("Pending"));
+  return !IsWorkerPod(pod) && spec.value("nodeName", "").empty() && phase == "Pending" &&
+         !meta.contains("deletionTimestamp") && ArrayAt(spec, "schedulingGates").empty();
+}
+
+namespace {
+
+// What pods of other workloads that wait for the scheduler ask for, by type, into
+// `out.pending_demand`: a request for nvidia.com/gpu counts in the product its nodeSelector
+// names, else in the product with the most left; a request no single node of that type could
+// hold (it waits for ever, whatever VirtualFlow jobs give back) is not counted.
+void CountPendingDemand(const std::vector<std::shared_ptr<const json>>& pods,
+                        const std::map<std::string, int>& largest_node, ClusterGpus& out) {
+  for (const std::shared_ptr<const json>& shared : pods) {
+    const json& pod = *shared;
+    if (!WaitsForScheduler(pod)) continue;
+    std::map<std::string, int> asks;
+    for (const json& c : ArrayAt(ObjectAt(pod, "spec"), "containers")) {
+      for (const auto& [resource, n] : ContainerAccelerators(c)) asks[resource] += n;
+    }
+    for (const auto& [resource, n] : asks) {
+      std::string type = resource;
+      if (resource == kGpuResource) {
+        type = ObjectAt(ObjectAt(pod, "spec"), "nodeSelector").value(kGpuProductLabel, "");
+        if (type.empty()) {
+          std::set<std::string> gpu_products;
+          for (const auto& [node, product] : out.node_product) gpu_products.insert(product);
+          int most = -1;
+          for (const std::string& product : gpu_products) {
+            const int left = out.products[product].total - out.held_by_others[product] -
+                             out.pending_demand[product];
+            if (left > most) {
+              most = left;
+              type = product;
+            }
+          }
+        }
+      }
+      auto largest = largest_node.find(type);
+      if (type.empty() || largest == largest_node.end() || n > largest->second) continue;
+      out.pending_demand[type] += n;
+    }
+  }
+}
+
+}  // namespace
+
 ClusterGpus CountGpus(const std::vector<std::shared_ptr<const json>>& nodes,
                       const std::vector<std::shared_ptr<const json>>& pods) {
   ClusterGpus out;
+  std::map<std::string, int> largest_node;  // type -> the most one node has
   for (const std::shared_ptr<const json>& shared : nodes) {
     const json& node = *shared;
     if (!NodeSchedulable(node)) continue;
@@ -316,6 +367,7 @@ ClusterGpus CountGpus(const std::vector<std::shared_ptr<const json>>& nodes,
       }
       out.node_types[node_name][resource] = type;
       out.products[type].total += gpus;
+      largest_node[type] = std::max(largest_node[type], gpus);
     }
   }
   for (const std::shared_ptr<const json>& shared : pods) {
@@ -339,6 +391,7 @@ ClusterGpus CountGpus(const std::vector<std::shared_ptr<const json>>& nodes,
       }
     }
   }
+  CountPendingDemand(pods, largest_node, out);
   return out;
 }
 

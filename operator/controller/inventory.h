@@ -37,6 +37,9 @@ struct ClusterGpus {
   std::map<std::string, std::map<std::string, std::string>> node_types;
   // Accelerators per type that other workloads (not VirtualFlow workers) hold.
   std::map<std::string, int> held_by_others;
+  // Accelerators per type that other workloads' pods wait for (PendingDemand): the policy
+  // leaves them free, so that elastic jobs above replicas.min give way to them.
+  std::map<std::string, int> pending_demand;
   // The same by node and extended resource.
   std::map<std::string, std::map<std::string, int>> node_held_by_others;
   // Every schedulable node (GPUs or not), by name: CPU-only jobs run on any of them.
@@ -99,6 +102,11 @@ int PodGpus(const nlohmann::json& pod, const std::string& resource = "");
 bool PodHoldsResources(const nlohmann::json& pod);
 // True for pods the operator created (they carry the virtualflow.io/job label).
 bool IsWorkerPod(const nlohmann::json& pod);
+// True for a pod of another workload that waits for the scheduler: not a VirtualFlow worker,
+// not bound to a node, Pending, not being deleted, and not held back by a scheduling gate (a
+// gated pod, Kueue's among them, waits for its gate, not for GPUs). CountGpus counts what such
+// a pod asks for as demand (ClusterGpus::pending_demand) when one node could hold it.
+bool WaitsForScheduler(const nlohmann::json& pod);
 
 ClusterGpus CountGpus(const std::vector<nlohmann::json>& nodes,
                       const std::vector<nlohmann::json>& pods);

@@ -57,6 +57,30 @@ TEST(InventoryTest, CountsSchedulableNodesByProductMinusPods) {
   EXPECT_EQ(gpus.node_product.count("e"), 0u);
 }
 
+TEST(InventoryTest, PodsOfOtherWorkloadsWaitingForGpusAreDemand) {
+  std::vector<json> nodes = {Node("a", 4, "V100"), Node("b", 8, "A100")};
+  json waiting = Pod("", 2, false, "Pending");
+  json pinned = Pod("", 1, false, "Pending");
+  pinned["spec"]["nodeSelector"] = {{"nvidia.com/gpu.product", "V100"}};
+  json gated = Pod("", 4, false, "Pending");
+  gated["spec"]["schedulingGates"] = {{{"name", "kueue.x-k8s.io/admission"}}};
+  json too_big = Pod("", 16, false, "Pending");  // no node has 16: it waits whatever we do
+  json deleted = Pod("", 1, false, "Pending");
+  deleted["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z";
+  json ours = Pod("", 3, true, "Pending");  // a VirtualFlow worker is the policy's own
+  EXPECT_TRUE(WaitsForScheduler(waiting));
+  EXPECT_FALSE(WaitsForScheduler(gated));
+  EXPECT_FALSE(WaitsForScheduler(deleted));
+  EXPECT_FALSE(WaitsForScheduler(ours));
+  EXPECT_FALSE(WaitsForScheduler(Pod("a", 1, false, "Pending")));  // bound: it holds, not waits
+  const ClusterGpus gpus =
+      CountGpus(nodes, {Pod("b", 2, false), waiting, pinned, gated, too_big, deleted, ours});
+  // The unpinned request goes where most is left (A100: 8 - 2 held); the pinned one to V100.
+  EXPECT_EQ(gpus.pending_demand.at("A100"), 2);
+  EXPECT_EQ(gpus.pending_demand.at("V100"), 1);
+  EXPECT_EQ(gpus.held_by_others.at("A100"), 2);  // held and waiting are counted apart
+}
+
 TEST(InventoryTest, QuantitiesParseOrCountAsZero) {
   EXPECT_EQ(ParseGpuQuantity(json("2")), 2);
   EXPECT_EQ(ParseGpuQuantity(json("2000m")), 2);

@@ -168,8 +168,11 @@ std::shared_ptr<const Reconciler::ClusterView> Reconciler::MakeView(uint64_t job
   const ClusterGpus& gpus = view->gpus;
   for (const auto& [product, count] : gpus.products) {
     auto held = gpus.held_by_others.find(product);
+    auto waiting = gpus.pending_demand.find(product);
+    // What other workloads hold, and what their pending pods wait for: left to them.
     inventory.gpus[product] =
-        std::max(0, count.total - (held == gpus.held_by_others.end() ? 0 : held->second));
+        std::max(0, count.total - (held == gpus.held_by_others.end() ? 0 : held->second) -
+                        (waiting == gpus.pending_demand.end() ? 0 : waiting->second));
   }
   int64_t cpu = 0;
   for (const auto& [node, millis] : gpus.cpu_allocatable) {

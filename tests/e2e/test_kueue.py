@@ -11,7 +11,8 @@ ends, with the weights of a static run; an eviction of the whole job drains it w
 checkpoint, requeues its Workload and resumes it from the checkpoint once readmitted; a job
 that runs past the waitForPodsReady timeout is not evicted; the same shrink through reclaim by
 another ClusterQueue of a cohort; under --require-kueue-queue, a job without a queue label
-waits, saying so."""
+waits, saying so; pods go to the nodes of the admitted flavor; and without Kueue, a pod of
+another workload waiting for GPUs makes an elastic job give way."""
 
 import os
 import shutil
@@ -700,6 +701,49 @@ class KueueTest(OperatorTestCase):
         done = self.wait_succeeded("flavored")
         self.assertEqual(done["weightsSha256"], local_sha(manifest, 2))
         self.delete_job("flavored")
+
+    def test_9_without_kueue_pods_waiting_for_gpus_make_an_elastic_job_give_way(self):
+        """A job without a queue label on all 4 GPUs of its node; a plain Pod of another
+        workload asks for 2 and waits for the scheduler: the operator counts it as demand, the
+        job shrinks to 2, the Pod runs, and when it has ended the job grows back. The weights
+        are those of a static run."""
+        self.reset_nodes(("gpu-d", 4))
+        manifest = job_manifest("beside", steps=700, replicas=(1, 4), delay_ms=10)
+        manifest["metadata"]["namespace"] = NS
+        static = local_sha_meanwhile(manifest, 4)
+        self.apply(manifest)
+        self.wait_workers("beside", 4)
+        pod = batch_job("other", SHARED_QUEUE, "high", pods=1, seconds=8)["spec"]["template"]
+        pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "2"}}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "other", "namespace": NS},
+        } | pod
+        self.cp.request("POST", "/api/v1/namespaces/%s/pods" % NS, pod)
+        try:
+            self.wait_status(
+                "beside",
+                "2 workers, giving way",
+                lambda s: s.get("workers") == 2 and s.get("phase") == "Running",
+                timeout=120,
+            )
+            self.cp.wait_for(
+                "the other pod to succeed",
+                lambda: (
+                    (self.cp.get("/api/v1/namespaces/%s/pods/other" % NS) or {})
+                    .get("status", {})
+                    .get("phase")
+                    == "Succeeded"
+                ),
+                timeout=120,
+            )
+            self.wait_workers("beside", 4, timeout=120)
+            done = self.wait_succeeded("beside")
+        finally:
+            self.cp.request("DELETE", "/api/v1/namespaces/%s/pods/other" % NS)
+        self.assertEqual(done["weightsSha256"], static.result())
+        self.delete_job("beside")
 
 
 if __name__ == "__main__":
