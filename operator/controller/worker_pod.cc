@@ -8,6 +8,7 @@
 
 #include "agent/protocol/messages.h"
 #include "operator/controller/inventory.h"
+#include "runtime/job/worker_env.h"
 
 namespace vf::controller {
 
@@ -124,17 +125,10 @@ json MergeObjects(json base, const json& over) {
   return base;
 }
 
-// The variables that carry the job's facts: the operator sets them, a template may not.
-// Other VF_* variables (VF_THREADS, VF_CHECK_EVERY, VF_VNODE_DELAY_MS, ...) tune the worker and
+// The variables that carry the job's facts (worker_env.h's Kind::kFact): the operator sets them,
+// a template may not. Other VF_* variables (VF_THREADS, VF_CHECK_EVERY, ...) tune the worker and
 // are the template's to set.
-bool IsOperatorEnv(const std::string& name) {
-  static const std::set<std::string> kOwned = {
-      "VF_JOB_SPEC",        "VF_JOB",       "VF_COORDINATOR",         "VF_JOB_ID",
-      "VF_WORKER",          "VF_JOB_TOKEN", "VF_JOB_TOKEN_FILE",      "VF_METRICS_PORT",
-      "VF_RESULT",          "VF_POD_IP",    "VF_COORDINATOR_CA_FILE", "VF_TERMINATION_MESSAGE_PATH",
-      kTestAgentProtocolEnv};
-  return kOwned.count(name) != 0;
-}
+bool IsOperatorEnv(const std::string& name) { return worker_env::IsFact(name); }
 
 json EnvValue(const std::string& name, const std::string& value) {
   return {{"name", name}, {"value", value}};
@@ -154,22 +148,22 @@ void SetProgram(json& container, const json& job, const JobSpec& spec, const std
   for (const json& e : ArrayAt(container, "env")) {
     if (!IsOperatorEnv(e.value("name", ""))) env.push_back(e);
   }
-  env.push_back(EnvValue("VF_JOB_SPEC", AgentManifest(job).dump()));
-  env.push_back(EnvField("VF_POD_IP", "status.podIP"));
-  env.push_back(EnvValue("VF_TERMINATION_MESSAGE_PATH", kTerminationMessagePath));
+  env.push_back(EnvValue(worker_env::kJobSpec.name, AgentManifest(job).dump()));
+  env.push_back(EnvField(worker_env::kPodIp.name, "status.podIP"));
+  env.push_back(EnvValue(worker_env::kTerminationMessagePath.name, kTerminationMessagePath));
   if (settings.test_agent_protocol > 0) {
     env.push_back(EnvValue(kTestAgentProtocolEnv, std::to_string(settings.test_agent_protocol)));
   }
   if (spec.worker_template.user_program()) {
     container["command"] = spec.worker_template.command;
     if (!spec.worker_template.args.empty()) container["args"] = spec.worker_template.args;
-    env.push_back(EnvValue("VF_COORDINATOR", settings.coordinator_url));
-    env.push_back(EnvValue("VF_JOB_ID", job_id));
-    env.push_back(EnvValue("VF_WORKER", pod_name));
-    env.push_back(EnvValue("VF_JOB_TOKEN_FILE", kTokenFile));
-    env.push_back(EnvValue("VF_METRICS_PORT", std::to_string(settings.metrics_port)));
+    env.push_back(EnvValue(worker_env::kCoordinator.name, settings.coordinator_url));
+    env.push_back(EnvValue(worker_env::kJobId.name, job_id));
+    env.push_back(EnvValue(worker_env::kWorker.name, pod_name));
+    env.push_back(EnvValue(worker_env::kJobTokenFile.name, kTokenFile));
+    env.push_back(EnvValue(worker_env::kMetricsPort.name, std::to_string(settings.metrics_port)));
     if (!settings.coordinator_ca.empty()) {
-      env.push_back(EnvValue("VF_COORDINATOR_CA_FILE", kCaFile));
+      env.push_back(EnvValue(worker_env::kCoordinatorCaFile.name, kCaFile));
     }
   } else {
     json args = {"--coordinator", settings.coordinator_url, "--job-id", job_id, "--worker",
