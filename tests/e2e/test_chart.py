@@ -54,7 +54,8 @@ CHART = os.path.join(SOURCE_DIR, "charts", "virtualflow")
 CRD_FILE = os.path.join(SOURCE_DIR, "crds", "virtualflowjob.yaml")
 CHART_CRD_FILE = os.path.join(CHART, "files", "virtualflowjob.yaml")
 DASHBOARD = os.path.join(CHART, "dashboards", "virtualflow.json")
-EXAMPLE = os.path.join(SOURCE_DIR, "examples", "fashion-mnist.yaml")
+EXAMPLE_PATH = "examples/fashion-mnist.yaml"
+EXAMPLE = os.path.join(SOURCE_DIR, EXAMPLE_PATH)
 
 APP_VERSION = "0.1.0"
 RELEASE = "virtualflow"
@@ -2029,7 +2030,15 @@ class ChartUpgradeTest(OperatorProcesses, ControlPlaneTestCase):
             "virtualflowjobs to be served",
             lambda: self.cp.kubectl("get", "vfjobs", "-A").returncode == 0,
         )
-        self.cp.kubectl("apply", "-n", "team", "-f", EXAMPLE, check=True)
+        # A job as that version wrote it (its flattened spec.template, which the previous CRD
+        # knows and the new one refuses): the upgrade keeps it stored.
+        old_example = subprocess.run(
+            ["git", "-C", SOURCE_DIR, "show", PREVIOUS_CHART_COMMIT + ":" + EXAMPLE_PATH],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        self.cp.kubectl("apply", "-n", "team", "-f", "-", input=old_example, check=True)
 
         # The upgrade takes the CRD over (Helm did not make it: crds/ are installed bare) and
         # upgrades it.
