@@ -19,6 +19,7 @@
 namespace vf::controller {
 
 using nlohmann::json;
+using reconciler_internal::ManagedHere;
 using reconciler_internal::MembersFromJson;
 using reconciler_internal::Now;
 using reconciler_internal::Obj;
@@ -196,6 +197,8 @@ Reconciler::JobMemory& Reconciler::MemoryOf(const std::string& key, const std::s
 Result<ReconcileResult> Reconciler::Reconcile(const std::string& key) {
   std::optional<json> found = jobs_.Get(key);
   if (!found || Obj(*found, "metadata").contains("deletionTimestamp")) return Forget(key);
+  // Another controller runs it (spec.managedBy: MultiKueue, on another cluster): hands off.
+  if (!ManagedHere(*found)) return Forget(key);
   Pass p(key, std::move(*found));
   Begin(p);
   Result<JobSpec> spec = *CachedSpecOf(p.job);

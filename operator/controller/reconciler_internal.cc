@@ -119,4 +119,9 @@ json ConditionsWithoutWorkers(const json& old, const std::string& own) {
   return conditions;
 }
 
+bool ManagedHere(const json& job) {
+  const std::string manager = Obj(job, "spec").value("managedBy", std::string());
+  return manager.empty() || manager == kVirtualFlowManager;
+}
+
 }  // namespace vf::controller::reconciler_internal

@@ -57,6 +57,10 @@ void MarkWorkersStopping(nlohmann::json& status, const std::string& phase,
 // workers has (Running, Resizing, Degraded, ReconcileError, ImageKept).
 nlohmann::json ConditionsWithoutWorkers(const nlohmann::json& old, const std::string& own);
 
+// Whether this operator runs `job`: its spec.managedBy is empty or kVirtualFlowManager. A job
+// another controller manages (MultiKueue's) gets no pods, status or Workload from it.
+bool ManagedHere(const nlohmann::json& job);
+
 }  // namespace reconciler_internal
 
 // One reconcile of one job: what it read and what it decided so far. Lives for one call on one

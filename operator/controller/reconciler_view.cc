@@ -18,6 +18,7 @@ namespace vf::controller {
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
+using reconciler_internal::ManagedHere;
 using reconciler_internal::NowUnix;
 using reconciler_internal::Obj;
 using reconciler_internal::TemplateOf;
@@ -53,6 +54,7 @@ std::optional<policy::PolicyJob> Reconciler::PolicyJobOf(const json& job, const 
   const json& status = Obj(job, "status");
   if (Ended(PhaseOf(status))) return std::nullopt;
   if (Obj(job, "metadata").contains("deletionTimestamp")) return std::nullopt;
+  if (!ManagedHere(job)) return std::nullopt;  // it runs elsewhere; it takes no GPUs here
   // A job whose spec does not parse is failed by its own reconcile; it takes no GPUs.
   const std::shared_ptr<const Result<JobSpec>> spec = CachedSpecOf(job);
   if (!spec->ok()) return std::nullopt;

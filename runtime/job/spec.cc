@@ -39,10 +39,10 @@ constexpr std::array<std::string_view, 2> kReductions = {"exact", "fast"};
 // `status` is accepted (and ignored) so that `kubectl get -o yaml` output can be run as is.
 constexpr std::array<std::string_view, 5> kTopFields = {"apiVersion", "kind", "metadata", "spec",
                                                         "status"};
-constexpr std::array<std::string_view, 16> kSpecFields = {
-    "virtualNodes", "globalBatchSize", "replicas",  "gpusPerWorker", "model", "dataset",
-    "optimizer",    "steps",           "epochs",    "reduction",     "seed",  "elasticity",
-    "checkpoint",   "template",        "runPolicy", "suspend"};
+constexpr std::array<std::string_view, 17> kSpecFields = {
+    "virtualNodes", "globalBatchSize", "replicas",  "gpusPerWorker", "model",    "dataset",
+    "optimizer",    "steps",           "epochs",    "reduction",     "seed",     "elasticity",
+    "checkpoint",   "template",        "runPolicy", "suspend",       "managedBy"};
 constexpr std::array<std::string_view, 3> kReplicasFields = {"min", "max", "desired"};
 constexpr std::array<std::string_view, 2> kModelFields = {"name", "hiddenSizes"};
 constexpr std::array<std::string_view, 4> kDatasetFields = {"name", "path", "trainSamples",
@@ -811,6 +811,7 @@ Status ParseSpec(const YAML::Node& node, JobSpec* job) {
 
   VF_RETURN_IF_ERROR(ParseRunPolicy(spec, &job->run_policy));
   VF_RETURN_IF_ERROR(spec.ReadBool("suspend", &job->suspend));
+  VF_RETURN_IF_ERROR(spec.ReadString("managedBy", &job->managed_by));
   return ParseTemplate(spec, job);
 }
 

@@ -110,6 +110,9 @@ struct PodFailureRule {
 // spec.runPolicy, as batch/v1 Job has it: when the operator gives up on a job, what it does with
 // the pods of a finished one, and when it deletes it. The operator acts on it; `vf run` ignores
 // it.
+// The spec.managedBy of a job the VirtualFlow operator runs (the default, as an empty one).
+inline constexpr char kVirtualFlowManager[] = "virtualflow.io/operator";
+
 struct RunPolicySpec {
   int backoff_limit = kDefaultBackoffLimit;        // counted worker failures tolerated (>= 0)
   std::optional<int64_t> active_deadline_seconds;  // from status.startTime (>= 1); unset: none
@@ -170,6 +173,11 @@ struct JobSpec {
   // to false, the job resumes from its checkpoint. Not part of the fingerprint; `vf run` refuses
   // a suspended job (there is nothing to run).
   bool suspend = false;
+  // spec.managedBy, as batch/v1 Job has it: the controller that runs the job on Kubernetes.
+  // Empty or kVirtualFlowManager: the VirtualFlow operator; anything else (MultiKueue's
+  // "kueue.x-k8s.io/multikueue", which runs it on another cluster) and the operator leaves the
+  // job alone. `vf run` ignores it.
+  std::string managed_by;
 
   int64_t micro_batch() const { return global_batch_size / virtual_nodes; }
   // Hex digest of every field that defines the training math (virtual nodes, batch, model,

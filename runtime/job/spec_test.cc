@@ -214,6 +214,15 @@ TEST(JobSpecTest, ReadsEveryField) {
   EXPECT_TRUE(job.suspend);
 }
 
+TEST(JobSpecTest, ManagedByNamesTheControllerAndIsNotTheTrainingMath) {
+  EXPECT_EQ(MustParse(Manifest({})).managed_by, "");
+  const JobSpec elsewhere = MustParse(Manifest({{"managedBy", "kueue.x-k8s.io/multikueue"}}));
+  EXPECT_EQ(elsewhere.managed_by, "kueue.x-k8s.io/multikueue");
+  // Where a job runs changes nothing of what it computes.
+  EXPECT_EQ(elsewhere.Fingerprint(), MustParse(Manifest({})).Fingerprint());
+  EXPECT_FALSE(ParseJobYaml(Manifest({{"managedBy", "[a]"}}), "job.yaml").ok());
+}
+
 // spec.template as a pod template whose only container is `container` (flow YAML).
 std::string PodTemplate(const std::string& container, const std::string& pod_fields = "") {
   return "{metadata: {labels: {a: b}}, spec: {" + pod_fields + "containers: [" + container + "]}}";

@@ -12,7 +12,8 @@ checkpoint, requeues its Workload and resumes it from the checkpoint once readmi
 that runs past the waitForPodsReady timeout is not evicted; the same shrink through reclaim by
 another ClusterQueue of a cohort; under --require-kueue-queue, a job without a queue label
 waits, saying so; pods go to the nodes of the admitted flavor; and without Kueue, a pod of
-another workload waiting for GPUs makes an elastic job give way."""
+another workload waiting for GPUs makes an elastic job give way; a job another controller
+manages (spec.managedBy) is left alone."""
 
 import os
 import shutil
@@ -744,6 +745,36 @@ class KueueTest(OperatorTestCase):
             self.cp.request("DELETE", "/api/v1/namespaces/%s/pods/other" % NS)
         self.assertEqual(done["weightsSha256"], static.result())
         self.delete_job("beside")
+
+    def test_10_a_job_another_controller_manages_is_left_alone(self):
+        """spec.managedBy other than the operator's (MultiKueue's, which runs the job on another
+        cluster): no pods, no status and no Workload here, though it names a queue and GPUs are
+        free, while a job applied after it runs; and managedBy cannot change."""
+        self.reset_nodes(("gpu-m", 2))
+        elsewhere = queued_manifest("elsewhere", steps=20, replicas=(1, 1))
+        elsewhere["spec"]["managedBy"] = "kueue.x-k8s.io/multikueue"
+        self.apply(elsewhere)
+        here = job_manifest("here", steps=20, replicas=(1, 1))
+        here["metadata"]["namespace"] = NS
+        self.apply(here)
+        self.wait_succeeded("here")
+        self.assertEqual(self.status("elsewhere"), {})
+        self.assertEqual(self.pods("elsewhere"), [])
+        self.assertEqual(self.workloads("elsewhere"), [])
+        changed = self.cp.kubectl(
+            "patch",
+            "vfj",
+            "-n",
+            NS,
+            "elsewhere",
+            "--type=merge",
+            "-p",
+            '{"spec":{"managedBy":"virtualflow.io/operator"}}',
+        )
+        self.assertNotEqual(changed.returncode, 0)
+        self.assertIn("spec.managedBy cannot change", changed.stderr)
+        for name in ("elsewhere", "here"):
+            self.delete_job(name)
 
 
 if __name__ == "__main__":
