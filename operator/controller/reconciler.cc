@@ -345,6 +345,7 @@ Status Reconciler::Observe(Pass& p) {
   VF_ASSIGN_OR_RETURN(p.view, coordinator_.GetJob(p.key));
   Desired desired = DesiredWorkers(p, *p.cluster);
   p.desired = desired.workers;
+  p.fit = desired.fit;
   p.policy_reason = std::move(desired.reason);
   p.allocation = std::move(desired.allocation);
   p.total_steps = KnownTotalSteps(p.spec, p.view);

@@ -157,6 +157,10 @@ class Reconciler {
   // Each unit Kueue evicted is released (its reservation cleared and Requeued set, as Kueue's
   // job framework does) once the job holds a worker fewer: the policy has already shrunk the
   // job to what stays admitted.
+  // Deletes units beyond `keep` of the `existing` ones, those waiting in the queue first, and
+  // counts them off `existing`.
+  Status DeleteSurplusUnits(Pass& p, const std::vector<nlohmann::json>& units, int keep,
+                            int& existing);
   Status ReleaseEvictedUnits(Pass& p, const JobAdmission& admission,
                              const std::vector<nlohmann::json>& units);
   // The PodsReady condition of the core and each unit Workload, from the workers that train.
@@ -279,6 +283,9 @@ class Reconciler {
     int workers = 0;
     std::string reason;
     policy::Allocation allocation;
+    // Workers that fit on the nodes the template allows, counting only what other workloads
+    // hold: what the job could use whatever the policy and Kueue say.
+    int fit = 0;
   };
   // What every reconcile reads of the whole cluster: the GPU inventory, every job's pods and
   // the policy's decision for every job. Computed once per version of the caches (and at most

@@ -88,6 +88,7 @@ struct Reconciler::Pass {
   std::map<std::string, const nlohmann::json*> by_name;  // into `pods`
   JobView view;                                          // the coordinator's
   int desired = 0;
+  int fit = 0;  // Desired::fit
   std::string policy_reason;
   policy::Allocation allocation;  // the policy's workers by type (GPU product or CPU pool)
   std::string image;              // the image of the job's workers and new pods (WorkerImage)

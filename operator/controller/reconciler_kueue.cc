@@ -190,16 +190,26 @@ Status Reconciler::KeepUnits(Pass& p, const JobAdmission& admission,
     }
     return Status::Ok();
   }
-  if (std::none_of(units.begin(), units.end(), [](const json& u) { return u.is_null(); })) {
-    return Status::Ok();
-  }
+  // The units the job can use: one for each worker above its core that fits on the nodes its
+  // template allows (others' pods counted) and that spec.replicas.desired asks for. A unit
+  // beyond them that no worker holds goes, so that a job shrunk for another reason than Kueue
+  // (GPUs taken by other pods, a node drained, kubectl scale) gives its quota back, as
+  // reclaimablePods does for Kueue's own integrations; it comes again when the job can grow.
+  const int core = CoreWorkers(p.spec);
+  const int usable = std::min(p.fit, p.spec.replicas_desired.value_or(p.spec.replicas_max));
+  const int wanted = std::clamp(usable - core, 0, static_cast<int>(units.size()));
+  const int keep = std::max(wanted, std::max(0, HoldingPods(p.pods) - core));
+  int existing = static_cast<int>(
+      std::count_if(units.begin(), units.end(), [](const json& u) { return !u.is_null(); }));
+  VF_RETURN_IF_ERROR(DeleteSurplusUnits(p, units, keep, existing));
+  if (existing >= wanted) return Status::Ok();
   // A unit asks for the nodes of its core's flavors, so that Kueue charges it to one of them
   // and its worker lands beside the others.
   json pod = BuildWorkerPod(p.job, p.spec, p.name + "-worker", options_.pods);
   p.kueue = admission.admission;
   VF_ASSIGN_OR_RETURN(const std::optional<PodSetPlacement> placement, KueuePlacement(p));
   if (placement) VF_RETURN_IF_ERROR(ApplyPlacement(*placement, pod));
-  for (size_t i = 0; i < units.size(); ++i) {
+  for (size_t i = 0; i < units.size() && existing < wanted; ++i) {
     if (!units[i].is_null()) continue;
     const int index = static_cast<int>(i) + 1;
     json unit = BuildUnitWorkload(p.job, p.spec, pod, index);
@@ -212,6 +222,30 @@ Status Reconciler::KeepUnits(Pass& p, const JobAdmission& admission,
     if (!created.ok() && created.reason() != kube::Reason::kAlreadyExists) {
       p.failed_action = "FailedCreateWorkload";
       return created.status().WithContext("Kueue Workload");
+    }
+    ++existing;
+  }
+  return Status::Ok();
+}
+
+Status Reconciler::DeleteSurplusUnits(Pass& p, const std::vector<json>& units, int keep,
+                                      int& existing) {
+  // Units waiting in the queue go first, then admitted ones, the last first; a unit Kueue
+  // evicted that still holds its reservation is ReleaseEvictedUnits's to release.
+  for (const bool admitted : {false, true}) {
+    for (size_t i = units.size(); i-- > 0 && existing > keep;) {
+      const json& unit = units[i];
+      if (unit.is_null() || !EvictionReason(unit).empty()) continue;
+      if (AdmissionOf(unit, p.spec).admitted != admitted) continue;
+      const std::string name = UnitWorkloadName(p.job, static_cast<int>(i) + 1);
+      kube::ApiResult<json> r = client_.Delete(kube::kWorkloads, p.ns, name);
+      if (!r.ok() && r.reason() != kube::Reason::kNotFound) {
+        p.failed_action = "FailedDeleteWorkload";
+        return r.status().WithContext("Kueue Workload " + name);
+      }
+      --existing;
+      std::fprintf(stderr, "virtualflow-operator: %s: Kueue Workload %s deleted: not usable now\n",
+                   p.key.c_str(), name.c_str());
     }
   }
   return Status::Ok();

@@ -188,10 +188,6 @@ std::shared_ptr<const Reconciler::ClusterView> Reconciler::MakeView(uint64_t job
 }
 
 Reconciler::Desired Reconciler::DesiredWorkers(const Pass& p, const ClusterView& view) {
-  if (!view.decision.ok()) return {0, view.decision.status().message(), {}};
-  const policy::JobDecision* mine = view.decision->Find(p.key);
-  if (mine == nullptr) return {0, "not scheduled", {}};
-  Desired out{policy::TotalWorkers(mine->workers), mine->reason, mine->workers};
   // The policy counts GPUs by product across the cluster; the scheduler places a pod only on
   // a node its template allows, with room on that node.
   const int64_t cpu_millis = WorkerCpuMillis(p.job);
@@ -211,6 +207,10 @@ Reconciler::Desired Reconciler::DesiredWorkers(const Pass& p, const ClusterView&
     std::lock_guard<std::mutex> lock(view.fit_mu);
     view.fit.emplace(fit_key, fit);
   }
+  if (!view.decision.ok()) return {0, view.decision.status().message(), {}, fit};
+  const policy::JobDecision* mine = view.decision->Find(p.key);
+  if (mine == nullptr) return {0, "not scheduled", {}, fit};
+  Desired out{policy::TotalWorkers(mine->workers), mine->reason, mine->workers, fit};
   if (out.workers > fit) {
     out.workers = fit;
     out.reason += "; " + std::to_string(fit) +

@@ -13,7 +13,8 @@ that runs past the waitForPodsReady timeout is not evicted; the same shrink thro
 another ClusterQueue of a cohort; under --require-kueue-queue, a job without a queue label
 waits, saying so; pods go to the nodes of the admitted flavor; and without Kueue, a pod of
 another workload waiting for GPUs makes an elastic job give way; a job another controller
-manages (spec.managedBy) is left alone."""
+manages (spec.managedBy) is left alone; a job shrunk for another reason gives its unused
+quota back."""
 
 import os
 import shutil
@@ -775,6 +776,51 @@ class KueueTest(OperatorTestCase):
         self.assertIn("spec.managedBy cannot change", changed.stderr)
         for name in ("elsewhere", "here"):
             self.delete_job(name)
+
+    def reserved_gpus(self, cluster_queue: str) -> int:
+        """The nvidia.com/gpu Kueue has reserved in CLUSTER_QUEUE (its status)."""
+        status = (self.cp.get(KUEUE + "/clusterqueues/" + cluster_queue) or {}).get("status", {})
+        return sum(
+            int(r.get("total", "0"))
+            for f in status.get("flavorsReservation", [])
+            for r in f.get("resources", [])
+            if r["name"] == "nvidia.com/gpu"
+        )
+
+    def test_11_a_job_shrunk_for_another_reason_gives_its_quota_back(self):
+        """A job of 3 (replicas 1 to 3) scaled down to 1 (the scale subresource, not Kueue):
+        once its 2 extra workers left, its unused units go and Kueue's reservation for it falls
+        to 1 GPU; scaled up again, the units come back, are admitted and the job grows. The
+        weights are those of a static run."""
+        self.reset_nodes(("gpu-r", 4))
+        name = "scaled"
+        manifest = queued_manifest(
+            name, steps=700, replicas=(1, 3), delay_ms=10, queue=SHARED_QUEUE
+        )
+        static = local_sha_meanwhile(manifest, 3)
+        self.apply(manifest)
+        self.wait_workers(name, 3)
+        self.assertEqual(self.reserved_gpus(SHARED_CLUSTER_QUEUE), 3)
+
+        def scale(replicas: int) -> None:
+            self.cp.kubectl("scale", "vfj", "-n", NS, name, "--replicas", str(replicas), check=True)
+
+        scale(1)
+        self.wait_status(
+            name, "1 worker", lambda s: s.get("workers") == 1 and s.get("phase") == "Running"
+        )
+        self.cp.wait_for(
+            "the reservation to fall to 1 GPU",
+            lambda: self.reserved_gpus(SHARED_CLUSTER_QUEUE) == 1,
+            timeout=60,
+        )
+        self.assertEqual(len(self.workloads(name)), 1)  # the core alone
+        scale(3)
+        self.wait_workers(name, 3, timeout=120)
+        self.assertEqual(self.reserved_gpus(SHARED_CLUSTER_QUEUE), 3)
+        done = self.wait_succeeded(name)
+        self.assertEqual(done["weightsSha256"], static.result())
+        self.delete_job(name)
 
 
 if __name__ == "__main__":
