@@ -76,6 +76,8 @@ inline constexpr char kCheckpointWritten[] = "CheckpointWritten";
 inline constexpr char kJobStartedOnIt[] = "JobStartedOnIt";
 inline constexpr char kStartingImage[] = "StartingImage";
 inline constexpr char kAdmitted[] = "Admitted";
+// Kueue evicted the whole job (its core Workload): it drains and is requeued.
+inline constexpr char kEvictedByKueue[] = "EvictedByKueue";
 }  // namespace reason
 
 // The reasons of the Events recorded on a job (those of a blocked reconcile, named for the
@@ -99,6 +101,8 @@ inline constexpr char kRestarted[] = "Restarted";
 inline constexpr char kCheckpointFailed[] = "CheckpointFailed";
 inline constexpr char kCheckpointWritten[] = "CheckpointWritten";
 inline constexpr char kWorkloadCreated[] = "WorkloadCreated";
+inline constexpr char kEvictedByKueue[] = "EvictedByKueue";
+inline constexpr char kRequeued[] = "Requeued";
 inline constexpr char kReconcileFailed[] = "ReconcileFailed";
 inline constexpr char kDeadlineExceeded[] = "DeadlineExceeded";
 inline constexpr char kBackoffLimitExceeded[] = "BackoffLimitExceeded";

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "operator/controller/job_status.h"
 #include "operator/controller/kueue_contract.h"
 #include "operator/controller/reconciler_internal.h"
 
@@ -157,7 +158,7 @@ Result<Reconciler::Next> Reconciler::AdmitThroughKueue(Pass& p) {
     }
     if (created.ok()) {
       workload = *created;
-      Event(p.job, false, "WorkloadCreated",
+      Event(p.job, false, event_reason::kWorkloadCreated,
             "created Kueue Workload " + WorkloadName(p.job) + " in LocalQueue " + queue);
     }
   }
@@ -305,7 +306,7 @@ Result<Reconciler::Next> Reconciler::DrainEvicted(Pass& p, ReconcileResult& resu
   if (!core) return Next::kGoOn;
   const WorkloadUpdate requeued = RequeuedAfterEviction(*core, Now());
   if (!requeued.changed) return Next::kGoOn;  // not evicted, or already requeued
-  const std::string reason = EvictionReason(*core);
+  const std::string evicted_for = EvictionReason(*core);
   const json core_conditions = Obj(*core, "status").value("conditions", json::array());
   const json* evicted = FindCondition(core_conditions, "Evicted");
   const std::string why = evicted != nullptr ? evicted->value("message", "") : "";
@@ -313,29 +314,31 @@ Result<Reconciler::Next> Reconciler::DrainEvicted(Pass& p, ReconcileResult& resu
   // coordinator no longer knows the job), and the job starts again from it when readmitted.
   ForgetRegistration(p.key);
   VF_ASSIGN_OR_RETURN(const int stopping, DeleteAllPods(p));
-  const std::string message = "evicted by Kueue (" + reason + (why.empty() ? "" : ": " + why) +
+  const std::string message = "evicted by Kueue (" + evicted_for + (why.empty() ? "" : ": " + why) +
                               "): " +
                               (stopping > 0 ? std::to_string(stopping) + " worker pod(s) stopping"
                                             : "its workers stopped; the Workload is requeued");
   json& status = p.status;
   MarkWorkersStopping(status, "Pending", message, stopping);
   status["desiredWorkers"] = 0;
-  json conditions = ConditionsWithoutWorkers(p.old_conditions, "Admitted");
-  SetCondition(conditions, p.old_conditions, "Running", false, "EvictedByKueue", message,
+  json conditions = ConditionsWithoutWorkers(p.old_conditions, condition::kAdmitted);
+  SetCondition(conditions, p.old_conditions, condition::kRunning, false, reason::kEvictedByKueue,
+               message, p.generation);
+  SetCondition(conditions, p.old_conditions, condition::kAdmitted, false, evicted_for, message,
                p.generation);
-  SetCondition(conditions, p.old_conditions, "Admitted", false, reason, message, p.generation);
   status["conditions"] = conditions;
   VF_RETURN_IF_ERROR(PatchStatus(p.job, status));
-  const json* was = FindCondition(p.old_conditions, "Admitted");
+  const json* was = FindCondition(p.old_conditions, condition::kAdmitted);
   if (was == nullptr || was->value("status", "") == "True") {
-    Event(p.job, true, "EvictedByKueue", message);
+    Event(p.job, true, event_reason::kEvictedByKueue, message);
   }
   if (stopping == 0) {
     // Its units go with it; the core's reservation is cleared so that Kueue counts the quota
     // free and queues the Workload again.
     VF_RETURN_IF_ERROR(KeepUnits(p, JobAdmission{}, CachedUnits(*workloads_, p.job, p.spec)));
     VF_RETURN_IF_ERROR(WriteWorkloadStatus(client_, p.ns, requeued));
-    Event(p.job, false, "Requeued", "Kueue Workload " + WorkloadName(p.job) + " requeued");
+    Event(p.job, false, event_reason::kRequeued,
+          "Kueue Workload " + WorkloadName(p.job) + " requeued");
   }
   if (hooks_.on_job_status) hooks_.on_job_status(p.key, status, p.spec);
   result.requeue_after = std::chrono::milliseconds(stopping > 0 ? 500 : 1000);
@@ -368,7 +371,7 @@ void Reconciler::SetAdmittedCondition(Pass& p, json& conditions) {
   const KueueAdmission& k = *p.kueue;
   const std::string queue = QueueNameOf(p.job);
   if (k.admitted) {
-    SetCondition(conditions, p.old_conditions, "Admitted", true, "Admitted",
+    SetCondition(conditions, p.old_conditions, condition::kAdmitted, true, reason::kAdmitted,
                  "Kueue admitted " + std::to_string(k.workers) + " worker(s) in ClusterQueue " +
                      k.cluster_queue + " (LocalQueue " + queue + ")",
                  p.generation);
@@ -378,7 +381,7 @@ void Reconciler::SetAdmittedCondition(Pass& p, json& conditions) {
                                   ? "waiting for a queue: " + k.message
                                   : "waiting for Kueue to admit Workload " + WorkloadName(p.job) +
                                         " in LocalQueue " + queue + ": " + k.message;
-  SetCondition(conditions, p.old_conditions, "Admitted", false,
+  SetCondition(conditions, p.old_conditions, condition::kAdmitted, false,
                k.reason.empty() ? kNotSeenByKueue : k.reason, message, p.generation);
   if (p.members.empty()) p.status["message"] = message;
 }
