@@ -28,11 +28,11 @@ json Job() {
     "status": {"phase": "Running"}})");
 }
 
-JobSpec SpecOf(const json& job) {
 // The worker container of Job()'s template, and the template's pod spec.
 json& Worker(json& job) { return job["spec"]["template"]["spec"]["containers"][0]; }
 json& TemplatePod(json& job) { return job["spec"]["template"]["spec"]; }
 
+JobSpec SpecOf(const json& job) {
   Result<JobSpec> spec = JobSpecOf(job);
   EXPECT_TRUE(spec.ok()) << spec.status().message();
   return spec.ok() ? spec.value() : JobSpec{};
@@ -214,16 +214,16 @@ TEST(WorkerPodTest, TheTemplatesPodIsKeptAsWrittenAroundWhatTheOperatorOwns) {
   EXPECT_EQ(pod["metadata"]["labels"]["team"], "vision");
   EXPECT_EQ(pod["metadata"]["labels"][kJobLabel], "mnist");  // the operator's label wins
   EXPECT_EQ(pod["metadata"]["annotations"]["a"], "b");
-  const json& spec = pod["spec"];
   EXPECT_EQ(pod["metadata"]["annotations"][kDefaultContainerAnnotation], "worker");
-  EXPECT_EQ(spec["containers"][0]["workingDir"], "/work");
+  const json& spec = pod["spec"];
   ASSERT_EQ(spec["containers"].size(), 2u);
   EXPECT_EQ(spec["containers"][0]["name"], "worker");
   EXPECT_EQ(spec["containers"][1], written["containers"][0]);  // the sidecar, untouched
   EXPECT_EQ(spec["initContainers"], written["initContainers"]);
-  EXPECT_EQ(spec["volumes"][0]["name"], "data");
+  EXPECT_EQ(spec["containers"][0]["workingDir"], "/work");
   EXPECT_EQ(spec["containers"][0]["ports"][0]["name"], "dash");
   EXPECT_EQ(spec["containers"][0]["ports"][1]["name"], "metrics");
+  EXPECT_EQ(spec["volumes"][0]["name"], "data");
   EXPECT_EQ(spec["containers"][0]["volumeMounts"][0]["mountPath"], "/data");
   for (const char* kept :
        {"priorityClassName", "schedulerName", "serviceAccountName", "imagePullSecrets",
@@ -235,7 +235,6 @@ TEST(WorkerPodTest, TheTemplatesPodIsKeptAsWrittenAroundWhatTheOperatorOwns) {
   EXPECT_FALSE(spec.contains("automountServiceAccountToken"));  // the account decides
   EXPECT_EQ(spec["nodeSelector"]["pool"], "gpu");
   EXPECT_EQ(spec["nodeSelector"]["nvidia.com/gpu.product"], "NVIDIA-H100");
-}
   // Without a grace period of its own, the operator's.
   TemplatePod(job).erase("terminationGracePeriodSeconds");
   PodSettings s;
@@ -257,6 +256,7 @@ TEST(WorkerPodTest, TheAcceleratorIsTheWorkerContainersExtendedResource) {
   EXPECT_TRUE(JobSpecOf(job).ok());
   job["spec"]["gpusPerWorker"] = 2;
   EXPECT_FALSE(JobSpecOf(job).ok());
+}
 
 TEST(WorkerPodTest, AUserProgramGetsTheJobInItsEnvironment) {
   json job = Job();
