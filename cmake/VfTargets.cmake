@@ -85,7 +85,10 @@ function(vf_test name)
       foreach(dep ${A_VF_DEPS})
         list(APPEND deps ${dep}_${variant})
       endforeach()
-      set(labels ${variant} ${A_LABELS})
+      # One label only: gtest_discover_tests flattens its properties into name-value pairs, so
+      # a second label would be read as a property name and the properties after it (the TSan
+      # options among them) lost. `ctest -L LABEL` runs a test's plain build.
+      set(labels ${variant})
     endif()
     add_executable(${t} ${A_SOURCES})
     target_link_libraries(${t} PRIVATE ${deps} ${A_DEPS} GTest::gtest GTest::gtest_main)

@@ -210,7 +210,7 @@ class WorkerTargets(threading.Thread):
             name = pod["metadata"]["name"]
             if pod["status"].get("phase") != "Running":
                 continue
-            found = re.findall(r"metrics on port (\d+)", self.cp.pod_log(NS, name, "agent"))
+            found = re.findall(r"metrics on port (\d+)", self.cp.pod_log(NS, name, "worker"))
             if not found:
                 continue
             port = self.ports[name] = int(found[-1])
