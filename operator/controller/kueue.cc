@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "operator/controller/kueue_contract.h"
 #include "operator/controller/worker_pod.h"
 #include "operator/policy/policy.h"
 
@@ -16,16 +17,6 @@ const json& Obj(const json& j, const char* key) {
   static const json kEmpty = json::object();
   auto it = j.find(key);
   return it != j.end() && it->is_object() ? *it : kEmpty;
-}
-
-const json* Condition(const json& workload, const std::string& type) {
-  const json& status = Obj(workload, "status");
-  auto it = status.find("conditions");
-  if (it == status.end() || !it->is_array()) return nullptr;
-  for (const json& c : *it) {
-    if (c.is_object() && c.value("type", "") == type) return &c;
-  }
-  return nullptr;
 }
 
 bool IsTrue(const json* condition) {
@@ -106,10 +97,10 @@ json WorkloadOf(const json& job, const std::string& name, const std::string& rol
           {"spec", {{"queueName", QueueNameOf(job)}, {"podSets", {pod_set}}}}};
 }
 
-bool Evicted(const json& workload) { return IsTrue(Condition(workload, "Evicted")); }
+bool Evicted(const json& workload) { return IsTrue(WorkloadCondition(workload, "Evicted")); }
 
 bool HoldsReservation(const json& workload) {
-  return IsTrue(Condition(workload, "QuotaReserved")) ||
+  return IsTrue(WorkloadCondition(workload, "QuotaReserved")) ||
          Obj(workload, "status").contains("admission");
 }
 
@@ -126,10 +117,10 @@ json BuildUnitWorkload(const json& job, const JobSpec& /*spec*/, const json& wor
 
 KueueAdmission AdmissionOf(const json& workload, const JobSpec& spec) {
   KueueAdmission out;
-  out.finished = IsTrue(Condition(workload, "Finished"));
-  const json* admitted = Condition(workload, "Admitted");
-  const json* evicted = Condition(workload, "Evicted");
-  const json* reserved = Condition(workload, "QuotaReserved");
+  out.finished = IsTrue(WorkloadCondition(workload, "Finished"));
+  const json* admitted = WorkloadCondition(workload, "Admitted");
+  const json* evicted = WorkloadCondition(workload, "Evicted");
+  const json* reserved = WorkloadCondition(workload, "QuotaReserved");
   if (IsTrue(admitted) && !IsTrue(evicted)) {
     out.admitted = true;
     out.workers = AdmittedWorkers(workload, spec);
@@ -180,7 +171,7 @@ int KueueWorkerLimit(const json& job, const json& core, const std::vector<json>&
 
 json FinishedWorkload(json workload, bool succeeded, const std::string& message,
                       const std::string& now) {
-  if (IsTrue(Condition(workload, "Finished"))) return workload;
+  if (IsTrue(WorkloadCondition(workload, "Finished"))) return workload;
   json& status = workload["status"];
   if (!status.is_object()) status = json::object();
   json conditions = json::array();

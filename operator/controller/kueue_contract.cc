@@ -16,18 +16,8 @@ const json& Obj(const json& j, const char* key) {
   return it != j.end() && it->is_object() ? *it : kEmpty;
 }
 
-const json* FindCondition(const json& workload, const std::string& type) {
-  const json& status = Obj(workload, "status");
-  auto it = status.find("conditions");
-  if (it == status.end() || !it->is_array()) return nullptr;
-  for (const json& c : *it) {
-    if (c.is_object() && c.value("type", "") == type) return &c;
-  }
-  return nullptr;
-}
-
 bool IsTrue(const json& workload, const std::string& type) {
-  const json* c = FindCondition(workload, type);
+  const json* c = WorkloadCondition(workload, type);
   return c != nullptr && c->value("status", "") == "True";
 }
 
@@ -109,6 +99,16 @@ Status MergePodSetUpdates(const json& workload, const std::string& pod_set,
 
 }  // namespace
 
+const json* WorkloadCondition(const json& workload, const std::string& type) {
+  const json& status = Obj(workload, "status");
+  auto it = status.find("conditions");
+  if (it == status.end() || !it->is_array()) return nullptr;
+  for (const json& c : *it) {
+    if (c.is_object() && c.value("type", "") == type) return &c;
+  }
+  return nullptr;
+}
+
 bool SetStatusCondition(json& conditions, const json& condition, const std::string& now) {
   if (!conditions.is_array()) conditions = json::array();
   const std::string type = condition.value("type", "");
@@ -136,7 +136,7 @@ bool SetStatusCondition(json& conditions, const json& condition, const std::stri
 
 WorkloadUpdate WithPodsReady(json workload, bool ready, const std::string& why_not,
                              const std::string& now) {
-  const json* current = FindCondition(workload, kWorkloadPodsReady);
+  const json* current = WorkloadCondition(workload, kWorkloadPodsReady);
   const bool admitted = IsTrue(workload, kWorkloadAdmitted) && !IsTrue(workload, kWorkloadEvicted);
   const bool was_ready = current != nullptr && current->value("status", "") == "True";
   const std::string current_reason = current != nullptr ? current->value("reason", "") : "";
@@ -159,7 +159,7 @@ WorkloadUpdate WithPodsReady(json workload, bool ready, const std::string& why_n
 }
 
 std::string EvictionReason(const json& workload) {
-  const json* evicted = FindCondition(workload, kWorkloadEvicted);
+  const json* evicted = WorkloadCondition(workload, kWorkloadEvicted);
   if (evicted == nullptr || evicted->value("status", "") != "True") return "";
   return evicted->value("reason", "");
 }
@@ -173,7 +173,7 @@ WorkloadUpdate RequeuedAfterEviction(json workload, const std::string& now) {
     out.workload = std::move(workload);
     return out;
   }
-  const json* evicted = FindCondition(workload, kWorkloadEvicted);
+  const json* evicted = WorkloadCondition(workload, kWorkloadEvicted);
   const std::string message = evicted->value("message", "");
   const bool requeue = reason == kReasonPreempted || reason == kReasonNodeFailures;
   json requeued = MakeCondition(workload, kWorkloadRequeued, requeue, reason, message);

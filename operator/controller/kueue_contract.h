@@ -41,6 +41,9 @@ struct WorkloadUpdate {
   bool changed = false;
 };
 
+// The condition `type` of a Workload's status.conditions, or null.
+const nlohmann::json* WorkloadCondition(const nlohmann::json& workload, const std::string& type);
+
 // Sets `condition` (type, status, reason, message; observedGeneration optional) in the
 // condition list `conditions` as apimachinery's meta.SetStatusCondition does: a new type is
 // added with lastTransitionTime `now`; an existing one takes the new reason, message and
