@@ -267,8 +267,8 @@ int RunSimulateCommand(int argc, char** argv) {
                      policy::PolicyHelp("  "))
       ->type_name("NAME[,NAME...]")
       ->capture_default_str();
-  app.add_option("--profiles", f.profiles,
-                 "throughput profiles (default\n" + sim::DefaultProfilesPath() + ")")
+  const std::string built_in = sim::kBuiltInProfilesName;
+  app.add_option("--profiles", f.profiles, "throughput profiles (default: the\n" + built_in + ")")
       ->type_name("PROFILES.yaml");
   app.add_flag("--json", f.json, "print JSON instead of tables");
   app.add_option("--split", f.split,
@@ -349,7 +349,7 @@ int RunSimulateCommand(int argc, char** argv) {
     }
     *cluster = sim::RestrictTypes(*cluster, types);
   }
-  auto profiles = sim::LoadProfiles(f.profiles.empty() ? sim::DefaultProfilesPath() : f.profiles);
+  auto profiles = f.profiles.empty() ? sim::BuiltInProfiles() : sim::LoadProfiles(f.profiles);
   if (!profiles.ok()) return Fail(profiles.status().message());
   if (!f.predict.empty()) return Predict(*profiles, *cluster, f, splits);
 

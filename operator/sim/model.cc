@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -162,24 +161,31 @@ Result<const WorkloadProfile*> Profiles::ForTrace(const std::string& workload,
                   "' in " + path);
 }
 
-// The build gives operator/sim/data relative to its bin/, where every executable goes, rather
-// than as an absolute path: a binary then names no directory of the checkout it was built in,
-// and a clone elsewhere builds the same bytes (the container images are keyed by them).
-std::string DefaultProfilesPath() {
-#ifdef VF_SIM_DATA_FROM_BIN
-  std::error_code error;
-  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", error);
-  if (!error) {
-    return (exe.parent_path() / VF_SIM_DATA_FROM_BIN / "throughput.yaml")
-        .lexically_normal()
-        .string();
-  }
-#endif
-  return "operator/sim/data/throughput.yaml";
+// Defined in the source the build generates from operator/sim/data/throughput.yaml
+// (embed_data.cmake), NUL-terminated.
+extern const unsigned char kBuiltInProfilesYaml[];
+
+const char* const kBuiltInProfilesName = "built-in operator/sim/data/throughput.yaml";
+
+Result<Profiles> BuiltInProfiles() {
+  return ParseProfiles(reinterpret_cast<const char*>(kBuiltInProfilesYaml), kBuiltInProfilesName);
 }
 
 Result<Profiles> LoadProfiles(const std::string& path) {
-  VF_ASSIGN_OR_RETURN(YAML::Node root, LoadYaml(path));
+  std::ifstream in(path);
+  if (!in) return NotFound(path + ": cannot open");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return ParseProfiles(text.str(), path);
+}
+
+Result<Profiles> ParseProfiles(const std::string& yaml, const std::string& path) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml);
+  } catch (const YAML::Exception& e) {
+    return YamlError(path, e);
+  }
   Profiles out;
   out.path = path;
   try {

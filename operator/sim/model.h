@@ -57,9 +57,14 @@ struct Profiles {
 };
 
 Result<Profiles> LoadProfiles(const std::string& path);
-// The data file shipped with the source tree (operator/sim/data/throughput.yaml), found from the
-// running executable's directory.
-std::string DefaultProfilesPath();
+// Profiles from YAML text; `path` names it in error messages.
+Result<Profiles> ParseProfiles(const std::string& yaml, const std::string& path);
+// The profiles `vf simulate` uses unless told otherwise: operator/sim/data/throughput.yaml as it
+// was when the binary was built, compiled into it, so that an installed or copied binary needs
+// no file beside it.
+Result<Profiles> BuiltInProfiles();
+// What BuiltInProfiles() is called in messages and --help.
+extern const char* const kBuiltInProfilesName;
 
 // A cluster: GPUs per type, the all-reduce cost model and the resize cost. Plain data.
 struct Cluster {

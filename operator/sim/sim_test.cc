@@ -56,7 +56,7 @@ Cluster SimpleCluster(int fast, int slow) {
 // ---- profiles ------------------------------------------------------------------------------
 
 TEST(Profiles, ShippedDataFileLoadsWithASourceForEveryDevice) {
-  auto p = LoadProfiles(DefaultProfilesPath());
+  auto p = BuiltInProfiles();
   ASSERT_TRUE(p.ok()) << p.status().message();
   for (const char* w : {"resnet50-imagenet", "resnet-cifar10", "bert-base-glue", "transformer",
                         "fashion-mnist-mlp"}) {
@@ -72,8 +72,30 @@ TEST(Profiles, ShippedDataFileLoadsWithASourceForEveryDevice) {
   }
 }
 
+// The profiles compiled into the binary are the data file's, byte for byte.
+TEST(Profiles, BuiltInProfilesAreTheShippedDataFile) {
+  auto built_in = BuiltInProfiles();
+  auto file = LoadProfiles(std::string(VF_SIM_DATA_DIR) + "/throughput.yaml");
+  ASSERT_TRUE(built_in.ok()) << built_in.status().message();
+  ASSERT_TRUE(file.ok()) << file.status().message();
+  EXPECT_EQ(built_in->path, kBuiltInProfilesName);
+  EXPECT_EQ(built_in->dataset_samples, file->dataset_samples);
+  ASSERT_EQ(built_in->workloads.size(), file->workloads.size());
+  for (const auto& [name, w] : file->workloads) {
+    ASSERT_TRUE(built_in->workloads.count(name)) << name;
+    const WorkloadProfile& b = built_in->workloads.at(name);
+    EXPECT_EQ(b.parameters, w.parameters) << name;
+    ASSERT_EQ(b.devices.size(), w.devices.size()) << name;
+    for (const auto& [type, d] : w.devices) {
+      EXPECT_EQ(b.devices.at(type).source, d.source) << name << " " << type;
+      EXPECT_EQ(*b.SecondsPerVirtualNode(type, 32), *w.SecondsPerVirtualNode(type, 32))
+          << name << " " << type;
+    }
+  }
+}
+
 TEST(Profiles, ShippedDataServesEveryWorkloadOfTheTraces) {
-  auto p = LoadProfiles(DefaultProfilesPath());
+  auto p = BuiltInProfiles();
   ASSERT_TRUE(p.ok());
   EXPECT_TRUE(p->ForTrace("resnet", "imagenet").ok());
   EXPECT_TRUE(p->ForTrace("resnet", "cifar10").ok());
@@ -97,7 +119,7 @@ TEST(Profiles, TraceHostProfilesServeTheTraces) {
 }
 
 TEST(Profiles, MeasuredPointsAreUsedExactly) {
-  auto p = LoadProfiles(DefaultProfilesPath());
+  auto p = BuiltInProfiles();
   ASSERT_TRUE(p.ok());
   auto t = p->workloads.at("resnet50-imagenet").SecondsPerVirtualNode("V100", 32);
   ASSERT_TRUE(t.ok());
@@ -402,7 +424,7 @@ TEST(TraceGenerator, FollowsTheMixAndProducesSimulatableJobs) {
   o.mix = {};
   auto all = GenerateTrace({});
   ASSERT_TRUE(all.ok());
-  auto profiles = LoadProfiles(DefaultProfilesPath());
+  auto profiles = BuiltInProfiles();
   ASSERT_TRUE(profiles.ok());
   EXPECT_TRUE(MakeJobs(*all, *profiles, MaxWorkers::kDemand).ok());
 }
@@ -569,7 +591,7 @@ TEST(Simulator, JobThatNeverFitsIsReportedUnfinished) {
 }
 
 TEST(Simulator, MakeJobsTurnsEpochsIntoSteps) {
-  auto profiles = LoadProfiles(DefaultProfilesPath());
+  auto profiles = BuiltInProfiles();
   ASSERT_TRUE(profiles.ok());
   auto trace = ParseTrace(R"([{"arrival_time": 1, "workload": "bert", "priority": 5,
                                "gpu_demand": 2, "batch_size": 16, "num_epochs": 3,
