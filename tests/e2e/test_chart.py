@@ -542,6 +542,90 @@ class ChartFilesTest(unittest.TestCase):
             json.loads(read(os.path.join(CHART, "values.schema.json")))["$schema"],
         )
 
+    # ------------------------------------------------------------------ notes
+
+    def notes(self, *args):
+        """NOTES.txt as helm renders it with these values. `helm template` prints no notes and
+        `helm install --dry-run` needs a cluster, so a copy of the chart renders the notes' text
+        with tpl into a ConfigMap, the same engine and values."""
+        with tempfile.TemporaryDirectory(prefix="vf-notes-") as tmp:
+            chart = shutil.copytree(CHART, os.path.join(tmp, "virtualflow"))
+            shutil.copy(
+                os.path.join(chart, "templates", "NOTES.txt"),
+                os.path.join(chart, "files", "notes-under-test.txt"),
+            )
+            with open(os.path.join(chart, "templates", "notes-under-test.yaml"), "w") as f:
+                f.write(
+                    "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\ndata:\n"
+                    '  notes: {{ tpl (.Files.Get "files/notes-under-test.txt") . | toJson }}\n'
+                )
+            out = self.helm(
+                "template", RELEASE, chart, "-n", NS,
+                "--show-only", "templates/notes-under-test.yaml", *args, check=True,
+            ).stdout  # fmt: skip
+        line = [x for x in out.splitlines() if x.startswith("  notes: ")]
+        self.assertEqual(len(line), 1, out)
+        return json.loads(line[0][len("  notes: ") :])
+
+    def test_notes_need_nothing_but_the_chart(self):
+        """Every command the notes print works for a user who installed the chart from a chart
+        repository: no path into the source repository (examples/, crds/, docs/), and the job
+        they apply inline is the repository's example job (less its policy and image), in the
+        namespace the operator watches."""
+        value_sets = {
+            "defaults": (),
+            "one namespace": ("--set", "watchNamespace=team-b"),
+            "no CRD": ("--set", "crds.install=false"),
+            "one replica": (
+                "--set", "replicaCount=1", "--set", "leaderElection.enabled=false",
+                "--set", "podDisruptionBudget.enabled=false",
+            ),
+            "kueue and monitors": (
+                "--set", "kueue.required=true", "--set", "serviceMonitor.enabled=true",
+                "--set", "dashboards.enabled=true",
+            ),
+        }  # fmt: skip
+        with open(EXAMPLE) as f:
+            example = self.local_json(f.read())
+        for name, args in value_sets.items():
+            with self.subTest(values=name):
+                notes = self.notes(*args)
+                self.assertIsNone(re.search(r"\b(examples|crds|docs)/", notes), notes)
+                self.assertNotIn("<no value>", notes)
+                job_ns = "team-b" if "watchNamespace=team-b" in args else "default"
+                self.assertIn("kubectl apply -n %s -f - <<'EOF'\n" % job_ns, notes)
+                manifest = notes.split("<<'EOF'\n", 1)[1].split("\nEOF\n", 1)[0]
+                job = self.local_json(manifest)
+                self.assertEqual(job["kind"], example["kind"])
+                self.assertEqual(job["apiVersion"], example["apiVersion"])
+                self.assertEqual(job["metadata"]["name"], example["metadata"]["name"])
+                # Less the example's policy and image: the chart's --policy and agent image
+                # serve the job, as the notes say.
+                expected = {
+                    k: v for k, v in example["spec"].items() if k not in ("elasticity", "template")
+                }
+                self.assertEqual(job["spec"], expected)
+                queue = job["metadata"].get("labels", {}).get("kueue.x-k8s.io/queue-name")
+                self.assertEqual(queue is not None, "kueue.required=true" in args)
+                self.assertIn("kubectl get virtualflowjobs -n %s" % job_ns, notes)
+                self.assertIn("/metrics", notes)
+                self.assertEqual(
+                    "crds.install=false" in args, "kubectl get crd " + CRD_NAME in notes
+                )
+
+    def local_json(self, manifest):
+        """One object of YAML as JSON, parsed offline by kubectl (no YAML module here)."""
+        proc = subprocess.run(
+            [os.path.join(self.tools, "kubectl"), "annotate", "--local", "-f", "-",
+             "vf-test-unused-", "-o", "json"],
+            input=manifest, capture_output=True, text=True, timeout=60,
+            env=dict(os.environ, KUBECONFIG=os.devnull),
+        )  # fmt: skip
+        self.assertEqual(proc.returncode, 0, proc.stderr + manifest)
+        obj = json.loads(proc.stdout)
+        obj["metadata"].pop("annotations", None)
+        return obj
+
     def test_crd_in_chart_is_the_repositorys_crd(self):
         # The template renders files/virtualflowjob.yaml, a copy of the repository's CRD.
         self.assertTrue(
