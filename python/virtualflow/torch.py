@@ -450,11 +450,44 @@ def _collectives(device: torch.device) -> str:
     return choice or "gloo"
 
 
+# How _DeviceFold folds a node where Triton runs (a GPU): 'triton' (the default) with one fused
+# kernel (virtualflow/_fold_kernel.py), 'torch' with PyTorch's operations. Both give the same
+# bits, so the choice never changes the weights; only the time and the device memory differ.
+# The name is not in the C++ table of the worker's variables (runtime/job/worker_env.h) yet, so
+# it is made from its neighbour's rather than spelled here (python/tests/test_worker_env.py).
+_ENV_TORCH_FOLD_KERNEL = _core.ENV_TORCH_FOLD + "_KERNEL"
+
+
+def _fold_kernel_choice() -> str:
+    """VF_TORCH_FOLD_KERNEL: 'triton', 'torch', or "" (unset: Triton's kernel where it runs)."""
+    choice = os.environ.get(_ENV_TORCH_FOLD_KERNEL, "")
+    if choice not in ("", "triton", "torch"):
+        raise Error(
+            f"{_ENV_TORCH_FOLD_KERNEL}={choice!r}: set it to 'triton' (one fused kernel) or "
+            "'torch' (PyTorch's operations), or leave it unset (Triton's kernel on a GPU)"
+        )
+    return choice
+
+
+def _fold_kernel(device: torch.device) -> tuple[Any, str]:
+    """virtualflow._fold_kernel where it can fold on `device`, else None and why not. Imported
+    only here: importing it imports Triton, which a worker without one does not need."""
+    try:
+        from virtualflow import _fold_kernel as kernel
+    except ImportError as e:
+        return None, f"Triton does not import ({e})"
+    reason = kernel.unavailable_reason(device)
+    return (None, reason) if reason else (kernel, "")
+
+
 class _DeviceFold:
-    """A step's exact fold done by PyTorch operations on the gradients' own device (the same
-    code on the CPU and on a GPU), bit for bit what the C++ reducer's Add computes
-    (Device::FoldBuckets), handed to it once per step (Worker.add_folded): one copy to the host
-    per step instead of one per node, and no wait for the host between nodes.
+    """A step's exact fold done on the gradients' own device, bit for bit what the C++
+    reducer's Add computes (Device::FoldBuckets), handed to it once per step
+    (Worker.add_folded): one copy to the host per step instead of one per node, and no wait for
+    the host between nodes. On a GPU one Triton kernel per node folds it (_fold_kernel.py: one
+    pass, 20 bytes of memory traffic per element); elsewhere, or with VF_TORCH_FOLD_KERNEL=torch,
+    PyTorch's operations (the same code on the CPU and on a GPU: some nine passes, about 146
+    bytes per element). Both give the same bits; `use_kernel` says which the next begin() picks.
 
     Per element v = x * 2^e in float64, e the bucket's exponent of the step: a float32 times a
     power of two is exact in float64 for every exponent ExponentFor gives (|e| <= 960), subnormal
@@ -462,10 +495,12 @@ class _DeviceFold:
     keep every bit of a subnormal product). Rounded half to even; an element with |v| > 2^50, or
     NaN, adds nothing and flags the step (from the bucket's maximum, which exceeds the limit
     exactly when some element does, as in the C++ fold); a bucket without an exponent is only
-    measured. Per bucket the largest |x| as the float's bit pattern (NaN above +Inf): an
-    elementwise running maximum over the nodes, reduced per bucket once per step.
-    Device memory per gradient element: 32 bytes in its buffers, 17 more in a node's
-    temporaries. Not thread-safe: the training thread's."""
+    measured. Per bucket the largest |x| as the float's bit pattern (NaN above +Inf): with the
+    kernel, an atomic maximum per bucket; with PyTorch's operations, an elementwise running
+    maximum over the nodes, reduced per bucket once per step.
+    Device memory per gradient element: with the kernel 8 bytes (the sums), with PyTorch's
+    operations 32 bytes in its buffers (made at the first step that uses them) and 17 more in a
+    node's temporaries. Not thread-safe: the training thread's."""
 
     def __init__(
         self, device: torch.device, buckets: list[tuple[int, int]], total: int, max_nodes: int
@@ -474,6 +509,8 @@ class _DeviceFold:
         if [offset for offset, _ in buckets] != [sum(self._sizes[:i]) for i in range(len(buckets))]:
             raise Error("the reducer's gradient buckets do not tile the flat gradient")
         self._n, nb = total, len(buckets)
+        self._buckets = list(buckets)
+        self._device = device
         self._device_sizes = torch.tensor(self._sizes, dtype=torch.int64, device=device)
         # The step's results in one int64 buffer, copied to the host at once: the sums, each
         # bucket's largest bit pattern, the overflow flag (what Worker.add_folded reads), then
@@ -486,35 +523,103 @@ class _DeviceFold:
         self._max_slots = self._packed[total : total + nb]
         self._bad_slot = self._packed[total + nb]
         self._loss_slots = self._packed[total + nb + 1 :].view(torch.float64)
-        self._max_bits = torch.zeros(total, dtype=torch.int32, device=device)  # running maximum
-        self._bits = torch.zeros(total, dtype=torch.int32, device=device)
-        self._scaled = torch.zeros(total, dtype=torch.float64, device=device)
         self._zero = torch.zeros((), dtype=torch.float64, device=device)
         self._losses: list[torch.Tensor] = []
+        # PyTorch's operations' buffers, made by the first step that folds with them.
+        self._max_bits: torch.Tensor | None = None  # running elementwise maximum
+        self._bits: torch.Tensor | None = None
+        self._scaled: torch.Tensor | None = None
+        self._scale: torch.Tensor | None = None  # each element's scale
+        # The kernel's: its module, its blocks (made at its first step), each bucket's maximum.
+        self._kernel: Any = None
+        self._blocks: Any = None
+        self._bucket_max = torch.zeros(nb, dtype=torch.int32, device=device)
+        choice = _fold_kernel_choice()
+        # Where Triton's kernel runs and VF_TORCH_FOLD_KERNEL allows it. A benchmark may flip
+        # it between steps (begin() reads it); both ways give the same bits.
+        self.use_kernel = False
+        if choice != "torch" and device.type == "cuda":
+            self._kernel, why_not = _fold_kernel(device)
+            self.use_kernel = self._kernel is not None
+            if why_not and choice == "triton":
+                print(
+                    f"virtualflow: {_ENV_TORCH_FOLD_KERNEL}=triton, but {why_not}: folding "
+                    "with PyTorch's operations",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        elif choice == "triton":
+            print(
+                f"virtualflow: {_ENV_TORCH_FOLD_KERNEL}=triton, but the gradients are on "
+                f"{device}: folding with PyTorch's operations",
+                file=sys.stderr,
+                flush=True,
+            )
+        self._fused = False  # this step's way, fixed by begin()
         self._set_exponents([_UNSET_EXPONENT] * nb)
 
     def _set_exponents(self, exponents: list[int]) -> None:
-        """Each bucket's scale 2^e (0 where unset) and each element's, on the device."""
+        """Each bucket's scale 2^e (0 where unset), on the device; each element's is made when
+        PyTorch's operations need it."""
         # Python's float is a double: 2^e exactly, as the C++ fold's ldexp(1.0, min(e, 1000)).
         scales = [0.0 if e == _UNSET_EXPONENT else 2.0 ** min(e, 1000) for e in exponents]
         device = self._acc.device
         self._bucket_scale = torch.tensor(scales, dtype=torch.float64).to(device)
         self._bucket_set = torch.tensor([e != _UNSET_EXPONENT for e in exponents]).to(device)
-        self._scale = torch.repeat_interleave(
-            self._bucket_scale, self._device_sizes, output_size=self._n
-        )
+        self._scale = None
         self._exponents = list(exponents)
 
+    def _kernel_ready(self) -> bool:
+        """Whether this step can fold with the kernel (use_kernel, and it runs here); makes
+        its blocks the first time."""
+        if not self.use_kernel:
+            return False
+        if self._kernel is None:
+            self._kernel, _ = _fold_kernel(self._device)
+            if self._kernel is None:
+                return False
+        if self._blocks is None:
+            self._blocks = self._kernel.blocks(self._buckets, self._device)
+        return True
+
+    def _eager_buffers(self) -> None:
+        """PyTorch's operations' buffers and each element's scale, where not made yet."""
+        if self._max_bits is None:
+            device, n = self._device, self._n
+            self._max_bits = torch.zeros(n, dtype=torch.int32, device=device)
+            self._bits = torch.zeros(n, dtype=torch.int32, device=device)
+            self._scaled = torch.zeros(n, dtype=torch.float64, device=device)
+        if self._scale is None:
+            self._scale = torch.repeat_interleave(
+                self._bucket_scale, self._device_sizes, output_size=self._n
+            )
+
     def begin(self, exponents: list[int]) -> None:
-        """Starts a step (or its redo) with the reducer's exponents of this step."""
+        """Starts a step (or its redo) with the reducer's exponents of this step, and fixes how
+        its nodes are folded (use_kernel)."""
         if exponents != self._exponents:
             self._set_exponents(exponents)
+        self._fused = self._kernel_ready()
         self._acc.zero_()
-        self._max_bits.zero_()
+        if self._fused:
+            self._bucket_max.zero_()
+        else:
+            self._eager_buffers()
+            assert self._max_bits is not None
+            self._max_bits.zero_()
         self._losses.clear()
 
     def add(self, grad: torch.Tensor, loss: torch.Tensor) -> None:
         """Folds one node's flat float32 gradient; its loss is read once per step."""
+        if self._fused:
+            # The kernel reads N elements from the pointer: no shape checks of PyTorch's here.
+            if grad.dtype != torch.float32 or grad.numel() != self._n or not grad.is_contiguous():
+                raise Error(f"a node's gradient must be {self._n} contiguous float32 values")
+            self._kernel.fold(grad, self._acc, self._bucket_scale, self._bucket_max, self._blocks)
+            self._losses.append(loss)
+            return
+        assert self._scale is not None and self._scaled is not None
+        assert self._bits is not None and self._max_bits is not None
         v = torch.mul(grad, self._scale, out=self._scaled)
         v.round_()
         torch.where(v.abs() <= _FIXED_POINT_LIMIT, v, self._zero, out=v)  # NaN fails it too
@@ -526,10 +631,16 @@ class _DeviceFold:
     def finish(self) -> tuple[torch.Tensor, list[float]]:
         """The step's sums, maxima and flag in host memory, for Worker.add_folded, and the
         nodes' losses in their order."""
-        parts = list(self._max_bits.split(self._sizes))
-        if parts:
-            foreach_max = getattr(torch, "_foreach_max", None)  # one kernel for every bucket
-            maxima = torch.stack(foreach_max(parts) if foreach_max else [p.max() for p in parts])
+        if self._sizes:
+            if self._fused:
+                maxima = self._bucket_max
+            else:
+                assert self._max_bits is not None
+                parts = list(self._max_bits.split(self._sizes))
+                foreach_max = getattr(torch, "_foreach_max", None)  # one kernel for every bucket
+                maxima = torch.stack(
+                    foreach_max(parts) if foreach_max else [p.max() for p in parts]
+                )
             self._max_slots.copy_(maxima)
             magnitude = maxima.view(torch.float32).to(torch.float64) * self._bucket_scale
             over = (maxima >= _INF_BITS) | (magnitude > _FIXED_POINT_LIMIT)
