@@ -2,7 +2,8 @@
 # Configures and builds VirtualFlow into build/ (or $VF_BUILD_DIR). Extra arguments are ninja
 # targets (default: everything). The CUDA device and the NCCL communicator are built whenever
 # scripts/setup-cuda.sh finds or installs a toolkit (no GPU needed); VF_CUDA=off builds for
-# the CPU only.
+# the CPU only. VF_TESTS=off configures a tree without the tests (scripts/quickstart.sh: their
+# libraries need not be installed).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${VF_BUILD_DIR:-$root/build}"
@@ -42,9 +43,13 @@ for arg in "${cuda_args[@]}"; do
       fi ;;
   esac
 done
-cmake -S "$root" -B "$build" -G Ninja \
+tests=ON
+if [ "${VF_TESTS:-on}" = off ]; then tests=OFF; fi
+# --no-warn-unused-cli: a tree without the tests or the Python package does not read every option
+# given here (VF_CCACHE_DIR), which is no mistake worth a warning.
+cmake -S "$root" -B "$build" -G Ninja --no-warn-unused-cli \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DVF_BUILD_TESTS=ON -DVF_SANITIZER_TESTS=ON -DVF_WERROR=ON -DVF_PYTHON="$python_env" "${cuda_args[@]}" "${launcher[@]}" >/dev/null
+  -DVF_BUILD_TESTS=$tests -DVF_SANITIZER_TESTS=$tests -DVF_WERROR=ON -DVF_PYTHON="$python_env" "${cuda_args[@]}" "${launcher[@]}" >/dev/null
 grep -E "^VF_WITH_(CUDA|NCCL):" "$build/CMakeCache.txt" | sed 's/^/build: /'
 jobs="${VF_BUILD_JOBS:-$(nproc)}"
 ninja -C "$build" -j "$jobs" "$@"

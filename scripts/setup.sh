@@ -1,8 +1,20 @@
 #!/usr/bin/env bash
 # Installs what VirtualFlow needs on a fresh Debian machine. Idempotent: packages already
 # present are not touched, and the package index is refreshed only when something is missing.
+#
+# usage: scripts/setup.sh           everything: the whole build and its test suite (scripts/test.sh)
+#        scripts/setup.sh example   only what building vf and virtualflow-agent and training the
+#                                   built-in example take (scripts/quickstart.sh); with VF_CUDA=on
+#                                   also what scripts/setup-cuda.sh needs to fetch a CUDA toolkit
 set -euo pipefail
 
+scope="${1:-all}"
+case "$scope" in
+  all | example) ;;
+  *) echo "usage: $0 [example]" >&2; exit 2 ;;
+esac
+
+# Everything. A library the build links goes into EXAMPLE_PACKAGES below too.
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git python3 procps
   libgloo-dev libcpprest-dev nlohmann-json3-dev libyaml-cpp-dev zlib1g-dev libssl-dev
@@ -23,6 +35,26 @@ command -v go >/dev/null || PACKAGES+=(golang-go)
 # scripts/setup-cuda.sh installs the CUDA wheels with pip when the machine has no toolkit.
 python3 -m pip --version >/dev/null 2>&1 || PACKAGES+=(python3-pip)
 
+# The built-in example (scripts/quickstart.sh): the compiler and build tools, every library CMake
+# looks for when it configures a tree without the tests (vf and virtualflow-agent link most of
+# them), and the dataset it trains on. Not the test suite's tools and libraries, the fuzzers'
+# clang, the image tools or PyTorch's environment.
+EXAMPLE_PACKAGES=(
+  build-essential cmake ninja-build
+  libgloo-dev libcpprest-dev nlohmann-json3-dev libyaml-cpp-dev zlib1g-dev libssl-dev
+  prometheus-cpp-dev libopenblas-dev libcli11-dev
+  dataset-fashion-mnist
+)
+if [ "$scope" = example ]; then
+  PACKAGES=("${EXAMPLE_PACKAGES[@]}")
+  # The CUDA wheels need python3 and pip, when the example builds the GPU code (VF_CUDA=on, which
+  # scripts/quickstart.sh sets on a machine with an NVIDIA GPU) and the machine has no toolkit.
+  if [ "${VF_CUDA:-on}" != off ] && ! command -v nvcc >/dev/null; then
+    PACKAGES+=(python3)
+    python3 -m pip --version >/dev/null 2>&1 || PACKAGES+=(python3-pip)
+  fi
+fi
+
 missing=()
 for p in "${PACKAGES[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
@@ -31,7 +63,7 @@ for p in "${PACKAGES[@]}"; do
 done
 
 if [ "${#missing[@]}" -eq 0 ]; then
-  echo "setup: all ${#PACKAGES[@]} packages present"
+  echo "setup: all ${#PACKAGES[@]} packages present ($scope)"
 else
   install_packages=1
 fi
