@@ -142,7 +142,6 @@ class ReadmeTest(unittest.TestCase):
 
     def env(self):
         env = dict(os.environ, REGISTRY=REGISTRY)
-        env.pop("PYTHONDONTWRITEBYTECODE", None)
         if PYTHON:
             # After the README's own PATH: where $HOME/.cache/virtualflow/py is not the
             # environment (VF_CACHE_DIR set), python3 is still the suite's.
