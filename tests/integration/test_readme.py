@@ -19,11 +19,11 @@ file, script or flag) fails here.
   (`helm install` into one) and e2e.operator (the example trained by the operator) cover that.
 - A command this test does not know how to check fails it.
 
-Besides the shell blocks: every path the blocks name exists; the README's Python block is
-excerpts of examples/torch/cnn.py (verbatim, in order; `# ...` lines mark what is left out), the
-program the PyTorch command runs; its YAML block is examples/torch-cnn.yaml less its comment
-lines; every relative link of README.md and docs/status.md leads to a file, and to a heading of
-it when it names an anchor; the README is under 8 KB and no table cell of it, docs/status.md or
+Besides the shell blocks: every path the blocks and the prose's code spans name exists; the README's
+Python block is excerpts of examples/torch/cnn.py (verbatim, in order; `# ...` lines mark what is
+left out), the program the PyTorch command runs; its YAML block is examples/torch-cnn.yaml less its
+comment lines; every relative link of README.md and docs/status.md leads to a file, and to a heading
+of it when it names an anchor; the README is under 8 KB and no table cell of it, docs/status.md or
 docs/reliability.md is over 300 characters.
 """
 
@@ -199,6 +199,12 @@ class ReadmeTest(unittest.TestCase):
                     else:
                         full = os.path.join(SOURCE_DIR, path)
                     self.assertTrue(os.path.exists(full), "%s: no such file" % path)
+        # And the paths the prose names in code spans (the components' folders, the scripts).
+        prose = re.sub(r"(?ms)^```.*?^```", "", self.text)
+        for span in re.findall(r"`([^`\s]+)`", prose):
+            if "/" in span and re.match(r"^[\w.-]+(/[\w.-]+)*/?$", span):
+                with self.subTest(path=span):
+                    self.assertTrue(os.path.exists(os.path.join(SOURCE_DIR, span)), span)
 
     def check_script(self, prog):
         path = os.path.join(SOURCE_DIR, prog)
