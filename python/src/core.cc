@@ -285,6 +285,20 @@ class Worker {
     Check(RequireReducer()->AddFolded(p, bits, p[elements_ + buckets_.size()] != 0));
   }
 
+  // A step's per-bucket maxima and overflow flag, its sums kept on their device (a world of one:
+  // see Reducer::AddFolded); FinishKept then decides the step without converting anything.
+  void AddFoldedFlags(const FoldedStep& flags) {
+    const size_t expected = buckets_.size() + 1;
+    if (flags.shape(0) != expected) {
+      Raise(InvalidArgument("the folded step's flags have " + std::to_string(flags.shape(0)) +
+                            " values, the reducer expects " + std::to_string(expected) +
+                            " (bucket maxima, overflow flag)"));
+    }
+    const int64_t* p = flags.data();
+    const std::vector<uint32_t> bits = Take(MaxBits(p, buckets_.size()));
+    Check(RequireReducer()->AddFolded(nullptr, bits, p[buckets_.size()] != 0));
+  }
+
   void AddLoss(double loss_sum, int64_t samples) {
     LossStats s;
     s.loss_sum = loss_sum;
@@ -300,6 +314,16 @@ class Worker {
     const int64_t header[1] = {Live().latest_epoch()};
     float* mean = mean_grad.data();
     ReduceResult r = Take(Released([&] { return reducer->Finish(*comm, header, mean); }));
+    const int64_t agreed = r.header_extra.size() == 1 ? r.header_extra[0] : 0;
+    return {r.redo, r.totals.loss_sum, r.totals.samples, agreed};
+  }
+
+  // Finish for a step handed over by AddFoldedFlags: (redo, loss_sum, samples, agreed_epoch).
+  std::tuple<bool, double, int64_t, int64_t> FinishKept() {
+    Reducer* reducer = RequireReducer();
+    Communicator* comm = RequireComm();
+    const int64_t header[1] = {Live().latest_epoch()};
+    ReduceResult r = Take(Released([&] { return reducer->Finish(*comm, header, nullptr); }));
     const int64_t agreed = r.header_extra.size() == 1 ? r.header_extra[0] : 0;
     return {r.redo, r.totals.loss_sum, r.totals.samples, agreed};
   }
@@ -595,6 +619,8 @@ NB_MODULE(_core, m) {
       .def("add", &Worker::Add, nb::arg("grad"))
       .def("buckets", &Worker::Buckets)
       .def("add_folded", &Worker::AddFolded, nb::arg("folded"))
+      .def("add_folded_flags", &Worker::AddFoldedFlags, nb::arg("flags"))
+      .def("finish_kept", &Worker::FinishKept)
       .def("add_loss", &Worker::AddLoss, nb::arg("loss_sum"), nb::arg("samples"))
       .def("finish", &Worker::Finish, nb::arg("mean_grad"))
       .def("exponents", &Worker::Exponents)

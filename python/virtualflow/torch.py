@@ -30,6 +30,7 @@ import contextlib
 import hashlib
 import io
 import json
+import math
 import operator
 import os
 import struct
@@ -628,9 +629,10 @@ class _DeviceFold:
         torch.maximum(self._max_bits, bits, out=self._max_bits)
         self._losses.append(loss)
 
-    def finish(self) -> tuple[torch.Tensor, list[float]]:
+    def finish(self, *, keep_sums: bool = False) -> tuple[torch.Tensor, list[float]]:
         """The step's sums, maxima and flag in host memory, for Worker.add_folded, and the
-        nodes' losses in their order."""
+        nodes' losses in their order. With `keep_sums` (a world of one) only the maxima and the
+        flag, for Worker.add_folded_flags: the sums stay here for write_mean."""
         if self._sizes:
             if self._fused:
                 maxima = self._bucket_max
@@ -649,11 +651,27 @@ class _DeviceFold:
         k = len(self._losses)
         if k:
             self._loss_slots[:k].copy_(torch.stack(self._losses))
-        if self._host is not self._packed:
-            self._host.copy_(self._packed)  # waits for the device: once per step
         head = self._n + len(self._sizes) + 1
+        first = self._n if keep_sums else 0
+        if self._host is not self._packed:
+            # Waits for the device: once per step. Kept sums stay on the device: for a model of
+            # 124M parameters their trip to the host and the mean's trip back took 300 ms a step
+            # on an H200, over most of the step's own time.
+            self._host[first:].copy_(self._packed[first:])
         losses = self._host[head : head + k].view(torch.float64).tolist()
-        return self._host[:head], losses
+        return self._host[first:head], losses
+
+    def write_mean(self, out: torch.Tensor, virtual_nodes: int) -> None:
+        """The step's mean gradient from the kept sums, into `out` (flat float32, on this
+        device): per element float32((sum * 2^-e) * (1/V)), each operation rounded on its own,
+        which is the reducer's conversion (Device::FixedToFloat) bit for bit."""
+        inv_v = 1.0 / float(virtual_nodes)
+        offset = 0
+        for size, e in zip(self._sizes, self._exponents, strict=True):
+            chunk = self._acc[offset : offset + size].to(torch.float64)
+            chunk.mul_(math.ldexp(1.0, -e)).mul_(inv_v)
+            out[offset : offset + size].copy_(chunk)
+            offset += size
 
 
 class Job:
@@ -746,6 +764,11 @@ class Job:
         self._finished = False
         self._done = False
         self._checkpoint_seconds = 0.0
+        # A world of one folding on its device keeps the step's sums there and converts them to
+        # the mean there (_DeviceFold.write_mean); False sends them through the host's reducer
+        # as a world of several does (the same bits: bench/torch/big.py measures both).
+        self._local_mean = True
+        self._device_mean_steps = 0  # steps whose mean was made that way (in the result file)
 
     # Public -------------------------------------------------------------------------------
     @property
@@ -854,6 +877,7 @@ class Job:
                 if self._membership
                 else [],
                 "gradient_fold": "device" if self._device_fold is not None else "host",
+                "device_mean_steps": self._device_mean_steps,
                 "collectives": self._collectives,
                 "recomputed_steps": self._recomputed_steps,
                 "kept_nodes": self._kept_nodes,
@@ -1031,7 +1055,10 @@ class Job:
             summed += todo
             compute = time.monotonic() - t0
             try:
-                redo, loss_sum, samples, agreed = self._worker.finish(staging.mean)
+                if self._keeps_sums():
+                    redo, loss_sum, samples, agreed = self._worker.finish_kept()
+                else:
+                    redo, loss_sum, samples, agreed = self._worker.finish(staging.mean)
             except CollectiveError as e:
                 # A member died or stalled; nothing of the step was applied here. Follow the plan
                 # without it (state comes along if needed) and finish the step.
@@ -1053,7 +1080,13 @@ class Job:
                 continue
             break
         node_ints = self._agreed_ints(snapshots)
-        self._views = staging.publish_mean()
+        if self._keeps_sums():
+            assert self._device_fold is not None
+            self._device_fold.write_mean(staging.grads[0], int(self.spec["virtual_nodes"]))
+            self._device_mean_steps += 1
+            self._views = staging.param_views[0]
+        else:
+            self._views = staging.publish_mean()
         if self._float_buffers:
             _copy_all(self._float_buffers, staging.buffer_views[0])
         for t, a in zip(self._int_buffers, node_ints):
@@ -1181,13 +1214,22 @@ class Job:
         self._worker.add(grads)
         self._worker.add_loss(loss * micro_batch, micro_batch)
 
+    def _keeps_sums(self) -> bool:
+        """Whether this step's sums stay on the model's device (a world of one, folding there):
+        the reducer then only decides the step, and the mean is made where the sums are."""
+        return self._device_fold is not None and self._local_mean and self.world_size == 1
+
     def _hand_over_fold(self, fold: _DeviceFold, micro_batch: int) -> None:
         """Gives the reducer the step's nodes as _DeviceFold summed them, with their losses in
         the nodes' order (as _fold adds them)."""
-        folded, losses = fold.finish()
+        keep = self._keeps_sums()
+        folded, losses = fold.finish(keep_sums=keep)
         for loss in losses:
             self._worker.add_loss(loss * micro_batch, micro_batch)
-        self._worker.add_folded(folded)
+        if keep:
+            self._worker.add_folded_flags(folded)
+        else:
+            self._worker.add_folded(folded)
 
     def _backward(self, node: Node, loss: torch.Tensor) -> None:
         if self._step is None or node._step is not self._step:

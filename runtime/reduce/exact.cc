@@ -88,7 +88,9 @@ class ExactReducer : public Reducer {
       return FailedPrecondition("AddFolded after Add or AddFolded in one step (once per step)");
     }
     source_ = Source::kFolded;
-    device_.CopyFromHost(acc_.data() + kHead, sums, count_ * sizeof(int64_t));
+    // Without sums the caller keeps them (a world of one; see reducer.h): the accumulator's
+    // gradient slots stay as Begin cleared them and Finish converts nothing.
+    if (sums != nullptr) device_.CopyFromHost(acc_.data() + kHead, sums, count_ * sizeof(int64_t));
     folded_max_.assign(max_bits.begin(), max_bits.end());
     folded_bad_ = bad;
     return Status::Ok();
@@ -113,7 +115,12 @@ class ExactReducer : public Reducer {
                                 [](int32_t e) { return e == kUnsetExponent; });
     h.bucket_max = local_max_;
     // This rank already knows the step will be redone or fail: its sums mean nothing.
-    const bool convert = !(h.non_finite || h.overflow || h.unset_scale);
+    const bool convert = mean_grad != nullptr && !(h.non_finite || h.overflow || h.unset_scale);
+    if (mean_grad == nullptr && comm.size() != 1) {
+      return FailedPrecondition(
+          "a step whose sums stayed with the caller needs a world of one, not " +
+          std::to_string(comm.size()));
+    }
 
     const int64_t stats[kStats] = {loss_fixed_, correct_, samples_};
     device_.CopyFromHost(acc_.data(), stats, sizeof(stats));

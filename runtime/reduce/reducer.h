@@ -81,7 +81,10 @@ class Reducer {
   // bucket the largest bit pattern of |grad| over those nodes (NaN above +Inf), and `bad` says
   // that some element of a bucket with an exponent had |grad * 2^e| > kFixedPointLimit or was
   // not finite (its sums may then hold anything: the step is redone or fails). Once per step,
-  // after Begin, and not with Add; exact mode only (fast mode: kFailedPrecondition).
+  // after Begin, and not with Add; exact mode only (fast mode: kFailedPrecondition). `sums` may
+  // be null in a world of one, where the caller keeps the sums and converts them itself (the
+  // conversion is FixedToFloat's, with this step's exponents): Finish then gets a null
+  // `mean_grad` and decides only the redo, the statistics and the next step's exponents.
   virtual Status AddFolded(const int64_t* sums, std::span<const uint32_t> max_bits, bool bad) {
     (void)sums;
     (void)max_bits;
@@ -91,12 +94,13 @@ class Reducer {
   // Adds one virtual node's loss statistics (host memory), the nodes in a fixed order.
   virtual void AddLoss(const LossStats& stats) = 0;
   // Runs the collectives and writes the mean gradient (1/V) * sum into `mean_grad` (device
-  // memory). `header_extra` is MAX-reduced along with the header. A NaN or Inf anywhere is a
-  // kNumerical error on every rank; a failed collective is returned as is. Exact mode leaves
-  // this rank's sums of the step as the Add calls made them, also when a collective fails: the
-  // caller may then Add the nodes a new plan gives it on top (no Begin) and Finish again with
-  // the new communicator, and gets what computing them all again would give, bit for bit. (Fast
-  // mode sums in place: after a failure it starts the step again with Begin.)
+  // memory; null after AddFolded without sums, in a world of one only: nothing converted).
+  // `header_extra` is MAX-reduced along with the header. A NaN or Inf anywhere is a kNumerical
+  // error on every rank; a failed collective is returned as is. Exact mode leaves this rank's sums
+  // of the step as the Add calls made them, also when a collective fails: the caller may then Add
+  // the nodes a new plan gives it on top (no Begin) and Finish again with the new communicator, and
+  // gets what computing them all again would give, bit for bit. (Fast mode sums in place: after a
+  // failure it starts the step again with Begin.)
   virtual Result<ReduceResult> Finish(Communicator& comm, std::span<const int64_t> header_extra,
                                       float* mean_grad) = 0;
 

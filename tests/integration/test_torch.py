@@ -259,6 +259,10 @@ class TorchTest(VfTestCase):
                 del os.environ["VF_TORCH_FOLD"]
             results = summary["worker_results"]
             self.assertEqual([r["gradient_fold"] for r in results], [fold] * workers)
+            # A world of one folding on its device keeps the sums there and makes the mean
+            # there (no trip through the host's reducer); the others go through the reducer.
+            kept = [r["device_mean_steps"] > 0 for r in results]
+            self.assertEqual(kept, [fold == "device" and workers == 1] * workers, results)
             recomputed |= {r["recomputed_steps"] for r in results}
             digests[(fold, workers)] = summary["weights_sha256"]
         self.assertEqual(len(set(digests.values())), 1, "weights differ: %s" % digests)
