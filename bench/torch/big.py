@@ -72,7 +72,7 @@ class Bench:
         self.tmp = Path(tempfile.mkdtemp(prefix="vf-big-"))
 
     def left(self) -> float:
-        return self.a.budget - (time.monotonic() - self.t0)
+        return float(self.a.budget) - (time.monotonic() - self.t0)
 
     def say(self, text: str) -> None:
         line = f"[{time.monotonic() - self.t0:6.1f} s] {text}"
@@ -155,11 +155,12 @@ def warm_compile(b: Bench, configs: list[tuple[str, int]]) -> list[subprocess.Po
 def stage_weights(b: Bench, models: list[str]) -> None:
     micro = {m: mb for m, mb in reversed(CONFIGS)}  # each model's smaller micro-batch
     for model in models:
-        for label, workers, env in (
-            ("1 worker", 1, None),
-            ("2 workers", 2, None),
-            ("1 worker, eager fold", 1, {**os.environ, "VF_TORCH_FOLD_KERNEL": "torch"}),
-        ):
+        runs = {
+            "1": ("1 worker", 1, None),
+            "2": ("2 workers", 2, None),
+            "1e": ("1 worker, eager fold", 1, {**os.environ, "VF_TORCH_FOLD_KERNEL": "torch"}),
+        }
+        for label, workers, env in (runs[k] for k in b.a.weights_workers.split(",")):
             if b.left() < 60:
                 b.say(f"weights {model} {label}: skipped (time)")
                 continue
@@ -179,12 +180,13 @@ def stage_weights(b: Bench, models: list[str]) -> None:
 
 def stage_timed(b: Bench, configs: list[tuple[str, int]]) -> None:
     a = b.a
-    steps = a.warmup + 2 * a.rounds * a.round_steps
+    steps = a.warmup + 3 * a.rounds * a.round_steps  # up to three library sides
     for model, micro in configs:
         if b.left() < 45:
             b.say(f"timed {model} micro-batch {micro}: skipped (time)")
             continue
         more = f", --warmup, '{a.warmup}', --rounds, '{a.rounds}', --round-steps, '{a.round_steps}'"
+        more += f", --sides, '{a.sides}'"
         rc, _ = b.vf_run(
             model,
             micro,
@@ -222,7 +224,7 @@ def table(jsonl: Path) -> str:
             ddp[key] = r["step_seconds"]
         elif r.get("event") == "model":
             params[r["model"]] = r["parameters"]
-    sides = ["library", "library-eager", "plain", "deterministic", "compile"]
+    sides = ["library", "library-eager", "library-host-mean", "plain", "deterministic", "compile"]
     lines = ["ms per step (median over rounds), V=8, bfloat16 autocast"]
     head = f"{'model':<9} {'mb':>3} " + " ".join(f"{s:>13}" for s in sides + ["ddp-2"])
     lines.append(head)
@@ -264,11 +266,14 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=420)
     ap.add_argument("--tiny", action="store_true", help="small models: a dry run on a CPU")
     ap.add_argument("--models", default="resnet50,gpt2")
+    ap.add_argument("--configs", default="", help="MODEL:MICRO,... (default: all four)")
+    ap.add_argument("--weights-workers", default="1,2,1e", help="1, 2, 1e (1, eager fold)")
     ap.add_argument("--stages", default="weights,timed,ddp")
     ap.add_argument("--sha-steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--round-steps", type=int, default=3)
+    ap.add_argument("--sides", default="plain,deterministic,compile", help="baselines to time")
     ap.add_argument("--table", help="only print the table of this big.jsonl")
     a = ap.parse_args()
     if a.table:
@@ -277,9 +282,13 @@ def main() -> None:
     b = Bench(a)
     models = [m for m in a.models.split(",") if m]
     configs = [(m, mb) for m, mb in CONFIGS if m in models]
+    if a.configs:
+        wanted = {(c.split(":")[0], int(c.split(":")[1])) for c in a.configs.split(",")}
+        configs = [c for c in configs if c in wanted]
     stages = a.stages.split(",")
     b.say(f"big.py: {configs}, stages {stages}, budget {a.budget:.0f} s")
-    warmers = warm_compile(b, configs) if "timed" in stages else []
+    compiled = "timed" in stages and "compile" in a.sides.split(",")
+    warmers = warm_compile(b, configs) if compiled else []
     if "weights" in stages:
         stage_weights(b, models)
     for p in warmers:

@@ -102,7 +102,8 @@ class ResNet50(nn.Module):
         x = F.relu(self.bn1(self.conv1(x)))
         x = max_pool_3x3_s2(x) if self.slice_pool else F.max_pool2d(x, 3, 2, 1)
         x = self.layers(x)
-        return self.fc(x.mean((2, 3)))
+        out: torch.Tensor = self.fc(x.mean((2, 3)))
+        return out
 
 
 def max_pool_backward_is_deterministic(device: torch.device) -> bool:
@@ -175,7 +176,8 @@ class Block(nn.Module):
         else:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
-        return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+        out: torch.Tensor = x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+        return out
 
 
 class Gpt2(nn.Module):
@@ -198,7 +200,8 @@ class Gpt2(nn.Module):
         t = idx.shape[1]
         pos = torch.arange(t, device=idx.device)
         x = self.blocks(self.tok(idx) + self.pos(pos))
-        return self.head(self.ln(x))
+        logits: torch.Tensor = self.head(self.ln(x))
+        return logits
 
 
 # The benchmark's view of a model ----------------------------------------------------------------

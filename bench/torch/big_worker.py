@@ -47,22 +47,67 @@ def sync(device: torch.device) -> None:
 
 def plain_step_fn(
     w: big_models.Workload, sampler: common.Sampler, vnodes: int, micro: int
-) -> Callable[[int], float]:
+) -> Callable[[int], None]:
     """One step of plain PyTorch accumulating `vnodes` micro-batches of `micro` samples."""
 
-    def step(i: int) -> float:
+    def step(i: int) -> None:
         batch = sampler.batch(i)
-        total = 0.0
         for k in range(vnodes):
             x, y = w.batch(batch[k * micro : (k + 1) * micro])
-            loss = w.loss(x, y)
-            (loss / vnodes).backward()
-            total = loss.detach()
+            (w.loss(x, y) / vnodes).backward()
         w.optimizer.step()
         w.optimizer.zero_grad()
-        return total  # type: ignore[return-value]
 
     return step
+
+
+def counted(fn: Callable[[int], None]) -> Callable[[], object]:
+    """fn(0), fn(1), ... on successive calls."""
+    counter = iter(range(1 << 62))
+
+    def run() -> object:
+        fn(next(counter))
+        return None
+
+    return run
+
+
+Setting = Callable[[Callable[[], object]], Callable[[], object]]
+
+
+def library_sides(job: Any, fold: Any) -> dict[str, Setting]:
+    """The library's sides: its defaults, and each of its GPU speed-ups turned off alone (where
+    this version of the library has it): the fused fold kernel, and the mean made on the device
+    in a world of one. Each wraps a step so that it runs with its setting; the defaults are
+    restored after it, so the job's last steps run as a user's would."""
+    kernel = fold is not None and bool(getattr(fold, "use_kernel", False))
+    local = fold is not None and bool(getattr(job, "_local_mean", False))
+
+    def setting(use_kernel: bool, local_mean: bool) -> Setting:
+        def wrap(run: Callable[[], object]) -> Callable[[], object]:
+            def step() -> object:
+                if kernel:
+                    fold.use_kernel = use_kernel
+                if local:
+                    job._local_mean = local_mean
+                try:
+                    return run()
+                finally:
+                    if kernel:
+                        fold.use_kernel = True
+                    if local:
+                        job._local_mean = True
+
+            return step
+
+        return wrap
+
+    sides = {"library": setting(True, True)}
+    if kernel:
+        sides["library-eager"] = setting(False, True)
+    if local:
+        sides["library-host-mean"] = setting(True, False)
+    return sides
 
 
 def library_steps(job: Any, w: big_models.Workload) -> Iterator[float]:
@@ -142,8 +187,7 @@ def main() -> None:
             fn = plain_step_fn(
                 w, common.Sampler(lib.dataset_size, vnodes * a.micro_batch), vnodes, a.micro_batch
             )
-            counter = iter(range(1 << 30))
-            sides[name] = (name == "deterministic", lambda fn=fn, c=counter: fn(next(c)))
+            sides[name] = (name == "deterministic", counted(fn))
         # Every baseline warmed (torch.compile compiles here, before the job's first step).
         for name, (det, run) in sides.items():
             t0 = time.perf_counter()
@@ -159,21 +203,8 @@ def main() -> None:
     record(event="warm", side="library", seconds=time.perf_counter() - t0)
     fold = getattr(job, "_device_fold", None)
     if a.mode == "timed":
-        if fold is not None and hasattr(fold, "use_kernel"):
-            kernel = bool(fold.use_kernel)
-
-            def with_fold(use: bool) -> Callable[[], object]:
-                def run() -> object:
-                    fold.use_kernel = use
-                    return next(steps)
-
-                return run
-
-            sides["library"] = (True, with_fold(kernel))
-            if kernel:
-                sides["library-eager"] = (True, with_fold(False))
-        else:
-            sides["library"] = (True, lambda: next(steps))
+        for name, setting in library_sides(job, fold).items():
+            sides[name] = (True, setting(lambda: next(steps)))
         names = list(sides)
         for r in range(a.rounds):
             order = names[r % len(names) :] + names[: r % len(names)]
@@ -181,8 +212,6 @@ def main() -> None:
                 det, run = sides[name]
                 seconds = timed_round(device, det, a.round_steps, run)
                 record(event="round", side=name, round=r, step_seconds=seconds)
-        if fold is not None and hasattr(fold, "use_kernel"):
-            fold.use_kernel = kernel
     torch.use_deterministic_algorithms(True)
     for _ in steps:  # the job's remaining steps, if any, and its end
         pass
@@ -192,6 +221,7 @@ def main() -> None:
         event="end",
         sha256=vf.weights_sha256(lib.model),
         fold_kernel=bool(getattr(fold, "use_kernel", False)),
+        device_mean=bool(getattr(job, "_local_mean", False)),
     )
     job.finish()
 
