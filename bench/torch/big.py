@@ -161,7 +161,7 @@ def stage_weights(b: Bench, models: list[str]) -> None:
             "1e": ("1 worker, eager fold", 1, {**os.environ, "VF_TORCH_FOLD_KERNEL": "torch"}),
         }
         for label, workers, env in (runs[k] for k in b.a.weights_workers.split(",")):
-            if b.left() < 60:
+            if b.left() < 35:
                 b.say(f"weights {model} {label}: skipped (time)")
                 continue
             rc, summary = b.vf_run(
@@ -171,7 +171,7 @@ def stage_weights(b: Bench, models: list[str]) -> None:
                 workers=workers,
                 more=", --mode, sha" + tiny_args(b.a),
                 env=env,
-                timeout=min(150, b.left() - 30),
+                timeout=min(150, b.left() - 5),
             )
             sha = summary.get("weights_sha256", "")
             b.record(event="weights", model=model, label=label, rc=rc, sha256=sha)
@@ -289,8 +289,14 @@ def main() -> None:
     b.say(f"big.py: {configs}, stages {stages}, budget {a.budget:.0f} s")
     compiled = "timed" in stages and "compile" in a.sides.split(",")
     warmers = warm_compile(b, configs) if compiled else []
-    if "weights" in stages:
+    # The weights' runs where --stages puts them: before the timed runs (the default, while
+    # the compiler fills its cache) or after them.
+    weights_first = "weights" in stages and (
+        "timed" not in stages or stages.index("weights") < stages.index("timed")
+    )
+    if weights_first:
         stage_weights(b, models)
+        stages.remove("weights")
     for p in warmers:
         try:
             p.wait(timeout=max(1, min(240, b.left() - 120)))
@@ -301,6 +307,8 @@ def main() -> None:
         b.say("compile warm-up done")
     if "timed" in stages:
         stage_timed(b, configs)
+    if "weights" in stages:  # asked for after the timed runs
+        stage_weights(b, models)
     if "ddp" in stages:
         stage_ddp(b, configs)
     text = table(b.jsonl)
