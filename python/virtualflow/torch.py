@@ -454,9 +454,7 @@ def _collectives(device: torch.device) -> str:
 # How _DeviceFold folds a node where Triton runs (a GPU): 'triton' (the default) with one fused
 # kernel (virtualflow/_fold_kernel.py), 'torch' with PyTorch's operations. Both give the same
 # bits, so the choice never changes the weights; only the time and the device memory differ.
-# The name is not in the C++ table of the worker's variables (runtime/job/worker_env.h) yet, so
-# it is made from its neighbour's rather than spelled here (python/tests/test_worker_env.py).
-_ENV_TORCH_FOLD_KERNEL = _core.ENV_TORCH_FOLD + "_KERNEL"
+_ENV_TORCH_FOLD_KERNEL = _core.ENV_TORCH_FOLD_KERNEL
 
 
 def _fold_kernel_choice() -> str:

@@ -83,6 +83,9 @@ inline constexpr Variable kCudaPlugin{"VF_CUDA_PLUGIN", Kind::kSetting,
 inline constexpr Variable kTorchFold{
     "VF_TORCH_FOLD", Kind::kSetting,
     "where exact reduction folds a node's gradients: device or host"};
+inline constexpr Variable kTorchFoldKernel{
+    "VF_TORCH_FOLD_KERNEL", Kind::kSetting,
+    "how a GPU folds a node's gradients: triton (one kernel, the default) or torch"};
 inline constexpr Variable kTorchCollectives{"VF_TORCH_COLLECTIVES", Kind::kSetting,
                                             "gloo (the default) or nccl"};
 inline constexpr Variable kTorchStaging{
@@ -116,6 +119,7 @@ inline constexpr std::array kAll{kJobSpec,
                                  kDevice,
                                  kCudaPlugin,
                                  kTorchFold,
+                                 kTorchFoldKernel,
                                  kTorchCollectives,
                                  kTorchStaging,
                                  kFaultInject};
