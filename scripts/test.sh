@@ -2,10 +2,35 @@
 # One command on a fresh machine: install what is needed, build everything (with warnings as
 # errors and the sanitizer variants of the unit tests), and run the whole suite under ctest.
 # Extra arguments go to ctest (e.g. -L unit, -R integration).
+#
+# The suite measures itself: at the end it prints, and writes to BUILD/suite-times.txt, the
+# seconds of each phase (set-up, build, tests), the count of tests, and the ten slowest tests
+# (from ctest's JUnit report, BUILD/suite-junit.xml). That file is the figure to quote.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${VF_BUILD_DIR:-$root/build}"
+t0=$(date +%s)
 "$root/scripts/setup.sh"
+t1=$(date +%s)
 "$root/scripts/build.sh"
+t2=$(date +%s)
 cd "$build"
-exec ctest --output-on-failure -j "${VF_TEST_JOBS:-2}" "$@"
+rc=0
+ctest --output-on-failure -j "${VF_TEST_JOBS:-2}" --output-junit "$build/suite-junit.xml" "$@" ||
+  rc=$?
+t3=$(date +%s)
+{
+  echo "suite: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(nproc) cores, ctest exit status $rc"
+  echo "  set-up $((t1 - t0)) s, build $((t2 - t1)) s, tests $((t3 - t2)) s, total $((t3 - t0)) s"
+  if [ -f "$build/suite-junit.xml" ]; then
+    # Each testcase element's status and time (ctest's JUnit attributes).
+    grep -o '<testcase [^>]*>' "$build/suite-junit.xml" |
+      awk '{ n++ } /status="fail"/ { f++ } /status="(notrun|disabled)"/ { s++ }
+           END { printf "  %d tests: %d failed, %d not run\n", n, f, s }'
+    echo "  slowest tests (s):"
+    grep -o '<testcase [^>]*>' "$build/suite-junit.xml" |
+      sed -E 's/.*name="([^"]*)".*time="([^"]*)".*/\2 \1/' | sort -rn | head -n 10 |
+      awk '{ printf "    %8.1f  %s\n", $1, $2 }'
+  fi
+} | tee "$build/suite-times.txt"
+exit "$rc"
