@@ -44,6 +44,7 @@ import torch
 
 from virtualflow import _core
 from virtualflow._core import CollectiveError, Error, JobMismatchError, NumericalError
+from virtualflow.data import LoaderError, NodeLoader, sample_seed
 
 __all__ = [
     "CollectiveError",
@@ -51,12 +52,15 @@ __all__ = [
     "Error",
     "Job",
     "JobMismatchError",
+    "LoaderError",
     "MisuseError",
     "Node",
+    "NodeLoader",
     "NumericalError",
     "State",
     "Step",
     "init",
+    "sample_seed",
     "weights_sha256",
 ]
 
@@ -777,6 +781,12 @@ class Job:
     @property
     def world_size(self) -> int:
         return self._membership.world if self._membership is not None else 0
+
+    @property
+    def virtual_nodes(self) -> list[int]:
+        """This worker's virtual nodes in the current plan, in the order it runs them (empty
+        before the first plan); changes on a resize or a recovery (NodeLoader prefetches them)."""
+        return [int(v) for v in self._membership.virtual_nodes] if self._membership else []
 
     def total_steps(self, dataset_size: int) -> int:
         """The job's length in steps on a training set of `dataset_size` samples (for LR
