@@ -513,9 +513,18 @@ NB_MODULE(_core, m) {
   m.def(
       "write_checkpoint",
       [](const std::string& path, const nb::bytes& payload) {
-        Check(WriteSealedFile(path, std::string_view(payload.c_str(), payload.size())));
+        // Without the GIL: virtualflow.torch writes from a background thread while the training
+        // thread goes on. The caller's reference keeps the (immutable) bytes alive meanwhile.
+        const std::string_view bytes(payload.c_str(), payload.size());
+        Status written;
+        {
+          nb::gil_scoped_release release;
+          written = WriteSealedFile(path, bytes);
+        }
+        Check(written);
       },
-      "Writes a sealed blob atomically (temporary file, fsync, rename, fsync of the directory).");
+      "Writes a sealed blob atomically (temporary file, fsync, rename, fsync of the directory), "
+      "without holding the GIL.");
   m.def(
       "read_checkpoint",
       [](const std::string& path) {

@@ -27,16 +27,21 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import copy
 import hashlib
 import io
 import json
 import math
 import operator
 import os
+import secrets
+import signal
 import struct
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +70,13 @@ __all__ = [
 ]
 
 _STATE_FORMAT = "virtualflow-torch-state-1"
+
+# How rank 0 writes a periodic checkpoint. True: it copies the state to host memory at the step
+# boundary and a background thread serializes and writes the copy while training goes on (at
+# most one write in flight: the next checkpoint waits for the previous one). False: training
+# waits for the whole write, as before. The final checkpoint and the one on leave are always
+# written before the process goes on. bench/torch/checkpoint_bench.py flips it to measure both.
+_CHECKPOINT_IN_BACKGROUND = True
 
 
 class MisuseError(Error):
@@ -164,6 +176,156 @@ def _one_device(model: torch.nn.Module, tensors: list[torch.Tensor]) -> torch.de
     return device
 
 
+def _encode_state(header: dict[str, Any], payload: dict[str, Any]) -> bytes:
+    """What a checkpoint and a joiner's state hold, before seal(): the header as one JSON line,
+    then torch.save's bytes of the payload."""
+    buf = io.BytesIO()
+    buf.write(json.dumps(header).encode() + b"\n")
+    torch.save(payload, buf)
+    return buf.getvalue()
+
+
+class _Snapshot:
+    """A copy in host memory of a checkpoint's payload, taken at a step boundary so that it can
+    be written while training changes the live tensors. Its tensors are buffers kept from one
+    checkpoint to the next (pinned for a GPU's tensors, copied with non_blocking and one wait per
+    device), so a checkpoint allocates nothing once the first has been taken."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[Any, ...], torch.Tensor] = {}
+
+    def take(self, obj: Any) -> Any:
+        copies: list[tuple[torch.Tensor, torch.Tensor]] = []
+        out = self._walk(obj, (), copies, {})
+        devices = set()
+        for dst, src in copies:
+            if src.is_cuda:
+                dst.copy_(src, non_blocking=True)
+                devices.add(src.device)
+            else:
+                dst.copy_(src)
+        for device in devices:
+            torch.cuda.current_stream(device).synchronize()
+        return out
+
+    def _buffer(self, path: tuple[Any, ...], t: torch.Tensor) -> torch.Tensor:
+        have = self._buffers.get(path)
+        if have is None or have.shape != t.shape or have.dtype != t.dtype:
+            have = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
+            self._buffers[path] = have
+        return have
+
+    def _walk(
+        self,
+        obj: Any,
+        path: tuple[Any, ...],
+        copies: list[tuple[torch.Tensor, torch.Tensor]],
+        seen: dict[tuple[Any, ...], torch.Tensor],
+    ) -> Any:
+        if isinstance(obj, torch.Tensor):
+            t = obj.detach()
+            if t.layout != torch.strided or t.device.type not in ("cpu", "cuda"):
+                return t.to("cpu", copy=True)
+            # Tensors that share memory (tied weights) stay one tensor in the copy.
+            key = (t.device, t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
+            if key not in seen:
+                seen[key] = self._buffer(path, t)
+                copies.append((seen[key], t))
+            return seen[key]
+        if isinstance(obj, dict):
+            out: dict[Any, Any] = OrderedDict() if isinstance(obj, OrderedDict) else {}
+            for k, v in obj.items():
+                out[k] = self._walk(v, (*path, k), copies, seen)
+            metadata = getattr(obj, "_metadata", None)  # a state_dict's module versions
+            if metadata is not None:
+                out._metadata = copy.deepcopy(metadata)  # type: ignore[attr-defined]
+            return out
+        if isinstance(obj, (list, tuple)):
+            items = [self._walk(v, (*path, i), copies, seen) for i, v in enumerate(obj)]
+            return items if isinstance(obj, list) else tuple(items)
+        return copy.deepcopy(obj)
+
+
+class _BackgroundWrite:
+    """At most one checkpoint write in flight, in a thread of its own. Its outcome is collected by
+    the training thread (wait, poll), which tells the agent: the agent's calls are made from the
+    training thread only, as with a synchronous write."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._step = 0
+        self._error = ""
+        self._exception: BaseException | None = None
+
+    def start(self, step: int, write: Callable[[], None]) -> None:
+        assert self._thread is None, "a checkpoint write is already in flight"
+        self._step, self._error, self._exception = step, "", None
+
+        def run() -> None:
+            try:
+                write()
+            except Error as e:  # the file system's refusal: reported, training goes on
+                self._error = " ".join(str(e).split()) or type(e).__name__
+            except BaseException as e:  # the script's state cannot be saved: raised by wait()
+                self._exception = e
+
+        self._thread = threading.Thread(target=run, name="virtualflow-checkpoint", daemon=True)
+        self._thread.start()
+
+    def in_flight(self) -> bool:
+        return self._thread is not None
+
+    def wait(self, *, block: bool = True) -> tuple[int, str] | None:
+        """(step, error) of the write started last, once it has ended; None if there is none, or
+        (block=False) while it still runs."""
+        if self._thread is None or (not block and self._thread.is_alive()):
+            return None
+        self._thread.join()
+        self._thread = None
+        if self._exception is not None:
+            e, self._exception = self._exception, None
+            raise e
+        return self._step, self._error
+
+
+def _armed_fault(point: str, worker: str) -> int | None:
+    """The step at which VF_FAULT_INJECT (worker-N:point[@step],..., as the agent reads it) arms
+    `point` for this worker (-1: the first time), or None."""
+    armed = None
+    for item in os.environ.get(_core.ENV_FAULT_INJECT, "").split(","):
+        name, _, rest = item.partition(":")
+        where, _, at = rest.partition("@")
+        if name == worker and where == point:
+            armed = int(at) if at else -1
+    return armed
+
+
+def _crash_mid_write(path: str, blob: bytes) -> None:
+    """Tests only: a crash of this process halfway through writing the checkpoint `blob` to
+    `path`, as write_checkpoint writes it (beside it, in a temporary file of a random name)."""
+    sealed = _core.seal(blob)
+    with open(f"{path}.tmp.{secrets.token_hex(8)}", "wb") as f:
+        f.write(sealed[: len(sealed) // 2])
+        f.flush()
+        os.fsync(f.fileno())
+    print("fault injection: killing this worker at checkpoint-write", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _check_parameter_dtypes(model: torch.nn.Module) -> None:
+    """Refuses a trainable parameter that is not float32: each node's gradient is summed exactly
+    as float32 values (in 64-bit fixed point), and the mean written back into .grad, which must
+    have the parameter's dtype."""
+    for name, p in model.named_parameters():
+        if p.requires_grad and p.dtype != torch.float32:
+            raise MisuseError(
+                f"parameter '{name}' is {p.dtype}: this version reduces float32 parameters "
+                "only, since its exact reduction sums every node's float32 gradients; keep the "
+                "parameters float32 and compute in lower precision under torch.autocast (the "
+                "weights stay float32 master weights), see docs/user-guide.md, 'Mixed precision'"
+            )
+
+
 class _Holder:
     """The worker's training state as the agent library moves it (called from C++)."""
 
@@ -212,6 +374,10 @@ class _Holder:
 
     # Serialization ------------------------------------------------------------------------
     def _serialize(self) -> bytes:
+        return _core.seal(_encode_state(*self._contents()))
+
+    def _contents(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The state's header and payload, referring to the live tensors."""
         s = self._state
         header = {
             "format": _STATE_FORMAT,
@@ -227,9 +393,7 @@ class _Holder:
             "exponents": self._job._worker.exponents(),
             "step": self.step_done,
         }
-        buf = io.BytesIO()
-        torch.save(payload, buf)
-        return _core.seal(json.dumps(header).encode() + b"\n" + buf.getvalue())
+        return header, payload
 
     def _split(self, blob: bytes, source: str) -> tuple[dict[str, Any], bytes]:
         raw = _core.unseal(blob, source)
@@ -766,6 +930,11 @@ class Job:
         self._finished = False
         self._done = False
         self._checkpoint_seconds = 0.0
+        # Periodic checkpoints written in the background (_start_checkpoint): the host copy of
+        # the state, kept for the next, and the write in flight.
+        self._snapshot = _Snapshot()
+        self._background_write = _BackgroundWrite()
+        self._checkpoint_fault = _armed_fault("checkpoint-write", self.worker_name)
         # A world of one folding on its device keeps the step's sums there and converts them to
         # the mean there (_DeviceFold.write_mean); False sends them through the host's reducer
         # as a world of several does (the same bits: bench/torch/big.py measures both).
@@ -835,12 +1004,18 @@ class Job:
                 step._agreed_epoch,
                 last,
             )
+            self._checkpoint_written(block=False)
             every = int(self.spec["checkpoint_every_steps"])
             if self.rank == 0 and every > 0 and self._holder.step_done % every == 0 and not last:
                 # A periodic checkpoint that cannot be written (a full disk, a read-only volume)
                 # does not stop training: the agent reports it and the next interval tries again.
-                self._write_checkpoint()
+                if _CHECKPOINT_IN_BACKGROUND:
+                    self._start_checkpoint()
+                else:
+                    self._write_checkpoint()
         self._done = True
+        # The final checkpoint replaces the periodic ones: none may still be writing after it.
+        self._checkpoint_written()
         if self.rank == 0 and self.spec["checkpoint_path"]:
             t0 = time.monotonic()
             error = self._write_checkpoint()
@@ -859,6 +1034,7 @@ class Job:
         if not self._done:
             raise MisuseError("job.finish() before the last step: call it after the steps() loop")
         assert self._holder is not None
+        self._checkpoint_written()
         sha = weights_sha256(self._holder._state.model)
         if self.rank == 0:
             acc = float("nan") if test_accuracy is None else float(test_accuracy)
@@ -991,7 +1167,9 @@ class Job:
         assert self._holder is not None
         m = self._worker.next(self._holder)
         if m is None:
-            # Asked to leave and let go by the plan (or deleted before it ever counted).
+            # Asked to leave and let go by the plan (or deleted before it ever counted). A
+            # checkpoint still being written is finished first: the process ends here.
+            self._checkpoint_written()
             if at_step_boundary:
                 self._checkpoint_on_leave()
             raise SystemExit(0)
@@ -1277,6 +1455,33 @@ class Job:
                     f"different parameters than worker {names[0]} (rank 0): the training script "
                     "is not deterministic (see docs/user-guide.md, 'What must stay deterministic')"
                 )
+
+    def _start_checkpoint(self) -> None:
+        """Copies the state to host memory and writes the copy in a background thread; the agent
+        is told how it went at a later step boundary (_checkpoint_written). The previous write,
+        if it is still running, is waited for first: one write at a time."""
+        assert self._holder is not None
+        self._checkpoint_written()
+        header, live = self._holder._contents()
+        payload = self._snapshot.take(live)
+        path, step = self.spec["checkpoint_path"], self._holder.step_done
+        crash = self._checkpoint_fault is not None and self._checkpoint_fault in (-1, step)
+
+        def write() -> None:
+            blob = _encode_state(header, payload)
+            if crash:
+                _crash_mid_write(path, blob)
+            _core.write_checkpoint(path, blob)
+
+        self._background_write.start(step, write)
+
+    def _checkpoint_written(self, *, block: bool = True) -> None:
+        """Tells the agent how the background write went, once it has ended (block: waits for
+        it). A state the script gave that torch.save cannot store is raised here, as a
+        synchronous write would raise it."""
+        done = self._background_write.wait(block=block)
+        if done is not None:
+            self._worker.checkpoint_written(*done)
 
     def _write_checkpoint(self) -> str:
         """Writes the checkpoint and tells the agent how it went; the error, or ""."""
