@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes the Python environment the PyTorch side of VirtualFlow needs: PyTorch (the PyPI build,
 # which brings its own CUDA runtime, cuBLAS and NCCL wheels), nanobind and scikit-build-core to
-# build the virtualflow package, pytest for its tests, ruff and mypy for the lint.python test
+# build the virtualflow package, Pillow for examples/torch/images.py, pytest for its tests, ruff
+# and mypy for the lint.python test
 # (tests/lint/check_python.sh). A virtual environment in the cache
 # directory, made once and remade only when the pins below change. Prints its python's path.
 #
@@ -15,7 +16,7 @@ set -euo pipefail
 # (CUDA 13.2: nvidia-cuda-runtime 13.2.86): with them the environment is the one CUDA toolkit
 # the C++ build uses too (scripts/setup-cuda.sh), so one set of CUDA libraries is installed.
 PINS=(
-  torch==2.15.0 numpy==2.4.6
+  torch==2.15.0 numpy==2.4.6 pillow==13.0.0
   nvidia-cuda-nvcc==13.2.86 nvidia-cuda-crt==13.2.86 nvidia-nvvm==13.2.86
   nanobind==3.1.0 scikit-build-core==1.1.2
   pytest==9.2.0 ruff==0.17.6 mypy==2.4.1
