@@ -384,7 +384,7 @@ class NodeLoader:
         by_sentinel = {ld.process.sentinel: ld for ld in self._loaders}
         ready = multiprocessing.connection.wait([*by_conn, *by_sentinel], timeout=30)
         for r in ready:
-            ld = by_conn.get(r)  # type: ignore[call-overload]
+            ld = by_conn.get(r)
             if ld is None:
                 continue
             try:
@@ -397,7 +397,7 @@ class NodeLoader:
                 raise LoaderError(value)
             self._ready[step, vnode] = value
         for r in ready:
-            ld = by_sentinel.get(r)  # type: ignore[call-overload]
+            ld = by_sentinel.get(r)
             # A process that sent its last result and then died is found at the next wait.
             if ld is not None and not ld.results.poll():
                 self._died(ld, key)
