@@ -1484,8 +1484,10 @@ class Job:
             self._worker.checkpoint_written(*done)
 
     def _write_checkpoint(self) -> str:
-        """Writes the checkpoint and tells the agent how it went; the error, or ""."""
+        """Writes the checkpoint and tells the agent how it went; the error, or "". A background
+        write still running is finished first, so that an older state never lands last."""
         assert self._holder is not None
+        self._checkpoint_written()
         payload = _core.unseal(self._holder._serialize(), "state")
         try:
             _core.write_checkpoint(self.spec["checkpoint_path"], payload)
