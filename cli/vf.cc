@@ -47,7 +47,13 @@ int Run(int argc, char** argv) {
       "number of workers and resizes. Prints progress, one line per resize, then the test-set\n"
       "accuracy and the SHA-256 of the final weights. The built-in model's workers all share\n"
       "the machine's GPU when it has one (VF_DEVICE=cpu keeps them on the CPU); a job's own\n"
-      "program chooses its device itself.",
+      "program chooses its device itself.\n\n"
+      "Each worker process's stdout and stderr are kept, never deleted, in the logs directory\n"
+      "(--logs, else a new vf-logs-JOB-DATE-TIME-XXXXXX in the temporary directory), whose path\n"
+      "is printed at the end: worker-N.log per process, N in start order (a replacement or a\n"
+      "joiner gets the next N), and plans.log, which worker held which rank in each plan. A job's\n"
+      "own program's lines are shown as they come from the current plan's rank 0 only, prefixed\n"
+      "[worker-N]; when a worker fails the job, its last lines are shown.",
       "vf run");
   app.add_option("JOB.yaml", o.job_path, "the VirtualFlowJob manifest to train");
   app.add_option("--workers", workers,
@@ -82,7 +88,13 @@ int Run(int argc, char** argv) {
   app.add_option("--assignment", o.assignment,
                  "virtual nodes per worker: proportional (to measured speed) or even")
       ->capture_default_str();
-  app.add_flag("--quiet", o.quiet, "print only the result");
+  app.add_option("--logs", o.logs_dir,
+                 "keep the workers' output in DIR (created if missing; its worker-N.log and\n"
+                 "plans.log from an earlier run are replaced) instead of a new temporary one")
+      ->type_name("DIR");
+  app.add_flag("--quiet", o.quiet,
+               "print only the result: no progress, resize or worker lines, nor where the\n"
+               "logs are (--summary-json has it)");
   app.add_option("--run-info", o.run_info_path,
                  "write the coordinator's URL, job id and job secret file to PATH (for tools)")
       ->type_name("PATH");
@@ -156,6 +168,7 @@ int Run(int argc, char** argv) {
     }
     j["recoveries"] = s.recoveries;
     j["rebalances"] = s.rebalances;
+    j["logs"] = s.logs_dir;
     j["worker_results"] = nlohmann::json::array();
     for (const auto& r : s.worker_results) j["worker_results"].push_back(nlohmann::json::parse(r));
     std::ofstream out(summary_path);

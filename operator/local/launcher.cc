@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -25,6 +26,7 @@
 #include "operator/coordinator/server.h"
 #include "operator/local/capacity.h"
 #include "operator/local/decisions.h"
+#include "operator/local/log_lines.h"
 #include "operator/policy/membership.h"
 #include "operator/policy/policy.h"
 #include "runtime/device/cuda/plugin.h"
@@ -149,6 +151,105 @@ std::string FormatDuration(double seconds) {
   return buf;
 }
 
+// How many of a failed worker's last lines `vf run` shows.
+constexpr size_t kFailureLines = 20;
+
+// Shows on stdout the lines one worker's log file gains, each prefixed with the worker's name:
+// how `vf run` shows the output of a user program's rank 0 as it comes. Reading the file the
+// worker writes (rather than a pipe `vf run` would have to drain) means a busy or stopped
+// `vf run` never blocks a worker's print(). Not thread-safe.
+class LogFollower {
+ public:
+  LogFollower() = default;
+  LogFollower(const LogFollower&) = delete;
+  LogFollower& operator=(const LogFollower&) = delete;
+  ~LogFollower() { Close(); }
+
+  // Follows worker `name`'s log at `path` from its start, or from what it writes from now on.
+  void Follow(const std::string& name, const std::string& path, bool from_start) {
+    Stop();
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) return;
+    if (!from_start) ::lseek(fd_, 0, SEEK_END);
+    name_ = name;
+  }
+  // The worker followed, or empty.
+  const std::string& name() const { return name_; }
+  // Prints the complete lines written since the last call.
+  void Show() {
+    if (fd_ < 0) return;
+    char buf[1 << 16];
+    bool printed = false;
+    for (int i = 0; i < 16; ++i) {  // at most 1 MiB a call: the control loop must go on
+      const ssize_t n = ::read(fd_, buf, sizeof(buf));
+      if (n <= 0) break;
+      for (const std::string& line : local::TakeLines(partial_, {buf, size_t(n)}, kMaxLine)) {
+        Print(line);
+        printed = true;
+      }
+    }
+    if (printed) std::fflush(stdout);
+  }
+  // Prints the rest, an unfinished last line too, and follows nobody.
+  void Stop() {
+    if (fd_ < 0) return;
+    Show();
+    if (!partial_.empty()) Print(partial_);
+    std::fflush(stdout);
+    Close();
+  }
+
+ private:
+  static constexpr size_t kMaxLine = 1 << 16;
+  void Print(const std::string& line) const {
+    std::printf("[%s] %s\n", name_.c_str(), line.c_str());
+  }
+  void Close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    name_.clear();
+    partial_.clear();
+  }
+  int fd_ = -1;
+  std::string name_;
+  std::string partial_;
+};
+
+// A new directory for a run's logs under the temporary directory, named for the job and the
+// local time: vf-logs-JOB-YYYYMMDD-HHMMSS-XXXXXX. Readable by this user only (mkdtemp).
+Result<std::string> NewLogsDir(const std::string& job_name) {
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  char stamp[32];
+  std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &local);
+  std::string tmpl =
+      (fs::temp_directory_path() / ("vf-logs-" + job_name + "-" + stamp + "-XXXXXX")).string();
+  if (mkdtemp(tmpl.data()) == nullptr) {
+    return Internal("cannot create a logs directory under " + fs::temp_directory_path().string() +
+                    ": " + std::strerror(errno));
+  }
+  return tmpl;
+}
+
+// The directory --logs names, created if missing, without the files of an earlier run into it
+// (only the names `vf run` writes: a user's own files there stay).
+Status PrepareLogsDir(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir, ec)) {
+    return InvalidArgument("--logs " + dir + ": cannot create the directory" +
+                           (ec ? ": " + ec.message() : std::string()));
+  }
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    if (entry.is_regular_file(ec) && local::IsRunLogName(entry.path().filename().string())) {
+      fs::remove(entry.path(), ec);
+    }
+  }
+  if (ec) return InvalidArgument("--logs " + dir + ": " + ec.message());
+  return Status::Ok();
+}
+
 // One local worker process.
 struct Worker {
   std::string name;
@@ -159,7 +260,8 @@ struct Worker {
   bool in_plan = false;  // member of the current plan
   bool asked_to_leave = false;
   Clock::time_point leave_deadline{};
-  std::string err_path;
+  std::string log_path;       // its standard output and error
+  bool output_shown = false;  // its lines were on stdout when it exited
   std::string result_path;
   Clock::time_point started = Clock::now();
   // Smoothed seconds per virtual node under the current plan, from its progress reports.
@@ -182,7 +284,11 @@ class LocalCluster {
   Result<LocalRunSummary> Run();
 
  private:
+  Result<LocalRunSummary> Train();
+  // The end of a run, whichever way: a failed worker's last lines, where the logs are.
+  Result<LocalRunSummary> Finish(Result<LocalRunSummary> result);
   Status Start();
+  Status CreateLogsDir();
   Status Spawn(int slot);
   void Reap(Status* job_failure);
   // One pass of the control loop: the policy's workers on the slots the schedule gives now, new
@@ -240,6 +346,12 @@ class LocalCluster {
   std::unique_ptr<CoordinatorServer> server_;
   std::unique_ptr<policy::Policy> policy_;
   std::vector<std::unique_ptr<Worker>> workers_;  // every process started, in start order
+  std::string logs_dir_;
+  bool logs_dir_default_ = false;  // made by this run (no --logs)
+  // A user program's output is shown, its rank 0's; the built-in agent's lines are kept only.
+  bool show_output_ = false;
+  LogFollower follower_;
+  const Worker* failed_ = nullptr;  // the worker whose failure ended the job
   int next_worker_ = 0;
   int64_t plan_epoch_ = 0;
   int plan_size_ = 0;
@@ -270,8 +382,21 @@ class LocalCluster {
   bool done_ = false;
 };
 
+Status LocalCluster::CreateLogsDir() {
+  if (o_.logs_dir.empty()) {
+    VF_ASSIGN_OR_RETURN(logs_dir_, NewLogsDir(job_.name));
+    logs_dir_default_ = true;
+  } else {
+    VF_RETURN_IF_ERROR(PrepareLogsDir(o_.logs_dir));
+    logs_dir_ = fs::absolute(o_.logs_dir).lexically_normal().string();
+  }
+  return Status::Ok();
+}
+
 Status LocalCluster::Start() {
   VF_RETURN_IF_ERROR(run_.Create());
+  VF_RETURN_IF_ERROR(CreateLogsDir());
+  show_output_ = !o_.quiet && job_.worker_template.user_program();
   job_id_ = job_.namespace_name + "/" + job_.name;
   secret_ = RandomToken();
   VF_RETURN_IF_ERROR(coordinator_.AddJob(job_id_, secret_, job_.Fingerprint(),
@@ -313,8 +438,13 @@ Status LocalCluster::Spawn(int slot) {
   w->name = "worker-" + std::to_string(next_worker_++);
   w->slot = slot;
   const fs::path dir = run_.path();
-  w->err_path = (dir / (w->name + ".log")).string();
+  w->log_path = (fs::path(logs_dir_) / local::WorkerLogName(w->name)).string();
   w->result_path = (dir / (w->name + ".json")).string();
+  // Created here, so that it can be followed before the worker writes; a worker of an earlier
+  // run of the same name left nothing in it.
+  const int log_fd = ::open(w->log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (log_fd < 0) return Internal("cannot create " + w->log_path + ": " + std::strerror(errno));
+  ::close(log_fd);
   // Each worker gets its own credential, so that it can act only as itself.
   VF_ASSIGN_OR_RETURN(const std::string credential, WorkerCredential(secret_, w->name));
   VF_RETURN_IF_ERROR(WritePrivateFile(CredentialPath(w->name), credential));
@@ -322,9 +452,9 @@ Status LocalCluster::Spawn(int slot) {
       job_.worker_template.user_program() ? UserProgram(*w, slot) : AgentProgram(*w, slot);
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, w->err_path.c_str(),
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, w->log_path.c_str(),
                                    O_WRONLY | O_CREAT | O_APPEND, 0644);
-  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, w->err_path.c_str(),
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, w->log_path.c_str(),
                                    O_WRONLY | O_CREAT | O_APPEND, 0644);
   std::vector<char*> argv;
   for (const auto& a : launch.argv) argv.push_back(const_cast<char*>(a.c_str()));
@@ -336,6 +466,11 @@ Status LocalCluster::Spawn(int slot) {
   const int rc = posix_spawnp(&w->pid, argv[0], &actions, nullptr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
   if (rc != 0) return Internal("cannot start " + launch.argv[0] + ": " + std::strerror(rc));
+  // Before the first plan names a rank 0, the first worker's output is shown from its start
+  // (a script's own lines before it joins, or why it could not).
+  if (show_output_ && plan_size_ == 0 && follower_.name().empty()) {
+    follower_.Follow(w->name, w->log_path, /*from_start=*/true);
+  }
   workers_.push_back(std::move(w));
   return Status::Ok();
 }
@@ -427,6 +562,9 @@ LocalCluster::Launch LocalCluster::UserProgram(const Worker& w, int slot) const 
   }
   // The virtualflow package built next to this vf binary, ahead of any other.
   if (!python_package_.empty()) l.env.push_back("PYTHONPATH=" + python_path);
+  // Python buffers a print() to a file by the 8 KiB; unbuffered, the log holds each line when
+  // it is printed, and `vf run` shows rank 0's as they come. The caller's own setting wins.
+  if (std::getenv("PYTHONUNBUFFERED") == nullptr) l.env.emplace_back("PYTHONUNBUFFERED=1");
   for (const auto& [name, value] : vf) l.env.push_back(name + "=" + value);
   return l;
 }
@@ -438,15 +576,21 @@ void LocalCluster::Reap(Status* job_failure) {
     if (r != w->pid) continue;
     w->alive = false;
     (void)coordinator_.ForgetWorker(job_id_, w->name);
+    if (follower_.name() == w->name) {
+      follower_.Stop();  // all it wrote, a traceback included
+      w->output_shown = true;
+    }
     const bool clean = WIFEXITED(w->status) && WEXITSTATUS(w->status) == 0;
     if (clean) continue;  // finished, or left after acknowledging a plan without it
-    std::string msg = AgentMessage(LastLine(w->err_path));
+    std::string msg = AgentMessage(LastLine(w->log_path));
     if (WIFEXITED(w->status) && WEXITSTATUS(w->status) == kExitJobFailed && job_failure->ok()) {
+      failed_ = w.get();
       *job_failure = Status(StatusCode::kFailedPrecondition,
                             msg.empty() ? w->name + " " + DescribeExit(w->status) : msg);
       continue;
     }
     if (++failures_without_progress_ >= kFailuresWithoutProgress && job_failure->ok()) {
+      failed_ = w.get();
       *job_failure = FailedPrecondition(
           std::to_string(failures_without_progress_) +
           " workers in a row failed while the job made no progress; the last, " + w->name + ", " +
@@ -484,6 +628,20 @@ Status LocalCluster::Publish(const std::vector<Worker*>& members,
   plan_size_ = static_cast<int>(members.size());
   published_at_[plan.epoch] = Clock::now();
   for (Worker* w : members) plan_members_[plan.epoch].push_back(w->name);
+  {
+    std::ofstream plans(fs::path(logs_dir_) / local::kPlansLogName, std::ios::app);
+    plans << "plan " << plan.epoch << " at step " << (last_step_ < 0 ? 0 : last_step_) << " ("
+          << (reason.empty() ? "start" : reason) << "):";
+    for (size_t i = 0; i < members.size(); ++i) {
+      plans << (i ? "," : "") << " rank " << i << " " << members[i]->name << " ("
+            << virtual_nodes[i].size() << " virtual nodes)";
+    }
+    plans << "\n";
+  }
+  // The plan's rank 0 is the worker shown from now on (what it prints as rank 0).
+  if (show_output_ && !members.empty() && follower_.name() != members[0]->name) {
+    follower_.Follow(members[0]->name, members[0]->log_path, /*from_start=*/false);
+  }
   if (from != 0 && from != plan_size_) {
     ResizeEvent e;
     e.step = last_step_ < 0 ? 0 : last_step_;
@@ -824,7 +982,42 @@ bool LocalCluster::WindDown(int64_t finished_epoch, Clock::time_point finished_a
   return true;
 }
 
-Result<LocalRunSummary> LocalCluster::Run() {
+Result<LocalRunSummary> LocalCluster::Run() { return Finish(Train()); }
+
+Result<LocalRunSummary> LocalCluster::Finish(Result<LocalRunSummary> result) {
+  follower_.Stop();
+  if (logs_dir_.empty()) return result;
+  if (logs_dir_default_ && workers_.empty()) {
+    std::error_code ec;
+    fs::remove_all(logs_dir_, ec);  // nothing ran: nothing to keep
+    return result;
+  }
+  if (!result.ok() && failed_ != nullptr) {
+    if (!o_.quiet && !failed_->output_shown) {
+      std::ifstream in(failed_->log_path);
+      std::stringstream text;
+      text << in.rdbuf();
+      const auto lines = local::LastLines(text.str(), kFailureLines);
+      if (!lines.empty()) {
+        std::printf("%s %s; its last lines:\n", failed_->name.c_str(),
+                    DescribeExit(failed_->status).c_str());
+        for (const std::string& line : lines) {
+          std::printf("[%s] %s\n", failed_->name.c_str(), line.c_str());
+        }
+      }
+    }
+    result = Status(result.status().code(), result.status().message() + " (" + failed_->name +
+                                                "'s output: " + failed_->log_path + ")");
+  }
+  if (!o_.quiet) {
+    std::printf("worker logs: %s\n", logs_dir_.c_str());
+    std::fflush(stdout);
+  }
+  if (result.ok()) result->logs_dir = logs_dir_;
+  return result;
+}
+
+Result<LocalRunSummary> LocalCluster::Train() {
   VF_RETURN_IF_ERROR(Start());
   if (!o_.quiet) {
     std::printf("training %s: %d virtual nodes x %lld samples, %lld steps, slots %s\n",
@@ -866,6 +1059,7 @@ Result<LocalRunSummary> LocalCluster::Run() {
     }
 
     VF_RETURN_IF_ERROR(Reconcile(view));
+    follower_.Show();
     PrintProgress(view);
     for (auto& w : workers_) {
       if (w->alive && w->asked_to_leave && Clock::now() > w->leave_deadline) {
@@ -883,7 +1077,8 @@ Result<LocalRunSummary> LocalCluster::Run() {
     }
     coordinator_.WaitForChange(job_id_, generation, std::chrono::milliseconds(50));
   }
-  StopAll();  // joiners that were still warming up
+  StopAll();         // joiners that were still warming up
+  follower_.Stop();  // rank 0's last lines (a final evaluation's, say)
   NoteResizePauses(*coordinator_.GetJob(job_id_), /*final=*/true);
   return Collect();
 }

@@ -22,7 +22,10 @@ struct LocalRunOptions {
   std::vector<double> slowdowns;   // per worker slot (cycled): artificial slowdown factors
   std::vector<double> vnode_delays_ms;  // per worker slot (cycled): fixed ms per virtual node
   std::string run_info_path;            // write {coordinator, job, secret_file} here once serving
-  bool quiet = false;                   // no progress or resize lines
+  bool quiet = false;                   // no progress, resize or worker output lines
+  // Where each worker's standard output and error are kept (worker-N.log, plus plans.log):
+  // empty for a new directory under the temporary directory. Never removed.
+  std::string logs_dir;
   // How virtual nodes are split among workers: "proportional" (by each worker's measured time
   // per virtual node, rebalanced when that would cut the step time by more than 15%) or "even".
   std::string assignment = "proportional";
@@ -52,13 +55,17 @@ struct LocalRunSummary {
   std::vector<ResizeEvent> resizes;
   int recoveries = 0;                       // plans published because a member failed
   std::vector<std::string> worker_results;  // each final member's result, as JSON text
-  int rebalances = 0;  // plans that only moved virtual nodes between the same workers
+  int rebalances = 0;    // plans that only moved virtual nodes between the same workers
+  std::string logs_dir;  // where the workers' output was kept
 };
 
 // Validates the job, its dataset and any checkpoint up front (one clear error, before any
 // process starts), serves the coordinator, starts workers as the policy and the slot schedule
 // allow, publishes membership plans, replaces failed workers, prints progress and one line per
 // resize, and collects the result. Checks that every final member ended with the same weights.
+// Keeps each worker's output in a file of the logs directory, shows the lines of a user
+// program's rank 0 as they come (unless quiet), and on a failure the failing worker's last
+// lines; prints where the logs are when the run ends, whichever way (unless quiet).
 Result<LocalRunSummary> RunLocalJob(const LocalRunOptions& options);
 
 // Asks a running RunLocalJob (from a signal handler) to stop its workers and return.
