@@ -1,15 +1,23 @@
 """A ResNet-style CNN with BatchNorm on Fashion-MNIST, trained as a VirtualFlow job.
 
-Ordinary PyTorch: the lines that mention `vf`, `job`, `step` or `node` are all VirtualFlow adds
-to a training loop. Start it with `vf run examples/torch-cnn.yaml` (see docs/user-guide.md).
+Ordinary PyTorch: what VirtualFlow changes in a training loop is the job (`vf.init`, `vf.State`,
+`job.steps`, `job.finish`), the node loop (`step.virtual_nodes`, `node.indices`,
+`node.backward`) in place of the batch loop, and the batch size, epochs and shuffle moving into
+the job file. Start it with `vf run examples/torch-cnn.yaml` (see docs/user-guide.md).
+
+CNN_AUTOCAST chooses mixed precision (the parameters stay float32): `bf16` runs the forward
+pass under `torch.autocast(dtype=torch.bfloat16)` on the CPU or a GPU; `fp16` under float16 with
+a `torch.amp.GradScaler`, on a GPU only. Unset (or `off`), everything is float32.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import struct
 import sys
+from typing import Any
 
 import numpy as np
 import torch
@@ -93,6 +101,23 @@ def augment(x: torch.Tensor) -> torch.Tensor:
     return padded[:, :, int(dy) : int(dy) + 28, int(dx) : int(dx) + 28]
 
 
+def precision(dev: torch.device) -> tuple[torch.dtype | None, torch.amp.GradScaler | None]:
+    """CNN_AUTOCAST's dtype for autocast (None: float32 throughout) and, for float16, the
+    GradScaler that keeps its small gradients from flushing to zero."""
+    chosen = os.environ.get("CNN_AUTOCAST", "")
+    if chosen in ("", "off"):
+        return None, None
+    if chosen == "bf16":
+        return torch.bfloat16, None
+    if chosen == "fp16":
+        if dev.type != "cuda":
+            sys.exit("CNN_AUTOCAST=fp16 needs a GPU (CNN_DEVICE=cuda); on the CPU use bf16")
+        # A scale that does not overflow: an overflowed node ends the job (NumericalError)
+        # instead of making the scaler skip the step (docs/user-guide.md, "Mixed precision").
+        return torch.float16, torch.amp.GradScaler("cuda", init_scale=2.0**10)
+    sys.exit(f"CNN_AUTOCAST={chosen!r}: expected bf16, fp16 or off")
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
     model.eval()
@@ -117,15 +142,30 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
     total = job.total_steps(len(x_train))
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=total)
-    state = vf.State(model=model, optimizer=opt, scheduler=sched)
+    dtype, scaler = precision(dev)
+    # The scaler's scale changes while training: it travels in the state's `extra` (to joiners
+    # and checkpoints; a joiner's dict is filled in place) and is loaded from there each step.
+    extra: dict[str, Any] = {"scaler": scaler.state_dict()} if scaler is not None else {}
+    state = vf.State(model=model, optimizer=opt, scheduler=sched, extra=extra)
 
     for step in job.steps(state, dataset_size=len(x_train)):
         model.train()
+        if scaler is not None:
+            scaler.load_state_dict(extra["scaler"])
         for node in step.virtual_nodes():
             idx = node.indices.to(dev)
-            loss = F.cross_entropy(model(augment(x_train[idx])), y_train[idx])
-            node.backward(loss)
-        opt.step()
+            with torch.autocast(dev.type, dtype=dtype) if dtype else contextlib.nullcontext():
+                loss = F.cross_entropy(model(augment(x_train[idx])), y_train[idx])
+            # With a scaler, each node's gradients are of the scaled loss; the library sums
+            # them and .grad holds their mean, which unscale_ divides by the scale below.
+            node.backward(scaler.scale(loss) if scaler is not None else loss)
+        if scaler is not None:
+            scaler.unscale_(opt)  # after the reduction: every worker sees the same inf check
+            scaler.step(opt)
+            scaler.update()
+            extra["scaler"] = scaler.state_dict()
+        else:
+            opt.step()
         sched.step()
         opt.zero_grad()
         if job.rank == 0 and (step.index + 1) % 100 == 0:

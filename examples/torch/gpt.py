@@ -5,7 +5,9 @@ literature and computing lore) written by many hands, in plain files under
 /usr/share/games/fortunes. Every machine that installs the package gets the same bytes, the
 text is real and varied, and it is small enough for a CPU; the last tenth is held out for
 validation. Dropout, AdamW and a linear warm-up followed by a cosine decay are ordinary PyTorch;
-the lines that mention `vf`, `job`, `step` or `node` are all VirtualFlow adds.
+VirtualFlow adds the job's lines (`vf.init`, `vf.State`, `job.steps`, `job.finish`), the node
+loop in place of the batch loop, the schedule's length from `job.total_steps` and evaluation on
+rank 0 (docs/user-guide.md, "From a training loop to a job").
 """
 
 from __future__ import annotations

@@ -1098,13 +1098,7 @@ class Job:
     def _attach(self, state: State) -> None:
         model = state.model
         self._params = [p for p in model.parameters() if p.requires_grad]
-        for name, p in model.named_parameters():
-            if p.requires_grad and p.dtype != torch.float32:
-                raise MisuseError(
-                    f"parameter '{name}' is {p.dtype}: this version reduces float32 parameters "
-                    "only (keep the parameters float32; autocast may still compute in lower "
-                    "precision)"
-                )
+        _check_parameter_dtypes(model)
         self._float_buffers, self._int_buffers = [], []
         for _, b in model.named_buffers():
             (self._float_buffers if b.is_floating_point() else self._int_buffers).append(b)

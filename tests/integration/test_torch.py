@@ -315,6 +315,47 @@ class TorchTest(VfTestCase):
             run, "NCCL refused the communicator", "one rank per GPU", "with rank", "Gloo"
         )
 
+    def test_cnn_under_bfloat16_autocast_trains_to_the_same_weights_on_1_2_3_workers_and_resized(
+        self,
+    ):
+        # The forward pass under torch.autocast(dtype=torch.bfloat16), the parameters float32
+        # (on the GPU where the CNN trains on one, else on the CPU).
+        self.autocast_keeps_the_weights("bf16")
+
+    @unittest.skipUnless(on_gpu("cnn"), "needs the CNN on a GPU")
+    def test_cnn_under_float16_autocast_with_a_grad_scaler_keeps_the_weights_too(self):
+        # float16 with torch.amp.GradScaler: each node's backward of the scaled loss, the mean of
+        # the scaled gradients reduced exactly, then unscale_, the inf check and the step (the
+        # scaler's state in State.extra, so that a joiner has it).
+        self.autocast_keeps_the_weights("fp16")
+
+    def autocast_keeps_the_weights(self, precision):
+        """Trains the CNN under CNN_AUTOCAST=PRECISION on 1, 2 and 3 workers and through a
+        resize: the same weights every time, and not those of float32 (autocast really ran).
+        Cheap: 12 steps of 64 images (8 nodes of 8)."""
+        steps, batch = 12, 64
+        job = self.example("cnn", steps, batch=batch)
+        os.environ["CNN_AUTOCAST"] = "off"
+        float32 = self.run_ok(job, "--workers", "1").summary["weights_sha256"]
+        os.environ["CNN_AUTOCAST"] = precision
+        digests = {}
+        for workers in (1, 2, 3):
+            run = self.run_ok(job, "--workers", str(workers))
+            self.assertEqual(run.summary["workers"], workers)
+            digests[workers] = run.summary["weights_sha256"]
+        # Two workers, then one from step 6 (and, should the second start late, a growth first):
+        # the state, the scaler's included, goes through at least one resize.
+        elastic = self.example(
+            "cnn", steps, batch=batch, extra="  elasticity: {policy: elastic, cooldownSeconds: 0}\n"
+        )
+        run = self.run_ok(
+            elastic, "--capacity", "0:2,6:1", "--vnode-delay-ms", str(2 * pace_ms("cnn"))
+        )
+        self.assertGreaterEqual(len(run.summary["resizes"]), 1, run.stdout)
+        digests["resized"] = run.summary["weights_sha256"]
+        self.assertEqual(len(set(digests.values())), 1, "weights differ: %s" % digests)
+        self.assertNotEqual(digests[1], float32, "%s weights are float32's" % precision)
+
     # The static runs' weights, made once for the class: the resize and kill -9 tests train the
     # same example for the same steps (the resize test's elasticity settings change no weight,
     # and if they did its comparison would fail, as it should).
