@@ -122,7 +122,10 @@ class TorchDataTest(VfTestCase):
     def test_resized_three_times_with_loader_processes_keeps_the_weights(self):
         # Each plan's change drops the nodes prefetched for the old plan and loads the new one's.
         expected = self.reference()
-        delay = pace_ms("images")
+        # This example's steps are short (a small CNN on 128 images), so at the CNN test's 60 ms
+        # per node a joiner, which starts PyTorch and its loader processes, missed its window:
+        # 2 resizes at 60 and at 120 ms on 2 busy cores, 3 at 240 ms.
+        delay = 4 * pace_ms("images")
         for attempt in range(3):
             run = self.run_ok(
                 self.job(ELASTIC),
