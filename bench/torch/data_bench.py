@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""NodeLoader against torch's DataLoader, on examples/torch/images.py (PNG files decoded and
+randomly cropped and flipped per sample), one worker each, in one run.
+
+For each number of loader processes k (--loaders, default 0,1,2), each round runs:
+  vf     `vf run examples/torch-images.yaml --workers 1 --steps S` with IMAGES_LOADERS=k: the
+         example as it is, its nodes loaded by vf.NodeLoader(num_workers=k);
+  plain  the same dataset, model, optimizer and global batch (8 micro-batches of 32 per step,
+         the gradients accumulated, one optimizer step) in a plain PyTorch loop whose batches
+         come from DataLoader(batch_size=32, shuffle=True, num_workers=k, pin_memory=False).
+The rounds interleave the two sides and alternate their order. A side's step time is the mean
+interval between step ends after its first step (which holds the start of the loader processes
+and exact reduction's second pass). Reported per k: the medians, the median of the per-round
+ratios vf / plain (the target is at most 1.05), and vf's gain over loading in the training
+process (vf at k=0 / vf at k).
+
+usage: PATH=$HOME/.cache/virtualflow/py/bin:$PATH python3 bench/torch/data_bench.py \
+           [--rounds 3] [--steps 30] [--loaders 0,1,2] [--samples 8192] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXAMPLE = os.path.join(ROOT, "examples", "torch")
+VF = os.environ.get("VF", os.path.join(ROOT, "build", "bin", "vf"))
+BATCH, NODES = 256, 8
+
+
+def plain(loaders: int, steps: int) -> float:
+    """The plain loop, in this process; the mean step time after the first step."""
+    import torch
+    import torch.nn.functional as F
+
+    sys.path.insert(0, EXAMPLE)
+    import images  # examples/torch/images.py: its dataset and model
+
+    torch.set_num_threads(int(os.environ.get("VF_THREADS", "1") or 1))
+    root = os.environ["IMAGES_DIR"]
+    train_set = images.PngFolder(
+        images.write_pngs(root, int(os.environ["IMAGES_SAMPLES"])), augment=True
+    )
+    torch.manual_seed(0)
+    model = images.Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+    loader = torch.utils.data.DataLoader(
+        train_set,
+        batch_size=BATCH // NODES,
+        shuffle=True,
+        drop_last=True,
+        num_workers=loaders,
+        pin_memory=False,
+        generator=torch.Generator().manual_seed(0),
+    )
+    it = iter(loader)
+    ends = []
+    for _ in range(steps):
+        model.train()
+        for _ in range(NODES):
+            try:
+                x, y = next(it)
+            except StopIteration:
+                it = iter(loader)
+                x, y = next(it)
+            (F.cross_entropy(model(x), y) / NODES).backward()
+        opt.step()
+        opt.zero_grad()
+        ends.append(time.time())
+    return (ends[-1] - ends[0]) / (len(ends) - 1)
+
+
+def run_plain(loaders: int, steps: int, env: dict[str, str]) -> float:
+    out = subprocess.run(
+        [sys.executable, __file__, "plain", "--loaders", str(loaders), "--steps", str(steps)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def run_vf(loaders: int, steps: int, env: dict[str, str], tmp: str) -> float:
+    summary = os.path.join(tmp, "summary.json")
+    job = os.path.join(ROOT, "examples", "torch-images.yaml")
+    subprocess.run(
+        [VF, "run", job, "--workers", "1", "--steps", str(steps), "--progress-interval", "0"]
+        + ["--summary-json", summary],
+        env={**env, "IMAGES_LOADERS": str(loaders)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    with open(summary, encoding="utf-8") as f:
+        r = json.load(f)["worker_results"][0]
+    return float((r["last_step_unix"] - r["first_step_unix"]) / (r["steps_trained"] - 1))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", nargs="?", default="bench", choices=["bench", "plain"])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--loaders", default="0,1,2")
+    p.add_argument("--samples", type=int, default=8192)
+    p.add_argument("--out", default="")
+    a = p.parse_args()
+    if a.mode == "plain":
+        print(plain(int(a.loaders), a.steps))
+        return
+    ks = [int(k) for k in a.loaders.split(",")]
+    cache = os.path.join(os.path.expanduser("~/.cache"), "virtualflow")
+    env = dict(os.environ)
+    # The plain loop imports examples/torch/images.py, which imports the package (as vf run's
+    # workers do, from the build tree).
+    package = os.path.join(os.path.dirname(os.path.dirname(VF)), "python")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package, env.get("PYTHONPATH")]))
+    env.setdefault("IMAGES_DIR", os.path.join(cache, "fashion-mnist-png"))
+    env.update(IMAGES_SAMPLES=str(a.samples), IMAGES_TEST_SAMPLES="100", IMAGES_DEVICE="cpu")
+    times: dict[tuple[str, int], list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(a.rounds):
+            for k in ks:
+                sides = ["vf", "plain"] if (r + k) % 2 == 0 else ["plain", "vf"]
+                for side in sides:
+                    t = run_vf(k, a.steps, env, tmp) if side == "vf" else run_plain(k, a.steps, env)
+                    times.setdefault((side, k), []).append(t)
+                    print(f"round {r + 1} k={k} {side}: {1000 * t:.1f} ms/step", flush=True)
+    load = os.getloadavg()
+    rows = []
+    for k in ks:
+        vf_t, plain_t = times["vf", k], times["plain", k]
+        ratios = [v / q for v, q in zip(vf_t, plain_t, strict=True)]
+        row = {
+            "loaders": k,
+            "vf_ms": 1000 * statistics.median(vf_t),
+            "plain_ms": 1000 * statistics.median(plain_t),
+            "ratio": statistics.median(ratios),
+            "gain_over_in_process": (
+                statistics.median(times["vf", 0]) / statistics.median(vf_t)
+                if ("vf", 0) in times
+                else None
+            ),
+        }
+        rows.append(row)
+    print(f"\nload average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; {a.rounds} rounds")
+    print("k  vf ms/step  plain ms/step  vf/plain  vf gain over k=0")
+    for row in rows:
+        gain = row["gain_over_in_process"]
+        print(
+            f"{row['loaders']}  {row['vf_ms']:10.1f}  {row['plain_ms']:13.1f}  "
+            f"{row['ratio']:8.3f}  {'' if gain is None else f'{gain:.2f}x'}"
+        )
+    if a.out:
+        with open(a.out, "w", encoding="utf-8") as f:
+            json.dump({"rows": rows, "times": {f"{s}-{k}": v for (s, k), v in times.items()}}, f)
+
+
+if __name__ == "__main__":
+    main()
