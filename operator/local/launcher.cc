@@ -210,9 +210,9 @@ class LogFollower {
     name_.clear();
     partial_.clear();
   }
-  int fd_ = -1;
   std::string name_;
   std::string partial_;
+  int fd_ = -1;
 };
 
 // A new directory for a run's logs under the temporary directory, named for the job and the
@@ -347,9 +347,6 @@ class LocalCluster {
   std::unique_ptr<policy::Policy> policy_;
   std::vector<std::unique_ptr<Worker>> workers_;  // every process started, in start order
   std::string logs_dir_;
-  bool logs_dir_default_ = false;  // made by this run (no --logs)
-  // A user program's output is shown, its rank 0's; the built-in agent's lines are kept only.
-  bool show_output_ = false;
   LogFollower follower_;
   const Worker* failed_ = nullptr;  // the worker whose failure ended the job
   int next_worker_ = 0;
@@ -380,6 +377,9 @@ class LocalCluster {
   std::vector<int> plan_counts_;  // virtual nodes per rank in the current plan
   Clock::time_point last_rebalance_ = Clock::now();
   bool done_ = false;
+  bool logs_dir_default_ = false;  // made by this run (no --logs)
+  // A user program's output is shown, its rank 0's; the built-in agent's lines are kept only.
+  bool show_output_ = false;
 };
 
 Status LocalCluster::CreateLogsDir() {

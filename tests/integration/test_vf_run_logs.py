@@ -13,9 +13,9 @@ from harness import VfTestCase, vf, write
 from test_torch import PYTHON, torch_job
 
 # Prints a known line per step, with its worker and rank, and one more after the last step;
-# with FAIL_AT set, the worker of rank 1 raises there.
+# with FAIL_AT set, the worker of rank 1 raises there; with KILL_AT, worker-0 kills itself there.
 SCRIPT = textwrap.dedent("""\
-    import os, torch, torch.nn.functional as F
+    import os, signal, torch, torch.nn.functional as F
     import virtualflow.torch as vf
 
     worker = os.environ["VF_WORKER"]
@@ -27,6 +27,8 @@ SCRIPT = textwrap.dedent("""\
     x = torch.randn(64, 4)
     y = torch.randint(0, 2, (64,))
     for step in job.steps(vf.State(model=model, optimizer=opt), dataset_size=64):
+        if KILL_AT is not None and step.index == KILL_AT and worker == "worker-0":
+            os.kill(os.getpid(), signal.SIGKILL)
         for node in step.virtual_nodes():
             node.backward(F.cross_entropy(model(x[node.indices]), y[node.indices]))
         opt.step()
@@ -52,8 +54,11 @@ class VfRunLogsTest(VfTestCase):
         os.environ["PATH"] = self._path
         super().tearDown()
 
-    def job(self, fail_at=None):
-        script = write(os.path.join(self.tmp, "script.py"), "FAIL_AT = %r\n" % (fail_at,) + SCRIPT)
+    def job(self, fail_at=None, kill_at=None):
+        script = write(
+            os.path.join(self.tmp, "script.py"),
+            "FAIL_AT = %r\nKILL_AT = %r\n" % (fail_at, kill_at) + SCRIPT,
+        )
         # replicas.min 2: both workers train every step, so each prints every step.
         path = torch_job(
             os.path.join(self.tmp, "job.yaml"),
@@ -132,6 +137,33 @@ class VfRunLogsTest(VfTestCase):
             run.stdout,
         )
         self.assertEqual(len(self.markers(self.read(os.path.join(logs, "worker-1.log")))), STEPS)
+
+    def test_when_rank_0_dies_the_next_rank_0s_lines_are_shown(self):
+        logs = os.path.join(self.tmp, "logs")
+        run = vf(
+            "run", self.job(kill_at=2), "--workers", "2", "--logs", logs, "--progress-interval", "0"
+        )
+        self.assertSucceeded(run)
+        self.assertIn("worker-0 was killed by signal 9; recovering without it", run.stdout)
+        # worker-0's file keeps what it printed before it died; the replacement has a file too.
+        first = self.markers(self.read(os.path.join(logs, "worker-0.log")))
+        self.assertEqual(first, [(0, 0, "worker-0"), (1, 0, "worker-0")])
+        self.assertTrue(os.path.exists(os.path.join(logs, "worker-2.log")), os.listdir(logs))
+        plans = self.read(os.path.join(logs, "plans.log")).splitlines()
+        self.assertGreaterEqual(len(plans), 2, plans)
+        self.assertNotIn("worker-0", plans[-1])
+        # Every step's line from whichever worker was rank 0 then, each step once.
+        shown = self.markers(
+            "\n".join(line for line in run.stdout.splitlines() if line.startswith("["))
+        )
+        self.assertEqual([m[0] for m in shown], list(range(STEPS)), run.stdout)
+        self.assertEqual({m[1] for m in shown}, {0}, run.stdout)
+        self.assertEqual(shown[:2], first)
+        self.assertNotEqual(shown[-1][2], "worker-0")
+        for line in run.stdout.splitlines():
+            m = re.match(r"\[(worker-\d+)\] marker step=\d+ rank=0 worker=(worker-\d+)$", line)
+            if m:
+                self.assertEqual(m.group(1), m.group(2), line)
 
     def test_a_failing_workers_last_lines_are_shown_and_kept(self):
         logs = os.path.join(self.tmp, "logs")
