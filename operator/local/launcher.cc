@@ -175,25 +175,33 @@ class LogFollower {
   }
   // The worker followed, or empty.
   const std::string& name() const { return name_; }
-  // Prints the complete lines written since the last call.
-  void Show() {
-    if (fd_ < 0) return;
+  // Prints the complete lines written since the last call, up to 1 MiB of them (the control
+  // loop must go on); false when there is more.
+  bool Show() {
+    if (fd_ < 0) return true;
     char buf[1 << 16];
     bool printed = false;
-    for (int i = 0; i < 16; ++i) {  // at most 1 MiB a call: the control loop must go on
+    bool drained = false;
+    for (int i = 0; i < 16; ++i) {
       const ssize_t n = ::read(fd_, buf, sizeof(buf));
-      if (n <= 0) break;
+      if (n <= 0) {
+        drained = true;
+        break;
+      }
       for (const std::string& line : local::TakeLines(partial_, {buf, size_t(n)}, kMaxLine)) {
         Print(line);
         printed = true;
       }
     }
     if (printed) std::fflush(stdout);
+    return drained;
   }
-  // Prints the rest, an unfinished last line too, and follows nobody.
+  // Prints the rest (up to 64 MiB: a worker still writing cannot hold it), an unfinished last
+  // line too, and follows nobody.
   void Stop() {
     if (fd_ < 0) return;
-    Show();
+    for (int i = 0; i < 64 && !Show(); ++i) {
+    }
     if (!partial_.empty()) Print(partial_);
     std::fflush(stdout);
     Close();
@@ -1059,7 +1067,7 @@ Result<LocalRunSummary> LocalCluster::Train() {
     }
 
     VF_RETURN_IF_ERROR(Reconcile(view));
-    follower_.Show();
+    (void)follower_.Show();
     PrintProgress(view);
     for (auto& w : workers_) {
       if (w->alive && w->asked_to_leave && Clock::now() > w->leave_deadline) {
