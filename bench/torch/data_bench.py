@@ -8,14 +8,14 @@ For each number of loader processes k (--loaders, default 0,1,2), each round run
   plain  the same dataset, model, optimizer and global batch (8 micro-batches of 32 per step,
          the gradients accumulated, one optimizer step) in a plain PyTorch loop whose batches
          come from DataLoader(batch_size=32, shuffle=True, num_workers=k, pin_memory=False).
-The rounds interleave the two sides and alternate their order. A side's step time is the mean
-interval between step ends after its first step (which holds the start of the loader processes
-and exact reduction's second pass). Reported per k: the medians, the median of the per-round
-ratios vf / plain (the target is at most 1.05), and vf's gain over loading in the training
-process (vf at k=0 / vf at k).
+The rounds interleave the two sides and alternate their order. A side's step time is the median
+interval between step ends after --warmup steps (the first holds exact reduction's second pass;
+the vf side's step ends are taken in its worker, which runs images.py's main() as it is).
+Reported per k: the medians, the median of the per-round ratios vf / plain (the target is at
+most 1.05), and vf's gain over loading in the training process (vf at k=0 / vf at k).
 
 usage: PATH=$HOME/.cache/virtualflow/py/bin:$PATH python3 bench/torch/data_bench.py \
-           [--rounds 3] [--steps 30] [--loaders 0,1,2] [--samples 8192] [--out FILE]
+           [--rounds 3] [--steps 40] [--warmup 5] [--loaders 0,1,2] [--samples 8192] [--out FILE]
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(ROOT, "examples", "torch")
@@ -35,8 +37,36 @@ VF = os.environ.get("VF", os.path.join(ROOT, "build", "bin", "vf"))
 BATCH, NODES = 256, 8
 
 
-def plain(loaders: int, steps: int) -> float:
-    """The plain loop, in this process; the mean step time after the first step."""
+def step_time(ends: list[float], warmup: int) -> float:
+    """The median interval between step ends after `warmup` steps."""
+    tail = ends[warmup:] if len(ends) > warmup + 2 else ends[1:]
+    return statistics.median(b - a for a, b in zip(tail, tail[1:], strict=False))
+
+
+def vf_worker() -> None:
+    """A worker of the vf side: examples/torch/images.py's main() as it is, each step's end
+    (when the script asks for the next step) written to $VF_BENCH_TIMES as a JSON list."""
+    sys.path.insert(0, EXAMPLE)
+    import images
+
+    import virtualflow.torch as vf
+
+    ends: list[float] = []
+    steps = vf.Job.steps
+
+    def timed(self: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        for step in steps(self, *args, **kwargs):
+            yield step
+            ends.append(time.time())
+
+    vf.Job.steps = timed  # type: ignore[method-assign]
+    images.main()
+    with open(os.environ["VF_BENCH_TIMES"], "w", encoding="utf-8") as f:
+        json.dump(ends, f)
+
+
+def plain(loaders: int, steps: int, warmup: int) -> float:
+    """The plain loop, in this process; its step time (step_time)."""
     import torch
     import torch.nn.functional as F
 
@@ -74,12 +104,13 @@ def plain(loaders: int, steps: int) -> float:
         opt.step()
         opt.zero_grad()
         ends.append(time.time())
-    return (ends[-1] - ends[0]) / (len(ends) - 1)
+    return step_time(ends, warmup)
 
 
-def run_plain(loaders: int, steps: int, env: dict[str, str]) -> float:
+def run_plain(loaders: int, steps: int, warmup: int, env: dict[str, str]) -> float:
     out = subprocess.run(
-        [sys.executable, __file__, "plain", "--loaders", str(loaders), "--steps", str(steps)],
+        [sys.executable, __file__, "plain", "--loaders", str(loaders), "--steps", str(steps)]
+        + ["--warmup", str(warmup)],
         env=env,
         capture_output=True,
         text=True,
@@ -88,34 +119,44 @@ def run_plain(loaders: int, steps: int, env: dict[str, str]) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def run_vf(loaders: int, steps: int, env: dict[str, str], tmp: str) -> float:
-    summary = os.path.join(tmp, "summary.json")
-    job = os.path.join(ROOT, "examples", "torch-images.yaml")
+def run_vf(loaders: int, steps: int, warmup: int, env: dict[str, str], tmp: str) -> float:
+    """examples/torch-images.yaml on one worker, its command this script's vf_worker."""
+    with open(os.path.join(ROOT, "examples", "torch-images.yaml"), encoding="utf-8") as f:
+        text = f.read()
+    old = "command: [python3, examples/torch/images.py]"
+    if old not in text:
+        sys.exit(f"examples/torch-images.yaml: no '{old}'")
+    job = os.path.join(tmp, "job.yaml")
+    with open(job, "w", encoding="utf-8") as f:
+        f.write(text.replace(old, f"command: [python3, {os.path.abspath(__file__)}, vfworker]"))
+    times = os.path.join(tmp, "times.json")
     subprocess.run(
-        [VF, "run", job, "--workers", "1", "--steps", str(steps), "--progress-interval", "0"]
-        + ["--summary-json", summary],
-        env={**env, "IMAGES_LOADERS": str(loaders)},
+        [VF, "run", job, "--workers", "1", "--steps", str(steps), "--progress-interval", "0"],
+        env={**env, "IMAGES_LOADERS": str(loaders), "VF_BENCH_TIMES": times},
         cwd=ROOT,
         capture_output=True,
         text=True,
         check=True,
     )
-    with open(summary, encoding="utf-8") as f:
-        r = json.load(f)["worker_results"][0]
-    return float((r["last_step_unix"] - r["first_step_unix"]) / (r["steps_trained"] - 1))
+    with open(times, encoding="utf-8") as f:
+        return step_time(json.load(f), warmup)
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("mode", nargs="?", default="bench", choices=["bench", "plain"])
+    p.add_argument("mode", nargs="?", default="bench", choices=["bench", "plain", "vfworker"])
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--loaders", default="0,1,2")
     p.add_argument("--samples", type=int, default=8192)
     p.add_argument("--out", default="")
     a = p.parse_args()
     if a.mode == "plain":
-        print(plain(int(a.loaders), a.steps))
+        print(plain(int(a.loaders), a.steps, a.warmup))
+        return
+    if a.mode == "vfworker":
+        vf_worker()
         return
     ks = [int(k) for k in a.loaders.split(",")]
     cache = os.path.join(os.path.expanduser("~/.cache"), "virtualflow")
@@ -132,7 +173,11 @@ def main() -> None:
             for k in ks:
                 sides = ["vf", "plain"] if (r + k) % 2 == 0 else ["plain", "vf"]
                 for side in sides:
-                    t = run_vf(k, a.steps, env, tmp) if side == "vf" else run_plain(k, a.steps, env)
+                    t = (
+                        run_vf(k, a.steps, a.warmup, env, tmp)
+                        if side == "vf"
+                        else run_plain(k, a.steps, a.warmup, env)
+                    )
                     times.setdefault((side, k), []).append(t)
                     print(f"round {r + 1} k={k} {side}: {1000 * t:.1f} ms/step", flush=True)
     load = os.getloadavg()

@@ -233,6 +233,10 @@ class NodeLoader:
         self._ready: dict[tuple[int, int], Any] = {}  # loaded, not yet taken
         self._pending: list[tuple[int, int]] = []  # wanted, not yet sent
         self.dropped = 0  # nodes loaded or sent ahead that a new plan no longer needed
+        # Started now, so that their start overlaps the script's warm-up (building the model,
+        # joining the job) rather than its first steps.
+        if self._num_workers > 0:
+            self._start()
 
     @property
     def num_workers(self) -> int:
@@ -338,6 +342,8 @@ class NodeLoader:
             return
         self._started = True
         ctx = multiprocessing.get_context("forkserver")
+        # The server imports PyTorch and this module once; each loader process is a fork of it
+        # and imports only the script's module (as __mp_main__) and the dataset's.
         ctx.set_forkserver_preload(["torch", "virtualflow.data"])
         args = (self._dataset, self._collate, self._seed)
         self._loaders = [_Loader(ctx, r, args) for r in range(self._num_workers)]
