@@ -89,12 +89,13 @@ int Run(int argc, char** argv) {
                  "virtual nodes per worker: proportional (to measured speed) or even")
       ->capture_default_str();
   app.add_option("--logs", o.logs_dir,
-                 "keep the workers' output in DIR (created if missing; its worker-N.log and\n"
-                 "plans.log from an earlier run are replaced) instead of a new temporary one")
+                 "keep the workers' output in DIR, not a new temporary directory\n"
+                 "(created if missing; an earlier run's worker-N.log and plans.log\n"
+                 "replaced)")
       ->type_name("DIR");
   app.add_flag("--quiet", o.quiet,
-               "print only the result: no progress, resize or worker lines, nor where the\n"
-               "logs are (--summary-json has it)");
+               "print only the result: no progress, resize or worker lines, nor\n"
+               "where the logs are (--summary-json has it)");
   app.add_option("--run-info", o.run_info_path,
                  "write the coordinator's URL, job id and job secret file to PATH (for tools)")
       ->type_name("PATH");
