@@ -12,10 +12,13 @@ to the start of the next: it includes the step boundary where the library takes 
 Reported, in ms (medians, with the maximum of the background's): a plain step (no checkpoint at
 its boundary, no write in flight); the step at whose boundary a background checkpoint is taken
 (the copy to host memory); the steps that run while that write is in flight; the step at whose
-boundary a synchronous checkpoint is written. Each over a plain step.
+boundary a synchronous checkpoint is written. Each over a plain step, and each such step over
+the plain steps near it (*_over_nearby_plain: a shared machine's load drifts during the run);
+writer_seconds: the writer thread's serialization and seal-and-write, per background checkpoint.
+The first checkpoint interval is left out (the first copy allocates its buffers).
 
 usage: nice python3 bench/torch/checkpoint_bench.py --vf build/bin/vf --out DIR
-       [--steps 42] [--every 5] [--layers 9] [--width 4096] [--micro-batch 16]
+       [--steps 42] [--every 8] [--layers 9] [--width 4096] [--micro-batch 16]
 (PYTHONPATH must reach the built package, build/python, and python3 have PyTorch.)
 """
 
@@ -78,6 +81,21 @@ def worker(args: argparse.Namespace) -> None:
 
         return run
 
+    # The writer thread's parts, by the names its closure looks up when it runs.
+    writer: dict[str, float] = {}
+
+    def timed_writer(name, fn):
+        def run(*a, **kw):
+            t0 = time.monotonic()
+            try:
+                return fn(*a, **kw)
+            finally:
+                writer[name] = writer.get(name, 0.0) + time.monotonic() - t0
+
+        return run
+
+    vf._encode_state = timed_writer("serialize", vf._encode_state)
+    vf._core.write_checkpoint = timed_writer("seal_and_write", vf._core.write_checkpoint)
     job._start_checkpoint = timed("snapshot", job._start_checkpoint)
     job._write_checkpoint = timed("sync_write", job._write_checkpoint)
     records = []
@@ -90,7 +108,9 @@ def worker(args: argparse.Namespace) -> None:
                 job._background_write._thread.is_alive()
             )
             records[-1].update(timings)
+            records[-1].update({"writer_" + k: v for k, v in writer.items()})
         timings.clear()
+        writer.clear()
         last = now
         # The mode of the checkpoint at this step's end: background at odd checkpoints.
         checkpoint = (step.index + 1) % every == 0
@@ -129,6 +149,21 @@ def summarize(records: list[dict], every: int) -> dict:
     overlapped = [r["seconds"] for r in warm if not r["checkpoint"] and (r["in_flight_before"])]
     base = statistics.median(plain)
 
+    def local(r: dict) -> float:
+        """The ratio of step r to the plain steps nearest it (within two checkpoint intervals):
+        the machine's load drifts over a run, and this follows it."""
+        near = [
+            x["seconds"]
+            for x in warm
+            if abs(x["step"] - r["step"]) <= 2 * every
+            and not x["checkpoint"]
+            and not x["in_flight_before"]
+            and not x["in_flight_after"]
+        ]
+        return round(r["seconds"] / statistics.median(near), 3) if near else float("nan")
+
+    while_writing = [r for r in warm if not r["checkpoint"] and r["in_flight_before"]]
+
     def ms(xs):
         return round(1000 * statistics.median(xs), 1) if xs else None
 
@@ -154,6 +189,19 @@ def summarize(records: list[dict], every: int) -> dict:
         ),
         "sync_write_ms": ms([r["sync_write"] for r in sync if "sync_write" in r]),
         "sync_checkpoints": len(sync),
+        "background_checkpoint_step_over_nearby_plain": [local(r) for r in bg],
+        "steps_while_writing_over_nearby_plain": [local(r) for r in while_writing],
+        "sync_checkpoint_step_over_nearby_plain": [local(r) for r in sync],
+        "writer_seconds": [
+            round(
+                sum(
+                    r.get(k, 0.0) for r in warm if r["step"] in range(b["step"], b["step"] + every)
+                ),
+                2,
+            )
+            for b in bg
+            for k in ("writer_serialize", "writer_seal_and_write")
+        ],
     }
 
 
@@ -163,7 +211,7 @@ def main() -> None:
     ap.add_argument("--vf", default="build/bin/vf")
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=42)
-    ap.add_argument("--every", type=int, default=5)
+    ap.add_argument("--every", type=int, default=8)
     ap.add_argument("--layers", type=int, default=9)
     ap.add_argument("--width", type=int, default=4096)
     ap.add_argument("--micro-batch", type=int, default=16)
