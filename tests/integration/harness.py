@@ -32,13 +32,17 @@ class Run:
         self.seconds = seconds
 
 
-def vf(*args, timeout=RUN_TIMEOUT):
-    """Runs `vf ARGS`, adding --summary-json; returns a Run."""
+def vf(*args, timeout=RUN_TIMEOUT, default_logs=False):
+    """Runs `vf ARGS`, adding --summary-json; returns a Run. A `vf run` keeps its workers'
+    output in the run's own temporary folder (--logs), removed with it, unless ARGS name their
+    own --logs or `default_logs` asks for vf run's default place."""
     with tempfile.TemporaryDirectory() as tmp:
         summary_path = os.path.join(tmp, "summary.json")
         cmd = [VF, *args]
         if args and args[0] == "run":
             cmd += ["--summary-json", summary_path]
+            if "--logs" not in args and not default_logs:
+                cmd += ["--logs", os.path.join(tmp, "logs")]
         start = time.monotonic()
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         seconds = time.monotonic() - start

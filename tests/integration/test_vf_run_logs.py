@@ -114,7 +114,7 @@ class VfRunLogsTest(VfTestCase):
         self.assertIn("[%s] done on %s\n" % (rank0, rank0), run.stdout)
 
     def test_without_logs_they_are_kept_where_it_says(self):
-        run = vf("run", self.job(), "--workers", "2", "--progress-interval", "0")
+        run = vf("run", self.job(), "--workers", "2", "--progress-interval", "0", default_logs=True)
         self.assertSucceeded(run)
         m = re.search(r"^worker logs: (\S+)$", run.stdout, re.M)
         self.assertIsNotNone(m, run.stdout)
