@@ -174,3 +174,10 @@ def test_faults_are_read_as_the_agent_reads_them(monkeypatch):
     assert vf._armed_fault("checkpoint-write", "worker-3") == -1
     monkeypatch.delenv(_core.ENV_FAULT_INJECT)
     assert vf._armed_fault("checkpoint-write", "worker-3") is None
+
+
+def test_the_piecewise_buffer_writes_what_a_bytesio_writes():
+    payload = {"w": torch.arange(3 << 20, dtype=torch.float32), "n": 7}  # 12 MiB: 12 pieces
+    piecewise = vf._PiecewiseBuffer()
+    torch.save(payload, piecewise)
+    assert piecewise.getvalue() == saved(payload)

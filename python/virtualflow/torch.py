@@ -176,10 +176,26 @@ def _one_device(model: torch.nn.Module, tensors: list[torch.Tensor]) -> torch.de
     return device
 
 
+class _PiecewiseBuffer(io.BytesIO):
+    """A BytesIO whose write() copies 1 MiB at a time. torch.save hands a buffer each tensor's
+    bytes in one write(), holding the GIL for the whole copy; a checkpoint's writer thread would
+    then hold up the training thread, which needs the GIL between any two PyTorch operations, for
+    a whole tensor's copy (tens of ms for a large layer) many times a step. Between two pieces
+    the interpreter can hand the GIL over. getvalue() still returns the bytes without a copy."""
+
+    _PIECE = 1 << 20
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        for i in range(0, len(view), self._PIECE):
+            super().write(view[i : i + self._PIECE])
+        return len(view)
+
+
 def _encode_state(header: dict[str, Any], payload: dict[str, Any]) -> bytes:
     """What a checkpoint and a joiner's state hold, before seal(): the header as one JSON line,
     then torch.save's bytes of the payload."""
-    buf = io.BytesIO()
+    buf = _PiecewiseBuffer()
     buf.write(json.dumps(header).encode() + b"\n")
     torch.save(payload, buf)
     return buf.getvalue()
