@@ -31,7 +31,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve()
 
@@ -71,8 +73,8 @@ def worker(args: argparse.Namespace) -> None:
     every = int(job.spec["checkpoint_every_steps"])
     timings: dict[str, float] = {}
 
-    def timed(name, fn):
-        def run(*a, **kw):
+    def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*a: Any, **kw: Any) -> Any:
             t0 = time.monotonic()
             try:
                 return fn(*a, **kw)
@@ -84,8 +86,8 @@ def worker(args: argparse.Namespace) -> None:
     # The writer thread's parts, by the names its closure looks up when it runs.
     writer: dict[str, float] = {}
 
-    def timed_writer(name, fn):
-        def run(*a, **kw):
+    def timed_writer(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*a: Any, **kw: Any) -> Any:
             t0 = time.monotonic()
             try:
                 return fn(*a, **kw)
@@ -94,19 +96,26 @@ def worker(args: argparse.Namespace) -> None:
 
         return run
 
-    vf._encode_state = timed_writer("serialize", vf._encode_state)
-    vf._core.write_checkpoint = timed_writer("seal_and_write", vf._core.write_checkpoint)
-    job._start_checkpoint = timed("snapshot", job._start_checkpoint)
-    job._write_checkpoint = timed("sync_write", job._write_checkpoint)
-    records = []
+    core = vf._core  # type: ignore[attr-defined]
+    for owner, attr, name in (
+        (vf, "_encode_state", "serialize"),
+        (core, "write_checkpoint", "seal_and_write"),
+    ):
+        setattr(owner, attr, timed_writer(name, getattr(owner, attr)))
+    for attr, name in (("_start_checkpoint", "snapshot"), ("_write_checkpoint", "sync_write")):
+        setattr(job, attr, timed(name, getattr(job, attr)))
+
+    def writing() -> bool:
+        thread = job._background_write._thread
+        return thread is not None and thread.is_alive()
+
+    records: list[dict[str, Any]] = []
     last = None
     for step in job.steps(state, dataset_size=1 << 20):
         now = time.monotonic()
         if last is not None:
             records[-1]["seconds"] = now - last
-            records[-1]["in_flight_after"] = job._background_write.in_flight() and (
-                job._background_write._thread.is_alive()
-            )
+            records[-1]["in_flight_after"] = writing()
             records[-1].update(timings)
             records[-1].update({"writer_" + k: v for k, v in writer.items()})
         timings.clear()
@@ -116,7 +125,7 @@ def worker(args: argparse.Namespace) -> None:
         checkpoint = (step.index + 1) % every == 0
         background = (step.index + 1) // every % 2 == 1
         vf._CHECKPOINT_IN_BACKGROUND = background
-        in_flight = job._background_write.in_flight() and job._background_write._thread.is_alive()
+        in_flight = writing()
         records.append(
             {
                 "step": step.index,
@@ -137,7 +146,7 @@ def worker(args: argparse.Namespace) -> None:
             f.write(json.dumps(r) + "\n")
 
 
-def summarize(records: list[dict], every: int) -> dict:
+def summarize(records: list[dict[str, Any]], every: int) -> dict[str, Any]:
     warm = [r for r in records if r["step"] >= every]  # from the first checkpoint on
     plain = [
         r["seconds"]
@@ -149,7 +158,7 @@ def summarize(records: list[dict], every: int) -> dict:
     overlapped = [r["seconds"] for r in warm if not r["checkpoint"] and (r["in_flight_before"])]
     base = statistics.median(plain)
 
-    def local(r: dict) -> float:
+    def local(r: dict[str, Any]) -> float:
         """The ratio of step r to the plain steps nearest it (within two checkpoint intervals):
         the machine's load drifts over a run, and this follows it."""
         near = [
@@ -164,7 +173,7 @@ def summarize(records: list[dict], every: int) -> dict:
 
     while_writing = [r for r in warm if not r["checkpoint"] and r["in_flight_before"]]
 
-    def ms(xs):
+    def ms(xs: list[float]) -> float | None:
         return round(1000 * statistics.median(xs), 1) if xs else None
 
     return {
