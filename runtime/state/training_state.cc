@@ -13,7 +13,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <initializer_list>
 #include <limits>
+#include <string_view>
 #include <type_traits>
 
 namespace vf {
@@ -35,6 +37,24 @@ Digest Sha256(const void* data, size_t size) {
     // Without a working SHA-256 no checkpoint can be trusted, and there is no error channel
     // here that a caller could act on.
     std::fprintf(stderr, "virtualflow: OpenSSL EVP_Digest(SHA-256) failed\n");
+    std::abort();
+  }
+  return digest;
+}
+
+// The SHA-256 of the pieces one after the other.
+Digest Sha256(std::initializer_list<std::string_view> pieces) {
+  Digest digest;
+  unsigned int length = 0;
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  bool ok = ctx != nullptr && EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr) == 1;
+  for (std::string_view piece : pieces) {
+    ok = ok && EVP_DigestUpdate(ctx, piece.data(), piece.size()) == 1;
+  }
+  ok = ok && EVP_DigestFinal_ex(ctx, digest.data(), &length) == 1 && length == kDigestSize;
+  EVP_MD_CTX_free(ctx);
+  if (!ok) {
+    std::fprintf(stderr, "virtualflow: OpenSSL SHA-256 failed\n");
     std::abort();
   }
   return digest;
@@ -197,7 +217,7 @@ class FdCloser {
   int fd_;
 };
 
-Status WriteAll(int fd, const std::string& bytes, const std::string& path, const std::string& tmp) {
+Status WriteAll(int fd, std::string_view bytes, const std::string& path, const std::string& tmp) {
   size_t done = 0;
   while (done < bytes.size()) {
     ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
@@ -239,10 +259,11 @@ Result<int> CreateTempFile(const std::string& path, std::string& tmp) {
 
 // Everything up to the rename, `tmp` naming the temporary file once it exists; the caller
 // removes `tmp`, when not empty, if this fails.
-Status WriteTempFile(const std::string& path, std::string& tmp, const std::string& bytes) {
+Status WriteTempFile(const std::string& path, std::string& tmp,
+                     std::initializer_list<std::string_view> pieces) {
   VF_ASSIGN_OR_RETURN(const int fd, CreateTempFile(path, tmp));
   FdCloser closer(fd);
-  VF_RETURN_IF_ERROR(WriteAll(fd, bytes, path, tmp));
+  for (std::string_view piece : pieces) VF_RETURN_IF_ERROR(WriteAll(fd, piece, path, tmp));
   if (fsync(fd) != 0) return SystemError(path, "fsync " + tmp, errno);
   // close() can report a deferred write error (NFS), so its result matters.
   if (close(closer.release()) != 0) return SystemError(path, "close " + tmp, errno);
@@ -359,8 +380,9 @@ Result<TrainingState> DeserializeState(std::string_view bytes, std::string_view 
 
 namespace {
 
-// Writes `bytes` to `path` so that a crash leaves either the old file or the new one.
-Status WriteAtomically(const std::string& path, const std::string& bytes) {
+// Writes `pieces`, one after the other, to `path` so that a crash leaves either the old file or
+// the new one.
+Status WriteAtomically(const std::string& path, std::initializer_list<std::string_view> pieces) {
   namespace fs = std::filesystem;
   const fs::path parent = fs::path(path).parent_path();
   if (!parent.empty()) {
@@ -369,7 +391,7 @@ Status WriteAtomically(const std::string& path, const std::string& bytes) {
     if (ec) return SystemError(path, "create directory " + parent.string(), ec.value());
   }
   std::string tmp;
-  Status written = WriteTempFile(path, tmp, bytes);
+  Status written = WriteTempFile(path, tmp, pieces);
   if (!written.ok()) {
     if (!tmp.empty()) unlink(tmp.c_str());
     return written;
@@ -416,7 +438,8 @@ constexpr char kBlobMagic[] = "VFBLOB01";
 }  // namespace
 
 Status WriteCheckpoint(const std::string& path, const TrainingState& state) {
-  return WriteAtomically(path, SerializeState(state));
+  const std::string bytes = SerializeState(state);
+  return WriteAtomically(path, {bytes});
 }
 
 Result<TrainingState> ReadCheckpoint(const std::string& path) {
@@ -455,7 +478,15 @@ Result<std::string> UnsealBlob(std::string_view bytes, std::string_view source) 
 }
 
 Status WriteSealedFile(const std::string& path, std::string_view payload) {
-  return WriteAtomically(path, SealBlob(payload));
+  // SealBlob's bytes, written without a sealed copy of the payload in memory: the header, the
+  // payload where it is and the digest of both (a PyTorch job's checkpoint is its whole state).
+  std::string header(kBlobMagic, kMagicSize);
+  const uint64_t size = payload.size();
+  for (int i = 0; i < 8; ++i) header.push_back(static_cast<char>((size >> (8 * i)) & 0xff));
+  const Digest digest = Sha256({header, payload});
+  return WriteAtomically(
+      path, {header, payload,
+             std::string_view(reinterpret_cast<const char*>(digest.data()), kDigestSize)});
 }
 
 Result<std::string> ReadSealedFile(const std::string& path) {

@@ -440,6 +440,19 @@ TEST(SealedBlob, FileRoundTripsAndATamperedFileIsDataLoss) {
   EXPECT_EQ(ReadSealedFile(dir.File("missing")).status().code(), StatusCode::kNotFound);
 }
 
+// WriteSealedFile writes the header, the payload and the digest without sealing a copy of the
+// payload first: the file is SealBlob's bytes all the same, for any size of payload.
+TEST(SealedBlob, AFileHoldsExactlySealBlobsBytes) {
+  TempDir dir;
+  const std::string path = dir.File("job.ckpt");
+  for (size_t size : {size_t{0}, size_t{1}, size_t{63}, size_t{64}, size_t{1} << 20}) {
+    std::string payload(size, '\0');
+    for (size_t i = 0; i < size; ++i) payload[i] = static_cast<char>((i * 131 + size) & 0xff);
+    ASSERT_TRUE(WriteSealedFile(path, payload).ok());
+    EXPECT_EQ(ReadFile(path), SealBlob(payload)) << size;
+  }
+}
+
 TEST(Sha256Hex, MatchesKnownAnswers) {
   EXPECT_EQ(Sha256Hex("abc", 3),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
