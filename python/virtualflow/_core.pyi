@@ -105,7 +105,7 @@ def unseal(arg0: bytes, arg1: str, /) -> bytes:
 
 def write_checkpoint(arg0: str, arg1: bytes, /) -> None:
     """
-    Writes a sealed blob atomically (temporary file, fsync, rename, fsync of the directory).
+    Writes a sealed blob atomically (temporary file, fsync, rename, fsync of the directory), without holding the GIL.
     """
 
 def read_checkpoint(arg: str, /) -> bytes:
