@@ -1202,7 +1202,7 @@ class Job:
             or not self._worker.left_untold_on_request()
         ):
             return
-        payload = _core.unseal(self._holder._serialize(), "state")
+        payload = _encode_state(*self._holder._contents())  # write_checkpoint seals it
         try:
             _core.write_checkpoint(path, payload)
             how = "written"
@@ -1498,7 +1498,7 @@ class Job:
         write still running is finished first, so that an older state never lands last."""
         assert self._holder is not None
         self._checkpoint_written()
-        payload = _core.unseal(self._holder._serialize(), "state")
+        payload = _encode_state(*self._holder._contents())  # write_checkpoint seals it
         try:
             _core.write_checkpoint(self.spec["checkpoint_path"], payload)
             error = ""
