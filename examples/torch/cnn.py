@@ -12,7 +12,6 @@ a `torch.amp.GradScaler`, on a GPU only. Unset (or `off`), everything is float32
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import os
 import struct
@@ -118,6 +117,44 @@ def precision(dev: torch.device) -> tuple[torch.dtype | None, torch.amp.GradScal
     sys.exit(f"CNN_AUTOCAST={chosen!r}: expected bf16, fp16 or off")
 
 
+def train_mixed(
+    job: vf.Job,
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    sched: Any,
+    train: tuple[torch.Tensor, torch.Tensor],
+    dtype: torch.dtype,
+    scaler: torch.amp.GradScaler | None,
+) -> None:
+    """main()'s loop with the forward under autocast(dtype) and, for float16, a GradScaler."""
+    x_train, y_train = train
+    dev = x_train.device
+    # The scaler's scale changes while training: it travels in the state's `extra` (to joiners
+    # and checkpoints; a joiner's dict is filled in place) and is loaded from there each step.
+    extra: dict[str, Any] = {"scaler": scaler.state_dict()} if scaler is not None else {}
+    state = vf.State(model=model, optimizer=opt, scheduler=sched, extra=extra)
+    for step in job.steps(state, dataset_size=len(x_train)):
+        model.train()
+        if scaler is not None:
+            scaler.load_state_dict(extra["scaler"])
+        for node in step.virtual_nodes():
+            idx = node.indices.to(dev)
+            with torch.autocast(dev.type, dtype=dtype):
+                loss = F.cross_entropy(model(augment(x_train[idx])), y_train[idx])
+            # With a scaler, each node's gradients are of the scaled loss; the library sums
+            # them and .grad holds their mean, which unscale_ divides by the scale below.
+            node.backward(scaler.scale(loss) if scaler is not None else loss)
+        if scaler is not None:
+            scaler.unscale_(opt)  # after the reduction: every worker sees the same inf check
+            scaler.step(opt)
+            scaler.update()
+            extra["scaler"] = scaler.state_dict()
+        else:
+            opt.step()
+        sched.step()
+        opt.zero_grad()
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
     model.eval()
@@ -143,33 +180,22 @@ def main() -> None:
     total = job.total_steps(len(x_train))
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=total)
     dtype, scaler = precision(dev)
-    # The scaler's scale changes while training: it travels in the state's `extra` (to joiners
-    # and checkpoints; a joiner's dict is filled in place) and is loaded from there each step.
-    extra: dict[str, Any] = {"scaler": scaler.state_dict()} if scaler is not None else {}
-    state = vf.State(model=model, optimizer=opt, scheduler=sched, extra=extra)
+    if dtype is not None:
+        train_mixed(job, model, opt, sched, (x_train, y_train), dtype, scaler)
+    else:
+        state = vf.State(model=model, optimizer=opt, scheduler=sched)
 
-    for step in job.steps(state, dataset_size=len(x_train)):
-        model.train()
-        if scaler is not None:
-            scaler.load_state_dict(extra["scaler"])
-        for node in step.virtual_nodes():
-            idx = node.indices.to(dev)
-            with torch.autocast(dev.type, dtype=dtype) if dtype else contextlib.nullcontext():
+        for step in job.steps(state, dataset_size=len(x_train)):
+            model.train()
+            for node in step.virtual_nodes():
+                idx = node.indices.to(dev)
                 loss = F.cross_entropy(model(augment(x_train[idx])), y_train[idx])
-            # With a scaler, each node's gradients are of the scaled loss; the library sums
-            # them and .grad holds their mean, which unscale_ divides by the scale below.
-            node.backward(scaler.scale(loss) if scaler is not None else loss)
-        if scaler is not None:
-            scaler.unscale_(opt)  # after the reduction: every worker sees the same inf check
-            scaler.step(opt)
-            scaler.update()
-            extra["scaler"] = scaler.state_dict()
-        else:
+                node.backward(loss)
             opt.step()
-        sched.step()
-        opt.zero_grad()
-        if job.rank == 0 and (step.index + 1) % 100 == 0:
-            print(f"step {step.index + 1}/{total} loss {step.loss:.4f}", flush=True)
+            sched.step()
+            opt.zero_grad()
+            if job.rank == 0 and (step.index + 1) % 100 == 0:
+                print(f"step {step.index + 1}/{total} loss {step.loss:.4f}", flush=True)
 
     # CNN_TEST_SAMPLES: evaluate on the first N test images (default all 10,000; the test of a
     # few steps' weights needs no accuracy).
