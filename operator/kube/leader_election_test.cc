@@ -310,6 +310,9 @@ TEST(LeaderElectionTest, CreatesAMissingLeaseAndLeads) {
   Candidate a(api.url(), "a", seconds(2), milliseconds(1500), milliseconds(100));
   a.Start();
   ASSERT_TRUE(WaitFor([&] { return a.elector().IsLeader(); })) << a.logs();
+  // on_started_leading runs on the elector's thread just after IsLeader turns true: wait for
+  // it rather than race it (seen failing under TSan on a busy machine).
+  ASSERT_TRUE(WaitFor([&] { return a.started() >= 1; })) << a.logs();
   EXPECT_EQ(a.started(), 1);
   EXPECT_EQ(a.elector().LeaderIdentity(), "a");
   EXPECT_EQ(a.leaders(), std::vector<std::string>{"a"});
