@@ -1011,6 +1011,10 @@ class Job:
             self._last_step_unix = now
             self._last_loss = step.loss
             last = self._holder.step_done >= self._total
+            # How a background write went rides on this step's report; on the last step the
+            # write is awaited, so that its outcome is reported before the job's end (a failed
+            # periodic checkpoint is a warning the user must see, also when the final one fails).
+            self._checkpoint_written(block=last)
             self._worker.completed(
                 self._holder.step_done,
                 step.loss,
@@ -1020,7 +1024,6 @@ class Job:
                 step._agreed_epoch,
                 last,
             )
-            self._checkpoint_written(block=False)
             every = int(self.spec["checkpoint_every_steps"])
             if self.rank == 0 and every > 0 and self._holder.step_done % every == 0 and not last:
                 # A periodic checkpoint that cannot be written (a full disk, a read-only volume)
