@@ -118,9 +118,11 @@ def test_loading_in_process_leaves_the_training_generators_as_they_were():
 
 def test_a_new_plan_drops_what_it_no_longer_needs_and_loads_what_it_does():
     job = FakeJob([0, 1])
-    with NodeLoader(job, Augmented(), num_workers=2, prefetch_steps=2) as loader:
+    # Three steps ahead of 2 nodes is 6 nodes wanted, more than the 2 loader processes take at
+    # once (2 each): whatever has arrived by then, at least 2 are loaded or waiting to be sent
+    # when the plan changes, and are dropped. (No sleep: on a busy machine none may arrive.)
+    with NodeLoader(job, Augmented(), num_workers=2, prefetch_steps=3) as loader:
         first = loader.batch(node(0, 0))
-        time.sleep(1)  # the rest of the plan's next steps arrive meanwhile
         loader.batch(node(0, 1))
         job.virtual_nodes = [2, 3]  # a resize: this worker now holds other nodes
         b = loader.batch(node(1, 2))
