@@ -572,8 +572,9 @@ MISUSE = textwrap.dedent("""\
     """)
 
 
-@unittest.skipUnless(PYTHON, "no Python environment with PyTorch (scripts/setup-python.sh)")
-class TorchMisuseTest(VfTestCase):
+class PythonOnPathTestCase(VfTestCase):
+    """A test whose workers' python3 is the environment's with PyTorch (first on PATH)."""
+
     def setUp(self):
         super().setUp()
         self._path = os.environ["PATH"]
@@ -583,6 +584,9 @@ class TorchMisuseTest(VfTestCase):
         os.environ["PATH"] = self._path
         super().tearDown()
 
+
+@unittest.skipUnless(PYTHON, "no Python environment with PyTorch (scripts/setup-python.sh)")
+class TorchMisuseTest(PythonOnPathTestCase):
     def misuse(self, mode, workers=2, env=None):
         script = write(os.path.join(self.tmp, mode + ".py"), "MODE = %r\n" % mode + MISUSE)
         job = torch_job(

@@ -9,8 +9,8 @@ import shutil
 import textwrap
 import unittest
 
-from harness import VfTestCase, vf, write
-from test_torch import PYTHON, torch_job
+from harness import vf, write
+from test_torch import PYTHON, PythonOnPathTestCase, torch_job
 
 # Prints a known line per step, with its worker and rank, and one more after the last step;
 # with FAIL_AT set, the worker of rank 1 raises there; with KILL_AT, worker-0 kills itself there.
@@ -44,16 +44,7 @@ STEPS = 4
 
 
 @unittest.skipUnless(PYTHON, "no Python environment with PyTorch (scripts/setup-python.sh)")
-class VfRunLogsTest(VfTestCase):
-    def setUp(self):
-        super().setUp()
-        self._path = os.environ["PATH"]
-        os.environ["PATH"] = os.path.dirname(PYTHON) + os.pathsep + self._path
-
-    def tearDown(self):
-        os.environ["PATH"] = self._path
-        super().tearDown()
-
+class VfRunLogsTest(PythonOnPathTestCase):
     def job(self, fail_at=None, kill_at=None):
         script = write(
             os.path.join(self.tmp, "script.py"),
