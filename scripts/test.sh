@@ -23,14 +23,15 @@ t3=$(date +%s)
   echo "suite: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(nproc) cores, ctest exit status $rc"
   echo "  set-up $((t1 - t0)) s, build $((t2 - t1)) s, tests $((t3 - t2)) s, total $((t3 - t0)) s"
   if [ -f "$build/suite-junit.xml" ]; then
-    # Each testcase element's status and time (ctest's JUnit attributes).
+    # Each testcase element's status and time (ctest's JUnit attributes). awk reads its whole
+    # input (no `head`): under pipefail a writer cut off by SIGPIPE would fail the script.
     grep -o '<testcase [^>]*>' "$build/suite-junit.xml" |
       awk '{ n++ } /status="fail"/ { f++ } /status="(notrun|disabled)"/ { s++ }
            END { printf "  %d tests: %d failed, %d not run\n", n, f, s }'
     echo "  slowest tests (s):"
     grep -o '<testcase [^>]*>' "$build/suite-junit.xml" |
-      sed -E 's/.*name="([^"]*)".*time="([^"]*)".*/\2 \1/' | sort -rn | head -n 10 |
-      awk '{ printf "    %8.1f  %s\n", $1, $2 }'
+      sed -E 's/.*name="([^"]*)".*time="([^"]*)".*/\2 \1/' | sort -rn |
+      awk 'NR <= 10 { printf "    %8.1f  %s\n", $1, $2 }'
   fi
 } | tee "$build/suite-times.txt"
 exit "$rc"
