@@ -16,8 +16,9 @@ t1=$(date +%s)
 t2=$(date +%s)
 cd "$build"
 rc=0
-ctest --output-on-failure -j "${VF_TEST_JOBS:-2}" --output-junit "$build/suite-junit.xml" "$@" ||
-  rc=$?
+# A failed test's output is cut in the middle, not at its end, where its assertion is.
+ctest --output-on-failure -j "${VF_TEST_JOBS:-2}" --output-junit "$build/suite-junit.xml" \
+  --test-output-size-failed 1000000 --test-output-truncation middle "$@" || rc=$?
 t3=$(date +%s)
 {
   echo "suite: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(nproc) cores, ctest exit status $rc"
@@ -32,6 +33,8 @@ t3=$(date +%s)
     grep -o '<testcase [^>]*>' "$build/suite-junit.xml" |
       sed -E 's/.*name="([^"]*)".*time="([^"]*)".*/\2 \1/' | sort -rn |
       awk 'NR <= 10 { printf "    %8.1f  %s\n", $1, $2 }'
+    # Why each failed test failed, in a few lines (its whole output is above, and in the report).
+    python3 "$root/scripts/suite_failures.py" "$build/suite-junit.xml" || true
   fi
 } | tee "$build/suite-times.txt"
 exit "$rc"

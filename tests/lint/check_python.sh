@@ -22,7 +22,8 @@ bad=0
 "$python" -m ruff format --check --force-exclude "${files[@]}" || {
   echo "not formatted (run: $python -m ruff format)"; bad=1; }
 "$python" -m ruff check --force-exclude "${files[@]}" || bad=1
-"$python" -m mypy --cache-dir "$cache/mypy" --strict python/virtualflow examples/torch bench/torch ||
+"$python" -m mypy --cache-dir "$cache/mypy" --strict python/virtualflow examples/torch bench/torch \
+  scripts/suite_failures.py scripts/suite_failures_test.py ||
   bad=1
 echo "checked ${#files[@]} files"
 exit $bad
