@@ -1554,6 +1554,19 @@ def _install_excepthook(worker: str) -> None:
     sys.excepthook = hook
 
 
+def _use_deterministic_algorithms() -> None:
+    """torch.use_deterministic_algorithms(True) without its import of TorchInductor, made only to
+    set Inductor's own flag: that import (TorchDynamo, SymPy) was 4.2 s of every worker's start
+    on a CPU, a joiner's included. Inductor reads the flag from TORCHINDUCTOR_DETERMINISTIC when
+    it is first imported (a torch.compile later on), so it is set there; where Inductor is
+    already loaded, PyTorch's own call sets both at no extra cost."""
+    if "torch._inductor.config" in sys.modules:
+        torch.use_deterministic_algorithms(True)
+        return
+    os.environ["TORCHINDUCTOR_DETERMINISTIC"] = "1"
+    torch._C._set_deterministic_algorithms(True, warn_only=False)
+
+
 def init(*, threads: int | None = None) -> Job:
     """Joins the job described by the environment `vf run` or the operator set.
 
@@ -1566,7 +1579,7 @@ def init(*, threads: int | None = None) -> Job:
     torch.set_num_threads(threads or int(os.environ.get(_core.ENV_THREADS, "1") or 1))
     # cuBLAS is deterministic only with a fixed workspace, set before its first handle.
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True)
+    _use_deterministic_algorithms()
     # In C, not with the signal module: a Python handler would wait for the interpreter, and a
     # joiner spends its wait inside the library.
     _core.leave_on_sigterm()
