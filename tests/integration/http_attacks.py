@@ -35,6 +35,9 @@ class Target:
     # reaches the parser).
     attack_path: str = "/healthz"
     attack_headers: bytes = b""
+    # A probe that takes longer fails (Kubernetes' timeoutSeconds; its default unless the
+    # server's deployment sets its own).
+    probe_timeout: float = PROBE_TIMEOUT
 
     def head(self, method: str, framing: bytes = b"") -> bytes:
         """A request head to the attack path, with the attack's header fields and FRAMING, not
@@ -46,12 +49,18 @@ class Target:
         )
 
     def spec(self) -> str:
-        return "%s,%d,%d,%s" % (self.name, self.port, int(self.tls), self.health_path)
+        return "%s,%d,%d,%s,%r" % (
+            self.name,
+            self.port,
+            int(self.tls),
+            self.health_path,
+            self.probe_timeout,
+        )
 
     @staticmethod
     def parse(text: str) -> Target:
-        name, port, tls, path = text.split(",")
-        return Target(name, int(port), tls == "1", path)
+        name, port, tls, path, timeout = text.split(",")
+        return Target(name, int(port), tls == "1", path, probe_timeout=float(timeout))
 
 
 def _tls_context() -> ssl.SSLContext:
@@ -249,14 +258,14 @@ def stalled_tls_handshakes(target: Target, count: int, seconds: float) -> tuple[
 
 
 def probe(target: Target) -> float:
-    """Seconds one GET of the target's health path took; raises when no 200 came within
-    PROBE_TIMEOUT."""
+    """Seconds one GET of the target's health path took; raises when no 200 came within the
+    target's probe timeout."""
     start = time.monotonic()
-    with connect(target, timeout=PROBE_TIMEOUT) as sock:
+    with connect(target, timeout=target.probe_timeout) as sock:
         sock.sendall(
             b"GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % target.health_path.encode()
         )
-        answer = read_answer(sock, timeout=PROBE_TIMEOUT)
+        answer = read_answer(sock, timeout=target.probe_timeout)
     seconds = time.monotonic() - start
     if status_of(answer) != 200:
         raise RuntimeError("answered %r" % answer[:80])
@@ -265,7 +274,8 @@ def probe(target: Target) -> float:
 
 class HealthWatch:
     """A process that probes each target every 0.2 s until stopped, then says, per target, how
-    many probes it made, the slowest, and the failures (a probe over PROBE_TIMEOUT is one)."""
+    many probes it made, the slowest, and the failures (a probe over the target's probe timeout
+    is one)."""
 
     def __init__(self, targets: list[Target]) -> None:
         self.proc = subprocess.Popen(
@@ -294,7 +304,7 @@ def _watch(targets: list[Target]) -> None:
             try:
                 seconds = probe(target)
                 entry["slowest"] = max(float(entry["slowest"]), seconds)  # type: ignore[arg-type]
-                if seconds > PROBE_TIMEOUT:
+                if seconds > target.probe_timeout:
                     raise RuntimeError("took %.2f s" % seconds)
             except Exception as e:  # noqa: BLE001 - every failure is a finding to report
                 failures = entry["failures"]
