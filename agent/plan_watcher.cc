@@ -10,19 +10,27 @@ PlanWatcher::PlanWatcher(CoordinatorClient& client, std::function<void()> after_
 }
 
 PlanWatcher::~PlanWatcher() {
-  stop_.store(true);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_.store(true);
+  }
+  cv_.notify_all();
+  // The poll in progress ends now rather than at its timeout: the process is leaving.
+  client_.CancelWaits();
   thread_.join();
 }
 
 void PlanWatcher::Run() {
-  // Short polls keep shutdown prompt; the coordinator answers at once when a plan is newer.
+  // The coordinator answers at once when a plan is newer; a stop cancels the poll in progress.
   constexpr auto kPoll = std::chrono::milliseconds(1000);
   auto backoff = std::chrono::milliseconds(50);
   while (!stop_.load()) {
     auto plan = client_.WaitForPlan(latest_.load(), kPoll);
+    if (stop_.load()) break;
     if (after_poll_) after_poll_();
     if (!plan.ok()) {
-      std::this_thread::sleep_for(backoff);
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, backoff, [this] { return stop_.load(); });
       backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
       continue;
     }

@@ -87,6 +87,10 @@ Status HttpError(int code, const std::string& body) {
 
 }  // namespace
 
+struct CoordinatorClient::WaitCancellation {
+  pplx::cancellation_token_source source;
+};
+
 CoordinatorClient::CoordinatorClient(std::string base_url, std::string job, std::string token,
                                      std::string worker, milliseconds request_timeout,
                                      std::string ca_file)
@@ -95,7 +99,8 @@ CoordinatorClient::CoordinatorClient(std::string base_url, std::string job, std:
       token_(std::move(token)),
       worker_(std::move(worker)),
       request_timeout_(request_timeout),
-      ca_file_(std::move(ca_file)) {
+      ca_file_(std::move(ca_file)),
+      wait_cancellation_(std::make_shared<WaitCancellation>()) {
   if (ca_file_.empty()) return;
   std::ifstream in(ca_file_);
   std::stringstream text;
@@ -120,14 +125,21 @@ std::string CoordinatorClient::Path(const std::string& action) const {
 
 Result<CoordinatorClient::Response> CoordinatorClient::Call(
     const std::string& method, const std::string& path, const std::string* body,
-    const std::string& content_type, Clock::time_point deadline, milliseconds slack) const {
+    const std::string& content_type, Clock::time_point deadline, milliseconds slack,
+    bool cancellable) const {
   const std::string what = "coordinator " + method + " " + base_url_ + path;
   if (!ca_status_.ok()) return ca_status_.WithContext(what);
+  const pplx::cancellation_token cancel =
+      cancellable ? wait_cancellation_->source.get_token() : pplx::cancellation_token::none();
+  const auto cancelled = [&] {
+    return Unavailable(what + ": cancelled: the client stops waiting");
+  };
   milliseconds backoff = kFirstBackoff;
   // A refused certificate says more than the timeout of a later attempt: it is what is
   // reported, whatever came after it.
   std::string tls_failure;
   while (true) {
+    if (cancel.is_canceled()) return cancelled();
     std::string failure;
     try {
       const milliseconds left = Until(deadline);
@@ -157,7 +169,7 @@ Result<CoordinatorClient::Response> CoordinatorClient::Call(
         request.headers().set_content_type(content_type);
         request.set_body(std::vector<unsigned char>(body->begin(), body->end()));
       }
-      web::http::http_response response = client.request(request).get();
+      web::http::http_response response = client.request(request, cancel).get();
       const std::vector<unsigned char> bytes = response.extract_vector().get();
       Response result{response.status_code(), std::string(bytes.begin(), bytes.end()), {}};
       if (result.status / 100 == 2 &&
@@ -173,7 +185,10 @@ Result<CoordinatorClient::Response> CoordinatorClient::Call(
         return result;
       }
       failure = ErrorMessage(result.body) + " (HTTP 503)";
+    } catch (const pplx::task_canceled&) {
+      return cancelled();
     } catch (const web::http::http_exception& e) {
+      if (cancel.is_canceled()) return cancelled();
       failure = e.error_code() == std::errc::timed_out ? "no answer within the request timeout"
                                                        : std::string(e.what());
       if (failure.find("SSL") != std::string::npos ||
@@ -202,6 +217,8 @@ Result<CoordinatorClient::Response> CoordinatorClient::Call(
   }
 }
 
+void CoordinatorClient::CancelWaits() { wait_cancellation_->source.cancel(); }
+
 Status CoordinatorClient::Post(const std::string& action, const std::string& json_body) const {
   const std::string path = Path(action);
   VF_ASSIGN_OR_RETURN(const Response response,
@@ -229,7 +246,7 @@ Result<Plan> CoordinatorClient::WaitForPlan(int64_t after, milliseconds timeout)
                              "&timeout_ms=" + std::to_string(poll.count());
     const std::string context = "coordinator GET " + base_url_ + path;
     VF_ASSIGN_OR_RETURN(const Response response,
-                        Call("GET", path, nullptr, "", deadline, request_timeout_));
+                        Call("GET", path, nullptr, "", deadline, request_timeout_, true));
     if (response.status == 200) {
       Result<json> parsed = wire::ParseObject(response.body);
       if (!parsed.ok()) return Internal(parsed.status().message()).WithContext(context);
@@ -293,7 +310,7 @@ Result<std::string> CoordinatorClient::GetKey(const std::string& key, millisecon
     const std::string path =
         Path("store/" + Encode(key)) + "?timeout_ms=" + std::to_string(poll.count());
     VF_ASSIGN_OR_RETURN(const Response response,
-                        Call("GET", path, nullptr, "", deadline, request_timeout_));
+                        Call("GET", path, nullptr, "", deadline, request_timeout_, true));
     if (response.status == 200) return response.body;
     if (response.status != 408 || Until(deadline) <= milliseconds::zero()) {
       if (response.status == 408) {

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -58,6 +59,11 @@ class CoordinatorClient {
   // timeout the result is an empty Plan (epoch 0), i.e. "no newer plan"; waits longer than the
   // server's cap are made of several polls.
   Result<Plan> WaitForPlan(int64_t after, std::chrono::milliseconds timeout);
+  // Ends a WaitForPlan in progress on another thread at once (its connection closed), and makes
+  // every later one fail at once, both kUnavailable saying so: for the owner of a plan watcher
+  // that stops, which would otherwise wait out the poll (a leaving worker's exit took a second
+  // longer). The client's other calls are not affected.
+  void CancelWaits();
   // Non-finite numbers are sent as null and read back as NaN.
   Status Report(const vf::Report& report);
   Status Leave();
@@ -77,10 +83,11 @@ class CoordinatorClient {
   };
   // Sends one request, retrying connection failures until `deadline`; each attempt may take
   // the time left until `deadline` plus `slack` (what a long poll's answer needs on top).
+  // A cancellable call (`cancellable`) ends when CancelWaits is called.
   Result<Response> Call(const std::string& method, const std::string& path, const std::string* body,
                         const std::string& content_type,
                         std::chrono::steady_clock::time_point deadline,
-                        std::chrono::milliseconds slack) const;
+                        std::chrono::milliseconds slack, bool cancellable = false) const;
   // A plain request: one JSON body, 2xx or an error, within the request timeout.
   Status Post(const std::string& action, const std::string& json_body) const;
   std::string Path(const std::string& action) const;
@@ -95,6 +102,9 @@ class CoordinatorClient {
   Status ca_status_;                 // why the CA file could not be read, if it could not
   mutable std::mutex mu_;            // guards incarnation_
   mutable std::string incarnation_;  // of the last successful answer that named one
+  // cpprest's cancellation source for WaitForPlan, kept out of this header. Thread-safe.
+  struct WaitCancellation;
+  std::shared_ptr<WaitCancellation> wait_cancellation_;
 };
 
 // Whether `s` (from a CoordinatorClient call, or passed on from one) is the coordinator's refusal

@@ -267,6 +267,36 @@ TEST_F(ServerTest, LongPollWakesWhenAPlanIsPublished) {
   EXPECT_EQ(plan->members[0].virtual_nodes, (std::vector<int>{0, 1}));
 }
 
+// A plan watcher that stops (a worker leaving) cancels its poll rather than wait it out; the
+// client's other calls go on working.
+TEST_F(ServerTest, CancelledWaitsEndAtOnceAndLeaveOtherCallsAlone) {
+  auto client = Client("w-0");
+  ASSERT_TRUE(client->Register(kFingerprint, kBuild, true).ok());
+  const auto start = Clock::now();
+  auto waiter =
+      std::async(std::launch::async, [&] { return client->WaitForPlan(0, seconds(120)); });
+  std::this_thread::sleep_for(milliseconds(200));
+  client->CancelWaits();
+  Result<Plan> cancelled = waiter.get();
+  // Well inside the poll's two minutes (the test's point is that it ends, not how fast).
+  EXPECT_LT(Clock::now() - start, seconds(60));
+  ASSERT_FALSE(cancelled.ok());
+  EXPECT_EQ(cancelled.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(cancelled.status().message().find("cancelled"), std::string::npos)
+      << cancelled.status().message();
+  // A later wait fails at once, even with a plan to serve; other calls still reach the server.
+  ASSERT_TRUE(coordinator_.PublishPlan(kJob, Members(1)).ok());
+  Result<Plan> later = client->WaitForPlan(0, seconds(120));
+  EXPECT_FALSE(later.ok());
+  const Status left = client->Leave();
+  EXPECT_TRUE(left.ok()) << left.ToString();
+  EXPECT_TRUE(coordinator_.GetJob(kJob)->workers.at("w-0").leave_requested);
+  // Another client of the same worker is not cancelled.
+  Result<Plan> other = Client("w-0")->WaitForPlan(0, seconds(10));
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  EXPECT_EQ(other->epoch, 1);
+}
+
 TEST_F(ServerTest, PlanIsServedAtOnceWhenNewerInTheDocumentedShape) {
   ASSERT_TRUE(coordinator_.PublishPlan(kJob, Members(2)).ok());
   const auto start = Clock::now();
