@@ -170,11 +170,17 @@ Status Reconciler::PatchStatus(const json& job, const json& status) {
   }
   auto r = client_.PatchStatus(kube::kVirtualFlowJobs, meta.value("namespace", ""),
                                meta.value("name", ""), json{{"status", patch_status}});
-  if (r.ok() && !version.empty()) {
+  if (r.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     JobMemory& memory = MemoryOf(key, uid);
-    memory.written_over_version = version;
-    memory.written_status = std::move(wanted);
+    const auto step = status.find("step");
+    if (step != status.end() && step->is_number_integer()) {
+      memory.step_written = step->get<int64_t>();
+    }
+    if (!version.empty()) {
+      memory.written_over_version = version;
+      memory.written_status = std::move(wanted);
+    }
   }
   return r.status();
 }

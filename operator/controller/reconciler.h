@@ -382,6 +382,9 @@ class Reconciler {
     // of the job it was written over (empty: none written).
     std::string written_over_version;
     nlohmann::json written_status;
+    // status.step as this operator last wrote it: a pass whose cache does not show that write
+    // yet (and whose plan is too new for any report) must not write an older step back.
+    int64_t step_written = 0;
   };
   // The memory of job `key` for incarnation `uid`: made when there is none, and emptied when it
   // was another incarnation's. The one place that tells incarnations apart. Under mu_.

@@ -174,6 +174,44 @@ TEST_F(ReconcilerTest, EpochJobLengthIsUnknownUntilAnAgentReportsIt) {
   EXPECT_EQ(known["step"], 3);
 }
 
+// The cache here never shows the operator's own status writes (as a lagging informer does for a
+// moment): a new plan, with no report of its epoch yet, must not take the step back to what the
+// cache says.
+TEST_F(ReconcilerTest, TheStepNeverGoesBackWhenTheCacheLagsBehindANewPlan) {
+  Start({EpochJob()}, {RunningPod("mnist-worker-a"), RunningPod("mnist-worker-b")},
+        {GpuNode("gpu-a", 2)});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  Ready({"mnist-worker-a", "mnist-worker-b"});
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  Report report;
+  report.epoch = 1;
+  report.step = 62;
+  report.total_steps = 300;
+  ASSERT_TRUE(coordinator_.RecordReport(kKey, "mnist-worker-a", report).ok());
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_EQ(api_->status_patches().back()["step"], 62);
+
+  // A plan of a new epoch, that no member has reported under yet.
+  ASSERT_TRUE(coordinator_
+                  .PublishPlanWithEpoch(
+                      kKey, 2, {{"mnist-worker-b", 0, {0, 1}}, {"mnist-worker-a", 1, {2, 3}}})
+                  .ok());
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  int of_epoch_2 = 0;
+  for (const json& patch : api_->status_patches()) {
+    if (patch.value("epoch", 0) != 2) continue;
+    ++of_epoch_2;
+    EXPECT_EQ(patch.value("step", 0), 62) << patch;
+  }
+  EXPECT_GT(of_epoch_2, 0);
+  // Reports of the new epoch move it on.
+  report.epoch = 2;
+  report.step = 63;
+  ASSERT_TRUE(coordinator_.RecordReport(kKey, "mnist-worker-b", report).ok());
+  ASSERT_TRUE(reconciler_->Reconcile(kKey).ok());
+  EXPECT_EQ(api_->status_patches().back()["step"], 63);
+}
+
 TEST_F(ReconcilerTest, StepJobLengthIsKnownFromItsSpec) {
   Start({Job({{"virtualNodes", 4}, {"globalBatchSize", 64}, {"steps", 25}})}, {},
         {GpuNode("gpu-a", 1)});
