@@ -144,13 +144,26 @@ Status Reconciler::EnsureCoordinatorJob(const std::string& key, const json& job,
   return Status::Ok();
 }
 
-Status Reconciler::PatchStatus(const json& job, const json& status) {
-  json wanted = Comparable(status);
-  if (wanted == Comparable(Obj(job, "status"))) return Status::Ok();
+Status Reconciler::PatchStatus(const json& job, const json& status_in) {
   const json& meta = job.at("metadata");
   const std::string key = ObjectKey(job);
   const std::string uid = meta.value("uid", "");
   const std::string version = meta.value("resourceVersion", "");
+  // status.step never goes back. Every pass starts from the cached status, and the cache may not
+  // show this operator's last write yet: a pass that writes for another reason (a new plan, a
+  // condition) would write the older step back (seen: 62, then 33, while Kueue evicted two
+  // units). A drain that starts the job from nothing resets what is remembered (ResetStep).
+  json status = status_in;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t written = MemoryOf(key, uid).step_written;
+    const auto step = status.find("step");
+    if (step != status.end() && step->is_number_integer() && step->get<int64_t>() < written) {
+      *step = written;
+    }
+  }
+  json wanted = Comparable(status);
+  if (wanted == Comparable(Obj(job, "status"))) return Status::Ok();
   {
     // The cache has not seen this operator's last write yet: the job is still at the version
     // that write was made over, so the API server holds what was written (a change by anyone
@@ -183,6 +196,11 @@ Status Reconciler::PatchStatus(const json& job, const json& status) {
     }
   }
   return r.status();
+}
+
+void Reconciler::ResetStep(const Pass& p) {
+  std::lock_guard<std::mutex> lock(mu_);
+  MemoryOf(p.key, p.uid).step_written = 0;
 }
 
 void Reconciler::Event(const json& job, bool warning, const std::string& reason,

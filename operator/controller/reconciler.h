@@ -329,7 +329,11 @@ class Reconciler {
   // JobSpecOf(job), parsed once per version of the job: every reconcile reads every job's spec
   // for the policy, and parsing a thousand specs each time would cost more than the rest.
   std::shared_ptr<const Result<JobSpec>> CachedSpecOf(const nlohmann::json& job);
+  // Writes `status` as the job's whole status, its step never below the one this operator last
+  // wrote for the job (see JobMemory::step_written).
   Status PatchStatus(const nlohmann::json& job, const nlohmann::json& status);
+  // Forgets the step last written: the job starts again from step 0 (a drain with no checkpoint).
+  void ResetStep(const Pass& p);
   // Records an Event on the job (events_ aggregates repeats).
   void Event(const nlohmann::json& job, bool warning, const std::string& reason,
              const std::string& message);
@@ -383,7 +387,7 @@ class Reconciler {
     std::string written_over_version;
     nlohmann::json written_status;
     // status.step as this operator last wrote it: a pass whose cache does not show that write
-    // yet (and whose plan is too new for any report) must not write an older step back.
+    // yet must not write an older step back (PatchStatus).
     int64_t step_written = 0;
   };
   // The memory of job `key` for incarnation `uid`: made when there is none, and emptied when it

@@ -492,6 +492,7 @@ Result<Reconciler::Next> Reconciler::Drain(Pass& p, ReconcileResult& result) {
     if (!resumes) {
       status["step"] = 0;
       status.erase("loss");
+      ResetStep(p);
     }
   }
   MarkWorkersStopping(status, "Pending", message, stopping);

@@ -123,17 +123,9 @@ Status Reconciler::WriteProgress(Pass& p) {
   for (const Member& m : p.members) {
     if (p.view.workers.count(m.worker) != 0) status["workerBuild"] = p.view.build;
   }
-  // Never back: a new plan has no report yet (progress.step 0), and the cache may not show this
-  // operator's last write (seen: a step 29 behind, written back, while Kueue evicted two units).
-  // A drain that starts the job again from nothing writes its 0 elsewhere, and is remembered.
-  int64_t step_written = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    step_written = MemoryOf(p.key, p.uid).step_written;
+  if (progress.step > 0 || !status.contains("step")) {
+    status["step"] = std::max<int64_t>(progress.step, p.old_status.value("step", int64_t{0}));
   }
-  const int64_t step =
-      std::max({progress.step, p.old_status.value("step", int64_t{0}), step_written});
-  if (step > 0 || !status.contains("step")) status["step"] = step;
   if (std::isfinite(progress.loss)) status["loss"] = progress.loss;
   if (progress.samples_per_second > 0) status["samplesPerSecond"] = progress.samples_per_second;
   if (progress.all_switched && status.contains("lastResize") &&
