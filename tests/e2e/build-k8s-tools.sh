@@ -21,6 +21,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 k8s_mod="$here/k8s"
 helm_mod="$here/k8s/helm"
 kueue_mod="$here/k8s/kueue"
+coredns_mod="$here/k8s/coredns"
 
 pin() { # pin FILE MODULE -> the version FILE requires for MODULE
   awk -v m="$2" '$1 == "require" { $1 = ""; $0 = $0 } $1 == m && $2 ~ /^v/ { print $2; exit }' "$1"
@@ -29,12 +30,14 @@ K8S_VERSION="$(pin "$k8s_mod/go.mod" k8s.io/kubernetes)"
 ETCD_VERSION="$(pin "$k8s_mod/go.mod" go.etcd.io/etcd/server/v3)"
 HELM_VERSION="$(pin "$helm_mod/go.mod" helm.sh/helm/v3)"
 KUEUE_VERSION="$(pin "$kueue_mod/go.mod" sigs.k8s.io/kueue)"
-[ -n "$K8S_VERSION" ] && [ -n "$ETCD_VERSION" ] && [ -n "$HELM_VERSION" ] && [ -n "$KUEUE_VERSION" ] ||
+COREDNS_VERSION="$(pin "$coredns_mod/go.mod" github.com/coredns/coredns)"
+[ -n "$K8S_VERSION" ] && [ -n "$ETCD_VERSION" ] && [ -n "$HELM_VERSION" ] && [ -n "$KUEUE_VERSION" ] &&
+  [ -n "$COREDNS_VERSION" ] ||
   { echo "build-k8s-tools: cannot read the pinned versions from $k8s_mod" >&2; exit 1; }
 
 cache_root="${VF_CACHE_DIR:-$HOME/.cache/virtualflow}"
 dest="$cache_root/k8s-$K8S_VERSION"
-TOOLS=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl helm)
+TOOLS=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy helm)
 
 # The stamp names everything that decides the binaries' content: a change of any pin (or of the
 # build flags below) rebuilds, anything else is a cache hit.
@@ -42,7 +45,7 @@ stamp_text() {
   echo "kubernetes $K8S_VERSION"
   echo "etcd $ETCD_VERSION"
   echo "helm $HELM_VERSION"
-  echo "flags CGO_ENABLED=0 -trimpath -ldflags=-s -w (stamp v1)"
+  echo "flags CGO_ENABLED=0 -trimpath -ldflags=-s -w (stamp v2: with the kubelet and kube-proxy)"
   cat "$k8s_mod/go.mod" "$helm_mod/go.mod" | sha256sum | cut -d' ' -f1
 }
 
@@ -65,7 +68,33 @@ kueue_cached() {
     [ -x "$dest/bin/kueue" ] && [ -d "$dest/kueue-crds" ]
 }
 
-cached() { k8s_cached && kueue_cached; }
+# The suite's device plugin (k8s/deviceplugin, for the real nodes' GPUs) is the suite's own code
+# in the Kubernetes module: its stamp is a hash of its source and of that module's pins, so a
+# change of it rebuilds only it (a minute, cold).
+DP_FILES=(bin/vf-device-plugin deviceplugin.stamp)
+dp_stamp_text() {
+  echo "vf-device-plugin (stamp v1)"
+  cat "$k8s_mod/deviceplugin/"*.go "$k8s_mod/go.mod" "$k8s_mod/go.sum" | sha256sum | cut -d' ' -f1
+}
+dp_cached() {
+  [ -f "$dest/deviceplugin.stamp" ] && [ "$(cat "$dest/deviceplugin.stamp")" = "$(dp_stamp_text)" ] &&
+    [ -x "$dest/bin/vf-device-plugin" ]
+}
+
+# CoreDNS (the real nodes' cluster DNS) with the plugins k8s/coredns/main.go links: a module of
+# its own, with a stamp of its own.
+COREDNS_FILES=(bin/coredns coredns.stamp)
+coredns_stamp_text() {
+  echo "coredns $COREDNS_VERSION"
+  echo "flags CGO_ENABLED=0 -trimpath -ldflags=-s -w (stamp v1)"
+  cat "$coredns_mod/go.mod" "$coredns_mod/main.go" | sha256sum | cut -d' ' -f1
+}
+coredns_cached() {
+  [ -f "$dest/coredns.stamp" ] && [ "$(cat "$dest/coredns.stamp")" = "$(coredns_stamp_text)" ] &&
+    [ -x "$dest/bin/coredns" ]
+}
+
+cached() { k8s_cached && kueue_cached && dp_cached && coredns_cached; }
 
 force=0
 case "${1:-}" in
@@ -176,6 +205,8 @@ build_k8s() {
     k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler \
     k8s.io/kubernetes/cmd/kubectl \
+    k8s.io/kubernetes/cmd/kubelet \
+    k8s.io/kubernetes/cmd/kube-proxy \
     go.etcd.io/etcd/server/v3
   # `go build -o DIR/` names a module-root main package after its path's last element before /vN.
   mv "$work/bin/server" "$work/bin/etcd"
@@ -198,14 +229,14 @@ build_k8s() {
   # A Kueue build already in place stays (its stamp is its own).
   local keep="$work/keep" f
   mkdir -p "$keep/bin"
-  for f in "${KUEUE_FILES[@]}"; do
+  for f in "${KUEUE_FILES[@]}" "${DP_FILES[@]}" "${COREDNS_FILES[@]}"; do
     if [ -e "$dest/$f" ]; then mv "$dest/$f" "$keep/$f"; fi
   done
   rm -rf "$dest"
   mkdir -p "$dest"
   mv "$work/bin" "$work/stamp" "$dest/"
   cp "$log" "$dest/build.log"
-  for f in "${KUEUE_FILES[@]}"; do
+  for f in "${KUEUE_FILES[@]}" "${DP_FILES[@]}" "${COREDNS_FILES[@]}"; do
     if [ -e "$keep/$f" ]; then mv "$keep/$f" "$dest/$f"; fi
   done
 }
@@ -234,8 +265,30 @@ build_kueue() {
   cp "$log" "$dest/kueue-build.log"
 }
 
+build_device_plugin() {
+  echo "build-k8s-tools: building vf-device-plugin into $dest (log: $log)"
+  mkdir -p "$work/dp"
+  go_build "$k8s_mod" "vf-device-plugin" -ldflags "-s -w" -o "$work/dp/vf-device-plugin" ./deviceplugin
+  dp_stamp_text >"$work/dp/deviceplugin.stamp"
+  mkdir -p "$dest/bin"
+  mv "$work/dp/vf-device-plugin" "$dest/bin/vf-device-plugin"
+  mv "$work/dp/deviceplugin.stamp" "$dest/"
+}
+
 if [ "$force" = 1 ] || ! k8s_cached; then build_k8s; fi
 if [ "$force" = 1 ] || ! kueue_cached; then build_kueue; fi
+build_coredns() {
+  echo "build-k8s-tools: building coredns $COREDNS_VERSION into $dest (log: $log)"
+  mkdir -p "$work/coredns"
+  go_build "$coredns_mod" "coredns" -ldflags "-s -w" -o "$work/coredns/coredns" .
+  coredns_stamp_text >"$work/coredns/coredns.stamp"
+  mkdir -p "$dest/bin"
+  mv "$work/coredns/coredns" "$dest/bin/coredns"
+  mv "$work/coredns/coredns.stamp" "$dest/"
+}
+
+if [ "$force" = 1 ] || ! dp_cached; then build_device_plugin; fi
+if [ "$force" = 1 ] || ! coredns_cached; then build_coredns; fi
 rm -f "$log"
 echo "build-k8s-tools: [$((SECONDS - start))s] done: $(du -sh "$dest/bin" | cut -f1) in $dest/bin"
 echo "$dest/bin"
