@@ -28,6 +28,7 @@ PACKAGES=(
   ccache   # scripts/build.sh: a rebuild of sources compiled before takes a minute
   openssl util-linux iproute2   # tests/e2e: control-plane certificates, flock, the pods' networks
   mmdebstrap umoci runc skopeo   # scripts/images.sh, tests/images: images without a daemon; pushing
+  containerd containernetworking-plugins iptables   # tests/e2e: the real nodes (kubelets)
 )
 # tests/e2e/build-k8s-tools.sh builds Kubernetes from source with Go. The machine image brings a
 # recent Go; without one, Debian's golang-go bootstraps the toolchain that script pins.

@@ -194,9 +194,17 @@ class ControlPlane:
     in the build tree): $VF_E2E_WORK_DIR/NAME, emptied at start() and kept after stop(), so that
     a failed run's pod logs can be read afterwards. Without VF_E2E_WORK_DIR, work_dir is dir."""
 
-    def __init__(self, keep=None, name="controlplane"):
+    def __init__(self, keep=None, name="controlplane", nodes="fake"):
+        if nodes not in ("fake", "kubelet"):
+            raise ValueError("nodes: 'fake' or 'kubelet', not %r" % nodes)
         self.keep = keep if keep is not None else bool(os.environ.get("VF_E2E_KEEP"))
         self.name = name
+        # "kubelet": real nodes (nodes.RealNodes) will join, whose pods reach the API server
+        # through the `kubernetes` Service: it listens on every address and publishes the
+        # host's, asks kubelets for logs with a client certificate, and every controller runs.
+        self.nodes = nodes
+        self.host_ip = None
+        self.real_nodes = None
         self.work_dir = None
         self.components = []
         self.dir = None
@@ -271,11 +279,15 @@ class ControlPlane:
     def _start(self, timeout):
         deadline = time.monotonic() + timeout
         left = lambda: max(5, deadline - time.monotonic())  # noqa: E731
-        self._certificates()
         self.ports = {
             name: free_port()
             for name in ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler")
         }
+        if self.nodes == "kubelet":
+            from nodes import host_ip
+
+            self.host_ip = host_ip()
+        self._certificates()
         self.server = "https://127.0.0.1:%d" % self.ports["apiserver"]
         self.kubeconfig = self._write_kubeconfig("admin")
         for user in ("controller-manager", "scheduler"):
@@ -339,8 +351,13 @@ class ControlPlane:
         self._stopped = True
         _LIVE.discard(self)
         # The pod runner first, while the API server is still there: it kills its pods'
-        # processes (SIGTERM, then SIGKILL) before it exits.
+        # processes (SIGTERM, then SIGKILL) before it exits. Real nodes too, and the host is
+        # put back as it was.
         self.stop_pod_runner()
+        if self.real_nodes:
+            left = self.real_nodes.stop()
+            if left:
+                sys.stderr.write("real nodes: the host is not as it was: %s\n" % "; ".join(left))
         for component in reversed(self.components):
             component.stop()
         self.components = []
@@ -452,12 +469,10 @@ class ControlPlane:
             "-out",
             self.ca_file,
         )
-        client = [
-            "basicConstraints = critical, CA:FALSE",
-            "keyUsage = critical, digitalSignature, keyEncipherment",
-            "extendedKeyUsage = clientAuth",
-        ]
+        client = self._client_extensions()
         sans = ["IP:127.0.0.1", "IP:" + SERVICE_IP] + ["DNS:" + n for n in API_DNS_NAMES]
+        if self.host_ip:
+            sans.append("IP:" + self.host_ip)
         self._cert(
             "apiserver",
             "/CN=kube-apiserver",
@@ -472,10 +487,45 @@ class ControlPlane:
         # The identities the default RBAC policy grants the two components.
         self._cert("controller-manager", "/CN=system:kube-controller-manager", client)
         self._cert("scheduler", "/CN=system:kube-scheduler", client)
+        if self.nodes == "kubelet":  # what the API server shows itself to kubelets with
+            self._cert("apiserver-kubelet-client", "/O=system:masters/CN=kube-apiserver", client)
         # Service-account tokens: signed by the API server (TokenRequest) with sa.key, verified
         # with sa.pub; the controller manager uses the same key for legacy token Secrets.
         self._key("sa")
         self._openssl("pkey", "-in", self._path("sa.key"), "-pubout", "-out", self._path("sa.pub"))
+
+    def user_kubeconfig(self, user, subject):
+        """A kubeconfig of a client certificate for SUBJECT ("/O=group/CN=name"), signed by the
+        cluster's CA; USER names the files. Returns its path."""
+        self._cert(user, subject, self._client_extensions())
+        return self._write_kubeconfig(user)
+
+    def node_credentials(self, node, ip):
+        """(kubeconfig, serving certificate, serving key) of the kubelet of NODE at IP: its
+        client certificate as system:node:NODE (what the Node authorizer and NodeRestriction
+        expect) and a serving certificate for IP, signed by the CA the API server checks
+        kubelets with."""
+        kubeconfig = self.user_kubeconfig("node-" + node, "/O=system:nodes/CN=system:node:" + node)
+        name = "node-%s-serving" % node
+        self._cert(
+            name,
+            "/CN=" + node,
+            [
+                "basicConstraints = critical, CA:FALSE",
+                "keyUsage = critical, digitalSignature, keyEncipherment",
+                "extendedKeyUsage = serverAuth",
+                "subjectAltName = IP:%s, DNS:%s" % (ip, node),
+            ],
+        )
+        return kubeconfig, self._path(name + ".crt"), self._path(name + ".key")
+
+    @staticmethod
+    def _client_extensions():
+        return [
+            "basicConstraints = critical, CA:FALSE",
+            "keyUsage = critical, digitalSignature, keyEncipherment",
+            "extendedKeyUsage = clientAuth",
+        ]
 
     def _write_kubeconfig(self, user):
         config = {
@@ -544,18 +594,33 @@ class ControlPlane:
         except (OSError, ValueError):
             return False
 
+    def _apiserver_network_flags(self):
+        if self.nodes == "kubelet":
+            return [
+                # Pods reach it at the `kubernetes` Service, which kube-proxy leads to the host.
+                "--bind-address=0.0.0.0",
+                "--advertise-address=" + self.host_ip,
+                "--kubelet-client-certificate=" + self._path("apiserver-kubelet-client.crt"),
+                "--kubelet-client-key=" + self._path("apiserver-kubelet-client.key"),
+                "--kubelet-certificate-authority=" + self.ca_file,
+                "--kubelet-preferred-address-types=InternalIP",
+            ]
+        return [
+            "--bind-address=127.0.0.1",
+            # The `kubernetes` Service's endpoint would be 127.0.0.1, which Endpoints reject;
+            # nothing here routes Service IPs anyway, so the API server does not publish one.
+            "--advertise-address=127.0.0.1",
+            "--endpoint-reconciler-type=none",
+        ]
+
     def _start_apiserver(self):
         return self._spawn(
             "apiserver",
             [
                 os.path.join(self.bin, "kube-apiserver"),
                 "--etcd-servers=http://127.0.0.1:%d" % self.ports["etcd"],
-                "--bind-address=127.0.0.1",
                 "--secure-port=%d" % self.ports["apiserver"],
-                # The `kubernetes` Service's endpoint would be 127.0.0.1, which Endpoints reject;
-                # nothing here routes Service IPs anyway, so the API server does not publish one.
-                "--advertise-address=127.0.0.1",
-                "--endpoint-reconciler-type=none",
+                *self._apiserver_network_flags(),
                 "--cert-dir=" + self._path("apiserver-certs"),
                 "--tls-cert-file=" + self._path("apiserver.crt"),
                 "--tls-private-key-file=" + self._path("apiserver.key"),
@@ -585,7 +650,8 @@ class ControlPlane:
                 "--cert-dir=" + self._path("controller-manager-certs"),
                 "--authentication-skip-lookup=true",
                 "--leader-elect=false",
-                "--controllers=" + CONTROLLERS,
+                # Real kubelets post heartbeats: every controller runs.
+                "--controllers=" + ("*" if self.nodes == "kubelet" else CONTROLLERS),
                 # Each controller acts as its own service account (as kubeadm sets it up), so the
                 # default RBAC policy for controllers is what is exercised.
                 "--use-service-account-credentials=true",
