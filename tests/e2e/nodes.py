@@ -76,8 +76,6 @@ SYSCTLS = (
 DNS_SERVICE_IP = "10.96.0.10"
 # Bumped when the way images are imported changes, so cached containerd roots are remade.
 IMAGES_FORMAT = 1
-# Cached containerd roots kept (each holds its images once, compressed and unpacked).
-IMAGES_KEEP = 1
 
 
 def host_ip():
@@ -321,9 +319,10 @@ def _kill_cgroups(keep):
 # ---------------------------------------------------------------- images
 
 
-def _oci_archive(layout, tag, name, out):
+def _oci_archive(layout, tag, name, out, skip=None):
     """Writes to OUT an OCI archive of image TAG of the OCI layout LAYOUT, named NAME (what
-    `ctr images import` reads): the layout's other tags and their blobs are left out."""
+    `ctr images import` reads): the layout's other tags and their blobs are left out, and so
+    are the layers containerd's blob directory SKIP already holds."""
     with open(os.path.join(layout, "index.json")) as f:
         index = json.load(f)
     refs = [
@@ -352,6 +351,9 @@ def _oci_archive(layout, tag, name, out):
         add("oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
         add("index.json", json.dumps({"schemaVersion": 2, "manifests": [top]}).encode())
         for descriptor in [refs[0], manifest["config"], *manifest["layers"]]:
+            held = skip and os.path.exists(os.path.join(skip, *descriptor["digest"].split(":")))
+            if held and descriptor in manifest["layers"]:
+                continue
             tar.add(blob(descriptor), arcname="blobs/" + descriptor["digest"].replace(":", "/"))
 
 
@@ -446,35 +448,62 @@ def _write_containerd_config(node_dir, root):
 
 
 def images_root(images, log_dir):
-    """A containerd root holding IMAGES ((OCI layout, tag, name) triples) and the pause image,
-    imported once and kept in the cache by the images' digests; each node's root is a
-    hard-linked copy of it. Returns its path."""
+    """The containerd root kept in the cache that holds IMAGES ((OCI layout, tag, name)
+    triples) and the pause image, and nothing else; each node's root is a hard-linked copy of
+    it. An image whose manifest changed is imported again: only its new blobs (a changed
+    binary's last layer) are written and unpacked, the rest is there. Returns its path; hold
+    images_lock() shared while copying it."""
     images = [(pause_layout(), "3.10", PAUSE_IMAGE), *images]
-    key_text = "format %d\n" % IMAGES_FORMAT + "".join(
-        "%s %s\n" % (name, _manifest_digest(layout, tag)) for layout, tag, name in images
-    )
-    key = hashlib.sha256(key_text.encode()).hexdigest()[:16]
+    want = {name: _manifest_digest(layout, tag) for layout, tag, name in images}
     top = os.path.join(CACHE, "node-images")
-    root = os.path.join(top, "root-" + key)
-    if os.path.exists(os.path.join(root, ".complete")):
-        os.utime(root)
-        return root
-    for old in sorted(
-        (os.path.join(top, d) for d in os.listdir(top) if d.startswith("root-")),
-        key=os.path.getmtime,
-        reverse=True,
-    )[IMAGES_KEEP - 1 :]:
-        shutil.rmtree(old, ignore_errors=True)
+    root = os.path.join(top, "root")
+    marker = os.path.join(top, "root.json")
+    with images_lock(exclusive=True):
+        try:
+            with open(marker) as f:
+                have = json.load(f)
+        except (OSError, ValueError):
+            have = {}
+        if have.get("format") != IMAGES_FORMAT:
+            shutil.rmtree(root, ignore_errors=True)
+            have = {"format": IMAGES_FORMAT, "images": {}}
+        if have["images"] == want and os.path.isdir(root):
+            return root
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(marker)  # until the import is complete
+        _import_images(root, images, have["images"], want, log_dir)
+        with open(marker, "w") as f:
+            json.dump({"format": IMAGES_FORMAT, "images": want}, f, indent=1)
+    return root
+
+
+@contextlib.contextmanager
+def images_lock(exclusive):
+    """The cached root's lock: exclusive to change it, shared to copy it."""
+    import fcntl
+
+    top = os.path.join(CACHE, "node-images")
+    os.makedirs(top, exist_ok=True)
+    with open(os.path.join(top, ".lock"), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+
+
+def _import_images(root, images, have, want, log_dir):
+    """Imports into ROOT each of IMAGES whose digest HAVE does not already show, and removes the
+    images WANT no longer names, with a containerd of its own."""
     work = root + ".import"
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
-    config, sock = _write_containerd_config(work, os.path.join(work, "root"))
+    config, sock = _write_containerd_config(work, root)
     # Its own mount namespace: unpacking mounts snapshots for a moment.
     containerd = Component(
         "containerd-import",
         ["unshare", "--mount", "--propagation", "slave", "containerd", "--config", config],
         os.path.join(log_dir, "containerd-import.log"),
     )
+    ctr = ["ctr", "-a", sock, "-n", "k8s.io"]
+    blobs = os.path.join(root, "io.containerd.content.v1.content", "blobs")
     try:
         _wait(
             "containerd (importing images)",
@@ -482,27 +511,27 @@ def images_root(images, log_dir):
             60,
         )
         for layout, tag, name in images:
+            if have.get(name) == want[name]:
+                continue
             started = time.monotonic()
             proc = subprocess.Popen(
-                ["ctr", "-a", sock, "-n", "k8s.io", "images", "import",
-                 "--base-name", name.rsplit(":", 1)[0], "-"],
+                [*ctr, "images", "import", "--base-name", name.rsplit(":", 1)[0], "-"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             )  # fmt: skip
             try:
-                _oci_archive(layout, tag, name, proc.stdin)
+                _oci_archive(layout, tag, name, proc.stdin, skip=blobs)
             finally:
                 proc.stdin.close()
-            out = proc.stdout.read().decode(errors="replace")
+            with proc.stdout:
+                out = proc.stdout.read().decode(errors="replace")
             if proc.wait() != 0:
                 raise RuntimeError("importing %s failed: %s" % (name, out))
             print("nodes: imported %s in %.1f s" % (name, time.monotonic() - started), flush=True)
+        for name in sorted(set(have) - set(want)):
+            subprocess.run([*ctr, "images", "rm", name], capture_output=True)
     finally:
         containerd.stop()
-    os.replace(os.path.join(work, "root"), root)
-    shutil.rmtree(work, ignore_errors=True)
-    with open(os.path.join(root, ".complete"), "w") as f:
-        f.write(key_text)
-    return root
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _copy_root(template, dest):
@@ -636,7 +665,8 @@ class KubeletNode:
         os.makedirs(self.dir)
         self._make_cgroup()
         self._start_namespace(left())
-        _copy_root(self.nodes.template, os.path.join(self.dir, "containerd-root"))
+        with images_lock(exclusive=False):
+            _copy_root(self.nodes.template, os.path.join(self.dir, "containerd-root"))
         config, self.socket = _write_containerd_config(
             self.dir, os.path.join(self.dir, "containerd-root")
         )

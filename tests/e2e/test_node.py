@@ -11,6 +11,8 @@ the host's sysctls, iptables rules, mounts, cgroups and network links are as the
 
 Needs root, containerd and the images (the `vf_images` fixture); skips otherwise."""
 
+import concurrent.futures
+import json
 import os
 import shutil
 import subprocess
@@ -18,6 +20,7 @@ import tempfile
 import unittest
 
 from controlplane import DEFAULT_GPU_PRODUCT, ControlPlane
+from test_operator import BIN_DIR, local_sha
 
 SOURCE_DIR = os.environ.get("VF_SOURCE_DIR") or os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -29,7 +32,13 @@ CACHE = os.environ.get("VF_CACHE_DIR") or os.path.join(
 IMAGES_DIR = os.environ.get("VF_IMAGES_DIR") or os.path.join(CACHE, "images")
 NS = "virtualflow-system"
 RELEASE = "virtualflow"
-GPUS_PER_NODE = 2
+# One GPU a node: a job of one worker per GPU grows and shrinks with the nodes.
+GPUS_PER_NODE = 1
+JOB_NS = "training"
+STEPS = 60
+DATASET = "/usr/share/datasets/fashion-mnist"
+# Where the job's pods see their volume (data and checkpoints).
+MOUNT = "/mnt/store"
 
 
 def project_version():
@@ -124,8 +133,8 @@ class RealNodeTest(unittest.TestCase):
             self.dump_node_logs()
         return out
 
-    def kubectl(self, *args, check=True, timeout=120):
-        return self.cp.kubectl(*args, check=check, timeout=timeout)
+    def kubectl(self, *args, input=None, check=True, timeout=120):
+        return self.cp.kubectl(*args, input=input, check=check, timeout=timeout)
 
     def helm(self, *args):
         env = dict(os.environ, KUBECONFIG=self.cp.kubeconfig)
@@ -194,6 +203,237 @@ class RealNodeTest(unittest.TestCase):
         pod = self.operator_pods()[0]["metadata"]["name"]
         logs = self.kubectl("logs", "-n", NS, pod).stdout
         self.assertIn("virtualflow-operator", logs)
+
+    # ---------------------------------------------------------------- the PyTorch job
+
+    def cnn_manifest(self, name, ns, data_dir, checkpoint, image, program, pod_extra=None):
+        """The CNN example as a job of STEPS steps (the same math as e2e.torch_job's)."""
+        container = {
+            "name": "worker",
+            "image": image,
+            "command": ["python3", program],
+            "env": [
+                {"name": "FASHION_MNIST", "value": data_dir},
+                {"name": "VF_VNODE_DELAY_MS", "value": "60"},
+            ],
+        }
+        pod = {"containers": [container], **(pod_extra or {})}
+        return {
+            "apiVersion": "virtualflow.io/v1alpha1",
+            "kind": "VirtualFlowJob",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {
+                "virtualNodes": 8,
+                "globalBatchSize": 256,
+                "replicas": {"min": 1, "max": 4},
+                "gpusPerWorker": 1,
+                "steps": STEPS,
+                "seed": 42,
+                "reduction": "exact",
+                "elasticity": {"policy": "elastic", "cooldownSeconds": 0},
+                "checkpoint": {"path": checkpoint, "everySteps": 20},
+                "template": {"spec": pod},
+            },
+        }
+
+    def job_status(self, name):
+        job = self.cp.get(
+            "/apis/virtualflow.io/v1alpha1/namespaces/%s/virtualflowjobs/%s" % (JOB_NS, name)
+        )
+        return (job or {}).get("status") or {}
+
+    def wait_job(self, name, what, predicate, timeout=300):
+        def check():
+            status = self.job_status(name)
+            if status.get("phase") == "Failed":
+                raise AssertionError("job %s failed: %s" % (name, status.get("message")))
+            return status if predicate(status) else None
+
+        return self.cp.wait_for("job %s: %s" % (name, what), check, timeout=timeout)
+
+    def wait_workers(self, name, workers, timeout=300):
+        return self.wait_job(
+            name,
+            "%d workers running" % workers,
+            lambda s: s.get("workers") == workers and s.get("phase") == "Running",
+            timeout,
+        )
+
+    def job_pods(self, name):
+        return self.cp.get(
+            "/api/v1/namespaces/%s/pods?labelSelector=virtualflow.io/job%%3D%s" % (JOB_NS, name)
+        )["items"]
+
+    def make_store(self):
+        """A hostPath PersistentVolume with Fashion-MNIST in data/ and an empty checkpoints/
+        the workers (uid 65532) may write, and a claim the controller manager binds to it."""
+        store = os.path.join(self.cp.dir, "store")
+        os.makedirs(os.path.join(store, "checkpoints"))
+        shutil.copytree(DATASET, os.path.join(store, "data"))
+        os.chmod(store, 0o755)
+        os.chown(os.path.join(store, "checkpoints"), 65532, 65532)
+        self.cp.kubectl(
+            "apply",
+            "-f",
+            "-",
+            check=True,
+            input=json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "List",
+                    "items": [
+                        {
+                            "apiVersion": "v1",
+                            "kind": "PersistentVolume",
+                            "metadata": {"name": "train-store"},
+                            "spec": {
+                                "capacity": {"storage": "1Gi"},
+                                "accessModes": ["ReadWriteMany"],
+                                "persistentVolumeReclaimPolicy": "Retain",
+                                "storageClassName": "manual",
+                                "hostPath": {"path": store},
+                            },
+                        },
+                        {
+                            "apiVersion": "v1",
+                            "kind": "PersistentVolumeClaim",
+                            "metadata": {"name": "train", "namespace": JOB_NS},
+                            "spec": {
+                                "accessModes": ["ReadWriteMany"],
+                                "storageClassName": "manual",
+                                "volumeName": "train-store",
+                                "resources": {"requests": {"storage": "1Gi"}},
+                            },
+                        },
+                    ],
+                }
+            ),
+        )
+        self.cp.wait_for(
+            "the claim to be bound",
+            lambda: (
+                (self.cp.get("/api/v1/namespaces/%s/persistentvolumeclaims/train" % JOB_NS) or {})
+                .get("status", {})
+                .get("phase")
+                == "Bound"
+            ),
+            timeout=120,
+        )
+        return store
+
+    def static_sha(self, workers):
+        """weights_sha256 of `vf run` of the same job on this host (its PyTorch environment,
+        the data from the host's copy, the checkpoint in a temporary directory: neither is part
+        of the training math) on WORKERS workers."""
+        python = os.environ["VF_PYTHON"]
+        with tempfile.TemporaryDirectory() as tmp:
+            manifest = self.cnn_manifest(
+                "torch-cnn",
+                "default",
+                DATASET,
+                os.path.join(tmp, "cnn.ckpt"),
+                "unused",
+                os.path.join(SOURCE_DIR, "examples", "torch", "cnn.py"),
+            )
+            env = dict(
+                os.environ,
+                PATH=os.path.dirname(python) + os.pathsep + os.environ["PATH"],
+                PYTHONPATH=os.path.join(os.path.dirname(BIN_DIR), "python"),
+            )
+            return local_sha(manifest, workers, env=env, cwd=SOURCE_DIR)
+
+    def kubelet_probe_results(self, node):
+        """The kubelet's own count of its probes' results on NODE (its /metrics/probes, through
+        the API server's node proxy): {(probe type, pod, result): count}."""
+        text = self.kubectl("get", "--raw", "/api/v1/nodes/%s/proxy/metrics/probes" % node).stdout
+        out = {}
+        for line in text.splitlines():
+            if not line.startswith("prober_probe_total{"):
+                continue
+            labels = dict(
+                kv.split("=", 1) for kv in line[line.index("{") + 1 : line.index("}")].split(",")
+            )
+            labels = {k: v.strip('"') for k, v in labels.items()}
+            key = (labels.get("probe_type"), labels.get("pod"), labels.get("result"))
+            out[key] = out.get(key, 0) + float(line.rsplit(" ", 1)[1])
+        return out
+
+    @unittest.skipUnless(os.environ.get("VF_PYTHON"), "no Python environment with PyTorch")
+    def test_5_the_pytorch_job_grows_shrinks_survives_pod_loss_and_matches_vf_run(self):
+        name = "torch-cnn"
+        self.cp.create_namespace(JOB_NS)
+        self.kubectl("label", "namespace", JOB_NS, "pod-security.kubernetes.io/enforce=restricted")
+        store = self.make_store()
+        image = "virtualflow/torch-agent:" + project_version()
+        manifest = self.cnn_manifest(
+            name,
+            JOB_NS,
+            MOUNT + "/data",
+            MOUNT + "/checkpoints/cnn.ckpt",
+            image,
+            "/opt/virtualflow/examples/torch/cnn.py",
+            {
+                "volumes": [
+                    {"name": "store", "persistentVolumeClaim": {"claimName": "train"}},
+                    {"name": "tmp", "emptyDir": {}},
+                ]
+            },
+        )
+        worker = manifest["spec"]["template"]["spec"]["containers"][0]
+        worker["securityContext"] = {"readOnlyRootFilesystem": True}
+        worker["volumeMounts"] = [
+            {"name": "store", "mountPath": MOUNT + "/data", "subPath": "data", "readOnly": True},
+            {"name": "store", "mountPath": MOUNT + "/checkpoints", "subPath": "checkpoints"},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ]
+        self.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+        self.wait_workers(name, 2)
+        pods = self.job_pods(name)
+        self.assertEqual({p["spec"]["nodeName"] for p in pods}, {"node-a", "node-b"})
+        self.wait_job(name, "step >= 10", lambda s: s.get("step", 0) >= 10)
+
+        # In its pods: the image's user, a read-only root, and the training output in the logs.
+        pod = pods[0]["metadata"]["name"]
+        self.assertEqual(
+            self.kubectl("exec", "-n", JOB_NS, pod, "--", "id", "-u").stdout.strip(), "65532"
+        )
+        write = self.kubectl("exec", "-n", JOB_NS, pod, "--", "touch", "/written", check=False)
+        self.assertIn("Read-only file system", write.stderr + write.stdout)
+        self.assertIn("cnn: %s trains on cpu" % pod, self.kubectl("logs", "-n", JOB_NS, pod).stdout)
+        # Its readiness is the kubelet's probe of the agent's /readyz.
+        node = pods[0]["spec"]["nodeName"]
+        probes = self.kubelet_probe_results(node)
+        self.assertGreater(probes.get(("Readiness", pod, "successful"), 0), 0, probes)
+        self.assertGreater(probes.get(("Startup", pod, "successful"), 0), 0, probes)
+
+        # A node joins: the job grows onto it between two steps.
+        self.nodes.add_node("node-c", gpus=GPUS_PER_NODE, gpu_product=DEFAULT_GPU_PRODUCT)
+        self.wait_workers(name, 3)
+        # Draining it takes its GPU back: its worker leaves gracefully.
+        self.kubectl(
+            "drain", "node-c", "--ignore-daemonsets", "--delete-emptydir-data",
+            "--grace-period=30", "--timeout=180s", timeout=240,
+        )  # fmt: skip
+        self.wait_workers(name, 2)
+        static = concurrent.futures.ThreadPoolExecutor(1).submit(self.static_sha, 2)
+        # A worker pod deleted: its worker leaves, a replacement joins.
+        member = self.job_status(name)["assignment"][1]["worker"]
+        self.kubectl("delete", "pod", "-n", JOB_NS, member, "--wait=false")
+        self.wait_job(
+            name,
+            "pod %s replaced" % member,
+            lambda s: (
+                s.get("workers") == 2
+                and s.get("phase") == "Running"
+                and member not in [a["worker"] for a in s.get("assignment", [])]
+            ),
+        )
+        status = self.wait_job(name, "Succeeded", lambda s: s.get("phase") == "Succeeded", 900)
+        self.assertEqual(status["step"], STEPS)
+        self.assertEqual(status["finalCheckpoint"]["claimName"], "train")
+        on_volume = os.path.join(store, "checkpoints", "cnn.ckpt")
+        self.assertGreater(os.path.getsize(on_volume), 0)
+        self.assertEqual(status["weightsSha256"], static.result(timeout=900))
 
     def test_9_the_host_is_as_before(self):
         left = self.nodes.stop()
