@@ -399,6 +399,11 @@ class RealNodeTest(unittest.TestCase):
         )
         write = self.kubectl("exec", "-n", JOB_NS, pod, "--", "touch", "/written", check=False)
         self.assertIn("Read-only file system", write.stderr + write.stdout)
+        # Its GPU is the one the kubelet's device manager allocated from the device plugin.
+        visible = self.kubectl(
+            "exec", "-n", JOB_NS, pod, "--", "printenv", "NVIDIA_VISIBLE_DEVICES"
+        )
+        self.assertEqual(visible.stdout.strip(), "GPU-0")
         self.assertIn("cnn: %s trains on cpu" % pod, self.kubectl("logs", "-n", JOB_NS, pod).stdout)
         # Its readiness is the kubelet's probe of the agent's /readyz.
         node = pods[0]["spec"]["nodeName"]
