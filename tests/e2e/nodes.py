@@ -2,7 +2,8 @@
 
 RealNodes(cp).start(images) readies the host for a control plane started with
 ControlPlane(nodes="kubelet"): it records the host's state (HostState), imports the images into
-a containerd root kept in the cache (once per set of images) and starts kube-proxy. add_node()
+a containerd root kept in the cache (only what changed) and starts CoreDNS, the cluster's DNS;
+kube-proxy starts with the first node. add_node()
 then starts one node: containerd and a kubelet, and the suite's device plugin when the node has
 GPUs, all in a mount namespace of the node's own, so that the paths a kubelet and containerd
 keep fixed (/var/lib/kubelet with the device-plugin socket, /var/log/pods, /run/containerd,
@@ -11,9 +12,9 @@ The network, the cgroups and the sysctls are the host's: each node's pods are on
 its own (vfnode<i>, 10.240.<i>.0/24) and reach the other nodes' pods, the host and, through
 kube-proxy, the Services' ClusterIPs.
 
-stop() stops the nodes and kube-proxy and puts the host back as HostState recorded it:
-sysctls, iptables rules, mounts, cgroups, network links and the directories made for the
-mounts. A run killed before it could do so leaves the record in STATE_DIR, and the next start()
+stop() stops the nodes, kube-proxy and CoreDNS and puts the host back as HostState recorded it:
+sysctls, iptables rules, and of mounts, cgroups and network links those on the nodes' paths and
+names (a test beside this one may make others), and the directories made for the mounts. A run killed before it could do so leaves the record in STATE_DIR, and the next start()
 puts the host back from it first.
 
 Needs root, containerd, runc, the CNI plugins in /usr/lib/cni, umoci, iptables and gcc (for the
@@ -30,6 +31,7 @@ import signal
 import socket
 import subprocess
 import tarfile
+import tempfile
 import time
 import urllib.request
 
@@ -48,6 +50,8 @@ CNI_BIN_DIR = "/usr/lib/cni"
 POD_CIDR = "10.240.0.0/16"
 BRIDGE_PREFIX = "vfnode"
 CGROUP_ROOT = "/sys/fs/cgroup"
+# Node NAME's cgroup tree is /vf-node-NAME in each hierarchy (the kubelet's cgroupRoot).
+CGROUP_PREFIX = "vf-node-"
 # Paths a kubelet or containerd keeps fixed, made the node's own inside its mount namespace.
 PRIVATE_PATHS = (
     "/var/lib/kubelet",
@@ -158,25 +162,33 @@ def _restore_iptables(tool, rules):
 
 
 def _cgroups():
-    """Every cgroup directory of every mounted hierarchy, as paths under CGROUP_ROOT."""
+    """The cgroup directories of the nodes' trees (CGROUP_PREFIX*) in every mounted hierarchy,
+    as paths under CGROUP_ROOT. Others are not the nodes' business: a test beside this one may
+    run a container (runc makes its cgroups at the top)."""
     found = []
     for hierarchy in sorted(os.listdir(CGROUP_ROOT)):
         top = os.path.join(CGROUP_ROOT, hierarchy)
         if os.path.islink(top) or not os.path.isdir(top):
             continue
-        for path, _dirs, _files in os.walk(top):
-            found.append(os.path.relpath(path, CGROUP_ROOT))
+        for name in os.listdir(top):
+            if name.startswith(CGROUP_PREFIX):
+                for path, _dirs, _files in os.walk(os.path.join(top, name)):
+                    found.append(os.path.relpath(path, CGROUP_ROOT))
     return sorted(found)
 
 
 def _mounts():
-    """The host's mount points, in its mount namespace."""
+    """The host's mount points on the paths the nodes use (the paths they keep as their own,
+    /run/netns and the control planes' directories), in its mount namespace: none of the nodes'
+    mounts should be there, they are in the nodes' own namespaces."""
+    ours = (*PRIVATE_PATHS, "/var/run/netns", os.path.join(tempfile.gettempdir(), "vf-e2e-"))
     with open("/proc/self/mountinfo") as f:
-        return sorted(line.split()[4] for line in f)
+        return sorted(p for p in (line.split()[4] for line in f) if p.startswith(ours))
 
 
 def _links():
-    return sorted(os.listdir("/sys/class/net"))
+    """The network links the nodes make: their bridges and their pods' veth ends."""
+    return sorted(n for n in os.listdir("/sys/class/net") if n.startswith((BRIDGE_PREFIX, "veth")))
 
 
 class HostState:
@@ -271,8 +283,7 @@ class HostGuard:
         for path in sorted(set(_mounts()) - set(before["mounts"]), key=len, reverse=True):
             subprocess.run(["umount", "-l", path], capture_output=True)
         for name in sorted(set(_links()) - set(before["links"])):
-            if name.startswith((BRIDGE_PREFIX, "veth")):
-                subprocess.run(["ip", "link", "del", name], capture_output=True)
+            subprocess.run(["ip", "link", "del", name], capture_output=True)
         for tool in ("iptables", "ip6tables"):
             if before[tool] is not None and _iptables_rules(tool) != before[tool]:
                 _restore_iptables(tool, before[tool])
@@ -637,7 +648,7 @@ class KubeletNode:
         self.ip = nodes.ip
         self.dir = os.path.join(nodes.dir, name)
         self.bridge = "%s%d" % (BRIDGE_PREFIX, index)
-        self.cgroup = "/vf-node-" + name
+        self.cgroup = "/" + CGROUP_PREFIX + name
         self.cluster_dns = nodes.cluster_dns
         self.ports = {"kubelet": free_port(), "kubelet-healthz": free_port()}
         self.components = []
@@ -777,7 +788,7 @@ class KubeletNode:
             if component:
                 component.stop()
         own = self.cgroup.lstrip("/")
-        _kill_cgroups({c for c in _cgroups() if c.split("/", 1)[-1].split("/")[0] != own})
+        _kill_cgroups({c for c in _cgroups() if c.split("/")[1] != own})
         if self.socket:  # the shims outlive containerd; their containers are gone already
             for pid in _pids_with_argument(self.socket):
                 with contextlib.suppress(ProcessLookupError):
