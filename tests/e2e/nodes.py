@@ -14,8 +14,9 @@ kube-proxy, the Services' ClusterIPs.
 
 stop() stops the nodes, kube-proxy and CoreDNS and puts the host back as HostState recorded it:
 sysctls, iptables rules, and of mounts, cgroups and network links those on the nodes' paths and
-names (a test beside this one may make others), and the directories made for the mounts. A run killed before it could do so leaves the record in STATE_DIR, and the next start()
-puts the host back from it first.
+names (a test beside this one may make others), and the directories made for the mounts. A
+run killed before it could do so leaves the record in STATE_DIR, and the next start() puts the
+host back from it first.
 
 Needs root, containerd, runc, the CNI plugins in /usr/lib/cni, umoci, iptables and gcc (for the
 pause image: there is no registry to pull one from). See README.md beside this file.
@@ -280,6 +281,12 @@ class HostGuard:
         back); the record is removed when nothing does."""
         before = self.before.values
         _kill_cgroups(set(before["cgroups"]))
+        # containerd's shims are not in the nodes' cgroups and outlive containerd: those of any
+        # node (of this run or of one killed before it could stop its nodes).
+        for pid in _pids_with_argument(os.path.join(tempfile.gettempdir(), "vf-e2e-"), prefix=True):
+            with contextlib.suppress(OSError), open("/proc/%d/comm" % pid) as f:
+                if f.read().startswith("containerd-shim"):
+                    os.kill(pid, signal.SIGKILL)
         for path in sorted(set(_mounts()) - set(before["mounts"]), key=len, reverse=True):
             subprocess.run(["umount", "-l", path], capture_output=True)
         for name in sorted(set(_links()) - set(before["links"])):
@@ -799,7 +806,9 @@ class KubeletNode:
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
 
 
-def _pids_with_argument(argument):
+def _pids_with_argument(argument, prefix=False):
+    """The processes with ARGUMENT among their arguments (with PREFIX, one starting with it)."""
+    want = argument.encode()
     pids = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -809,7 +818,7 @@ def _pids_with_argument(argument):
                 args = f.read().split(b"\0")
         except OSError:
             continue
-        if argument.encode() in args:
+        if any(a.startswith(want) if prefix else a == want for a in args):
             pids.append(int(pid))
     return pids
 
