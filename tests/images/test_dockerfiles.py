@@ -44,6 +44,9 @@ NOT_FOR_BUILDING = {
     "umoci",
     "runc",
     "skopeo",
+    "containerd",  # the end-to-end tests' real nodes
+    "containernetworking-plugins",
+    "iptables",
 }
 # What each image's build needs besides: pip for the CUDA wheels (setup-cuda.sh) and the venv
 # module for the PyTorch environment (setup-python.sh).
