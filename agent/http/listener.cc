@@ -476,21 +476,32 @@ class Session : public Connection, public std::enable_shared_from_this<Session<S
 
   // ---- Closing ----
 
-  // After the last answer: TLS's close_notify, or for plain TCP a half-close that still reads
-  // (and drops) what the client sends for a moment (kLingerTime).
+  // After the last answer: with TLS, this side's close_notify; then a half-close that still
+  // reads (and drops) what the client sends for a moment (kLingerTime). With TLS the server does
+  // not wait for the client's close_notify: a client still sending a body the server refused
+  // makes OpenSSL fail that wait on the first record of it, and closing then, with that body
+  // unread, resets the connection under the answer (the client may lose it: seen as a refused
+  // 100 MB upload that got no answer at all). Marking the client's close_notify as received
+  // makes the shutdown send ours and return, as a web server's lingering close does.
   void CloseGracefully() {
     if (closed_) return;
     closing_ = true;
     if constexpr (kTls) {
+      SSL_set_shutdown(stream_.native_handle(), SSL_RECEIVED_SHUTDOWN);
       Tcp().expires_after(kLingerTime);
       stream_.async_shutdown(
-          [self = this->shared_from_this()](beast::error_code) { self->CloseNow(); });
+          [self = this->shared_from_this()](beast::error_code) { self->HalfCloseAndLinger(); });
     } else {
-      beast::error_code ignored;
-      Tcp().socket().shutdown(tcp::socket::shutdown_send, ignored);
-      Tcp().expires_after(kLingerTime);
-      Linger();
+      HalfCloseAndLinger();
     }
+  }
+
+  void HalfCloseAndLinger() {
+    if (closed_) return;
+    beast::error_code ignored;
+    Tcp().socket().shutdown(tcp::socket::shutdown_send, ignored);
+    Tcp().expires_after(kLingerTime);
+    Linger();
   }
 
   void Linger() {
