@@ -780,6 +780,12 @@ class ControlPlane:
 
     # ---------------------------------------------------------------- namespaces, accounts
 
+    def apply(self, *objects):
+        """`kubectl apply` of OBJECTS (dicts), as one List; raises CalledProcessError on
+        failure."""
+        items = {"apiVersion": "v1", "kind": "List", "items": list(objects)}
+        return self.kubectl("apply", "-f", "-", input=json.dumps(items), check=True)
+
     def create_namespace(self, name, timeout=60):
         """Creates namespace NAME (if missing) and waits for its `default` service account, without
         which pods cannot be created there."""

@@ -937,43 +937,30 @@ class RealNodes:
 
         _wait("coredns /ready", ready, 60)
         ports = [("dns", "UDP"), ("dns-tcp", "TCP")]
-        self.cp.kubectl(
-            "apply",
-            "-f",
-            "-",
-            check=True,
-            input=json.dumps(
-                {
-                    "apiVersion": "v1",
-                    "kind": "List",
-                    "items": [
-                        {
-                            "apiVersion": "v1",
-                            "kind": "Service",
-                            "metadata": {"name": "kube-dns", "namespace": "kube-system"},
-                            "spec": {
-                                "clusterIP": DNS_SERVICE_IP,
-                                "ports": [
-                                    {"name": n, "protocol": p, "port": 53, "targetPort": port}
-                                    for n, p in ports
-                                ],
-                            },
-                        },
-                        {
-                            "apiVersion": "discovery.k8s.io/v1",
-                            "kind": "EndpointSlice",
-                            "metadata": {
-                                "name": "kube-dns-host",
-                                "namespace": "kube-system",
-                                "labels": {"kubernetes.io/service-name": "kube-dns"},
-                            },
-                            "addressType": "IPv4",
-                            "endpoints": [{"addresses": [self.ip], "conditions": {"ready": True}}],
-                            "ports": [{"name": n, "protocol": p, "port": port} for n, p in ports],
-                        },
+        self.cp.apply(
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": "kube-dns", "namespace": "kube-system"},
+                "spec": {
+                    "clusterIP": DNS_SERVICE_IP,
+                    "ports": [
+                        {"name": n, "protocol": p, "port": 53, "targetPort": port} for n, p in ports
                     ],
-                }
-            ),
+                },
+            },
+            {
+                "apiVersion": "discovery.k8s.io/v1",
+                "kind": "EndpointSlice",
+                "metadata": {
+                    "name": "kube-dns-host",
+                    "namespace": "kube-system",
+                    "labels": {"kubernetes.io/service-name": "kube-dns"},
+                },
+                "addressType": "IPv4",
+                "endpoints": [{"addresses": [self.ip], "conditions": {"ready": True}}],
+                "ports": [{"name": n, "protocol": p, "port": port} for n, p in ports],
+            },
         )
 
     def add_node(self, name, gpus=0, gpu_product=None, labels=None, timeout=180):

@@ -20,7 +20,8 @@ import tempfile
 import unittest
 
 from controlplane import DEFAULT_GPU_PRODUCT, ControlPlane
-from test_operator import BIN_DIR, local_sha
+from test_operator import local_sha
+from test_torch_job import DATASET, STEPS, cnn_manifest, torch_env
 
 SOURCE_DIR = os.environ.get("VF_SOURCE_DIR") or os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,8 +36,6 @@ RELEASE = "virtualflow"
 # One GPU a node: a job of one worker per GPU grows and shrinks with the nodes.
 GPUS_PER_NODE = 1
 JOB_NS = "training"
-STEPS = 60
-DATASET = "/usr/share/datasets/fashion-mnist"
 # Where the job's pods see their volume (data and checkpoints).
 MOUNT = "/mnt/store"
 
@@ -206,36 +205,6 @@ class RealNodeTest(unittest.TestCase):
 
     # ---------------------------------------------------------------- the PyTorch job
 
-    def cnn_manifest(self, name, ns, data_dir, checkpoint, image, program, pod_extra=None):
-        """The CNN example as a job of STEPS steps (the same math as e2e.torch_job's)."""
-        container = {
-            "name": "worker",
-            "image": image,
-            "command": ["python3", program],
-            "env": [
-                {"name": "FASHION_MNIST", "value": data_dir},
-                {"name": "VF_VNODE_DELAY_MS", "value": "60"},
-            ],
-        }
-        pod = {"containers": [container], **(pod_extra or {})}
-        return {
-            "apiVersion": "virtualflow.io/v1alpha1",
-            "kind": "VirtualFlowJob",
-            "metadata": {"name": name, "namespace": ns},
-            "spec": {
-                "virtualNodes": 8,
-                "globalBatchSize": 256,
-                "replicas": {"min": 1, "max": 4},
-                "gpusPerWorker": 1,
-                "steps": STEPS,
-                "seed": 42,
-                "reduction": "exact",
-                "elasticity": {"policy": "elastic", "cooldownSeconds": 0},
-                "checkpoint": {"path": checkpoint, "everySteps": 20},
-                "template": {"spec": pod},
-            },
-        }
-
     def job_status(self, name):
         job = self.cp.get(
             "/apis/virtualflow.io/v1alpha1/namespaces/%s/virtualflowjobs/%s" % (JOB_NS, name)
@@ -272,42 +241,30 @@ class RealNodeTest(unittest.TestCase):
         shutil.copytree(DATASET, os.path.join(store, "data"))
         os.chmod(store, 0o755)
         os.chown(os.path.join(store, "checkpoints"), 65532, 65532)
-        self.cp.kubectl(
-            "apply",
-            "-f",
-            "-",
-            check=True,
-            input=json.dumps(
-                {
-                    "apiVersion": "v1",
-                    "kind": "List",
-                    "items": [
-                        {
-                            "apiVersion": "v1",
-                            "kind": "PersistentVolume",
-                            "metadata": {"name": "train-store"},
-                            "spec": {
-                                "capacity": {"storage": "1Gi"},
-                                "accessModes": ["ReadWriteMany"],
-                                "persistentVolumeReclaimPolicy": "Retain",
-                                "storageClassName": "manual",
-                                "hostPath": {"path": store},
-                            },
-                        },
-                        {
-                            "apiVersion": "v1",
-                            "kind": "PersistentVolumeClaim",
-                            "metadata": {"name": "train", "namespace": JOB_NS},
-                            "spec": {
-                                "accessModes": ["ReadWriteMany"],
-                                "storageClassName": "manual",
-                                "volumeName": "train-store",
-                                "resources": {"requests": {"storage": "1Gi"}},
-                            },
-                        },
-                    ],
-                }
-            ),
+        self.cp.apply(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": "train-store"},
+                "spec": {
+                    "capacity": {"storage": "1Gi"},
+                    "accessModes": ["ReadWriteMany"],
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "storageClassName": "manual",
+                    "hostPath": {"path": store},
+                },
+            },
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "train", "namespace": JOB_NS},
+                "spec": {
+                    "accessModes": ["ReadWriteMany"],
+                    "storageClassName": "manual",
+                    "volumeName": "train-store",
+                    "resources": {"requests": {"storage": "1Gi"}},
+                },
+            },
         )
         self.cp.wait_for(
             "the claim to be bound",
@@ -325,22 +282,11 @@ class RealNodeTest(unittest.TestCase):
         """weights_sha256 of `vf run` of the same job on this host (its PyTorch environment,
         the data from the host's copy, the checkpoint in a temporary directory: neither is part
         of the training math) on WORKERS workers."""
-        python = os.environ["VF_PYTHON"]
         with tempfile.TemporaryDirectory() as tmp:
-            manifest = self.cnn_manifest(
-                "torch-cnn",
-                "default",
-                DATASET,
-                os.path.join(tmp, "cnn.ckpt"),
-                "unused",
-                os.path.join(SOURCE_DIR, "examples", "torch", "cnn.py"),
+            manifest = cnn_manifest(
+                "torch-cnn", "default", DATASET, os.path.join(tmp, "cnn.ckpt"), delay_ms=0
             )
-            env = dict(
-                os.environ,
-                PATH=os.path.dirname(python) + os.pathsep + os.environ["PATH"],
-                PYTHONPATH=os.path.join(os.path.dirname(BIN_DIR), "python"),
-            )
-            return local_sha(manifest, workers, env=env, cwd=SOURCE_DIR)
+            return local_sha(manifest, workers, env=torch_env(), cwd=SOURCE_DIR)
 
     def kubelet_probe_results(self, node):
         """The kubelet's own count of its probes' results on NODE (its /metrics/probes, through
@@ -364,28 +310,20 @@ class RealNodeTest(unittest.TestCase):
         self.cp.create_namespace(JOB_NS)
         self.kubectl("label", "namespace", JOB_NS, "pod-security.kubernetes.io/enforce=restricted")
         store = self.make_store()
-        image = "virtualflow/torch-agent:" + project_version()
-        manifest = self.cnn_manifest(
-            name,
-            JOB_NS,
-            MOUNT + "/data",
-            MOUNT + "/checkpoints/cnn.ckpt",
-            image,
-            "/opt/virtualflow/examples/torch/cnn.py",
-            {
-                "volumes": [
-                    {"name": "store", "persistentVolumeClaim": {"claimName": "train"}},
-                    {"name": "tmp", "emptyDir": {}},
-                ]
-            },
+        # e2e.torch_job's CNN job (the same math as the static run), from the image: its
+        # program is the image's copy, the package the image's own.
+        manifest = cnn_manifest(
+            name, JOB_NS, MOUNT + "/data", MOUNT + "/checkpoints/cnn.ckpt", ("train", MOUNT)
         )
-        worker = manifest["spec"]["template"]["spec"]["containers"][0]
+        pod_spec = manifest["spec"]["template"]["spec"]
+        worker = pod_spec["containers"][0]
+        worker["image"] = "virtualflow/torch-agent:" + project_version()
+        worker["command"] = ["python3", "/opt/virtualflow/examples/torch/cnn.py"]
+        del worker["workingDir"]
+        worker["env"] = [e for e in worker["env"] if e["name"] != "PYTHONPATH"]
         worker["securityContext"] = {"readOnlyRootFilesystem": True}
-        worker["volumeMounts"] = [
-            {"name": "store", "mountPath": MOUNT + "/data", "subPath": "data", "readOnly": True},
-            {"name": "store", "mountPath": MOUNT + "/checkpoints", "subPath": "checkpoints"},
-            {"name": "tmp", "mountPath": "/tmp"},
-        ]
+        pod_spec["volumes"].append({"name": "tmp", "emptyDir": {}})
+        worker["volumeMounts"].append({"name": "tmp", "mountPath": "/tmp"})
         self.kubectl("apply", "-f", "-", input=json.dumps(manifest))
         self.wait_workers(name, 2)
         pods = self.job_pods(name)
