@@ -224,7 +224,9 @@ Status GlooCommunicator::Run(std::string_view op, Fn&& run) {
     broken_ = FromCurrentException().WithContext(Describe(op));
   }
   // Peers still blocked in this collective would otherwise wait out their whole timeout; closed
-  // connections make them fail now, and this communicator is unusable anyway.
+  // connections make them fail now, and this communicator is unusable anyway. (All but a peer
+  // part-way through reading a payload from this rank: Gloo 0.5 fails a broken pair's posted
+  // receives, not the one it is reading into, which waits out its timeout.)
   try {
     context_->closeConnections();
   } catch (...) {
