@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <exception>
 #include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <sstream>
 #include <system_error>
 #include <thread>
@@ -91,6 +94,49 @@ struct CoordinatorClient::WaitCancellation {
   pplx::cancellation_token_source source;
 };
 
+// A cpprest client keeps its connections open for the next request, but its timeout is fixed
+// when it is made, and each call here has a timeout of its own. So the clients are kept by
+// timeout, rounded up to kGrain (which only lengthens an attempt by less than that: attempts
+// are bounds, not appointments). Without them every request paid a TCP connection, a TLS
+// handshake and cpprest's load of the system's CA store (it loads it for each new connection,
+// before the context callback narrows the trust): four requests of a leaving worker took most
+// of the time from its SIGTERM to its exit. Thread-safe (a cpprest client is; the map is
+// under the mutex).
+struct CoordinatorClient::Connections {
+  using Client = web::http::client::http_client;
+  static constexpr milliseconds kGrain{250};
+  // Past this many timeouts the clients start over; in-flight calls keep their own.
+  static constexpr size_t kMaxClients = 8;
+
+  std::mutex mu;
+  std::map<int64_t, std::shared_ptr<Client>> clients;  // by timeout in kGrain units
+
+  std::shared_ptr<Client> For(const std::string& base_url, const std::string& ca_pem,
+                              milliseconds attempt) {
+    // Bounded so that a "wait forever" deadline does not overflow cpprest's microseconds.
+    const milliseconds bounded = std::min(attempt, milliseconds(std::chrono::hours(24 * 365)));
+    const int64_t grains = (bounded.count() + kGrain.count() - 1) / kGrain.count();
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = clients.find(grains); it != clients.end()) return it->second;
+    if (clients.size() >= kMaxClients) clients.clear();
+    web::http::client::http_client_config config;
+    config.set_timeout(grains * kGrain);
+    // Certificates are verified, the host name included (cpprest's default); the trust is the
+    // operator's CA alone when there is one.
+    config.set_validate_certificates(true);
+    if (!ca_pem.empty()) {
+      config.set_ssl_context_callback([ca_pem](boost::asio::ssl::context& context) {
+        // The constructor checked that the file holds a certificate; were it to fail here,
+        // nothing would be trusted and the handshake would fail.
+        (void)http::TrustOnly(context.native_handle(), ca_pem);
+      });
+    }
+    auto client = std::make_shared<Client>(base_url, config);
+    clients.emplace(grains, client);
+    return client;
+  }
+};
+
 CoordinatorClient::CoordinatorClient(std::string base_url, std::string job, std::string token,
                                      std::string worker, milliseconds request_timeout,
                                      std::string ca_file)
@@ -100,7 +146,8 @@ CoordinatorClient::CoordinatorClient(std::string base_url, std::string job, std:
       worker_(std::move(worker)),
       request_timeout_(request_timeout),
       ca_file_(std::move(ca_file)),
-      wait_cancellation_(std::make_shared<WaitCancellation>()) {
+      wait_cancellation_(std::make_shared<WaitCancellation>()),
+      connections_(std::make_shared<Connections>()) {
   if (ca_file_.empty()) return;
   std::ifstream in(ca_file_);
   std::stringstream text;
@@ -134,7 +181,9 @@ Result<CoordinatorClient::Response> CoordinatorClient::Call(
   const auto cancelled = [&] {
     return Unavailable(what + ": cancelled: the client stops waiting");
   };
-  milliseconds backoff = kFirstBackoff;
+  // The first failure is retried at once: it is most often a kept connection that the server
+  // closed while it was idle (cpprest does not retry that itself), and the retry makes a new one.
+  milliseconds backoff = milliseconds::zero();
   // A refused certificate says more than the timeout of a later attempt: it is what is
   // reported, whatever came after it.
   std::string tls_failure;
@@ -145,20 +194,8 @@ Result<CoordinatorClient::Response> CoordinatorClient::Call(
       const milliseconds left = Until(deadline);
       const milliseconds attempt = std::max(
           left > milliseconds::max() - slack ? milliseconds::max() : left + slack, milliseconds(1));
-      web::http::client::http_client_config config;
-      // Bounded so that a "wait forever" deadline does not overflow cpprest's microseconds.
-      config.set_timeout(std::min(attempt, milliseconds(std::chrono::hours(24 * 365))));
-      // Certificates are verified, the host name included (cpprest's default); the trust is
-      // the operator's CA alone when there is one.
-      config.set_validate_certificates(true);
-      if (!ca_pem_.empty()) {
-        config.set_ssl_context_callback([this](boost::asio::ssl::context& context) {
-          // The constructor checked that the file holds a certificate; were it to fail here,
-          // nothing would be trusted and the handshake would fail.
-          (void)http::TrustOnly(context.native_handle(), ca_pem_);
-        });
-      }
-      web::http::client::http_client client(base_url_, config);
+      const std::shared_ptr<Connections::Client> client =
+          connections_->For(base_url_, ca_pem_, attempt);
       web::http::http_request request(method);
       request.set_request_uri(web::uri(path));
       // The worker's own credential, and the worker it is for (server.h).
@@ -169,7 +206,7 @@ Result<CoordinatorClient::Response> CoordinatorClient::Call(
         request.headers().set_content_type(content_type);
         request.set_body(std::vector<unsigned char>(body->begin(), body->end()));
       }
-      web::http::http_response response = client.request(request, cancel).get();
+      web::http::http_response response = client->request(request, cancel).get();
       const std::vector<unsigned char> bytes = response.extract_vector().get();
       Response result{response.status_code(), std::string(bytes.begin(), bytes.end()), {}};
       if (result.status / 100 == 2 &&
@@ -213,7 +250,7 @@ Result<CoordinatorClient::Response> CoordinatorClient::Call(
       return Unavailable(what + ": " + (tls_failure.empty() ? failure : tls_failure));
     }
     std::this_thread::sleep_for(std::min(backoff, left));
-    backoff = std::min(backoff * 2, kMaxBackoff);
+    backoff = backoff == milliseconds::zero() ? kFirstBackoff : std::min(backoff * 2, kMaxBackoff);
   }
 }
 

@@ -28,7 +28,7 @@ namespace vf {
 // kFailedPrecondition with the server's message, 503 and connection failures kUnavailable; the HTTP
 // code is in the message. Connection failures and 503s are retried with exponential backoff until
 // the call's deadline, but for a full coordinator's (IsCoordinatorFull). Thread-safe (immutable but
-// for the incarnation last seen, under a mutex; every call uses its own connection). Calls block
+// for the incarnation last seen and the kept connections, each under a mutex). Calls block
 // the calling thread, so they must not be made from cpprest's own thread pool (an http_listener
 // handler or a task continuation): that pool also completes the calls.
 class CoordinatorClient {
@@ -105,6 +105,9 @@ class CoordinatorClient {
   // cpprest's cancellation source for WaitForPlan, kept out of this header. Thread-safe.
   struct WaitCancellation;
   std::shared_ptr<WaitCancellation> wait_cancellation_;
+  // cpprest clients kept from call to call, with their open connections (client.cc).
+  struct Connections;
+  std::shared_ptr<Connections> connections_;
 };
 
 // Whether `s` (from a CoordinatorClient call, or passed on from one) is the coordinator's refusal
