@@ -259,11 +259,46 @@ def cgroup2_root():
     return None
 
 
+def tcp_ports_of(pid):
+    """The local ports of process PID's connected TCP sockets (IPv4 and v6), but for ports that
+    a socket listens on: a server's (such as vf run's coordinator, whose accepted connections
+    share its port, and whose listening socket a child may hold too) carries everyone's traffic
+    with it."""
+    inodes = set()
+    fd_dir = "/proc/%d/fd" % pid
+    for fd in os.listdir(fd_dir):
+        try:
+            target = os.readlink(os.path.join(fd_dir, fd))
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    ports, listening = set(), set()
+    for table in ("/proc/%d/net/tcp" % pid, "/proc/%d/net/tcp6" % pid):
+        try:
+            with open(table) as f:
+                lines = f.readlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) <= 9:
+                continue
+            port = int(fields[1].rsplit(":", 1)[1], 16)
+            if fields[3] == "0A":  # LISTEN
+                listening.add(port)
+            elif fields[9] in inodes:
+                ports.add(port)
+    return ports - listening
+
+
 class Partition:
-    """Cuts the local process PID off the network, loopback included, while it runs on: it is
-    moved into a cgroup of its own, and an iptables rule drops every packet a process of that
-    cgroup sends. That silences TCP both ways (its peers' data goes unacknowledged, and theirs
-    never comes), and nobody gets an error, as behind a failed switch port. heal() undoes it."""
+    """Cuts the local process PID off the network, loopback included, while it runs on: every
+    packet it sends is dropped by iptables, so TCP falls silent both ways (its peers' data goes
+    unacknowledged, and theirs never comes), and nobody gets an error, as behind a failed switch
+    port. Its connections of the moment are matched by their local ports; the sockets it opens
+    later by a cgroup of its own, which it is moved into (a socket keeps the cgroup of the moment it
+    was made, so the cgroup alone would spare its kept-alive connections). heal() undoes it."""
 
     def __init__(self, pid):
         root = cgroup2_root()
@@ -275,15 +310,21 @@ class Partition:
         os.makedirs(os.path.join(root, self.name), exist_ok=True)
         with open(os.path.join(root, self.name, "cgroup.procs"), "w") as f:
             f.write(str(pid))
-        self.rule = ["OUTPUT", "-m", "cgroup", "--path", self.name, "-j", "DROP"]
-        subprocess.run(
-            ["iptables", "-w", "-I", *self.rule], check=True, capture_output=True, timeout=30
-        )
+        self.rules = [["OUTPUT", "-m", "cgroup", "--path", self.name, "-j", "DROP"]]
+        self.rules += [
+            ["OUTPUT", "-p", "tcp", "--sport", str(port), "-j", "DROP"]
+            for port in sorted(tcp_ports_of(pid))
+        ]
+        for rule in self.rules:
+            subprocess.run(
+                ["iptables", "-w", "-I", *rule], check=True, capture_output=True, timeout=30
+            )
 
     def heal(self):
-        subprocess.run(
-            ["iptables", "-w", "-D", *self.rule], check=True, capture_output=True, timeout=30
-        )
+        for rule in self.rules:
+            subprocess.run(
+                ["iptables", "-w", "-D", *rule], check=True, capture_output=True, timeout=30
+            )
         try:
             with open(os.path.join(self.root, "cgroup.procs"), "w") as f:
                 f.write(str(self.pid))
