@@ -464,6 +464,10 @@ Status LocalCluster::Spawn(int slot) {
                                    O_WRONLY | O_CREAT | O_APPEND, 0644);
   posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, w->log_path.c_str(),
                                    O_WRONLY | O_CREAT | O_APPEND, 0644);
+  // Nothing else of this process: Asio's sockets are not close-on-exec, and a worker holding the
+  // coordinator's listening socket would keep its port accepting connections that nobody
+  // answers once vf run has gone, so the workers would hang instead of being refused.
+  posix_spawn_file_actions_addclosefrom_np(&actions, STDERR_FILENO + 1);
   std::vector<char*> argv;
   for (const auto& a : launch.argv) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);

@@ -20,6 +20,15 @@ SCRIPT = textwrap.dedent("""\
 
     worker = os.environ["VF_WORKER"]
     print("hello from", worker)
+    # What it was given besides its standard streams: no socket of vf run's.
+    sockets = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink("/proc/self/fd/" + fd).startswith("socket:"):
+                sockets.append(int(fd))
+        except OSError:
+            pass  # the directory's own, closed by now
+    print("inherited sockets", worker, sorted(sockets))
     job = vf.init()
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
@@ -86,6 +95,8 @@ class VfRunLogsTest(PythonOnPathTestCase):
         for worker in ("worker-0", "worker-1"):
             text = self.read(os.path.join(logs, worker + ".log"))
             self.assertIn("hello from %s\n" % worker, text)
+            # The coordinator's listening socket was one before vf run closed them for it.
+            self.assertIn("inherited sockets %s []\n" % worker, text)
             self.assertIn("done on %s\n" % worker, text)
             markers = self.markers(text)
             self.assertEqual([m[0] for m in markers], list(range(STEPS)), text)
