@@ -1,5 +1,10 @@
 #include "agent/protocol/client.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <strings.h>
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <exception>
 #include <fstream>
@@ -14,6 +19,8 @@
 
 #include <cpprest/http_client.h>
 #include <cpprest/uri.h>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl/stream.hpp>
 #include <nlohmann/json.hpp>
 
 #include "agent/http/tls.h"
@@ -105,6 +112,13 @@ struct CoordinatorClient::WaitCancellation {
 struct CoordinatorClient::Connections {
   using Client = web::http::client::http_client;
   static constexpr milliseconds kGrain{250};
+  // A kept connection whose peer vanished without a reset (an operator's pod replaced, its
+  // address gone with it) would hold the next request until the attempt's timeout. With
+  // TCP_USER_TIMEOUT the kernel gives up on it once a request has gone unacknowledged this long
+  // (acknowledgements are the peer's kernel's, so a busy coordinator still sends them), and the
+  // call is retried on a new connection at once. A long poll's wait is not cut short: its
+  // request was acknowledged.
+  static constexpr unsigned kUnacknowledgedMs = 5000;
   // Past this many timeouts the clients start over; in-flight calls keep their own.
   static constexpr size_t kMaxClients = 8;
 
@@ -124,6 +138,20 @@ struct CoordinatorClient::Connections {
     // Certificates are verified, the host name included (cpprest's default); the trust is the
     // operator's CA alone when there is one.
     config.set_validate_certificates(true);
+    // cpprest calls this before every request with the connection's socket, which a new
+    // connection opens only afterwards: from its second request on, a kept connection has it.
+    const bool tls = base_url.size() > 5 && strncasecmp(base_url.c_str(), "https", 5) == 0;
+    config.set_nativehandle_options([tls](web::http::client::native_handle handle) {
+      const int fd =
+          tls ? static_cast<boost::asio::ssl::stream<boost::asio::ip::tcp::socket&>*>(handle)
+                    ->next_layer()
+                    .native_handle()
+              : static_cast<boost::asio::ip::tcp::socket*>(handle)->native_handle();
+      if (fd < 0) return;
+      const unsigned ms = kUnacknowledgedMs;
+      // Best effort: without it a vanished peer costs the attempt's timeout, as before.
+      (void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof(ms));
+    });
     if (!ca_pem.empty()) {
       config.set_ssl_context_callback([ca_pem](boost::asio::ssl::context& context) {
         // The constructor checked that the file holds a certificate; were it to fail here,
