@@ -164,10 +164,13 @@ class ResponderState {
   // The write holds the request's token; this thread holds a copy until the post has returned,
   // so that Stop, which waits for the last token, cannot destroy the I/O context while this
   // thread is still inside the post (TSan saw it signal the context's condition variable as
-  // Stop destroyed it).
+  // Stop destroyed it). It lets go of the connection before that copy too: when the write has
+  // already finished, this is the connection's last owner, and destroying it (its timers
+  // belong to the context) after Stop destroyed the context was a use after free (ASan).
   void Answer(Response response) {
     std::shared_ptr<void> until_posted = in_flight_;
     connection_->Answer(std::move(response), std::move(in_flight_));
+    connection_.reset();
   }
 
   std::atomic<bool> answered_{false};
