@@ -91,6 +91,45 @@ auto Released(F f) {
   return f();
 }
 
+// The bytes of a payload given as one bytes-like object or as a list of them (the pieces of a
+// PyTorch worker's state: its header, then each tensor's memory where it lies), held so that
+// they can be read without the GIL until this is destroyed, which needs the GIL. The buffer
+// protocol is Python's own way to lend memory; there is no packaged wrapper for a list of them.
+// Not thread-safe.
+class BufferPieces {
+ public:
+  BufferPieces() = default;
+  BufferPieces(const BufferPieces&) = delete;
+  BufferPieces& operator=(const BufferPieces&) = delete;
+  ~BufferPieces() {
+    for (Py_buffer& b : buffers_) PyBuffer_Release(&b);
+  }
+
+  // Raises TypeError for an object that lends no contiguous bytes.
+  void Add(nb::handle payload) {
+    if (!PyList_Check(payload.ptr()) && !PyTuple_Check(payload.ptr())) {
+      buffers_.reserve(1);
+      AddOne(payload);
+      return;
+    }
+    const nb::sequence items = nb::borrow<nb::sequence>(payload);
+    buffers_.reserve(nb::len(items));  // AddOne keeps each Py_buffer where it is put
+    for (nb::handle item : items) AddOne(item);
+  }
+  const std::vector<std::string_view>& views() const { return views_; }
+
+ private:
+  void AddOne(nb::handle item) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(item.ptr(), &view, PyBUF_SIMPLE) != 0) throw nb::python_error();
+    buffers_.push_back(view);
+    views_.emplace_back(static_cast<const char*>(view.buf), static_cast<size_t>(view.len));
+  }
+
+  std::vector<Py_buffer> buffers_;
+  std::vector<std::string_view> views_;
+};
+
 // "Type: message" of a Python exception, without the traceback nanobind's what() carries, so
 // that it fits the one-line errors the agent and vf run pass on.
 std::string Describe(const nb::python_error& e) {
@@ -497,11 +536,15 @@ NB_MODULE(_core, m) {
       "A counter-based 64-bit key of (seed, a, b, c): the per-virtual-node RNG seed.");
   m.def(
       "seal",
-      [](const nb::bytes& payload) {
-        std::string sealed = SealBlob(std::string_view(payload.c_str(), payload.size()));
+      [](nb::handle payload) {
+        BufferPieces pieces;
+        pieces.Add(payload);
+        std::string sealed = SealBlob(pieces.views());
         return nb::bytes(sealed.data(), sealed.size());
       },
-      "Wraps bytes with a magic and a SHA-256, so corruption is found on read.");
+      nb::arg("payload"),
+      "Wraps bytes (one bytes-like object, or a list of them taken one after the other) with a "
+      "magic and a SHA-256, so corruption is found on read.");
   m.def(
       "unseal",
       [](const nb::bytes& sealed, const std::string& source) {
@@ -512,19 +555,16 @@ NB_MODULE(_core, m) {
       "The payload of seal(); raises for truncated, tampered or foreign bytes.");
   m.def(
       "write_checkpoint",
-      [](const std::string& path, const nb::bytes& payload) {
+      [](const std::string& path, nb::handle payload) {
         // Without the GIL: virtualflow.torch writes from a background thread while the training
-        // thread goes on. The caller's reference keeps the (immutable) bytes alive meanwhile.
-        const std::string_view bytes(payload.c_str(), payload.size());
-        Status written;
-        {
-          nb::gil_scoped_release release;
-          written = WriteSealedFile(path, bytes);
-        }
-        Check(written);
+        // thread goes on. `pieces` holds the buffers (tensors' memory among them) meanwhile.
+        BufferPieces pieces;
+        pieces.Add(payload);
+        Check(Released([&] { return WriteSealedFile(path, pieces.views()); }));
       },
-      "Writes a sealed blob atomically (temporary file, fsync, rename, fsync of the directory), "
-      "without holding the GIL.");
+      nb::arg("path"), nb::arg("payload"),
+      "Writes seal(payload) atomically (temporary file, fsync, rename, fsync of the directory), "
+      "without holding the GIL and without joining the pieces of a list first.");
   m.def(
       "read_checkpoint",
       [](const std::string& path) {

@@ -7,6 +7,7 @@ write_checkpoint is writing stays the old one until the new one is whole."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import threading
 
@@ -56,6 +57,9 @@ def loaded(obj) -> dict:
 def assert_same(a, b) -> None:
     if isinstance(a, torch.Tensor):
         assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape
+        assert a.layout == b.layout
+        if a.layout != torch.strided:
+            a, b = a.to_dense(), b.to_dense()
         assert torch.equal(a.cpu(), b.cpu())
     elif isinstance(a, dict):
         assert type(a) is type(b) and list(a) == list(b)
@@ -108,13 +112,76 @@ def test_tensors_sharing_memory_stay_one_tensor():
     assert torch.equal(copy["a"], lin.weight.detach())
 
 
+def decoded(pieces: list) -> tuple[dict, dict]:
+    """The header and payload of _encode_state's pieces, sealed and read back as _Holder reads a
+    checkpoint or a joiner's state."""
+    sealed = _core.seal(pieces)
+    raw = _core.unseal(sealed, "test")
+    line, _, body = raw.partition(b"\n")
+    header = json.loads(line)
+    return header, vf._decode_state(header, memoryview(body), "test")
+
+
 def test_a_state_as_a_checkpoint_holds_it():
-    """_encode_state writes the header line and torch.save's bytes: what _Holder._load reads."""
+    """_encode_state writes the header line with the layout, the skeleton and the tensors' bytes:
+    what _Holder._load reads gives the state back, metadata and all."""
     state = trained_state("cpu")
-    blob = vf._encode_state({"step": 3}, vf._Snapshot().take(contents(state)))
-    line, _, body = blob.partition(b"\n")
-    assert line == b'{"step": 3}'
-    assert_same(loaded(contents(state)), torch.load(io.BytesIO(body), weights_only=True))
+    header, back = decoded(vf._encode_state({"step": 3}, vf._Snapshot().take(contents(state))))
+    assert header["step"] == 3 and header["layout"]["skeleton_bytes"] > 0
+    assert_same(loaded(contents(state)), back)
+    assert back["model"]._metadata == state.model.state_dict()._metadata
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_every_kind_of_tensor_comes_back_as_it_was(device):
+    base = torch.arange(24, dtype=torch.float32, device=device).reshape(4, 6)
+    payload = {
+        "bf16": torch.linspace(-3, 3, 7, device=device).to(torch.bfloat16),
+        "half": torch.tensor([1.5, -2.25], dtype=torch.float16, device=device),
+        "bool": torch.tensor([True, False, True], device=device),
+        "int": torch.tensor([[1, -2], [3, 4]], dtype=torch.int32, device=device),
+        "scalar": torch.tensor(2.5, dtype=torch.float64, device=device),
+        "empty": torch.empty(0, 3, device=device),
+        "transposed": base.t(),  # not contiguous
+        "slice": base[1:3, ::2],
+        "tied": (base, base),
+        "sparse": torch.tensor([[0.0, 2.0], [3.0, 0.0]]).to_sparse(),
+        "plain": [1, "two", 3.0, None, (4, 5)],
+    }
+    pieces = vf._encode_state({}, payload)
+    _, back = decoded(pieces)
+    assert_same(payload, back)
+    assert back["tied"][0] is back["tied"][1]
+    assert back["sparse"].layout == torch.sparse_coo
+    for t in back["bf16"], back["transposed"], back["scalar"]:
+        assert t.is_contiguous() and t.device.type == "cpu"
+
+
+def test_a_snapshots_tensors_are_lent_to_the_writer_not_copied():
+    state = trained_state("cpu")
+    copy = vf._Snapshot().take(contents(state))
+    pieces = vf._encode_state({}, copy)
+    lent = {p.__array_interface__["data"][0] for p in pieces[2:]}
+    assert copy["model"]["0.weight"].data_ptr() in lent
+    assert copy["optimizer"]["state"][0]["exp_avg"].data_ptr() in lent
+
+
+def test_a_layout_that_does_not_fit_its_bytes_is_refused():
+    line, skeleton, *tensors = vf._encode_state({}, {"w": torch.ones(4), "v": torch.zeros(2)})
+    header = json.loads(line)
+    body = skeleton + b"".join(bytes(t) for t in tensors)
+    assert_same(
+        vf._decode_state(header, memoryview(body), "x"), {"w": torch.ones(4), "v": torch.zeros(2)}
+    )
+    with pytest.raises(ValueError, match="x: its tensors need more bytes than it holds"):
+        vf._decode_state(header, memoryview(body[:-1]), "x")
+    with pytest.raises(ValueError, match="x: 1 bytes after its tensors"):
+        vf._decode_state(header, memoryview(body + b"\0"), "x")
+    header["layout"]["tensors"][0][0] = "no_such_dtype"
+    with pytest.raises(ValueError, match="unknown dtype 'no_such_dtype'"):
+        vf._decode_state(header, memoryview(body), "x")
+    with pytest.raises(ValueError, match="x: no layout"):
+        vf._decode_state({}, memoryview(body), "x")
 
 
 def test_one_write_at_a_time_its_outcome_handed_back():
@@ -176,8 +243,14 @@ def test_faults_are_read_as_the_agent_reads_them(monkeypatch):
     assert vf._armed_fault("checkpoint-write", "worker-3") is None
 
 
-def test_the_piecewise_buffer_writes_what_a_bytesio_writes():
-    payload = {"w": torch.arange(3 << 20, dtype=torch.float32), "n": 7}  # 12 MiB: 12 pieces
-    piecewise = vf._PiecewiseBuffer()
-    torch.save(payload, piecewise)
-    assert piecewise.getvalue() == saved(payload)
+def test_pieces_are_written_as_their_sealed_joined_bytes(tmp_path):
+    path = str(tmp_path / "job.ckpt")
+    w = torch.arange(3 << 20, dtype=torch.float32)  # 12 MiB: several of the writer's chunks
+    pieces = vf._encode_state({"step": 1}, {"w": w, "n": 7})
+    _core.write_checkpoint(path, pieces)
+    joined = b"".join(bytes(p) for p in pieces)
+    assert _core.read_checkpoint(path) == joined
+    assert _core.seal(pieces) == _core.seal(joined)
+    with pytest.raises(TypeError):
+        _core.write_checkpoint(path, [b"header", 3])
+    assert _core.read_checkpoint(path) == joined  # a refused payload leaves the file as it was

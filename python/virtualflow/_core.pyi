@@ -93,9 +93,9 @@ def mix_key(seed: int, a: int, b: int = 0, c: int = 0) -> int:
     A counter-based 64-bit key of (seed, a, b, c): the per-virtual-node RNG seed.
     """
 
-def seal(arg: bytes, /) -> bytes:
+def seal(payload: object) -> bytes:
     """
-    Wraps bytes with a magic and a SHA-256, so corruption is found on read.
+    Wraps bytes (one bytes-like object, or a list of them taken one after the other) with a magic and a SHA-256, so corruption is found on read.
     """
 
 def unseal(arg0: bytes, arg1: str, /) -> bytes:
@@ -103,9 +103,9 @@ def unseal(arg0: bytes, arg1: str, /) -> bytes:
     The payload of seal(); raises for truncated, tampered or foreign bytes.
     """
 
-def write_checkpoint(arg0: str, arg1: bytes, /) -> None:
+def write_checkpoint(path: str, payload: object) -> None:
     """
-    Writes a sealed blob atomically (temporary file, fsync, rename, fsync of the directory), without holding the GIL.
+    Writes seal(payload) atomically (temporary file, fsync, rename, fsync of the directory), without holding the GIL and without joining the pieces of a list first.
     """
 
 def read_checkpoint(arg: str, /) -> bytes:

@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from virtualflow import _core
@@ -69,7 +70,7 @@ __all__ = [
     "weights_sha256",
 ]
 
-_STATE_FORMAT = "virtualflow-torch-state-1"
+_STATE_FORMAT = "virtualflow-torch-state-2"
 
 # How rank 0 writes a periodic checkpoint. True: it copies the state to host memory at the step
 # boundary and a background thread serializes and writes the copy while training goes on (at
@@ -176,29 +177,106 @@ def _one_device(model: torch.nn.Module, tensors: list[torch.Tensor]) -> torch.de
     return device
 
 
-class _PiecewiseBuffer(io.BytesIO):
-    """A BytesIO whose write() copies 1 MiB at a time. torch.save hands a buffer each tensor's
-    bytes in one write(), holding the GIL for the whole copy; a checkpoint's writer thread would
-    then hold up the training thread, which needs the GIL between any two PyTorch operations, for
-    a whole tensor's copy (tens of ms for a large layer) many times a step. Between two pieces
-    the interpreter can hand the GIL over. getvalue() still returns the bytes without a copy."""
-
-    _PIECE = 1 << 20
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
-        for i in range(0, len(view), self._PIECE):
-            super().write(view[i : i + self._PIECE])
-        return len(view)
+def _tensor_buffer(t: torch.Tensor) -> Any:
+    """The bytes of a contiguous CPU tensor, lent without a copy (a NumPy array of its memory)."""
+    return t.reshape(-1).view(torch.uint8).numpy()
 
 
-def _encode_state(header: dict[str, Any], payload: dict[str, Any]) -> bytes:
-    """What a checkpoint and a joiner's state hold, before seal(): the header as one JSON line,
-    then torch.save's bytes of the payload."""
-    buf = _PiecewiseBuffer()
-    buf.write(json.dumps(header).encode() + b"\n")
-    torch.save(payload, buf)
-    return buf.getvalue()
+def _is_dense(t: torch.Tensor) -> bool:
+    """Whether a tensor's bytes are written apart from the skeleton (see _encode_state)."""
+    return t.layout == torch.strided and not t.is_quantized
+
+
+def _strip(obj: Any, tensors: list[torch.Tensor], seen: dict[tuple[Any, ...], int]) -> Any:
+    """`obj` with each dense tensor replaced by its number in `tensors` (a 0-d int64 tensor),
+    where its contiguous CPU copy (itself, when it already is one) is appended. Tensors that
+    share memory (tied weights) get one number."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach()
+        if not _is_dense(t):
+            return t.to("cpu")  # sparse or quantized: torch.save stores it in the skeleton
+        key = (t.device, t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
+        if key not in seen:
+            seen[key] = len(tensors)
+            tensors.append(t.to("cpu").contiguous())
+        return torch.tensor(seen[key], dtype=torch.int64)
+    if isinstance(obj, dict):
+        out: dict[Any, Any] = OrderedDict() if isinstance(obj, OrderedDict) else {}
+        for k, v in obj.items():
+            out[k] = _strip(v, tensors, seen)
+        metadata = getattr(obj, "_metadata", None)  # a state_dict's module versions
+        if metadata is not None:
+            out._metadata = metadata  # type: ignore[attr-defined]
+        return out
+    if isinstance(obj, (list, tuple)):
+        items = [_strip(v, tensors, seen) for v in obj]
+        return items if isinstance(obj, list) else tuple(items)
+    return obj
+
+
+def _encode_state(header: dict[str, Any], payload: dict[str, Any]) -> list[Any]:
+    """What a checkpoint and a joiner's state hold, before seal(), as pieces that follow one
+    another: the header as one JSON line, which also gives the layout of the rest; torch.save's
+    bytes of the payload with each dense tensor replaced by its number (the skeleton); then each
+    of those tensors' bytes, lent where they lie. So a checkpoint's writer thread pickles only
+    the small skeleton with the GIL held, and _core.write_checkpoint hashes and writes the
+    tensors' memory without it (torch.save of the whole state held the GIL for seconds against
+    the training thread, for a model of a few GiB)."""
+    tensors: list[torch.Tensor] = []
+    skeleton = _strip(payload, tensors, {})
+    buf = io.BytesIO()
+    torch.save(skeleton, buf)
+    layout = {
+        "skeleton_bytes": buf.tell(),
+        "tensors": [[str(t.dtype).removeprefix("torch."), list(t.shape)] for t in tensors],
+    }
+    line = json.dumps({**header, "layout": layout}).encode() + b"\n"
+    return [line, buf.getvalue(), *(_tensor_buffer(t) for t in tensors)]
+
+
+def _decode_state(header: dict[str, Any], body: memoryview, source: str) -> dict[str, Any]:
+    """The payload _encode_state wrote, from the header line and the bytes after it; its tensors
+    are new CPU tensors. Raises ValueError naming `source` if the layout does not fit the bytes."""
+    layout = header.get("layout")
+    if not isinstance(layout, dict):
+        raise ValueError(f"{source}: no layout in its header")
+    at = int(layout["skeleton_bytes"])
+    skeleton = torch.load(io.BytesIO(body[:at]), weights_only=True, map_location="cpu")
+    tensors: list[torch.Tensor] = []
+    for name, shape in layout["tensors"]:
+        dtype = getattr(torch, name, None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"{source}: unknown dtype {name!r}")
+        size = math.prod(shape) * dtype.itemsize
+        if at + size > len(body):
+            raise ValueError(f"{source}: its tensors need more bytes than it holds")
+        t = torch.from_numpy(np.frombuffer(body, np.uint8, size, at).copy())
+        tensors.append(t.view(dtype).reshape(shape) if size else torch.empty(shape, dtype=dtype))
+        at += size
+    if at != len(body):
+        raise ValueError(f"{source}: {len(body) - at} bytes after its tensors")
+    return _restore(skeleton, tensors, source)  # type: ignore[no-any-return]
+
+
+def _restore(obj: Any, tensors: list[torch.Tensor], source: str) -> Any:
+    """The skeleton `obj` with each number _strip put in place of a dense tensor replaced by
+    that tensor, in place where it can be (dicts keep their type and state_dict metadata)."""
+    if isinstance(obj, torch.Tensor):
+        if not _is_dense(obj):
+            return obj
+        if obj.dim() != 0 or obj.dtype != torch.int64 or not 0 <= int(obj) < len(tensors):
+            raise ValueError(f"{source}: a tensor of the skeleton is not a tensor's number")
+        return tensors[int(obj)]
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            obj[k] = _restore(v, tensors, source)
+        return obj
+    if isinstance(obj, list):
+        obj[:] = [_restore(v, tensors, source) for v in obj]
+        return obj
+    if isinstance(obj, tuple):
+        return tuple(_restore(v, tensors, source) for v in obj)
+    return obj
 
 
 class _Snapshot:
@@ -316,9 +394,10 @@ def _armed_fault(point: str, worker: str) -> int | None:
     return armed
 
 
-def _crash_mid_write(path: str, blob: bytes) -> None:
-    """Tests only: a crash of this process halfway through writing the checkpoint `blob` to
-    `path`, as write_checkpoint writes it (beside it, in a temporary file of a random name)."""
+def _crash_mid_write(path: str, blob: list[Any]) -> None:
+    """Tests only: a crash of this process halfway through writing the checkpoint `blob` (the
+    pieces of _encode_state) to `path`, as write_checkpoint writes it (beside it, in a temporary
+    file of a random name)."""
     sealed = _core.seal(blob)
     with open(f"{path}.tmp.{secrets.token_hex(8)}", "wb") as f:
         f.write(sealed[: len(sealed) // 2])
@@ -411,10 +490,13 @@ class _Holder:
         }
         return header, payload
 
-    def _split(self, blob: bytes, source: str) -> tuple[dict[str, Any], bytes]:
+    def _split(self, blob: bytes, source: str) -> tuple[dict[str, Any], memoryview]:
+        """The header line and a view of the bytes after it (a state of GiBs is not copied)."""
         raw = _core.unseal(blob, source)
-        line, _, rest = raw.partition(b"\n")
-        return json.loads(line), rest
+        end = raw.find(b"\n")
+        if end < 0:
+            raise ValueError(f"{source}: no header line")
+        return json.loads(raw[:end]), memoryview(raw)[end + 1 :]
 
     def _check(self, blob: bytes, source: str) -> str:
         header, _ = self._split(blob, source)
@@ -434,10 +516,10 @@ class _Holder:
         return ""
 
     def _load(self, blob: bytes) -> None:
-        _, body = self._split(blob, "state")
+        header, body = self._split(blob, "state")
         # Onto the CPU first: the sender's tensors may be on a device this worker does not have
         # (cuda:3 there, cuda:0 here); load_state_dict copies them to where ours are.
-        payload = torch.load(io.BytesIO(body), weights_only=True, map_location="cpu")
+        payload = _decode_state(header, body, "state")
         s = self._state
         s.model.load_state_dict(payload["model"])
         if s.optimizer is not None and payload["optimizer"] is not None:

@@ -13,10 +13,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <initializer_list>
 #include <limits>
+#include <span>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 namespace vf {
 namespace {
@@ -42,23 +43,37 @@ Digest Sha256(const void* data, size_t size) {
   return digest;
 }
 
-// The SHA-256 of the pieces one after the other.
-Digest Sha256(std::initializer_list<std::string_view> pieces) {
-  Digest digest;
-  unsigned int length = 0;
-  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  bool ok = ctx != nullptr && EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr) == 1;
-  for (std::string_view piece : pieces) {
-    ok = ok && EVP_DigestUpdate(ctx, piece.data(), piece.size()) == 1;
+// A SHA-256 taken over pieces one after the other (OpenSSL's EVP interface). Not thread-safe.
+class Sha256Stream {
+ public:
+  Sha256Stream() : ctx_(EVP_MD_CTX_new()) {
+    Check(ctx_ != nullptr && EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr) == 1);
   }
-  ok = ok && EVP_DigestFinal_ex(ctx, digest.data(), &length) == 1 && length == kDigestSize;
-  EVP_MD_CTX_free(ctx);
-  if (!ok) {
-    std::fprintf(stderr, "virtualflow: OpenSSL SHA-256 failed\n");
-    std::abort();
+  Sha256Stream(const Sha256Stream&) = delete;
+  Sha256Stream& operator=(const Sha256Stream&) = delete;
+  ~Sha256Stream() { EVP_MD_CTX_free(ctx_); }
+
+  void Update(std::string_view piece) {
+    Check(EVP_DigestUpdate(ctx_, piece.data(), piece.size()) == 1);
   }
-  return digest;
-}
+  Digest Final() {
+    Digest digest;
+    unsigned int length = 0;
+    Check(EVP_DigestFinal_ex(ctx_, digest.data(), &length) == 1 && length == kDigestSize);
+    return digest;
+  }
+
+ private:
+  static void Check(bool ok) {
+    if (!ok) {
+      // As in Sha256(): without a working SHA-256 no checkpoint can be trusted.
+      std::fprintf(stderr, "virtualflow: OpenSSL SHA-256 failed\n");
+      std::abort();
+    }
+  }
+
+  EVP_MD_CTX* ctx_;
+};
 
 template <typename T>
 T ByteSwap(T v) {
@@ -257,13 +272,37 @@ Result<int> CreateTempFile(const std::string& path, std::string& tmp) {
   return SystemError(path, failed, error);
 }
 
+// How much of a piece is hashed before it is written: small enough that the bytes are still in
+// the CPU's cache when write() copies them.
+constexpr size_t kHashChunk = size_t{1} << 20;
+
+// Writes the pieces to `fd`; with `trailer`, hashes each as it goes and appends the digest.
+Status WritePieces(int fd, std::span<const std::string_view> pieces, Sha256Stream* trailer,
+                   const std::string& path, const std::string& tmp) {
+  for (std::string_view piece : pieces) {
+    if (trailer == nullptr) {
+      VF_RETURN_IF_ERROR(WriteAll(fd, piece, path, tmp));
+      continue;
+    }
+    for (size_t at = 0; at < piece.size(); at += kHashChunk) {
+      const std::string_view chunk = piece.substr(at, kHashChunk);
+      trailer->Update(chunk);
+      VF_RETURN_IF_ERROR(WriteAll(fd, chunk, path, tmp));
+    }
+  }
+  if (trailer == nullptr) return Status::Ok();
+  const Digest digest = trailer->Final();
+  return WriteAll(fd, std::string_view(reinterpret_cast<const char*>(digest.data()), kDigestSize),
+                  path, tmp);
+}
+
 // Everything up to the rename, `tmp` naming the temporary file once it exists; the caller
 // removes `tmp`, when not empty, if this fails.
 Status WriteTempFile(const std::string& path, std::string& tmp,
-                     std::initializer_list<std::string_view> pieces) {
+                     std::span<const std::string_view> pieces, Sha256Stream* trailer) {
   VF_ASSIGN_OR_RETURN(const int fd, CreateTempFile(path, tmp));
   FdCloser closer(fd);
-  for (std::string_view piece : pieces) VF_RETURN_IF_ERROR(WriteAll(fd, piece, path, tmp));
+  VF_RETURN_IF_ERROR(WritePieces(fd, pieces, trailer, path, tmp));
   if (fsync(fd) != 0) return SystemError(path, "fsync " + tmp, errno);
   // close() can report a deferred write error (NFS), so its result matters.
   if (close(closer.release()) != 0) return SystemError(path, "close " + tmp, errno);
@@ -381,8 +420,9 @@ Result<TrainingState> DeserializeState(std::string_view bytes, std::string_view 
 namespace {
 
 // Writes `pieces`, one after the other, to `path` so that a crash leaves either the old file or
-// the new one.
-Status WriteAtomically(const std::string& path, std::initializer_list<std::string_view> pieces) {
+// the new one; with `trailer`, followed by the SHA-256 of the pieces.
+Status WriteAtomically(const std::string& path, std::span<const std::string_view> pieces,
+                       Sha256Stream* trailer) {
   namespace fs = std::filesystem;
   const fs::path parent = fs::path(path).parent_path();
   if (!parent.empty()) {
@@ -391,7 +431,7 @@ Status WriteAtomically(const std::string& path, std::initializer_list<std::strin
     if (ec) return SystemError(path, "create directory " + parent.string(), ec.value());
   }
   std::string tmp;
-  Status written = WriteTempFile(path, tmp, pieces);
+  Status written = WriteTempFile(path, tmp, pieces, trailer);
   if (!written.ok()) {
     if (!tmp.empty()) unlink(tmp.c_str());
     return written;
@@ -439,7 +479,8 @@ constexpr char kBlobMagic[] = "VFBLOB01";
 
 Status WriteCheckpoint(const std::string& path, const TrainingState& state) {
   const std::string bytes = SerializeState(state);
-  return WriteAtomically(path, {bytes});
+  const std::string_view piece(bytes);
+  return WriteAtomically(path, {&piece, 1}, nullptr);
 }
 
 Result<TrainingState> ReadCheckpoint(const std::string& path) {
@@ -447,11 +488,27 @@ Result<TrainingState> ReadCheckpoint(const std::string& path) {
   return DeserializeState(bytes, "checkpoint " + path);
 }
 
-std::string SealBlob(std::string_view payload) {
-  std::string out(kBlobMagic, kMagicSize);
-  const uint64_t size = payload.size();
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((size >> (8 * i)) & 0xff));
-  out.append(payload);
+namespace {
+
+// SealBlob's first bytes: the magic and the payload's size.
+std::string BlobHeader(std::span<const std::string_view> payload) {
+  uint64_t size = 0;
+  for (std::string_view piece : payload) size += piece.size();
+  std::string header(kBlobMagic, kMagicSize);
+  for (int i = 0; i < 8; ++i) header.push_back(static_cast<char>((size >> (8 * i)) & 0xff));
+  return header;
+}
+
+}  // namespace
+
+std::string SealBlob(std::string_view payload) { return SealBlob({&payload, 1}); }
+
+std::string SealBlob(std::span<const std::string_view> payload) {
+  std::string out = BlobHeader(payload);
+  size_t size = out.size() + kDigestSize;
+  for (std::string_view piece : payload) size += piece.size();
+  out.reserve(size);
+  for (std::string_view piece : payload) out.append(piece);
   const Digest digest = Sha256(out.data(), out.size());
   out.append(reinterpret_cast<const char*>(digest.data()), kDigestSize);
   return out;
@@ -478,15 +535,20 @@ Result<std::string> UnsealBlob(std::string_view bytes, std::string_view source) 
 }
 
 Status WriteSealedFile(const std::string& path, std::string_view payload) {
+  return WriteSealedFile(path, {&payload, 1});
+}
+
+Status WriteSealedFile(const std::string& path, std::span<const std::string_view> payload) {
   // SealBlob's bytes, written without a sealed copy of the payload in memory: the header, the
-  // payload where it is and the digest of both (a PyTorch job's checkpoint is its whole state).
-  std::string header(kBlobMagic, kMagicSize);
-  const uint64_t size = payload.size();
-  for (int i = 0; i < 8; ++i) header.push_back(static_cast<char>((size >> (8 * i)) & 0xff));
-  const Digest digest = Sha256({header, payload});
-  return WriteAtomically(
-      path, {header, payload,
-             std::string_view(reinterpret_cast<const char*>(digest.data()), kDigestSize)});
+  // pieces where they are and the digest of all, taken as they are written (a PyTorch job's
+  // checkpoint is its whole state).
+  const std::string header = BlobHeader(payload);
+  std::vector<std::string_view> pieces;
+  pieces.reserve(payload.size() + 1);
+  pieces.push_back(header);
+  pieces.insert(pieces.end(), payload.begin(), payload.end());
+  Sha256Stream digest;
+  return WriteAtomically(path, pieces, &digest);
 }
 
 Result<std::string> ReadSealedFile(const std::string& path) {

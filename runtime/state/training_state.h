@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -49,10 +50,16 @@ Result<TrainingState> ReadCheckpoint(const std::string& path);
 // the same protection as a checkpoint: magic "VFBLOB01", the payload's size (little-endian
 // uint64), the payload, and a SHA-256 of everything before it as the last 32 bytes.
 std::string SealBlob(std::string_view payload);
+// The same for a payload given as pieces, one after the other (a PyTorch state is its header
+// and each tensor's bytes where the tensor lies), without joining them first.
+std::string SealBlob(std::span<const std::string_view> payload);
 // The payload; kDataLoss naming `source` for truncated, corrupt or foreign bytes.
 Result<std::string> UnsealBlob(std::string_view bytes, std::string_view source);
-// Atomically, as WriteCheckpoint; and the reading side, as ReadCheckpoint.
+// Atomically, as WriteCheckpoint; and the reading side, as ReadCheckpoint. The file holds
+// SealBlob's bytes; the digest is taken piece by piece as the pieces are written, so the payload
+// is read from memory once and never copied.
 Status WriteSealedFile(const std::string& path, std::string_view payload);
+Status WriteSealedFile(const std::string& path, std::span<const std::string_view> payload);
 Result<std::string> ReadSealedFile(const std::string& path);
 
 // Lower-case hex SHA-256 (OpenSSL).

@@ -453,6 +453,34 @@ TEST(SealedBlob, AFileHoldsExactlySealBlobsBytes) {
   }
 }
 
+// A payload given as pieces (a PyTorch state: its header and each tensor's bytes where they lie)
+// is sealed and written as the same bytes as the pieces joined: empty pieces, and pieces that
+// end inside or across the 1 MiB the writer hashes at a time, included.
+TEST(SealedBlob, PiecesAreSealedAndWrittenAsTheirJoinedBytes) {
+  TempDir dir;
+  const std::string path = dir.File("job.ckpt");
+  const std::vector<size_t> sizes = {0, 5, (size_t{1} << 20) + 3, 0, (size_t{3} << 20) - 7, 64};
+  std::vector<std::string> storage;
+  for (size_t n = 0; n < sizes.size(); ++n) {
+    std::string piece(sizes[n], '\0');
+    for (size_t i = 0; i < piece.size(); ++i) piece[i] = static_cast<char>((i * 7 + n) & 0xff);
+    storage.push_back(std::move(piece));
+  }
+  std::string joined;
+  std::vector<std::string_view> pieces;
+  for (const std::string& piece : storage) {
+    joined += piece;
+    pieces.emplace_back(piece);
+  }
+  EXPECT_EQ(SealBlob(pieces), SealBlob(joined));
+  ASSERT_TRUE(WriteSealedFile(path, pieces).ok());
+  EXPECT_EQ(ReadFile(path), SealBlob(joined));
+  Result<std::string> back = ReadSealedFile(path);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, joined);
+  EXPECT_EQ(SealBlob(std::span<const std::string_view>{}), SealBlob(""));
+}
+
 TEST(Sha256Hex, MatchesKnownAnswers) {
   EXPECT_EQ(Sha256Hex("abc", 3),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
