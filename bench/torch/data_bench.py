@@ -12,7 +12,10 @@ The rounds interleave the two sides and alternate their order. A side's step tim
 interval between step ends after --warmup steps (the first holds exact reduction's second pass;
 the vf side's step ends are taken in its worker, which runs images.py's main() as it is).
 Reported per k: the medians, the median of the per-round ratios vf / plain (the target is at
-most 1.05), and vf's gain over loading in the training process (vf at k=0 / vf at k).
+most 1.05), vf's gain over loading in the training process (vf at k=0 / vf at k), and each
+side's wait: the median time per step its training process spent waiting for batches
+(NodeLoader.batch, next() of the DataLoader's iterator; at k=0 that is the loading itself).
+When both sides wait next to nothing, the step is bound by the training process's own work.
 
 usage: PATH=$HOME/.cache/virtualflow/py/bin:$PATH python3 bench/torch/data_bench.py \
            [--rounds 3] [--steps 40] [--warmup 5] [--loaders 0,1,2] [--samples 8192] [--out FILE]
@@ -52,21 +55,37 @@ def vf_worker() -> None:
     import virtualflow.torch as vf
 
     ends: list[float] = []
+    waits: list[float] = []
     steps = vf.Job.steps
+    batch = vf.NodeLoader.batch
 
     def timed(self: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
         for step in steps(self, *args, **kwargs):
+            waits.append(0.0)
             yield step
             ends.append(time.time())
 
+    def waited(self: Any, node: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return batch(self, node)
+        finally:
+            waits[-1] += time.perf_counter() - t0
+
     vf.Job.steps = timed  # type: ignore[method-assign]
+    vf.NodeLoader.batch = waited  # type: ignore[method-assign]
     images.main()
     with open(os.environ["VF_BENCH_TIMES"], "w", encoding="utf-8") as f:
-        json.dump(ends, f)
+        json.dump({"ends": ends, "waits": waits[: len(ends)]}, f)
 
 
-def plain(loaders: int, steps: int, warmup: int) -> float:
-    """The plain loop, in this process; its step time (step_time)."""
+def waiting(waits: list[float], warmup: int) -> float:
+    """The median time per step spent waiting for batches, after `warmup` steps."""
+    return statistics.median(waits[warmup:] if len(waits) > warmup else waits)
+
+
+def plain(loaders: int, steps: int, warmup: int) -> tuple[float, float]:
+    """The plain loop, in this process; its step time (step_time) and wait (waiting)."""
     import torch
     import torch.nn.functional as F
 
@@ -91,23 +110,26 @@ def plain(loaders: int, steps: int, warmup: int) -> float:
         generator=torch.Generator().manual_seed(0),
     )
     it = iter(loader)
-    ends = []
+    ends, waits = [], []
     for _ in range(steps):
         model.train()
+        waits.append(0.0)
         for _ in range(NODES):
+            t0 = time.perf_counter()
             try:
                 x, y = next(it)
             except StopIteration:
                 it = iter(loader)
                 x, y = next(it)
+            waits[-1] += time.perf_counter() - t0
             (F.cross_entropy(model(x), y) / NODES).backward()
         opt.step()
         opt.zero_grad()
         ends.append(time.time())
-    return step_time(ends, warmup)
+    return step_time(ends, warmup), waiting(waits, warmup)
 
 
-def run_plain(loaders: int, steps: int, warmup: int, env: dict[str, str]) -> float:
+def run_plain(loaders: int, steps: int, warmup: int, env: dict[str, str]) -> tuple[float, float]:
     out = subprocess.run(
         [sys.executable, __file__, "plain", "--loaders", str(loaders), "--steps", str(steps)]
         + ["--warmup", str(warmup)],
@@ -116,10 +138,13 @@ def run_plain(loaders: int, steps: int, warmup: int, env: dict[str, str]) -> flo
         text=True,
         check=True,
     )
-    return float(out.stdout.strip().splitlines()[-1])
+    step, wait = out.stdout.strip().splitlines()[-1].split()
+    return float(step), float(wait)
 
 
-def run_vf(loaders: int, steps: int, warmup: int, env: dict[str, str], tmp: str) -> float:
+def run_vf(
+    loaders: int, steps: int, warmup: int, env: dict[str, str], tmp: str
+) -> tuple[float, float]:
     """examples/torch-images.yaml on one worker, its command this script's vf_worker."""
     with open(os.path.join(ROOT, "examples", "torch-images.yaml"), encoding="utf-8") as f:
         text = f.read()
@@ -139,7 +164,8 @@ def run_vf(loaders: int, steps: int, warmup: int, env: dict[str, str], tmp: str)
         check=True,
     )
     with open(times, encoding="utf-8") as f:
-        return step_time(json.load(f), warmup)
+        got = json.load(f)
+    return step_time(got["ends"], warmup), waiting(got["waits"], warmup)
 
 
 def main() -> None:
@@ -153,7 +179,7 @@ def main() -> None:
     p.add_argument("--out", default="")
     a = p.parse_args()
     if a.mode == "plain":
-        print(plain(int(a.loaders), a.steps, a.warmup))
+        print(*plain(int(a.loaders), a.steps, a.warmup))
         return
     if a.mode == "vfworker":
         vf_worker()
@@ -168,18 +194,24 @@ def main() -> None:
     env.setdefault("IMAGES_DIR", os.path.join(cache, "fashion-mnist-png"))
     env.update(IMAGES_SAMPLES=str(a.samples), IMAGES_TEST_SAMPLES="100", IMAGES_DEVICE="cpu")
     times: dict[tuple[str, int], list[float]] = {}
+    waits: dict[tuple[str, int], list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(a.rounds):
             for k in ks:
                 sides = ["vf", "plain"] if (r + k) % 2 == 0 else ["plain", "vf"]
                 for side in sides:
-                    t = (
+                    t, w = (
                         run_vf(k, a.steps, a.warmup, env, tmp)
                         if side == "vf"
                         else run_plain(k, a.steps, a.warmup, env)
                     )
                     times.setdefault((side, k), []).append(t)
-                    print(f"round {r + 1} k={k} {side}: {1000 * t:.1f} ms/step", flush=True)
+                    waits.setdefault((side, k), []).append(w)
+                    print(
+                        f"round {r + 1} k={k} {side}: {1000 * t:.1f} ms/step, "
+                        f"{1000 * w:.1f} ms waiting for batches",
+                        flush=True,
+                    )
     load = os.getloadavg()
     rows = []
     for k in ks:
@@ -190,6 +222,8 @@ def main() -> None:
             "vf_ms": 1000 * statistics.median(vf_t),
             "plain_ms": 1000 * statistics.median(plain_t),
             "ratio": statistics.median(ratios),
+            "vf_wait_ms": 1000 * statistics.median(waits["vf", k]),
+            "plain_wait_ms": 1000 * statistics.median(waits["plain", k]),
             "gain_over_in_process": (
                 statistics.median(times["vf", 0]) / statistics.median(vf_t)
                 if ("vf", 0) in times
@@ -198,16 +232,24 @@ def main() -> None:
         }
         rows.append(row)
     print(f"\nload average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; {a.rounds} rounds")
-    print("k  vf ms/step  plain ms/step  vf/plain  vf gain over k=0")
+    print("k  vf ms/step  plain ms/step  vf/plain  vf gain over k=0  waiting ms/step vf, plain")
     for row in rows:
         gain = row["gain_over_in_process"]
         print(
             f"{row['loaders']}  {row['vf_ms']:10.1f}  {row['plain_ms']:13.1f}  "
-            f"{row['ratio']:8.3f}  {'' if gain is None else f'{gain:.2f}x'}"
+            f"{row['ratio']:8.3f}  {'' if gain is None else f'{gain:.2f}x':>16}  "
+            f"{row['vf_wait_ms']:.1f}, {row['plain_wait_ms']:.1f}"
         )
     if a.out:
         with open(a.out, "w", encoding="utf-8") as f:
-            json.dump({"rows": rows, "times": {f"{s}-{k}": v for (s, k), v in times.items()}}, f)
+            json.dump(
+                {
+                    "rows": rows,
+                    "times": {f"{s}-{k}": v for (s, k), v in times.items()},
+                    "waits": {f"{s}-{k}": v for (s, k), v in waits.items()},
+                },
+                f,
+            )
 
 
 if __name__ == "__main__":
