@@ -104,6 +104,26 @@ def test_a_snapshot_does_not_change_with_the_live_state_and_reuses_its_buffers(d
     assert_same(loaded(contents(state)), loaded(second))
 
 
+def test_a_large_host_copy_is_shared_out_between_threads_and_is_exact(monkeypatch):
+    """Over _THREADED bytes, the copy is cut into pieces copied on several threads: every byte
+    lands where it belongs, in tensors cut into pieces (odd sizes) and in those copied whole (a
+    non-contiguous one, small ones)."""
+    monkeypatch.setattr(vf._Snapshot, "_THREADED", 1 << 20)
+    monkeypatch.setattr(vf._Snapshot, "_PIECE", 1000)
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one core: the copy is not threaded")
+    live = {
+        "w": torch.randn(3_000_001),
+        "bf16": torch.randn(1000, 777).to(torch.bfloat16),
+        "transposed": torch.randn(300, 500).t(),
+        "small": torch.arange(10),
+    }
+    copy = vf._Snapshot().take(live)
+    assert_same(live, copy)
+    for t in copy.values():
+        assert t.is_contiguous()
+
+
 def test_tensors_sharing_memory_stay_one_tensor():
     lin = torch.nn.Linear(3, 3)
     tied = {"a": lin.weight.detach(), "b": lin.weight.detach(), "c": lin.bias.detach()}
