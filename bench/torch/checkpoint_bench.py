@@ -17,8 +17,15 @@ the plain steps near it (*_over_nearby_plain: a shared machine's load drifts dur
 writer_seconds: the writer thread's serialization and seal-and-write, per background checkpoint.
 The first checkpoint interval is left out (the first copy allocates its buffers).
 
+With --kill, instead: the same job run twice, a static run and one whose rank 0 is killed with
+SIGKILL halfway through writing its second background checkpoint (at step 3 x --every, by the
+library's fault injection, VF_FAULT_INJECT=worker-0:checkpoint-write@STEP: half the file is
+written beside the checkpoint, then the process kills itself). The job resumes from the
+checkpoint before it (the synchronous one at 2 x --every), which must be whole, and must end
+with the static run's weights SHA-256. Exits 1 if it does not.
+
 usage: nice python3 bench/torch/checkpoint_bench.py --vf build/bin/vf --out DIR
-       [--steps 42] [--every 8] [--layers 9] [--width 4096] [--micro-batch 16]
+       [--steps 42] [--every 8] [--layers 9] [--width 4096] [--micro-batch 16] [--kill]
 (PYTHONPATH must reach the built package, build/python, and python3 have PyTorch.)
 """
 
@@ -27,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -214,26 +222,12 @@ def summarize(records: list[dict[str, Any]], every: int) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--vf", default="build/bin/vf")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--steps", type=int, default=42)
-    ap.add_argument("--every", type=int, default=8)
-    ap.add_argument("--layers", type=int, default=9)
-    ap.add_argument("--width", type=int, default=4096)
-    ap.add_argument("--micro-batch", type=int, default=16)
-    args = ap.parse_args()
-    if args.worker:
-        worker(args)
-        return
-    out = Path(args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    ckpt, records = out / "bench.ckpt", out / "records.jsonl"
-    for stale in (ckpt, records):
+def write_job(args: argparse.Namespace, out: Path, name: str) -> tuple[Path, Path]:
+    """OUT/NAME.yaml, the job, checkpointing to OUT/NAME.ckpt (both returned), stale files gone."""
+    ckpt, records = out / f"{name}.ckpt", out / f"{name}.jsonl"
+    for stale in (ckpt, records, *out.glob(f"{name}.ckpt.tmp.*")):
         stale.unlink(missing_ok=True)
-    job = out / "job.yaml"
+    job = out / f"{name}.yaml"
     job.write_text(
         JOB.format(
             batch=2 * args.micro_batch,
@@ -247,6 +241,75 @@ def main() -> None:
             width=args.width,
         )
     )
+    return job, ckpt
+
+
+def kill(args: argparse.Namespace) -> int:
+    """The --kill check: 0 if the killed and resumed run ends with the static run's weights."""
+    killed_at, previous = 3 * args.every, 2 * args.every
+    if args.steps <= killed_at:
+        sys.exit(f"--kill needs --steps over 3 x --every ({killed_at})")
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    runs = {}
+    for name, fault in (("static", ""), ("killed", f"worker-0:checkpoint-write@{killed_at}")):
+        job, ckpt = write_job(args, out, name)
+        t0 = time.monotonic()
+        run = subprocess.run(
+            [args.vf, "run", str(job), "--progress-interval", "0"],
+            env={**os.environ, "VF_FAULT_INJECT": fault},
+            capture_output=True,
+            text=True,
+        )
+        text = run.stdout + run.stderr
+        print(f"--- {name} ({time.monotonic() - t0:.0f} s)\n{text}", flush=True)
+        sha = re.search(r"^weights sha256 ([0-9a-f]{64})$", text, re.M)
+        resumed = re.search(r"resuming from checkpoint \S+ at step (\d+)", text)
+        runs[name] = {
+            "status": run.returncode,
+            "weights_sha256": sha.group(1) if sha else None,
+            "resumed_from_step": int(resumed.group(1)) if resumed else None,
+            "half_written_files": len(list(out.glob(f"{name}.ckpt.tmp.*"))),
+            "checkpoint_bytes": ckpt.stat().st_size if ckpt.exists() else 0,
+            "seconds": round(time.monotonic() - t0, 1),
+        }
+        ckpt.unlink(missing_ok=True)
+        for part in out.glob(f"{name}.ckpt.tmp.*"):
+            part.unlink()
+    static, killed = runs["static"], runs["killed"]
+    ok = (
+        static["status"] == killed["status"] == 0
+        and static["weights_sha256"] is not None
+        and killed["weights_sha256"] == static["weights_sha256"]
+        and killed["resumed_from_step"] == previous
+        and killed["half_written_files"] == 1
+    )
+    summary = {"killed_at_step": killed_at, "runs": runs, "same_weights_after_the_kill": ok}
+    print(json.dumps(summary, indent=2))
+    return 0 if ok else 1
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--vf", default="build/bin/vf")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--steps", type=int, default=42)
+    ap.add_argument("--every", type=int, default=8)
+    ap.add_argument("--layers", type=int, default=9)
+    ap.add_argument("--width", type=int, default=4096)
+    ap.add_argument("--micro-batch", type=int, default=16)
+    ap.add_argument("--kill", action="store_true", help="kill rank 0 during a write, resume")
+    args = ap.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    if args.kill:
+        sys.exit(kill(args))
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    job, ckpt = write_job(args, out, "bench")
+    records = out / "bench.jsonl"
     params = args.layers * (args.width * args.width + args.width)
     print(
         f"MLP {args.layers} x {args.width}^2: {params / 1e6:.0f}M parameters, "
