@@ -410,7 +410,7 @@ class KueueTest(OperatorTestCase):
         # The first job ends: its Workload is marked finished, Kueue releases the quota and
         # admits the second, which runs.
         done = self.wait_succeeded("first")
-        finished = self.cp.wait_for(
+        finished = self.wait_for(
             "the first job's Workload to be finished",
             lambda: condition(self.workload("first").get("status", {}), "Finished"),
         )
@@ -488,7 +488,7 @@ class KueueTest(OperatorTestCase):
         )["items"]
 
     def wait_batch_job_done(self, name: str, timeout: float = 180) -> None:
-        self.cp.wait_for(
+        self.wait_for(
             "batch Job %s to complete" % name,
             lambda: (
                 (self.cp.get("/apis/batch/v1/namespaces/%s/jobs/%s" % (NS, name)) or {})
@@ -541,7 +541,7 @@ class KueueTest(OperatorTestCase):
                 timeout=120,
             )
             self.assertEqual(condition(shrunk, "Admitted")["status"], "True")
-            self.cp.wait_for(
+            self.wait_for(
                 "the batch Job's 2 pods to run",
                 lambda: (
                     sum(
@@ -624,8 +624,8 @@ class KueueTest(OperatorTestCase):
             )
             self.assertEqual(condition(evicted, "Admitted")["status"], "False")
             self.assertEqual(evicted["phase"], "Pending")
-            self.cp.wait_for("the worker pods to be gone", lambda: not self.pods(name), timeout=120)
-            requeued = self.cp.wait_for(
+            self.wait_for("the worker pods to be gone", lambda: not self.pods(name), timeout=120)
+            requeued = self.wait_for(
                 "the Workload to be requeued",
                 lambda: (
                     lambda w: (
@@ -688,7 +688,7 @@ class KueueTest(OperatorTestCase):
             )
             self.wait_succeeded("unqueued")
             # It ran as Kueue admitted it: its Workload is there, and finished.
-            finished = self.cp.wait_for(
+            finished = self.wait_for(
                 "its Workload to be finished",
                 lambda: condition((self.workload("unqueued") or {}).get("status", {}), "Finished"),
             )
@@ -746,7 +746,7 @@ class KueueTest(OperatorTestCase):
                 lambda s: s.get("workers") == 2 and s.get("phase") == "Running",
                 timeout=120,
             )
-            self.cp.wait_for(
+            self.wait_for(
                 "the other pod to succeed",
                 lambda: (
                     (self.cp.get("/api/v1/namespaces/%s/pods/other" % NS) or {})
@@ -825,7 +825,7 @@ class KueueTest(OperatorTestCase):
         self.wait_status(
             name, "1 worker", lambda s: s.get("workers") == 1 and s.get("phase") == "Running"
         )
-        self.cp.wait_for(
+        self.wait_for(
             "the reservation to fall to 1 GPU",
             lambda: self.reserved_gpus(SHARED_CLUSTER_QUEUE) == 1,
             timeout=60,

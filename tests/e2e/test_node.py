@@ -21,7 +21,7 @@ import unittest
 
 from controlplane import DEFAULT_GPU_PRODUCT, ControlPlane
 from test_operator import local_sha
-from test_torch_job import DATASET, STEPS, cnn_manifest, torch_env
+from test_torch_job import DATASET, cnn_manifest, torch_env
 
 SOURCE_DIR = os.environ.get("VF_SOURCE_DIR") or os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -38,6 +38,13 @@ GPUS_PER_NODE = 1
 JOB_NS = "training"
 # Where the job's pods see their volume (data and checkpoints).
 MOUNT = "/mnt/store"
+# The PyTorch job's shape: long enough, in steps paced by a simulated slower device (each
+# virtual node sleeps DELAY_MS), to hold a growth, a drain and a pod's replacement even when a
+# new pod takes a minute to start on a loaded machine, and small steps (BATCH) so that its
+# training and the static run it is compared with cost little CPU.
+STEPS = 200
+BATCH = 64
+DELAY_MS = 120
 
 
 def project_version():
@@ -212,13 +219,41 @@ class RealNodeTest(unittest.TestCase):
         return (job or {}).get("status") or {}
 
     def wait_job(self, name, what, predicate, timeout=300):
+        """The job's status once PREDICATE holds. Fails at once when the job fails, or when it
+        ends before PREDICATE held (the job was too short for what the test waits for); on a
+        timeout, the message has the job's last status and where its pods are."""
+        seen = {}
+
         def check():
-            status = self.job_status(name)
+            status = seen["status"] = self.job_status(name)
+            if predicate(status):
+                return status
             if status.get("phase") == "Failed":
                 raise AssertionError("job %s failed: %s" % (name, status.get("message")))
-            return status if predicate(status) else None
+            if status.get("phase") == "Succeeded":
+                raise AssertionError(
+                    "job %s ended at step %s before %s" % (name, status.get("step"), what)
+                )
+            return None
 
-        return self.cp.wait_for("job %s: %s" % (name, what), check, timeout=timeout)
+        try:
+            return self.cp.wait_for("job %s: %s" % (name, what), check, timeout=timeout)
+        except TimeoutError as e:
+            raise TimeoutError(
+                "%s\nlast status: %s\npods: %s"
+                % (e, json.dumps(seen.get("status")), self.pod_places(name))
+            ) from None
+
+    def pod_places(self, name):
+        """'pod node phase' for each pod of job NAME, for a failure's message."""
+        try:
+            return "; ".join(
+                "%s %s %s" % (p["metadata"]["name"], p["spec"].get("nodeName"),
+                              p.get("status", {}).get("phase"))
+                for p in self.job_pods(name)
+            )  # fmt: skip
+        except Exception as e:  # noqa: BLE001 - a message, not the failure
+            return "(not listed: %s)" % e
 
     def wait_workers(self, name, workers, timeout=300):
         return self.wait_job(
@@ -284,8 +319,9 @@ class RealNodeTest(unittest.TestCase):
         of the training math) on WORKERS workers."""
         with tempfile.TemporaryDirectory() as tmp:
             manifest = cnn_manifest(
-                "torch-cnn", "default", DATASET, os.path.join(tmp, "cnn.ckpt"), delay_ms=0
-            )
+                "torch-cnn", "default", DATASET, os.path.join(tmp, "cnn.ckpt"), delay_ms=0,
+                steps=STEPS, batch=BATCH,
+            )  # fmt: skip
             return local_sha(manifest, workers, env=torch_env(), cwd=SOURCE_DIR)
 
     def kubelet_probe_results(self, node):
@@ -313,8 +349,9 @@ class RealNodeTest(unittest.TestCase):
         # e2e.torch_job's CNN job (the same math as the static run), from the image: its
         # program is the image's copy, the package the image's own.
         manifest = cnn_manifest(
-            name, JOB_NS, MOUNT + "/data", MOUNT + "/checkpoints/cnn.ckpt", ("train", MOUNT)
-        )
+            name, JOB_NS, MOUNT + "/data", MOUNT + "/checkpoints/cnn.ckpt", ("train", MOUNT),
+            delay_ms=DELAY_MS, steps=STEPS, batch=BATCH,
+        )  # fmt: skip
         pod_spec = manifest["spec"]["template"]["spec"]
         worker = pod_spec["containers"][0]
         worker["image"] = "virtualflow/torch-agent:" + project_version()

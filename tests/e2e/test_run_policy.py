@@ -57,7 +57,7 @@ class RunPolicyTest(OperatorTestCase):
 
     def wait_phase_failed(self, name: str, timeout: float = 120) -> dict[str, Any]:
         def failed() -> dict[str, Any] | None:
-            self.operator.check_alive()
+            self.check_operator()
             status = self.status(name)
             return status if status.get("phase") == "Failed" else None
 

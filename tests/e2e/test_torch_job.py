@@ -25,9 +25,9 @@ def torch_env() -> dict[str, str]:
     return dict(os.environ, PATH=os.path.dirname(PYTHON) + os.pathsep + os.environ["PATH"])
 
 
-def cnn_manifest(name, ns, data_dir, checkpoint, volume=None, delay_ms=60):
-    """The CNN example as a job of STEPS steps whose data and checkpoint are at DATA_DIR and
-    CHECKPOINT; with VOLUME = (claim, mount root), both are on that PVC."""
+def cnn_manifest(name, ns, data_dir, checkpoint, volume=None, delay_ms=60, steps=STEPS, batch=256):
+    """The CNN example as a job of STEPS steps of global batch BATCH whose data and checkpoint
+    are at DATA_DIR and CHECKPOINT; with VOLUME = (claim, mount root), both are on that PVC."""
     container = {
         "name": "worker",
         "image": "virtualflow/torch-agent:e2e",
@@ -49,10 +49,10 @@ def cnn_manifest(name, ns, data_dir, checkpoint, volume=None, delay_ms=60):
         ]
     spec = {
         "virtualNodes": 8,
-        "globalBatchSize": 256,
+        "globalBatchSize": batch,
         "replicas": {"min": 1, "max": 4},
         "gpusPerWorker": 1,
-        "steps": STEPS,
+        "steps": steps,
         "seed": 42,
         "reduction": "exact",
         "elasticity": {"policy": "elastic", "cooldownSeconds": 0},
