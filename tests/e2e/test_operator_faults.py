@@ -98,8 +98,9 @@ def faults_manifest(name: str, delay_ms: int) -> dict[str, Any]:
 # The CNN's job: a small batch (8 virtual nodes of 8 samples), so that a step's time is mostly
 # its pace, and paced so that its first worker alone trains for well over the time a joiner (a
 # Python process importing PyTorch) takes to be ready; its workers give up on a lost rendezvous
-# after 15 s (VF_TIMEOUT). Rank 0 evaluates on CNN_TEST_SAMPLES test images only: the test
-# compares weights, not accuracy.
+# after 30 s (VF_TIMEOUT: also how long a pod waits for a restarted operator to know it; see
+# test 3). Rank 0 evaluates on CNN_TEST_SAMPLES test images only: the test compares weights,
+# not accuracy.
 CNN_STEPS = 30
 CNN_BATCH = 64
 CNN_DELAY_MS = 150
@@ -115,7 +116,7 @@ def cnn_faults_manifest(name: str, checkpoint_dir: str, delay_ms: int) -> dict[s
     manifest["spec"]["steps"] = CNN_STEPS
     manifest["spec"]["globalBatchSize"] = CNN_BATCH
     worker(manifest)["env"] += [
-        {"name": "VF_TIMEOUT", "value": "15"},
+        {"name": "VF_TIMEOUT", "value": "30"},
         {"name": "CNN_TEST_SAMPLES", "value": str(CNN_TEST_SAMPLES)},
     ]
     return manifest
@@ -411,9 +412,12 @@ class OperatorFaultsTest(OperatorTestCase):
         fails, and it ends with the weights of a static run."""
         name = "phases"
         # The members of a plan whose rendezvous keys a killed coordinator held write them again
-        # to the next one and meet; should one still lose a peer, it gives up on it after 15 s
-        # rather than the default minute.
-        manifest = with_timeout(faults_manifest(name, delay_ms=12), 15)
+        # to the next one and meet; should one still lose a peer, it gives up on it after 30 s
+        # rather than the default minute. Not less: the same timeout bounds how long a pod
+        # created just before a kill waits for the next operator to know it, and the next one
+        # first waits out the killed one's Lease (6 s). At 15 s a joiner gave up (exit 1) on an
+        # idle machine.
+        manifest = with_timeout(faults_manifest(name, delay_ms=12), 30)
         self.reset_nodes(("gpu-p1", 1))
         self.stop_operator()
         self.start_faulted("joiners-warming")
