@@ -4,8 +4,9 @@
 # Extra arguments go to ctest (e.g. -L unit, -R integration).
 #
 # The suite measures itself: at the end it prints, and writes to BUILD/suite-times.txt, the
-# seconds of each phase (set-up, build, tests), the count of tests, and the ten slowest tests
-# (from ctest's JUnit report, BUILD/suite-junit.xml). That file is the figure to quote.
+# seconds of each phase (set-up, build, tests), the count of tests, the ten slowest tests and the
+# fifteen slowest Python test cases (from ctest's JUnit report, BUILD/suite-junit.xml). That
+# file is the figure to quote.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${VF_BUILD_DIR:-$root/build}"
@@ -16,9 +17,11 @@ t1=$(date +%s)
 t2=$(date +%s)
 cd "$build"
 rc=0
-# A failed test's output is cut in the middle, not at its end, where its assertion is.
+# A failed test's output is cut in the middle, not at its end, where its assertion is; a passed
+# one's is kept up to 64 KiB, its case times too.
 ctest --output-on-failure -j "${VF_TEST_JOBS:-2}" --output-junit "$build/suite-junit.xml" \
-  --test-output-size-failed 1000000 --test-output-truncation middle "$@" || rc=$?
+  --test-output-size-failed 1000000 --test-output-size-passed 65536 \
+  --test-output-truncation middle "$@" || rc=$?
 t3=$(date +%s)
 {
   echo "suite: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(nproc) cores, ctest exit status $rc"
@@ -33,6 +36,10 @@ t3=$(date +%s)
     grep -o '<testcase [^>]*>' "$build/suite-junit.xml" |
       sed -E 's/.*name="([^"]*)".*time="([^"]*)".*/\2 \1/' | sort -rn |
       awk 'NR <= 10 { printf "    %8.1f  %s\n", $1, $2 }'
+    # The Python modules' cases (tests/run_unittest.py writes `case-time SECONDS s ID`).
+    echo "  slowest Python test cases (s):"
+    { grep -o 'case-time [0-9.]* s [^ <]*' "$build/suite-junit.xml" || true; } | sort -k2 -rn |
+      awk 'NR <= 15 { printf "    %8.1f  %s\n", $2, $4 }'
     # Why each failed test failed, in a few lines (its whole output is above, and in the report).
     python3 "$root/scripts/suite_failures.py" "$build/suite-junit.xml" || true
   fi

@@ -23,7 +23,8 @@ bad=0
   echo "not formatted (run: $python -m ruff format)"; bad=1; }
 "$python" -m ruff check --force-exclude "${files[@]}" || bad=1
 "$python" -m mypy --cache-dir "$cache/mypy" --strict python/virtualflow examples/torch bench/torch \
-  scripts/suite_failures.py scripts/suite_failures_test.py ||
+  scripts/suite_failures.py scripts/suite_failures_test.py tests/run_unittest.py \
+  tests/run_unittest_test.py ||
   bad=1
 echo "checked ${#files[@]} files"
 exit $bad
