@@ -507,7 +507,10 @@ class KueueTest(OperatorTestCase):
         is redone; the weights are those of a static run. The job runs well past
         waitForPodsReady's timeout without an eviction."""
         self.reset_nodes(("gpu-p1", 2), ("gpu-p2", 2), ("gpu-p3", 2))
-        steps = 1000
+        # Long enough to hold the batch Job's start, its 8 s and the growth back: on a quiet
+        # machine its pods ran 4 s after the shrink, but in a suite run beside the training tests
+        # they ran only after 43 s, and 1000 steps had ended meanwhile.
+        steps = 2000
         manifest = queued_manifest(name, steps, (2, 4), delay_ms=10, queue=queue)
         manifest["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = "low"
         static = local_sha_meanwhile(manifest, 4)
