@@ -7,7 +7,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -90,6 +89,29 @@ def static_job(path, workers):
     return write(
         out, text.replace("replicas: {min: 1, max: 4}", "replicas: {min: %d, max: 4}" % workers)
     )
+
+
+# A capacity schedule whose only growth comes first, from 1 worker to 4, while that one worker
+# computes all 8 nodes of a step (the slowest steps of the run): its 3 joiners, each starting
+# PyTorch, have until step 30 to be ready, then the slots go down to 3 and to 2, which needs no
+# joiner. At twice the elastic tests' pace (120 ms a node on the CPU) steps 1 to 30 sleep 28 s
+# before any computing, and a busy machine that slows a joiner's start slows those steps too.
+# A run that waited for its joiners no longer than their start took is as short as before: the
+# old schedule (2, 3 at step 4, 1 at step 14, 2 at step 22) gave a joiner 10 steps of 2 workers,
+# and on 2 busy cores one missed them and the run had to be repeated at twice the pace.
+GROW_THEN_SHRINK = ("--capacity", "0:1,1:4,30:3,35:2")
+
+
+def assertGrewThenShrank(test, resizes, out):
+    """RESIZES (a summary's) are GROW_THEN_SHRINK's: growths from 1 to 4 (one, or more should
+    the joiners be ready further apart than a plan waits for them), then 4 to 3 and 3 to 2."""
+    sizes = [(r["from"], r["to"]) for r in resizes]
+    test.assertEqual(sizes[-2:], [(4, 3), (3, 2)], out)
+    growths = sizes[:-2]
+    test.assertTrue(growths, out)
+    test.assertEqual(growths[0][0], 1, out)
+    for (a, b), (c, _) in zip(growths, growths[1:] + [(4, 0)], strict=True):
+        test.assertTrue(a < b == c, out)
 
 
 class Background:
@@ -346,17 +368,17 @@ class TorchTest(VfTestCase):
             run = self.run_ok(job, "--workers", str(workers))
             self.assertEqual(run.summary["workers"], workers)
             digests[workers] = run.summary["weights_sha256"]
-        # Two workers, then one from step 4 (and, should the second start late, a growth first):
-        # the state, the scaler's included, goes through at least one resize. Both workers start
-        # at once; paced at 4 times the elastic tests' delay, the first alone takes about 2.5 s
-        # a step on the CPU, so the second may be ready up to 10 s after it.
+        # One worker, then two from step 1: the state, the scaler's included, goes to a joiner.
+        # It has until the run's end to be ready, 7 steps of one worker computing all 8 nodes:
+        # paced at 4 times the elastic tests' delay, about 2.5 s a step on the CPU.
         elastic = self.example(
             "cnn", steps, batch=batch, extra="  elasticity: {policy: elastic, cooldownSeconds: 0}\n"
         )
         run = self.run_ok(
-            elastic, "--capacity", "0:2,4:1", "--vnode-delay-ms", str(4 * pace_ms("cnn"))
+            elastic, "--capacity", "0:1,1:2", "--vnode-delay-ms", str(4 * pace_ms("cnn"))
         )
-        self.assertGreaterEqual(len(run.summary["resizes"]), 1, run.stdout)
+        sizes = [(r["from"], r["to"]) for r in run.summary["resizes"]]
+        self.assertEqual(sizes, [(1, 2)], run.stdout)
         digests["resized"] = run.summary["weights_sha256"]
         self.assertEqual(len(set(digests.values())), 1, "weights differ: %s" % digests)
         self.assertNotEqual(digests[1], float32, "%s weights are float32's" % precision)
@@ -384,35 +406,16 @@ class TorchTest(VfTestCase):
         self.resized_three_times("gpt")
 
     def resized_three_times(self, name):
-        """Trains example NAME for 40 steps under a capacity schedule of three changes; the
-        run must resize three times and end with the weights of the static run."""
-        # No cooldown: each change of the slots is followed as soon as the joiners are ready.
+        """Trains example NAME for 40 steps through a growth from 1 worker to 4, then two shrinks
+        (4 to 3 at step 30, 3 to 2 at step 35): the run must make exactly those changes and end
+        with the weights of the static run."""
         expected = self.elastic_reference(40, name)
+        # No cooldown: each change of the slots is followed as soon as the joiners are ready.
         job = self.example(name, 40, extra="  elasticity: {policy: elastic, cooldownSeconds: 0}\n")
-        # Each window must outlast a joiner's start: on the CPU here a step at 60 ms per node
-        # takes longer than a worker takes to start, but on an H100 a worker took 9 s to start
-        # (PyTorch's import, the CUDA context) while a step took 0.27 s, and the growth at step
-        # 4 was still waiting for its joiner when the slots went down at step 14. A machine
-        # busier than usual does the same: in a fresh clone's suite, with Kubernetes compiling
-        # beside this test, a joiner took more than the 15 s that steps 4 to 14 lasted, and the
-        # run resized twice. So a run that resized fewer than three times is repeated with the
-        # nodes paced twice as slow, up to twice; every run must keep the weights.
-        delay = pace_ms(name)
-        for attempt in range(3):
-            run = self.run_ok(
-                job, "--capacity", "0:2,4:3,14:1,22:2", "--vnode-delay-ms", str(delay)
-            )
-            self.assertEqual(run.summary["recoveries"], 0, run.stdout)
-            self.assertEqual(run.summary["weights_sha256"], expected)
-            if len(run.summary["resizes"]) >= 3 or attempt == 2:
-                break
-            print(
-                f"{len(run.summary['resizes'])} resizes at {delay} ms per node (a joiner slower "
-                f"than its window); again at {2 * delay} ms",
-                file=sys.stderr,
-            )
-            delay *= 2
-        self.assertGreaterEqual(len(run.summary["resizes"]), 3, run.stdout)
+        run = self.run_ok(job, *GROW_THEN_SHRINK, "--vnode-delay-ms", str(2 * pace_ms(name)))
+        self.assertEqual(run.summary["recoveries"], 0, run.stdout)
+        assertGrewThenShrank(self, run.summary["resizes"], run.stdout)
+        self.assertEqual(run.summary["weights_sha256"], expected)
 
     @unittest.skipUnless(on_gpu("cnn"), "needs the CNN on a GPU")
     def test_cnn_through_nccl_between_workers_resized_keeps_the_weights_of_gloo(self):

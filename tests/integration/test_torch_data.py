@@ -6,7 +6,6 @@ ends the job with one line that carries its traceback."""
 
 import os
 import signal
-import sys
 import tempfile
 import textwrap
 import time
@@ -14,7 +13,14 @@ import unittest
 import uuid
 
 from harness import SOURCE_DIR, VfTestCase, vf, write
-from test_torch import PYTHON, Background, pace_ms, torch_job
+from test_torch import (
+    GROW_THEN_SHRINK,
+    PYTHON,
+    Background,
+    assertGrewThenShrank,
+    pace_ms,
+    torch_job,
+)
 
 STEPS = 40
 # 8 nodes of 16 images from 1,024 PNG files: a step costs little beside the loading.
@@ -122,29 +128,19 @@ class TorchDataTest(VfTestCase):
     def test_resized_three_times_with_loader_processes_keeps_the_weights(self):
         # Each plan's change drops the nodes prefetched for the old plan and loads the new one's.
         expected = self.reference()
-        # This example's steps are short (a small CNN on 128 images), so at the CNN test's 60 ms
-        # per node a joiner, which starts PyTorch and its loader processes, missed its window:
-        # 2 resizes at 60 and at 120 ms on 2 busy cores, 3 at 240 ms.
-        delay = 4 * pace_ms("images")
-        for attempt in range(3):
-            run = self.run_ok(
-                self.job(ELASTIC),
-                "2,1",
-                "--capacity",
-                "0:2,4:3,14:1,22:2",
-                "--vnode-delay-ms",
-                str(delay),
-            )
-            self.assertEqual(run.summary["weights_sha256"], expected)
-            if len(run.summary["resizes"]) >= 3 or attempt == 2:
-                break
-            print(
-                "%d resizes at %d ms per node; again at %d ms"
-                % (len(run.summary["resizes"]), delay, 2 * delay),
-                file=sys.stderr,
-            )
-            delay *= 2
-        self.assertGreaterEqual(len(run.summary["resizes"]), 3, run.stdout)
+        # The schedule of the CNN's resize test: a growth from 1 worker to 4 while that one
+        # worker computes all 8 nodes of a step, then two shrinks. This example's steps are short
+        # (a small CNN on 128 images) and its joiners start loader processes too, so it is paced
+        # at 4 times the CNN test's delay: steps 1 to 30 sleep 56 s before any loading.
+        run = self.run_ok(
+            self.job(ELASTIC),
+            "2,1",
+            *GROW_THEN_SHRINK,
+            "--vnode-delay-ms",
+            str(4 * pace_ms("images")),
+        )
+        assertGrewThenShrank(self, run.summary["resizes"], run.stdout)
+        self.assertEqual(run.summary["weights_sha256"], expected)
 
     def test_a_kill_9_of_a_worker_keeps_the_weights_and_leaves_no_loader_process(self):
         expected = self.reference()
