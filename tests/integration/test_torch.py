@@ -256,14 +256,16 @@ class TorchTest(VfTestCase):
         self.assertSucceeded(run)
         return run
 
-    def test_examples_train_to_the_same_weights_on_1_2_and_3_workers(self):
+    def test_examples_train_to_the_same_weights_on_1_and_3_workers(self):
+        # Even and uneven splits of the 8 nodes: all on one worker, 3-3-2 on three (and the
+        # CNN's staged run below, 4-4 on two).
         for name in ("cnn", "gpt"):
             with self.subTest(example=name):
                 # A quarter of the example's batch (the CNN's 8 nodes of 8 images): the check is
                 # of the weights, which any batch shows, and each run's steps cost a quarter.
                 job = self.example(name, 4, batch=BATCH[name] // 4)
                 digests = {}
-                for workers in (1, 2, 3):
+                for workers in (1, 3):
                     run = self.run_ok(job, "--workers", str(workers))
                     self.assertEqual(run.summary["workers"], workers)
                     self.assertEqual(run.summary["steps"], 4)
@@ -339,7 +341,7 @@ class TorchTest(VfTestCase):
             run, "NCCL refused the communicator", "one rank per GPU", "with rank", "Gloo"
         )
 
-    def test_cnn_under_bfloat16_autocast_trains_to_the_same_weights_on_1_2_3_workers_and_resized(
+    def test_cnn_under_bfloat16_autocast_trains_to_the_same_weights_on_1_3_workers_and_resized(
         self,
     ):
         # The forward pass under torch.autocast(dtype=torch.bfloat16), the parameters float32
@@ -354,8 +356,8 @@ class TorchTest(VfTestCase):
         self.autocast_keeps_the_weights("fp16")
 
     def autocast_keeps_the_weights(self, precision):
-        """Trains the CNN under CNN_AUTOCAST=PRECISION on 1, 2 and 3 workers and through a
-        resize: the same weights every time, and not those of float32 (autocast really ran).
+        """Trains the CNN under CNN_AUTOCAST=PRECISION on 1 and 3 workers and through a resize
+        from 1 to 2: the same weights every time, and not those of float32 (autocast really ran).
         Cheap: 8 steps of 16 images (8 nodes of 2). bfloat16 on a CPU without its instructions
         is emulated, about 4 times float32's time: 12 steps of 64 images took 30 s a run."""
         steps, batch = 8, 16
@@ -364,7 +366,7 @@ class TorchTest(VfTestCase):
         float32 = self.run_ok(job, "--workers", "1").summary["weights_sha256"]
         os.environ["CNN_AUTOCAST"] = precision
         digests = {}
-        for workers in (1, 2, 3):
+        for workers in (1, 3):
             run = self.run_ok(job, "--workers", str(workers))
             self.assertEqual(run.summary["workers"], workers)
             digests[workers] = run.summary["weights_sha256"]
