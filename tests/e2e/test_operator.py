@@ -335,14 +335,16 @@ class OperatorTestCase(ControlPlaneTestCase):
         )["items"]
 
     def wait_status(self, name, what, predicate, timeout=240):
+        """Until the job's status satisfies PREDICATE (then returns it); a Failed job ends the
+        wait at once, with its status and its pods' last lines."""
+
         def check():
-            self.check_operator()
             status = self.status(name)
             if status.get("phase") == "Failed":
                 raise self.job_failed(name, status)
             return status if predicate(status) else None
 
-        return self.cp.wait_for("job %s: %s" % (name, what), check, timeout=timeout)
+        return self.wait_for("job %s: %s" % (name, what), check, timeout=timeout)
 
     def wait_step(self, name, step, timeout=240):
         return self.wait_status(
