@@ -4,9 +4,9 @@
 # Extra arguments go to ctest (e.g. -L unit, -R integration).
 #
 # The suite measures itself: at the end it prints, and writes to BUILD/suite-times.txt, the
-# seconds of each phase (set-up, build, tests), the count of tests, the ten slowest tests and the
-# fifteen slowest Python test cases (from ctest's JUnit report, BUILD/suite-junit.xml). That
-# file is the figure to quote.
+# seconds of each phase (set-up, build, tests), the count of tests, the ten slowest tests, the
+# fifteen slowest Python test cases and the Python test modules' CPU seconds (from ctest's JUnit
+# report, BUILD/suite-junit.xml). That file is the figure to quote.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${VF_BUILD_DIR:-$root/build}"
@@ -42,6 +42,13 @@ t3=$(date +%s)
     echo "  slowest Python test cases (s):"
     { grep -o 'case-time [0-9.]* s [^ <]*' "$build/suite-junit.xml" || true; } | sort -k2 -rn |
       awk 'NR <= 15 { printf "    %8.1f  %s\n", $2, $4 }'
+    # On 2 cores the suite waits for the CPU more than for any one test: the Python test
+    # modules' CPU seconds (theirs and their ended processes'; `module-cpu SECONDS s MODULES`).
+    echo "  Python test modules by CPU seconds (all of them, then the ten busiest):"
+    { grep -o 'module-cpu [0-9.]* s [^ <]*' "$build/suite-junit.xml" || true; } | sort -k2 -rn |
+      awk '{ t += $2; l[NR] = sprintf("    %8.1f  %s", $2, $4) }
+           END { printf "    %8.1f  (%d modules)\n", t, NR
+                 for (i = 1; i <= NR && i <= 10; i++) print l[i] }'
     # Why each failed test failed, in a few lines (its whole output is above, and in the report).
     python3 "$root/scripts/suite_failures.py" "$build/suite-junit.xml" || true
   fi
