@@ -131,7 +131,8 @@ class TorchDataTest(VfTestCase):
         # The schedule of the CNN's resize test: a growth from 1 worker to 4 while that one
         # worker computes all 8 nodes of a step, then two shrinks. This example's steps are short
         # (a small CNN on 128 images) and its joiners start loader processes too, so it is paced
-        # at 4 times the CNN test's delay: steps 1 to 30 sleep 56 s before any loading.
+        # at twice the CNN test's delay, 240 ms a node: steps 1 to 30 sleep 56 s before any
+        # loading.
         run = self.run_ok(
             self.job(ELASTIC),
             "2,1",
