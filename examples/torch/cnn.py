@@ -159,10 +159,11 @@ def train_mixed(
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
     model.eval()
     correct, loss = 0, 0.0
-    for i in range(0, len(x), 1000):
-        out = model(x[i : i + 1000])
-        loss += float(F.cross_entropy(out, y[i : i + 1000], reduction="sum"))
-        correct += int((out.argmax(1) == y[i : i + 1000]).sum())
+    with torch.no_grad():  # no graph to keep: a forward pass only
+        for i in range(0, len(x), 1000):
+            out = model(x[i : i + 1000])
+            loss += float(F.cross_entropy(out, y[i : i + 1000], reduction="sum"))
+            correct += int((out.argmax(1) == y[i : i + 1000]).sum())
     return correct / len(x), loss / len(x)
 
 
