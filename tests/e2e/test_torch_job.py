@@ -19,10 +19,20 @@ STEPS = 60
 RESTRICTED = "restricted"
 
 
+# Rank 0 of the CNN evaluates this many test images, not all 10,000 (about 20 CPU-seconds a
+# run): the tests compare weights, not accuracy.
+CNN_TEST_SAMPLES = "500"
+
+
 def torch_env() -> dict[str, str]:
     """This process's environment with the PyTorch environment's python3 first on PATH: what a
-    local `vf run` of a PyTorch job needs to start its workers."""
-    return dict(os.environ, PATH=os.path.dirname(PYTHON) + os.pathsep + os.environ["PATH"])
+    local `vf run` of a PyTorch job needs to start its workers. `vf run` reads no `env` of the
+    job's template, so the CNN's CNN_TEST_SAMPLES (see cnn_manifest) is set here too."""
+    return dict(
+        os.environ,
+        PATH=os.path.dirname(PYTHON) + os.pathsep + os.environ["PATH"],
+        CNN_TEST_SAMPLES=CNN_TEST_SAMPLES,
+    )
 
 
 def cnn_manifest(name, ns, data_dir, checkpoint, volume=None, delay_ms=60, steps=STEPS, batch=256):
@@ -37,6 +47,7 @@ def cnn_manifest(name, ns, data_dir, checkpoint, volume=None, delay_ms=60, steps
             {"name": "PYTHONPATH", "value": PACKAGE},
             {"name": "FASHION_MNIST", "value": data_dir},
             {"name": "VF_VNODE_DELAY_MS", "value": str(delay_ms)},
+            {"name": "CNN_TEST_SAMPLES", "value": CNN_TEST_SAMPLES},
         ],
     }
     pod: dict = {"containers": [container]}
