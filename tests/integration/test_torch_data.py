@@ -19,6 +19,7 @@ from test_torch import (
     Background,
     assertGrewThenShrank,
     pace_ms,
+    static_job,
     torch_job,
 )
 
@@ -96,6 +97,10 @@ class TorchDataTest(VfTestCase):
 
     def run_ok(self, job, loaders, *args):
         os.environ["IMAGES_LOADERS"] = loaders
+        if "--workers" in args and "--capacity" not in args:
+            # A static run: its first step waits for all its workers, so that one slow to start
+            # on a busy machine cannot miss the run (it did, on 2 cores beside 2 other tests).
+            job = static_job(job, int(args[args.index("--workers") + 1]))
         run = vf("run", job, "--progress-interval", "0", *args)
         self.assertSucceeded(run)
         self.assertNoOrphans()
