@@ -423,7 +423,7 @@ class KueueTest(OperatorTestCase):
         created = [p["metadata"]["creationTimestamp"] for p in self.pods("second")]
         self.assertEqual(len(created), 2)
         self.assertGreaterEqual(min(created), finished["lastTransitionTime"])
-        self.assertEqual(done["weightsSha256"], local_sha(first, 2))
+        self.assertEqual(done["weightsSha256"], local_sha(first))
         for name in ("first", "second"):
             self.delete_job(name)
 
@@ -513,7 +513,7 @@ class KueueTest(OperatorTestCase):
         steps = 2000
         manifest = queued_manifest(name, steps, (2, 4), delay_ms=10, queue=queue)
         manifest["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = "low"
-        static = local_sha_meanwhile(manifest, 4)
+        static = local_sha_meanwhile(manifest)
         self.apply(manifest)
         started = time.monotonic()
         self.wait_workers(name, 4)
@@ -648,7 +648,7 @@ class KueueTest(OperatorTestCase):
             self.assertIn("resuming from checkpoint %s/job.ckpt" % mount, self.pod_logs(name))
             self.assertEqual(done["step"], 400)
             uninterrupted = queued_manifest(name, steps=400, replicas=(4, 4))
-            self.assertEqual(done["weightsSha256"], local_sha(uninterrupted, 4))
+            self.assertEqual(done["weightsSha256"], local_sha(uninterrupted))
         finally:
             self.delete_job(name)
             self.cp.request(
@@ -720,7 +720,7 @@ class KueueTest(OperatorTestCase):
                 template = w["spec"]["podSets"][0]["template"]["spec"]
                 self.assertEqual(template["nodeSelector"]["example.com/pool"], "a")
         done = self.wait_succeeded("flavored")
-        self.assertEqual(done["weightsSha256"], local_sha(manifest, 2))
+        self.assertEqual(done["weightsSha256"], local_sha(manifest))
         self.delete_job("flavored")
 
     def test_9_without_kueue_pods_waiting_for_gpus_make_an_elastic_job_give_way(self):
@@ -731,7 +731,7 @@ class KueueTest(OperatorTestCase):
         self.reset_nodes(("gpu-d", 4))
         manifest = job_manifest("beside", steps=700, replicas=(1, 4), delay_ms=10)
         manifest["metadata"]["namespace"] = NS
-        static = local_sha_meanwhile(manifest, 4)
+        static = local_sha_meanwhile(manifest)
         self.apply(manifest)
         self.wait_workers("beside", 4)
         pod = batch_job("other", SHARED_QUEUE, "high", pods=1, seconds=8)["spec"]["template"]
@@ -816,7 +816,7 @@ class KueueTest(OperatorTestCase):
         manifest = queued_manifest(
             name, steps=700, replicas=(1, 3), delay_ms=10, queue=SHARED_QUEUE
         )
-        static = local_sha_meanwhile(manifest, 3)
+        static = local_sha_meanwhile(manifest)
         self.apply(manifest)
         self.wait_workers(name, 3)
         self.assertEqual(self.reserved_gpus(SHARED_CLUSTER_QUEUE), 3)

@@ -313,16 +313,16 @@ class RealNodeTest(unittest.TestCase):
         )
         return store
 
-    def static_sha(self, workers):
+    def static_sha(self):
         """weights_sha256 of `vf run` of the same job on this host (its PyTorch environment,
         the data from the host's copy, the checkpoint in a temporary directory: neither is part
-        of the training math) on WORKERS workers."""
+        of the training math) on one worker (see local_sha)."""
         with tempfile.TemporaryDirectory() as tmp:
             manifest = cnn_manifest(
                 "torch-cnn", "default", DATASET, os.path.join(tmp, "cnn.ckpt"), delay_ms=0,
                 steps=STEPS, batch=BATCH,
             )  # fmt: skip
-            return local_sha(manifest, workers, env=torch_env(), cwd=SOURCE_DIR)
+            return local_sha(manifest, env=torch_env(), cwd=SOURCE_DIR)
 
     def kubelet_probe_results(self, node):
         """The kubelet's own count of its probes' results on NODE (its /metrics/probes, through
@@ -395,7 +395,7 @@ class RealNodeTest(unittest.TestCase):
             "--grace-period=30", "--timeout=180s", timeout=240,
         )  # fmt: skip
         self.wait_workers(name, 2)
-        static = concurrent.futures.ThreadPoolExecutor(1).submit(self.static_sha, 2)
+        static = concurrent.futures.ThreadPoolExecutor(1).submit(self.static_sha)
         # A worker pod deleted: its worker leaves, a replacement joins.
         member = self.job_status(name)["assignment"][1]["worker"]
         self.kubectl("delete", "pod", "-n", JOB_NS, member, "--wait=false")

@@ -117,16 +117,16 @@ def cnn_faults_manifest(name: str, checkpoint_dir: str, delay_ms: int) -> dict[s
     return manifest
 
 
-def cnn_local_sha(manifest: dict[str, Any], workers: int) -> str:
-    """weights_sha256 of a static, unpaced `vf run` of MANIFEST's training on WORKERS workers
-    (the checkpoint in a directory of its own: not part of the training math)."""
+def cnn_local_sha(manifest: dict[str, Any]) -> str:
+    """weights_sha256 of a static, unpaced `vf run` of MANIFEST's training on one worker (the
+    checkpoint in a directory of its own: not part of the training math)."""
     with tempfile.TemporaryDirectory() as tmp:
         manifest = copy.deepcopy(manifest)
         manifest["spec"]["checkpoint"]["path"] = os.path.join(tmp, "cnn.ckpt")
         worker(manifest)["env"] = [
             e for e in worker(manifest)["env"] if e["name"] != "VF_VNODE_DELAY_MS"
         ]
-        return str(local_sha(manifest, workers, env=torch_env(), cwd=SOURCE_DIR))
+        return str(local_sha(manifest, env=torch_env(), cwd=SOURCE_DIR))
 
 
 class OperatorFaultsTest(OperatorTestCase):
@@ -138,7 +138,7 @@ class OperatorFaultsTest(OperatorTestCase):
         super().setUpClass()
         # The static run the jobs must match, computed once, beside the first test.
         cls.static = concurrent.futures.ThreadPoolExecutor(1).submit(
-            local_sha, faults_manifest("static", 0), 1
+            local_sha, faults_manifest("static", 0)
         )
 
     def static_sha(self) -> str:
@@ -537,7 +537,7 @@ class OperatorFaultsTest(OperatorTestCase):
         manifest = cnn_faults_manifest(name, checkpoints, CNN_DELAY_MS)
         # No periodic checkpoint: the job resumes from the one rank 0 writes as it leaves.
         manifest["spec"]["checkpoint"].pop("everySteps", None)
-        static = concurrent.futures.ThreadPoolExecutor(1).submit(cnn_local_sha, manifest, 2)
+        static = concurrent.futures.ThreadPoolExecutor(1).submit(cnn_local_sha, manifest)
         self.reset_nodes(("gpu-c1", 1))
         self.stop_operator()
         self.start_faulted("plan-published")

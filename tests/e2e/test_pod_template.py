@@ -84,7 +84,7 @@ class PodTemplateTest(OperatorTestCase):
                 pod["metadata"]["annotations"]["kubectl.kubernetes.io/default-container"],
                 "worker",
             )
-        self.assertEqual(status["weightsSha256"], local_sha(manifest, 2))
+        self.assertEqual(status["weightsSha256"], local_sha(manifest))
         self.delete_job(name)
 
     def test_a_mig_profile_is_requested_exactly_on_the_node_that_has_it(self):
@@ -113,7 +113,7 @@ class PodTemplateTest(OperatorTestCase):
                 self.assertNotIn("nvidia.com/gpu", resources[part])
             # A slice is no product of whole GPUs: no product pin.
             self.assertNotIn("nvidia.com/gpu.product", pod["spec"].get("nodeSelector", {}))
-        self.assertEqual(status["weightsSha256"], local_sha(manifest, 2))
+        self.assertEqual(status["weightsSha256"], local_sha(manifest))
         self.delete_job(name)
 
 

@@ -196,7 +196,7 @@ class RunPolicyTest(OperatorTestCase):
     def test_3_kubectl_scale_shrinks_a_running_job_with_static_weights(self) -> None:
         name = "scaled"
         manifest = job_manifest(name, steps=900, replicas=(1, 4), delay_ms=8)
-        static = local_sha_meanwhile(manifest, 1)
+        static = local_sha_meanwhile(manifest)
         self.reset_nodes(("gpu-s1", 2), ("gpu-s2", 2))
         self.apply(manifest)
         self.wait_workers(name, 4)

@@ -81,7 +81,7 @@ class OperatorSecurityTest(OperatorTestCase):
         name = "besieged"
         manifest = job_manifest(name, steps=900, delay_ms=8, replicas=(2, 2))
         self.reset_nodes(("gpu-1", 2))
-        static = local_sha_meanwhile(manifest, 2)
+        static = local_sha_meanwhile(manifest)
         self.apply(manifest)
         self.wait_workers(name, 2)
         self.wait_step(name, 20)
@@ -167,7 +167,7 @@ class OperatorSecurityTest(OperatorTestCase):
         manifest = job_manifest(first, steps=900, delay_ms=8, replicas=(2, 2))
         waiting = job_manifest(second, steps=60, replicas=(1, 1))
         self.reset_nodes(("gpu-1", 2), ("gpu-2", 1))
-        static = local_sha_meanwhile(manifest, 2)
+        static = local_sha_meanwhile(manifest)
         self.apply(manifest)
         self.wait_workers(first, 2)
         self.wait_step(first, 20)
@@ -196,7 +196,7 @@ class OperatorSecurityTest(OperatorTestCase):
         # The first job's weights are still a static run's; deleting it makes room.
         status = self.wait_succeeded(first)
         self.assertEqual(status["weightsSha256"], static.result(timeout=900))
-        second_static = local_sha_meanwhile(waiting, 1)
+        second_static = local_sha_meanwhile(waiting)
         self.delete_job(first)
         status = self.wait_succeeded(second)
         self.assertEqual(status["weightsSha256"], second_static.result(timeout=900))

@@ -78,7 +78,9 @@ def restore_environ(old):
 
 def reference_meanwhile(job, workers):
     """A static, unpaced `vf run` of JOB on WORKERS workers, started now in a thread of its own
-    so that it runs while the faulted run trains; .result() is its Run."""
+    so that it runs while the faulted run trains; .result() is its Run. The tests here give it
+    one worker: the weights are those of any worker count, and one is the cheapest run (no
+    collective, one PyTorch to start)."""
     return concurrent.futures.ThreadPoolExecutor(1).submit(
         vf, "run", job, "--workers", str(workers), "--progress-interval", "0"
     )
@@ -191,7 +193,7 @@ class CheckpointFaultTest(VfTestCase):
         try:
             subprocess.run(["mount", "-o", "remount,size=" + CNN_TMPFS_SIZE, self.mnt], check=True)
             steps, every = 12, 3
-            straight = reference_meanwhile(cnn_job(os.path.join(self.tmp, "cnn.yaml"), steps), 2)
+            straight = reference_meanwhile(cnn_job(os.path.join(self.tmp, "cnn.yaml"), steps), 1)
             ckpt = os.path.join(self.mnt, "cnn.ckpt")
             job = cnn_job(os.path.join(self.tmp, "cnn-full.yaml"), steps, (ckpt, every))
             sha = self.run_on_a_full_disk(job, CNN_FILLER_BYTES, every, "--vnode-delay-ms", "40")
@@ -358,7 +360,7 @@ class TorchBackgroundRun(Background):
 
 @unittest.skipUnless(PYTHON, "no Python environment with PyTorch (scripts/setup-python.sh)")
 class TorchHungMemberTest(VfTestCase):
-    _reference = ""  # the weights of the static 2-worker run, once one has been made
+    _reference = ""  # the weights of the static 1-worker run, once one has been made
 
     def setUp(self):
         super().setUp()
@@ -394,11 +396,11 @@ class TorchHungMemberTest(VfTestCase):
     def silence_one_of_three(self, name, silence=None, undo=None):
         """The two tests above: a paced 3-worker run of the CNN, worker-2 silenced by
         SILENCE(pid) (default kill -STOP) once the 3 have trained a step together, UNDO(pid)
-        once a plan has left it out; the run's weights against a static 2-worker run."""
+        once a plan has left it out; the run's weights against a static 1-worker run."""
         faults = {} if silence is None else {"silence": silence, "undo": undo}
         job = cnn_job(os.path.join(self.tmp, name + ".yaml"), 40)
         # The static run's weights are made once for the class: both tests train the same job.
-        expected = None if TorchHungMemberTest._reference else reference_meanwhile(job, 2)
+        expected = None if TorchHungMemberTest._reference else reference_meanwhile(job, 1)
         # Paced so that the 3 workers train together well before the end. A collective timeout
         # past the coordinator's 10 s of silence, as the MLP's test has it, but 30 s rather
         # than 20: until the first step, starting the workers (3 Python processes importing
