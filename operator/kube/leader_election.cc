@@ -125,8 +125,12 @@ void LeaderElector::Log(const std::string& message) const {
                config_.identity.c_str(), message.c_str());
 }
 
-void LeaderElector::LogFailure(std::string_view what, const ApiError& error) const {
+void LeaderElector::NoteFailure(std::string_view what, const ApiError& error) {
   Log(std::string(what) + " failed: " + error.ToString());
+  // A call cut short by the renew deadline (each call's timeout is the time left) says less than
+  // the server's answer before it, so that answer stays the one Run's result names.
+  if (error.reason == Reason::kDeadlineExceeded && !last_error_.empty()) return;
+  last_error_ = error.ToString();
 }
 
 CallOptions LeaderElector::CallsUntil(SteadyClock::time_point deadline) const {
@@ -176,16 +180,14 @@ LeaderElector::Attempt LeaderElector::TryAcquireOrRenew(SteadyClock::time_point 
       Observe(*renewed, SteadyClock::now());
       return Attempt::kSucceeded;
     }
-    LogFailure("renewing from the lease last written", renewed.error());
-    last_error_ = renewed.error().ToString();
+    NoteFailure("renewing from the lease last written", renewed.error());
     if (SteadyClock::now() >= deadline) return Attempt::kFailed;
   }
 
   ApiResult<json> got = client_.Get(kLeases, config_.ns, config_.name, CallsUntil(deadline));
   if (!got.ok()) {
     if (got.reason() != Reason::kNotFound) {
-      LogFailure("reading the lease", got.error());
-      last_error_ = got.error().ToString();
+      NoteFailure("reading the lease", got.error());
       return Attempt::kFailed;
     }
     json lease = {{"metadata", {{"name", config_.name}, {"namespace", config_.ns}}},
@@ -198,8 +200,7 @@ LeaderElector::Attempt LeaderElector::TryAcquireOrRenew(SteadyClock::time_point 
     ApiResult<json> created = client_.Create(kLeases, config_.ns, lease, CallsUntil(deadline));
     if (!created.ok()) {
       // AlreadyExists: another candidate created it first; the next attempt reads theirs.
-      LogFailure("creating the lease", created.error());
-      last_error_ = created.error().ToString();
+      NoteFailure("creating the lease", created.error());
       return Attempt::kFailed;
     }
     Observe(*created, SteadyClock::now());
@@ -231,9 +232,8 @@ LeaderElector::Attempt LeaderElector::TryAcquireOrRenew(SteadyClock::time_point 
   // Conflict.
   ApiResult<json> written = client_.Replace(kLeases, config_.ns, lease, CallsUntil(deadline));
   if (!written.ok()) {
-    LogFailure(holder == config_.identity ? "renewing the lease" : "taking the lease over",
-               written.error());
-    last_error_ = written.error().ToString();
+    NoteFailure(holder == config_.identity ? "renewing the lease" : "taking the lease over",
+                written.error());
     return Attempt::kFailed;
   }
   Observe(*written, SteadyClock::now());
@@ -253,7 +253,7 @@ void LeaderElector::Release() {
   ApiResult<json> released = client_.Replace(
       kLeases, config_.ns, lease, CallsUntil(SteadyClock::now() + config_.renew_deadline));
   if (!released.ok()) {
-    LogFailure("releasing the lease", released.error());
+    Log("releasing the lease failed: " + released.error().ToString());
     return;
   }
   Observe(*released, SteadyClock::now());
@@ -288,6 +288,7 @@ Status LeaderElector::Run(std::stop_token stop) {
   }
 
   mark_renewed(last_renewal);
+  last_error_.clear();
   leading_ = true;
   Log("acquired the lease; leading");
   std::stop_source term;

@@ -116,7 +116,8 @@ class LeaderElector {
   // Gives the Lease up (empty holder, 1 s duration) after a term ends by cancellation.
   void Release();
   void Log(const std::string& message) const;
-  void LogFailure(std::string_view what, const ApiError& error) const;
+  // Logs a failed call and records it as the last failure (see the .cc for which one wins).
+  void NoteFailure(std::string_view what, const ApiError& error);
   CallOptions CallsUntil(SteadyClock::time_point deadline) const;
 
   Client& client_;
