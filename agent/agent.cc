@@ -136,6 +136,19 @@ class Agent::Impl {
     const char* spec = std::getenv(worker_env::kFaultInject.name);
     return spec == nullptr ? "" : spec;
   }
+  // VF_COMM_THREAD_NICE: 0 when unset or empty.
+  static Result<int> CommThreadNice() {
+    const char* text = std::getenv(worker_env::kCommThreadNice.name);
+    if (text == nullptr || *text == '\0') return 0;
+    char* end = nullptr;
+    errno = 0;
+    const long nice = std::strtol(text, &end, 10);
+    if (end == text || *end != '\0' || errno != 0 || nice < 0 || nice > 19) {
+      return InvalidArgument(std::string(worker_env::kCommThreadNice.name) +
+                             " must be a whole number 0..19, got '" + text + "'");
+    }
+    return static_cast<int>(nice);
+  }
 
   // The first registration (not ready yet), waiting as Agent::Join says; false when the worker
   // was asked to leave before it registered.
@@ -172,6 +185,7 @@ class Agent::Impl {
   CoordinatorClient client_;
   CoordinatorStore coordinator_store_;
   FaultInjector faults_;
+  int comm_thread_nice_ = 0;  // the Gloo communicator's event thread's (VF_COMM_THREAD_NICE)
   std::unique_ptr<PlanWatcher> watcher_;
 
   std::unique_ptr<PrefixStore> prefixed_;
@@ -210,6 +224,7 @@ Status Agent::Impl::Start() {
                  metrics_server_->port());
   }
   VF_ASSIGN_OR_RETURN(protocol_, ProtocolToSpeak(o_.worker));
+  VF_ASSIGN_OR_RETURN(comm_thread_nice_, CommThreadNice());
   VF_ASSIGN_OR_RETURN(const bool registered, RegisterFirst());
   if (!registered) return Status::Ok();  // deleted before it ever counted: Next says so
   // A coordinator that restarted while this worker rendezvoused lost the keys it wrote; the
@@ -305,6 +320,7 @@ Result<bool> Agent::Impl::Switch(const Plan& plan, const Member& me, TrainingSta
   CommOptions copts;
   copts.timeout = o_.timeout;
   copts.hostname = o_.host;
+  copts.event_thread_nice = comm_thread_nice_;
   const bool nccl = nccl_device_ >= 0;
   auto c = nccl ? CreateNcclCommunicator(*prefixed_, me.rank, world, copts, nccl_device_)
                 : CreateGlooCommunicator(*prefixed_, me.rank, world, copts);

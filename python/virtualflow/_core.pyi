@@ -80,6 +80,8 @@ ENV_TORCH_COLLECTIVES: str = 'VF_TORCH_COLLECTIVES'
 
 ENV_TORCH_STAGING: str = 'VF_TORCH_STAGING'
 
+ENV_COMM_THREAD_NICE: str = 'VF_COMM_THREAD_NICE'
+
 ENV_FAULT_INJECT: str = 'VF_FAULT_INJECT'
 
 def parse_job(arg0: str, arg1: str, /) -> dict[str, Any]:

@@ -48,6 +48,11 @@ struct CommOptions {
   std::string hostname = "127.0.0.1";
   // Bound on rendezvous and on every collective; past it the collective fails.
   std::chrono::milliseconds timeout = std::chrono::seconds(60);
+  // Gloo only: the nice value (0..19) of the thread that reads the sockets. Raise it where more
+  // busy threads than cores share a machine (`vf run` with several workers on a few cores):
+  // that thread spins while the training thread holds a connection's lock, and at the same
+  // priority it takes the CPU from the very thread it waits for. 0 leaves it as it is.
+  int event_thread_nice = 0;
 };
 
 // A world of one rank: collectives are copies or no-ops.

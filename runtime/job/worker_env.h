@@ -91,6 +91,9 @@ inline constexpr Variable kTorchCollectives{"VF_TORCH_COLLECTIVES", Kind::kSetti
 inline constexpr Variable kTorchStaging{
     "VF_TORCH_STAGING", Kind::kSetting,
     "slots of pinned host memory a GPU's gradients are staged through (1 or 2)"};
+inline constexpr Variable kCommThreadNice{
+    "VF_COMM_THREAD_NICE", Kind::kSetting,
+    "the nice value (0..19) of the Gloo thread that reads the sockets (vf run: 19 on few cores)"};
 inline constexpr Variable kFaultInject{"VF_FAULT_INJECT", Kind::kSetting,
                                        "tests only: faults to inject, worker-N:point[@step],..."};
 
@@ -122,6 +125,7 @@ inline constexpr std::array kAll{kJobSpec,
                                  kTorchFoldKernel,
                                  kTorchCollectives,
                                  kTorchStaging,
+                                 kCommThreadNice,
                                  kFaultInject};
 
 // The variable called `name`, or nullptr.

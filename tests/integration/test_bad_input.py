@@ -160,8 +160,9 @@ spec:
             "no module named my_model",
         )
 
-    def agent(self, *args):
-        """virtualflow-agent for this test's job, with a coordinator nobody serves."""
+    def agent(self, *args, env=None):
+        """virtualflow-agent for this test's job, with a coordinator nobody serves; `env` is
+        added to this process's environment."""
         return subprocess.run(
             [
                 os.path.join(BIN_DIR, "virtualflow-agent"),
@@ -176,7 +177,19 @@ spec:
             capture_output=True,
             text=True,
             timeout=60,
+            env={**os.environ, **(env or {})},
         )
+
+    def test_a_comm_thread_nice_value_out_of_range_fails_the_job_saying_why(self):
+        token = write(os.path.join(self.tmp, "token"), "t0\n")
+        for value in ("20", "-1", "high", "5x"):
+            run = self.agent("--token-file", token, env={"VF_COMM_THREAD_NICE": value})
+            # Exit 3: the same setting would fail every replacement the same way.
+            self.assertEqual(run.returncode, 3, run.stderr)
+            self.assertIn(
+                "error: VF_COMM_THREAD_NICE must be a whole number 0..19, got '%s'" % value,
+                run.stderr,
+            )
 
     def test_unreadable_token_or_ca_file_is_waited_for_then_the_worker_is_replaced(self):
         # Exit 1 (its pod is replaced), not 3 (the job fails): the kubelet mounts the volume

@@ -4,9 +4,11 @@ a stated tolerance in fast mode."""
 
 import math
 import os
+import subprocess
+import time
 import unittest
 
-from harness import VfTestCase, read_state, vf
+from harness import VF, VfTestCase, read_state, vf
 
 WORKER_COUNTS = (1, 2, 3, 4, 8)
 STEPS = 30
@@ -60,3 +62,73 @@ class WorkerCountTest(VfTestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+def thread_nice_values(pid):
+    """The nice value of each thread of process `pid` (field 19 of /proc/PID/task/TID/stat)."""
+    values = []
+    try:
+        tids = os.listdir("/proc/%d/task" % pid)
+    except FileNotFoundError:
+        return values
+    for tid in tids:
+        try:
+            with open("/proc/%d/task/%s/stat" % (pid, tid)) as f:
+                stat = f.read()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        values.append(int(stat[stat.rindex(")") + 2 :].split()[16]))
+    return values
+
+
+def children(pid):
+    """The processes whose parent is `pid`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % entry) as f:
+                stat = f.read()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
+            found.append(int(entry))
+    return found
+
+
+class CommThreadNiceTest(VfTestCase):
+    """Workers that may outnumber half the cores read their sockets at the lowest priority
+    (VF_COMM_THREAD_NICE, docs/user-guide.md): one thread of each worker, Gloo's, runs at nice
+    19, unless vf run's environment names another value."""
+
+    def nice_threads_of_workers(self, workers, env, nice):
+        proc = subprocess.Popen(
+            [VF, "run", self.job(), "--workers", str(workers), "--steps", "100000"]
+            + ["--progress-interval", "0", "--logs", os.path.join(self.tmp, "logs")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
+        try:
+            deadline = time.monotonic() + 120
+            counts = []
+            while time.monotonic() < deadline and proc.poll() is None:
+                counts = [thread_nice_values(w).count(nice) for w in children(proc.pid)]
+                if len(counts) == workers and all(c > 0 for c in counts):
+                    return counts
+                time.sleep(0.2)
+            return counts
+        finally:
+            proc.kill()
+            proc.wait()
+
+    def test_workers_on_few_cores_read_their_sockets_at_nice_19_unless_told_otherwise(self):
+        cores = os.cpu_count() or 1
+        workers = cores // 2 + 1
+        if workers > 8:
+            self.skipTest("%d cores: 8 workers (the job's virtual nodes) are not over half" % cores)
+        env = {k: v for k, v in os.environ.items() if k != "VF_COMM_THREAD_NICE"}
+        self.assertEqual(self.nice_threads_of_workers(workers, env, 19), [1] * workers)
+        env["VF_COMM_THREAD_NICE"] = "7"
+        self.assertEqual(self.nice_threads_of_workers(workers, env, 7), [1] * workers)

@@ -5,12 +5,15 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <latch>
 #include <memory>
 #include <string>
@@ -409,6 +412,65 @@ TEST(GlooRendezvous, InvalidArgumentsAreRejected) {
   CommOptions no_host = Options();
   no_host.hostname = "";
   EXPECT_EQ(code(0, 1, no_host), StatusCode::kInvalidArgument);
+  CommOptions nice = Options();
+  nice.event_thread_nice = 20;
+  EXPECT_EQ(code(0, 1, nice), StatusCode::kInvalidArgument);
+  nice.event_thread_nice = -1;
+  EXPECT_EQ(code(0, 1, nice), StatusCode::kInvalidArgument);
+}
+
+// The nice value of each of this process's threads, from /proc/self/task/*/stat.
+std::vector<int> ThreadNiceValues() {
+  std::vector<int> values;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream in(task.path() / "stat");
+    std::string stat;
+    std::getline(in, stat);
+    size_t at = stat.rfind(')');
+    if (at == std::string::npos) continue;  // the thread ended while we read
+    // After the name: state is field 3, nice field 19; fields are separated by single spaces.
+    for (int field = 2; field < 19 && at != std::string::npos; ++field) at = stat.find(' ', at + 1);
+    if (at == std::string::npos) continue;
+    values.push_back(std::atoi(stat.c_str() + at + 1));
+  }
+  return values;
+}
+
+int ThreadsAt(int nice) {
+  const std::vector<int> values = ThreadNiceValues();
+  return static_cast<int>(std::count(values.begin(), values.end(), nice));
+}
+
+TEST(GlooRendezvous, EventThreadRunsAtTheNiceValueAskedForAndTheCallerKeepsItsOwn) {
+  MemoryStore store;
+  const int before = ThreadsAt(19);
+  const int own = getpriority(PRIO_PROCESS, static_cast<id_t>(gettid()));
+  ASSERT_LT(own, 19) << "the test must start below the nice value it asks for";
+  CommOptions options = Options();
+  options.event_thread_nice = 19;
+  Comms comms(2);
+  std::vector<int> callers(2, -100);
+  RunRanks(2, [&](int rank) {
+    auto comm = CreateGlooCommunicator(store, rank, 2, options);
+    ASSERT_TRUE(comm.ok()) << comm.status().ToString();
+    comms[rank] = std::move(comm).value();
+    callers[rank] = getpriority(PRIO_PROCESS, static_cast<id_t>(gettid()));
+  });
+  ASSERT_TRUE(AllConnected(comms));
+  // One event thread per rank's device, and only those.
+  EXPECT_EQ(ThreadsAt(19), before + 2);
+  EXPECT_EQ(getpriority(PRIO_PROCESS, static_cast<id_t>(gettid())), own);
+  EXPECT_EQ(callers, std::vector<int>(2, own));
+  // And the communicator works as ever.
+  std::vector<float> sums(2);
+  RunRanks(2, [&](int rank) {
+    float value = static_cast<float>(rank + 1);
+    ASSERT_TRUE(comms[rank]->AllReduce(&value, 1, ReduceOp::kSum).ok());
+    sums[rank] = value;
+  });
+  EXPECT_EQ(sums, std::vector<float>(2, 3.0F));
+  comms.clear();
+  EXPECT_EQ(ThreadsAt(19), before);
 }
 
 TEST(GlooRendezvous, HostnameThatCannotBeUsedIsAnError) {
