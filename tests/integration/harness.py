@@ -87,6 +87,22 @@ def write(path, text):
     return path
 
 
+def processes_whose(name, test):
+    """pids of live processes whose /proc/PID/NAME (environ, stat, ...), read as bytes,
+    passes `test`."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open("/proc/%s/%s" % (pid, name), "rb") as f:
+                if test(f.read()):
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
 def read_state(path):
     """Decodes a training-state file (layout in runtime/state/training_state.h) into a dict."""
     with open(path, "rb") as f:

@@ -12,7 +12,7 @@ import time
 import unittest
 import uuid
 
-from harness import SOURCE_DIR, VfTestCase, vf, write
+from harness import SOURCE_DIR, VfTestCase, processes_whose, vf, write
 from test_torch import (
     GROW_THEN_SHRINK,
     PYTHON,
@@ -31,17 +31,7 @@ ELASTIC = "  elasticity: {policy: elastic, cooldownSeconds: 0}\n"
 
 def processes_with(marker):
     """pids of live processes whose environment holds `marker` (loader processes included)."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open("/proc/%s/environ" % pid, "rb") as f:
-                if marker.encode() in f.read():
-                    found.append(int(pid))
-        except OSError:
-            continue
-    return found
+    return processes_whose("environ", lambda environ: marker.encode() in environ)
 
 
 @unittest.skipUnless(PYTHON, "no Python environment with PyTorch (scripts/setup-python.sh)")

@@ -8,7 +8,7 @@ import subprocess
 import time
 import unittest
 
-from harness import VF, VfTestCase, read_state, vf
+from harness import VF, VfTestCase, processes_whose, read_state, vf
 
 WORKER_COUNTS = (1, 2, 3, 4, 8)
 STEPS = 30
@@ -83,18 +83,9 @@ def thread_nice_values(pid):
 
 def children(pid):
     """The processes whose parent is `pid`."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open("/proc/%s/stat" % entry) as f:
-                stat = f.read()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
-            found.append(int(entry))
-    return found
+    return processes_whose(
+        "stat", lambda stat: int(stat[stat.rindex(b")") + 2 :].split()[1]) == pid
+    )
 
 
 class CommThreadNiceTest(VfTestCase):
