@@ -2,8 +2,10 @@
 """Workers sharing few cores: `vf run` of the built-in MLP with Gloo's event thread at nice 0
 and at nice 19 (VF_COMM_THREAD_NICE), alternating, in the same run; prints each run's wall
 time and CPU time (user + system, of vf run and all its workers) and the medians' ratios.
+--busy N runs N busy loops beside every run, as other work on the machine would.
 
 usage: bench/comm_thread_nice.py [--vf build/bin/vf] [--workers 4] [--steps 900] [--runs 3]
+                                 [--busy 0]
 """
 
 import argparse
@@ -62,13 +64,28 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--steps", type=int, default=900)
     parser.add_argument("--runs", type=int, default=3, help="runs at each nice value")
+    parser.add_argument("--busy", type=int, default=0, help="busy loops beside every run")
     args = parser.parse_args()
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
+    try:
+        measure(args)
+    finally:
+        for loop in busy:
+            loop.kill()
+            loop.wait()
+
+
+def measure(args: argparse.Namespace) -> None:
     results: dict[int, list[tuple[float, float]]] = {0: [], 19: []}
     with tempfile.TemporaryDirectory() as tmp:
         job = os.path.join(tmp, "job.yaml")
         with open(job, "w") as f:
             f.write(JOB % {"workers": args.workers, "steps": args.steps})
-        print("%d workers, %d steps, %d cores" % (args.workers, args.steps, os.cpu_count() or 0))
+        cores = os.cpu_count() or 0
+        print(
+            "%d workers, %d steps, %d cores, %d busy loops"
+            % (args.workers, args.steps, cores, args.busy)
+        )
         for i in range(args.runs):
             for nice in (0, 19):
                 wall, cpu = run_once(args.vf, job, args.workers, nice)

@@ -432,14 +432,6 @@ Status LocalCluster::Start() {
   // same GPU: they all train on GPU 0 when there is one, reducing with Gloo through host copies
   // (cuda-shared), and on the CPU otherwise, unless the caller set VF_DEVICE (cpu).
   setenv(worker_env::kDevice.name, "cuda-shared", 0);
-  // Workers that may outnumber half the cores share them: each has its training thread and
-  // Gloo's event thread, which spins while the training thread holds a connection's lock and,
-  // at the same priority, takes the CPU from the very thread it waits for. At the lowest
-  // priority it reads the sockets whenever a core is free and yields it when one is not.
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  if (2 * std::min(job_.replicas_max, capacity_.Max()) > cores) {
-    setenv(worker_env::kCommThreadNice.name, "19", 0);
-  }
   // A PyTorch worker that asks for NCCL (VF_TORCH_COLLECTIVES=nccl) loads the CUDA plugin built
   // with this binary: the plugin's loader looks beside the executable, which is the
   // interpreter there.

@@ -48,10 +48,10 @@ struct CommOptions {
   std::string hostname = "127.0.0.1";
   // Bound on rendezvous and on every collective; past it the collective fails.
   std::chrono::milliseconds timeout = std::chrono::seconds(60);
-  // Gloo only: the nice value (0..19) of the thread that reads the sockets. Raise it where more
-  // busy threads than cores share a machine (`vf run` with several workers on a few cores):
-  // that thread spins while the training thread holds a connection's lock, and at the same
-  // priority it takes the CPU from the very thread it waits for. 0 leaves it as it is.
+  // Gloo only: the nice value (0..19) of the thread that reads the sockets. That thread spins
+  // while the training thread holds a connection's lock, and where a run's own workers
+  // outnumber the cores it takes the CPU from the very thread it waits for; raised, it yields
+  // it, but other busy work on the machine then starves it. 0 leaves it as it is.
   int event_thread_nice = 0;
 };
 

@@ -93,7 +93,7 @@ inline constexpr Variable kTorchStaging{
     "slots of pinned host memory a GPU's gradients are staged through (1 or 2)"};
 inline constexpr Variable kCommThreadNice{
     "VF_COMM_THREAD_NICE", Kind::kSetting,
-    "the nice value (0..19) of the Gloo thread that reads the sockets (vf run: 19 on few cores)"};
+    "the nice value (0..19) of the Gloo thread that reads the sockets (default 0)"};
 inline constexpr Variable kFaultInject{"VF_FAULT_INJECT", Kind::kSetting,
                                        "tests only: faults to inject, worker-N:point[@step],..."};
 

@@ -94,7 +94,7 @@ def local_sha(manifest, env=None, cwd=None):
     One worker: the weights are the same on any worker count (integration.worker_counts), so a
     test's pods, which train on several, are checked against another count, and one worker is
     the cheapest run: no collective, one process to start. On 2 cores, `vf run` of 900 steps of
-    the built-in MLP spent 11.8 CPU-seconds on 4 workers and 3.3 on one (docs/benchmarks.md,
+    the built-in MLP spent 18.7 CPU-seconds on 4 workers and 3.3 on one (docs/benchmarks.md,
     "Workers sharing few cores")."""
     manifest = copy.deepcopy(manifest)
     spec = manifest["spec"]
