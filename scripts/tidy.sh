@@ -57,8 +57,9 @@ fi
 jobs="${VF_BUILD_JOBS:-$(nproc)}"
 # A file found clean before, with the same content, headers, flags, checks and clang-tidy, is
 # not parsed again (scripts/tidy_cache.py says what the key holds); VF_TIDY_CACHE=off checks
-# every file anew. The cache is outside the checkout, so that a fresh clone finds it warm.
-cache="${VF_TIDY_CACHE:-$HOME/.cache/virtualflow/tidy}"
+# every file anew. The cache is outside the checkout (with the project's other caches, under
+# VF_CACHE_DIR when that is set), so that a fresh clone finds it warm.
+cache="${VF_TIDY_CACHE:-${VF_CACHE_DIR:-$HOME/.cache/virtualflow}/tidy}"
 checked=("${files[@]}")
 if [ "$cache" != off ]; then
   pending="$(python3 "$root/scripts/tidy_cache.py" pending "$db/compile_commands.json" \
