@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "operator/controller/job_spec.h"
+#include "operator/controller/job_spec_test_util.h"
 #include "operator/controller/worker_pod.h"
 
 namespace vf::controller {
@@ -24,19 +25,13 @@ json Job(int min_workers, int max_workers, const std::string& policy = "elastic"
   return job;
 }
 
-JobSpec SpecOf(const json& job) {
-  Result<JobSpec> spec = JobSpecOf(job);
-  EXPECT_TRUE(spec.ok()) << spec.status().message();
-  return spec.ok() ? spec.value() : JobSpec{};
-}
-
 json Workload(const json& job) {
   return BuildWorkload(job, SpecOf(job),
                        BuildWorkerPod(job, SpecOf(job), "mnist-worker", PodSettings{}));
 }
 
-json Condition(const std::string& type, const std::string& status, const std::string& reason,
-               const std::string& message) {
+json WorkloadCondition(const std::string& type, const std::string& status,
+                       const std::string& reason, const std::string& message) {
   return {{"type", type}, {"status", status}, {"reason", reason}, {"message", message}};
 }
 
@@ -116,9 +111,9 @@ TEST(KueueTest, AWorkloadWithoutQuotaWaitsWithKueuesReason) {
   EXPECT_EQ(fresh.message, "Kueue has not looked at the Workload yet");
 
   w["status"]["conditions"] = {
-      Condition("QuotaReserved", "False", "Pending",
-                "couldn't assign flavors to pod set workers: insufficient unused quota for "
-                "nvidia.com/gpu in flavor gpu, 2 more needed")};
+      WorkloadCondition("QuotaReserved", "False", "Pending",
+                        "couldn't assign flavors to pod set workers: insufficient unused quota for "
+                        "nvidia.com/gpu in flavor gpu, 2 more needed")};
   KueueAdmission pending = AdmissionOf(w, spec);
   EXPECT_FALSE(pending.admitted);
   EXPECT_EQ(pending.reason, "Pending");
@@ -129,8 +124,9 @@ TEST(KueueTest, AWorkloadWithoutQuotaWaitsWithKueuesReason) {
 TEST(KueueTest, AnAdmittedWorkloadAllowsTheCountKueueAdmitted) {
   const JobSpec spec = SpecOf(Job(1, 4));
   json w = Workload(Job(1, 4));
-  w["status"]["conditions"] = {Condition("QuotaReserved", "True", "QuotaReserved", "reserved"),
-                               Condition("Admitted", "True", "Admitted", "admitted")};
+  w["status"]["conditions"] = {
+      WorkloadCondition("QuotaReserved", "True", "QuotaReserved", "reserved"),
+      WorkloadCondition("Admitted", "True", "Admitted", "admitted")};
   w["status"]["admission"] = {
       {"clusterQueue", "gpus"},
       {"podSetAssignments", {{{"name", "workers"}, {"count", 3}, {"flavors", {}}}}}};
@@ -145,8 +141,9 @@ TEST(KueueTest, AnAdmittedWorkloadAllowsTheCountKueueAdmitted) {
 }
 
 json Admitted(json w) {
-  w["status"]["conditions"] = {Condition("QuotaReserved", "True", "QuotaReserved", "reserved"),
-                               Condition("Admitted", "True", "Admitted", "admitted")};
+  w["status"]["conditions"] = {
+      WorkloadCondition("QuotaReserved", "True", "QuotaReserved", "reserved"),
+      WorkloadCondition("Admitted", "True", "Admitted", "admitted")};
   w["status"]["admission"] = {{"clusterQueue", "gpus"},
                               {"podSetAssignments", {{{"name", "workers"}, {"flavors", {}}}}}};
   return w;
@@ -158,8 +155,8 @@ TEST(KueueTest, EachAdmittedUnitAddsAWorkerAndAnEvictedOneIsToBeReleased) {
   const json pod = BuildWorkerPod(job, spec, "w", PodSettings{});
   const json core = Admitted(Workload(job));
   json evicted = Admitted(BuildUnitWorkload(job, spec, pod, 2));
-  evicted["status"]["conditions"].push_back(
-      Condition("Evicted", "True", "Preempted", "Preempted to accommodate a higher priority"));
+  evicted["status"]["conditions"].push_back(WorkloadCondition(
+      "Evicted", "True", "Preempted", "Preempted to accommodate a higher priority"));
   // Unit 1 admitted, unit 2 evicted but still reserved, unit 3 pending.
   const std::vector<json> units = {Admitted(BuildUnitWorkload(job, spec, pod, 1)), evicted,
                                    BuildUnitWorkload(job, spec, pod, 3)};
@@ -178,9 +175,10 @@ TEST(KueueTest, AnEvictedWorkloadIsNotAdmitted) {
   const JobSpec spec = SpecOf(Job(1, 4));
   json w = Workload(Job(1, 4));
   w["status"]["conditions"] = {
-      Condition("QuotaReserved", "True", "QuotaReserved", "reserved"),
-      Condition("Admitted", "True", "Admitted", "admitted"),
-      Condition("Evicted", "True", "Preempted", "Preempted to accommodate a higher priority")};
+      WorkloadCondition("QuotaReserved", "True", "QuotaReserved", "reserved"),
+      WorkloadCondition("Admitted", "True", "Admitted", "admitted"),
+      WorkloadCondition("Evicted", "True", "Preempted",
+                        "Preempted to accommodate a higher priority")};
   KueueAdmission a = AdmissionOf(w, spec);
   EXPECT_FALSE(a.admitted);
   EXPECT_EQ(a.reason, "Preempted");
@@ -199,8 +197,9 @@ TEST(KueueTest, FinishingKeepsKueuesConditionsAndReleasesTheWorkers) {
   const JobSpec spec = SpecOf(Job(1, 4));
   json w = Workload(Job(1, 4));
   w["metadata"]["generation"] = 1;
-  w["status"]["conditions"] = {Condition("QuotaReserved", "True", "QuotaReserved", "reserved"),
-                               Condition("Admitted", "True", "Admitted", "admitted")};
+  w["status"]["conditions"] = {
+      WorkloadCondition("QuotaReserved", "True", "QuotaReserved", "reserved"),
+      WorkloadCondition("Admitted", "True", "Admitted", "admitted")};
   w["status"]["admission"] = {{"clusterQueue", "gpus"},
                               {"podSetAssignments", {{{"name", "workers"}, {"count", 4}}}}};
   const json done = FinishedWorkload(w, true, "training finished", "2026-01-02T03:04:05Z");

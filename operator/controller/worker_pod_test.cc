@@ -10,6 +10,7 @@
 #include "agent/protocol/messages.h"
 #include "operator/controller/inventory.h"
 #include "operator/controller/job_spec.h"
+#include "operator/controller/job_spec_test_util.h"
 #include "operator/controller/run_policy.h"
 
 namespace vf::controller {
@@ -31,12 +32,6 @@ json Job() {
 // The worker container of Job()'s template, and the template's pod spec.
 json& Worker(json& job) { return job["spec"]["template"]["spec"]["containers"][0]; }
 json& TemplatePod(json& job) { return job["spec"]["template"]["spec"]; }
-
-JobSpec SpecOf(const json& job) {
-  Result<JobSpec> spec = JobSpecOf(job);
-  EXPECT_TRUE(spec.ok()) << spec.status().message();
-  return spec.ok() ? spec.value() : JobSpec{};
-}
 
 TEST(WorkerPodTest, BuildsAPodTheAgentCanRun) {
   PodSettings s;
