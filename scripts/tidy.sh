@@ -22,14 +22,23 @@ fi
 # Sanitizer variants compile the same sources again; checking each file once is enough.
 db="$(mktemp -d)"
 trap 'rm -rf "$db"' EXIT
+# A unit test compiled as one translation unit (VF_UNITY_TESTS) has one entry, for the file that
+# includes its sources: each of them gets that entry's flags back, so its findings name it.
 python3 - "$build/compile_commands.json" "$db/compile_commands.json" <<'EOF'
-import json, sys
+import json, re, sys
 seen, out = set(), []
 for entry in json.load(open(sys.argv[1])):
-    if "-fsanitize" in entry.get("command", "") or entry["file"] in seen:
+    if "-fsanitize" in entry.get("command", ""):
         continue
-    seen.add(entry["file"])
-    out.append(entry)
+    sources = [entry["file"]]
+    if "/Unity/unity_" in entry["file"]:
+        sources = re.findall(r'^#include "([^"]+)"', open(entry["file"]).read(), re.M)
+    for source in sources:
+        if source in seen:
+            continue
+        seen.add(source)
+        out.append(dict(entry, file=source,
+                        command=entry["command"].replace(entry["file"], source)))
 json.dump(out, open(sys.argv[2], "w"))
 open(sys.argv[2] + ".files", "w").write("".join(f + "\n" for f in sorted(seen)))
 EOF
