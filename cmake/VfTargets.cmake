@@ -32,6 +32,27 @@ function(_vf_apply_variant target variant)
   endif()
 endfunction()
 
+# A unit test's sources compile as one translation unit (a unity build: each of them parses
+# the same GoogleTest, JSON and cpprest headers and instantiates the same templates, which is
+# most of a cold build's time on 2 cores), and its plain variant with line tables only, like
+# the sanitizer variants: a failed test needs files and lines, not types and variables. The
+# shipped binaries and their libraries keep the build type's full debug information.
+# VF_UNITY_TESTS=OFF compiles each test source alone (the test sources must work both ways).
+option(VF_UNITY_TESTS "Compile each unit test's sources as one translation unit" ON)
+function(_vf_test_build_options target variant)
+  if(VF_UNITY_TESTS)
+    set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 0)
+    # GCC's -Wnull-dereference follows paths through what it inlined, and the more one
+    # translation unit holds, the more it inlines: in a unity test it flags nlohmann::json's own
+    # internals (json.hpp's is_string() under value()), a false positive. The project's sources
+    # (the libraries) keep the warning.
+    target_compile_options(${target} PRIVATE -Wno-null-dereference)
+  endif()
+  if(variant STREQUAL "")
+    target_compile_options(${target} PRIVATE -g1)
+  endif()
+endfunction()
+
 # vf_library(NAME SOURCES ... [PUBLIC_DEPS ...] [VF_DEPS ...] [VARIANTS asan tsan])
 #   VF_DEPS are other vf_library names; variants link the matching variant of each.
 function(vf_library name)
@@ -96,6 +117,7 @@ function(vf_test name)
     add_executable(${t} ${A_SOURCES})
     target_link_libraries(${t} PRIVATE ${deps} ${A_DEPS} GTest::gtest GTest::gtest_main)
     _vf_apply_variant(${t} "${variant}")
+    _vf_test_build_options(${t} "${variant}")
     set(env "")
     if(variant STREQUAL "tsan")
       set(env ENVIRONMENT "TSAN_OPTIONS=${VF_TSAN_OPTIONS}")
