@@ -39,9 +39,29 @@ endfunction()
 # shipped binaries and their libraries keep the build type's full debug information.
 # VF_UNITY_TESTS=OFF compiles each test source alone (the test sources must work both ways).
 option(VF_UNITY_TESTS "Compile each unit test's sources as one translation unit" ON)
+# The sources of unit test NAME as one translation unit (VF_UNITY_TESTS): a file in the build
+# tree that includes each of them by its path from the repository's root, which the tests' -I
+# finds. Written by hand because CMake's own UNITY_BUILD (3.25) includes them by absolute path:
+# a clone at another path then misses the compiler cache for every test, where a relative path
+# keeps the key the same (ccache's base_dir rewrites the -I, not a file's contents).
+# scripts/tidy.sh reads the includes back to check each source with this file's flags.
+function(_vf_unity_source name out)
+  set(content "// ${name}'s sources as one translation unit (cmake/VfTargets.cmake)\n")
+  foreach(src ${ARGN})
+    get_filename_component(abs ${src} ABSOLUTE BASE_DIR ${CMAKE_CURRENT_SOURCE_DIR})
+    file(RELATIVE_PATH rel ${PROJECT_SOURCE_DIR} ${abs})
+    if(rel MATCHES "^\\.\\./")
+      set(rel ${abs})  # outside the repository (none yet): as it is
+    endif()
+    string(APPEND content "#include \"${rel}\"\n")
+  endforeach()
+  set(file ${CMAKE_CURRENT_BINARY_DIR}/${name}_unity.cc)
+  file(CONFIGURE OUTPUT ${file} CONTENT "${content}" @ONLY)  # written only when it changes
+  set(${out} ${file} PARENT_SCOPE)
+endfunction()
+
 function(_vf_test_build_options target variant)
   if(VF_UNITY_TESTS)
-    set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 0)
     # GCC's -Wnull-dereference follows paths through what it inlined, and the more one
     # translation unit holds, the more it inlines: in a unity test it flags nlohmann::json's own
     # internals (json.hpp's is_string() under value()), a false positive. The project's sources
@@ -98,6 +118,10 @@ function(vf_test name)
   if(VF_SANITIZER_TESTS)
     set(variants ${A_VARIANTS})
   endif()
+  set(sources ${A_SOURCES})
+  if(VF_UNITY_TESTS)
+    _vf_unity_source(${name} sources ${A_SOURCES})
+  endif()
   foreach(variant "" ${variants})
     if(variant STREQUAL "")
       set(t ${name})
@@ -114,7 +138,7 @@ function(vf_test name)
       # options among them) lost. `ctest -L LABEL` runs a test's plain build.
       set(labels ${variant})
     endif()
-    add_executable(${t} ${A_SOURCES})
+    add_executable(${t} ${sources})
     target_link_libraries(${t} PRIVATE ${deps} ${A_DEPS} GTest::gtest GTest::gtest_main)
     _vf_apply_variant(${t} "${variant}")
     _vf_test_build_options(${t} "${variant}")

@@ -24,15 +24,18 @@ db="$(mktemp -d)"
 trap 'rm -rf "$db"' EXIT
 # A unit test compiled as one translation unit (VF_UNITY_TESTS) has one entry, for the file that
 # includes its sources: each of them gets that entry's flags back, so its findings name it.
-python3 - "$build/compile_commands.json" "$db/compile_commands.json" <<'EOF'
-import json, re, sys
+# (cmake/VfTargets.cmake writes that file, NAME_unity.cc, with paths from the repository's root.)
+python3 - "$build/compile_commands.json" "$db/compile_commands.json" "$root" "$build" <<'EOF'
+import json, os, re, sys
 seen, out = set(), []
+build = os.path.abspath(sys.argv[4]) + "/"
 for entry in json.load(open(sys.argv[1])):
     if "-fsanitize" in entry.get("command", ""):
         continue
     sources = [entry["file"]]
-    if "/Unity/unity_" in entry["file"]:
-        sources = re.findall(r'^#include "([^"]+)"', open(entry["file"]).read(), re.M)
+    if entry["file"].endswith("_unity.cc") and entry["file"].startswith(build):
+        included = re.findall(r'^#include "([^"]+)"', open(entry["file"]).read(), re.M)
+        sources = [os.path.join(sys.argv[3], s) for s in included]
     for source in sources:
         if source in seen:
             continue
