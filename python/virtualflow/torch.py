@@ -1100,7 +1100,7 @@ class Job:
         assert self._holder is not None
         self._worker.ready()
         while True:
-            self._membership = self._next(at_step_boundary=True)
+            self._membership = self._next()
             if self._holder.step_done >= self._total:
                 break
             if self._check_every and self._holder.step_done % self._check_every == 0:
@@ -1288,15 +1288,17 @@ class Job:
                 "`for node in step.virtual_nodes()` loop has finished"
             )
 
-    def _next(self, *, at_step_boundary: bool = False) -> Any:
+    def _next(self) -> Any:
+        """The next membership, called where the live state is that of the last step trained:
+        between steps, or after a failed step's partial state was discarded. Rank 0 may write
+        it as it leaves."""
         assert self._holder is not None
         m = self._worker.next(self._holder)
         if m is None:
             # Asked to leave and let go by the plan (or deleted before it ever counted). A
             # checkpoint still being written is finished first: the process ends here.
             self._checkpoint_written()
-            if at_step_boundary:
-                self._checkpoint_on_leave()
+            self._checkpoint_on_leave()
             raise SystemExit(0)
         return m
 
@@ -1372,8 +1374,16 @@ class Job:
                     redo, loss_sum, samples, agreed = self._worker.finish(staging.mean)
             except CollectiveError as e:
                 # A member died or stalled; nothing of the step was applied here. Follow the plan
-                # without it (state comes along if needed) and finish the step.
+                # without it (state comes along if needed) and finish the step. The model's
+                # buffers go back to the step's start first (every node starts from there
+                # anyway): the state this worker hands a joiner, or writes if it is asked to
+                # leave now, is then the last whole step's, not its nodes' partial one.
                 self._worker.failed(step.index, str(e))
+                with torch.no_grad():
+                    if start_buffers:
+                        _copy_all(self._float_buffers, start_buffers)
+                    if start_ints:
+                        _copy_all(self._int_buffers, start_ints)
                 self._membership = self._next()
                 if self._holder is not None and self._holder.step_done != step.index:
                     # A peer had finished this step before the failure and its newer state was
