@@ -343,25 +343,6 @@ class KueueTest(OperatorTestCase):
                     "value": value,
                 },
             )
-
-    def setUp(self):
-        super().setUp()
-        # A job an earlier test deleted still running is Kueue's no longer (its Workload went
-        # with it) but holds its GPUs until its workers leave: the GPUs a test counts, and the
-        # free ones its docstring speaks of, are its own only once those pods have ended.
-        started = time.monotonic()
-        self.wait_for(
-            "the pods of earlier tests to end",
-            lambda: not [
-                p
-                for p in self.cp.request("GET", "/api/v1/namespaces/%s/pods" % NS)["items"]
-                if pod_gpus(p)
-            ],
-            timeout=120,
-        )
-        waited = time.monotonic() - started
-        if waited > 1:
-            print("waited %.1f s for the pods of earlier tests to end" % waited)
         for queue in (
             CLUSTER_QUEUE,
             SHARED_CLUSTER_QUEUE,
@@ -378,6 +359,26 @@ class KueueTest(OperatorTestCase):
                     .get("conditions", [])
                 ),
             )
+
+    def setUp(self):
+        super().setUp()
+        # A job an earlier test deleted still running is Kueue's no longer (its Workload went
+        # with it) but holds its GPUs until its workers leave: the GPUs a test counts, and the
+        # free ones its docstring speaks of, are its own only once those pods have ended.
+        started = time.monotonic()
+        self.wait_for(
+            "the pods of earlier tests to end",
+            lambda: (
+                not any(
+                    pod_gpus(p)
+                    for p in self.cp.request("GET", "/api/v1/namespaces/%s/pods" % NS)["items"]
+                )
+            ),
+            timeout=120,
+        )
+        waited = time.monotonic() - started
+        if waited > 1:
+            print("waited %.1f s for the pods of earlier tests to end" % waited)
 
     def workloads(self, name: str) -> list[dict[str, Any]]:
         """Every Workload of job NAME: its core and its units."""
