@@ -18,6 +18,7 @@ import base64
 import ctypes
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -76,11 +77,39 @@ def bin_dir():
     return proc.stdout.strip().splitlines()[-1]
 
 
+_ports_given: set[int] = set()
+_port_choice = random.SystemRandom()  # apart from `random`'s state, which a test may seed
+
+
+def _ephemeral_low() -> int:
+    """The lowest port of the kernel's range for outgoing connections' local ports."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port():
-    """A TCP port on 127.0.0.1 that nothing listens on now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing listens on now, for a server about to start, and
+    none this process gave before. Not port 0's pick: that comes from the range the kernel gives
+    outgoing connections their local ports from, so between this check and the server's bind
+    any connection (the server's own client to the API server, say) could take it, and Kueue
+    once failed to start so ("bind: address already in use"). Below that range no connection
+    takes a port by itself; nor from 30000 on, Kubernetes' NodePorts."""
+    high = min(_ephemeral_low(), 30000)
+    for _ in range(1000):
+        port = _port_choice.randrange(max(1024, high - 10000), high)
+        if port in _ports_given:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _ports_given.add(port)
+        return port
+    raise RuntimeError("no free TCP port on 127.0.0.1 below %d" % high)
 
 
 def _die_with_parent():

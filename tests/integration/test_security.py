@@ -7,14 +7,14 @@ clients sending one byte a second; a watcher in its own process asks each for /h
 an undisturbed static run."""
 
 import os
-import socket
 import subprocess
+import sys
 import textwrap
 import threading
 import time
 import unittest
 
-from harness import VF, VfTestCase, vf, write
+from harness import SOURCE_DIR, VF, VfTestCase, vf, write
 from http_attacks import (
     PROBE_TIMEOUT,
     HealthWatch,
@@ -27,6 +27,10 @@ from http_attacks import (
     slow_clients,
 )
 from test_elastic import SLOW, Background, credential, credential_file, elastic_job
+
+# The control plane's free_port (ports no outgoing connection takes meanwhile).
+sys.path.insert(0, os.path.join(SOURCE_DIR, "tests", "e2e"))
+from controlplane import free_port  # noqa: E402
 
 SLOW_CLIENTS = 200
 PYTHON = os.environ.get("VF_PYTHON", "")
@@ -55,12 +59,6 @@ PACED = textwrap.dedent("""\
     """)
 # Past the servers' deadline for a request head (10 s): every slow client must be cut off.
 SLOW_SECONDS = 16
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class HttpAttackTest(VfTestCase):
