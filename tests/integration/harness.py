@@ -24,12 +24,34 @@ RUN_TIMEOUT = 600
 class Run:
     """The outcome of one `vf` invocation."""
 
-    def __init__(self, proc, summary, seconds):
+    def __init__(self, proc, summary, seconds, log_tails=""):
         self.returncode = proc.returncode
         self.stdout = proc.stdout
         self.stderr = proc.stderr
         self.summary = summary
         self.seconds = seconds
+        # The last lines of each worker's log, read before the run's folder went: what a
+        # failed assertion about the run prints beside its stdout.
+        self.log_tails = log_tails
+
+    def report(self):
+        """stdout, then the workers' last log lines: an assertion's message."""
+        return self.stdout + self.log_tails
+
+
+def log_tails(logs, lines=40):
+    """The last LINES lines of each file in LOGS (a `vf run --logs` folder), each under its
+    name; "" when there is none."""
+    if not os.path.isdir(logs):
+        return ""
+    out = []
+    for name in sorted(os.listdir(logs)):
+        if not os.path.isfile(os.path.join(logs, name)):
+            continue
+        with open(os.path.join(logs, name), errors="replace") as f:
+            tail = f.readlines()[-lines:]
+        out.append("\n--- the last %d lines of %s ---\n%s" % (len(tail), name, "".join(tail)))
+    return "".join(out)
 
 
 def vf(*args, timeout=RUN_TIMEOUT, default_logs=False):
@@ -50,7 +72,7 @@ def vf(*args, timeout=RUN_TIMEOUT, default_logs=False):
         if os.path.exists(summary_path):
             with open(summary_path) as f:
                 summary = json.load(f)
-        return Run(proc, summary, seconds)
+        return Run(proc, summary, seconds, log_tails(os.path.join(tmp, "logs")))
 
 
 def job_yaml(**overrides):
@@ -150,7 +172,9 @@ class VfTestCase(unittest.TestCase):
         return write(os.path.join(self.tmp, name), job_yaml(**overrides))
 
     def assertSucceeded(self, run):
-        self.assertEqual(run.returncode, 0, "vf failed:\n%s\n%s" % (run.stdout, run.stderr))
+        self.assertEqual(
+            run.returncode, 0, "vf failed:\n%s\n%s%s" % (run.stdout, run.stderr, run.log_tails)
+        )
         self.assertIsNotNone(run.summary)
 
     def assertOneLineError(self, run, *fragments):

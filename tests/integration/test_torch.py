@@ -419,8 +419,8 @@ class TorchTest(VfTestCase):
         # No cooldown: each change of the slots is followed as soon as the joiners are ready.
         job = self.example(name, 40, extra="  elasticity: {policy: elastic, cooldownSeconds: 0}\n")
         run = self.run_ok(job, *GROW_THEN_SHRINK, "--vnode-delay-ms", str(2 * pace_ms(name)))
-        self.assertEqual(run.summary["recoveries"], 0, run.stdout)
-        assertGrewThenShrank(self, run.summary["resizes"], run.stdout)
+        self.assertEqual(run.summary["recoveries"], 0, run.report())
+        assertGrewThenShrank(self, run.summary["resizes"], run.report())
         self.assertEqual(run.summary["weights_sha256"], expected)
 
     @unittest.skipUnless(on_gpu("cnn"), "needs the CNN on a GPU")
@@ -448,8 +448,8 @@ class TorchTest(VfTestCase):
                 del os.environ[name]
         results = run.summary["worker_results"]
         self.assertEqual({r["collectives"] for r in results}, {"nccl"}, results)
-        self.assertEqual(run.summary["recoveries"], 0, run.stdout)
-        self.assertGreaterEqual(len(run.summary["resizes"]), 3, run.stdout)
+        self.assertEqual(run.summary["recoveries"], 0, run.report())
+        self.assertGreaterEqual(len(run.summary["resizes"]), 3, run.report())
         self.assertEqual(run.summary["weights_sha256"], expected)
 
     def test_cnn_survives_two_kill_9_with_the_weights_of_a_static_run(self):
