@@ -39,17 +39,20 @@ class Run:
         return self.stdout + self.log_tails
 
 
-def log_tails(logs, lines=40):
+def log_tails(logs, lines=40, span=16384):
     """The last LINES lines of each file in LOGS (a `vf run --logs` folder), each under its
-    name; "" when there is none."""
+    name; "" when there is none. Every run pays for this, so each file is read from its last
+    SPAN bytes only, not whole."""
     if not os.path.isdir(logs):
         return ""
     out = []
     for name in sorted(os.listdir(logs)):
-        if not os.path.isfile(os.path.join(logs, name)):
+        path = os.path.join(logs, name)
+        if not os.path.isfile(path):
             continue
-        with open(os.path.join(logs, name), errors="replace") as f:
-            tail = f.readlines()[-lines:]
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - span))
+            tail = f.read().decode(errors="replace").splitlines(keepends=True)[-lines:]
         out.append("\n--- the last %d lines of %s ---\n%s" % (len(tail), name, "".join(tail)))
     return "".join(out)
 
