@@ -63,6 +63,12 @@ class RunPolicyTest(OperatorTestCase):
 
         return self.cp.wait_for("job %s to fail" % name, failed, timeout=timeout)
 
+    def apply_job(self, manifest: dict[str, Any]) -> None:
+        """Applies MANIFEST; its job is deleted when the test ends, passed or not, so that a
+        failed test's pods do not take the next one's GPUs."""
+        self.apply(manifest)
+        self.addCleanup(self.delete_job, manifest["metadata"]["name"])
+
     def restart_operator(self, identity: str) -> None:
         os.killpg(self.operator.proc.pid, signal.SIGKILL)
         self.operator.proc.wait(10)
@@ -78,7 +84,7 @@ class RunPolicyTest(OperatorTestCase):
         manifest = job_manifest(name, steps=100000, replicas=(1, 2), delay_ms=20)
         manifest["spec"]["runPolicy"] = {"backoffLimit": 2, "cleanPodPolicy": "Running"}
         self.reset_nodes(("gpu-f", 2))
-        self.apply(manifest)
+        self.apply_job(manifest)
         self.wait_workers(name, 2)
         self.assertEqual(self.status(name)["selector"], "virtualflow.io/job=" + name)
         before = {p["metadata"]["name"] for p in self.pods(name)}
@@ -90,8 +96,18 @@ class RunPolicyTest(OperatorTestCase):
         # the count (and the pods already counted) from the job's status.
         self.restart_operator("operator-2")
 
-        # The replacement waits out the first back-off, then joins.
-        status = self.wait_workers(name, 2, timeout=180)
+        # The replacement waits out the first back-off, then joins. (Not just "2 workers": until
+        # the members report the failure, the plan that counted it may still name the dead pod.)
+        status = self.wait_status(
+            name,
+            "a replacement among 2 workers running",
+            lambda s: (
+                s.get("workers") == 2
+                and s.get("phase") == "Running"
+                and any(a["worker"] not in before for a in s.get("assignment", []))
+            ),
+            timeout=180,
+        )
         replacements = [p for p in self.pods(name) if p["metadata"]["name"] not in before]
         self.assertEqual(len(replacements), 1, [p["metadata"]["name"] for p in self.pods(name)])
         created = unix(replacements[0]["metadata"]["creationTimestamp"])
@@ -161,7 +177,7 @@ class RunPolicyTest(OperatorTestCase):
             },
         }
         self.reset_nodes(("gpu-p", 2))
-        self.apply(manifest)
+        self.apply_job(manifest)
         self.wait_workers(name, 2)
         self.kill_member(name, signal.SIGUSR1)
         status = self.wait_status(
@@ -198,7 +214,7 @@ class RunPolicyTest(OperatorTestCase):
         manifest = job_manifest(name, steps=900, replicas=(1, 4), delay_ms=8)
         static = local_sha_meanwhile(manifest)
         self.reset_nodes(("gpu-s1", 2), ("gpu-s2", 2))
-        self.apply(manifest)
+        self.apply_job(manifest)
         self.wait_workers(name, 4)
         self.wait_step(name, 40)
 
