@@ -166,6 +166,9 @@ class Agent::Impl {
   // worker cannot tell a forgotten job from a token that is no longer valid but by time.
   Status Persist(const std::string& what, Clock::time_point deadline,
                  const std::function<Status()>& call);
+  // Reports a failure of this plan to the coordinator, and says so in the worker's log first:
+  // the coordinator keeps only the latest message, and a recovery is otherwise silent here.
+  void ReportFailure(const char* what, int64_t step, const Status& error);
   // A report, with the checkpoint outcome every report carries. A forgotten worker registers
   // again once (a periodic report must not hold up training; the next one tries again), or
   // until `deadline` when it is later.
@@ -331,9 +334,7 @@ Result<bool> Agent::Impl::Switch(const Plan& plan, const Member& me, TrainingSta
         std::make_unique<StagedCommunicator>(*staging_, std::move(c).value()));
   }
   if (!c.ok()) {
-    (void)Persist("reporting a failed rendezvous", Clock::now(), [&] {
-      return client_.ReportFailure(epoch_, state.step(), c.status().message());
-    });
+    ReportFailure("building the communicator", state.step(), c.status());
     // Refused for good (NCCL refuses two ranks on one GPU): the same workers planned again
     // would fail the same way, round after round, and the job would hang without a word.
     if (c.status().code() == StatusCode::kInvalidArgument) return c.status();
@@ -345,9 +346,7 @@ Result<bool> Agent::Impl::Switch(const Plan& plan, const Member& me, TrainingSta
         sync.status().code() == StatusCode::kFailedPrecondition) {
       return sync.status();  // a bad checkpoint or foreign state: the job cannot go on
     }
-    (void)Persist("reporting a failed state transfer", Clock::now(), [&] {
-      return client_.ReportFailure(epoch_, state.step(), sync.status().message());
-    });
+    ReportFailure("the state transfer", state.step(), sync.status());
     return false;
   }
   if (sync->transferred) metrics_.OnStateTransfer(sync->bytes, sync->seconds);
@@ -522,12 +521,21 @@ void Agent::Impl::Progress(int64_t step, double loss, bool force) {
   vnodes_since_report_ = 0;
 }
 
+void Agent::Impl::ReportFailure(const char* what, int64_t step, const Status& error) {
+  std::fprintf(stderr,
+               "virtualflow-agent: %s: epoch %lld, step %lld: %s failed: %s; reporting it to the "
+               "coordinator\n",
+               o_.worker.c_str(), static_cast<long long>(epoch_), static_cast<long long>(step),
+               what, error.message().c_str());
+  (void)Persist(std::string("reporting a failure of ") + what, Clock::now(),
+                [&] { return client_.ReportFailure(epoch_, step, error.message()); });
+}
+
 void Agent::Impl::Failed(int64_t step, const Status& error) {
   metrics_.OnRecovery();
   // A member died or stalled: nothing of the step was applied. Report, drop the communicator
   // and redo the step under the next plan.
-  (void)Persist("reporting a failed step", Clock::now(),
-                [&] { return client_.ReportFailure(epoch_, step, error.message()); });
+  ReportFailure("the step", step, error);
   comm_.reset();
   membership_.comm = nullptr;
   need_switch_ = true;
