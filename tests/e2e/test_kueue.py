@@ -790,7 +790,7 @@ class KueueTest(OperatorTestCase):
                 ),
                 timeout=120,
             )
-            self.wait_workers("beside", 4, timeout=120)
+            self.wait_workers("beside", 4)
             done = self.wait_succeeded("beside")
         finally:
             self.cp.request("DELETE", "/api/v1/namespaces/%s/pods/other" % NS)
@@ -866,7 +866,7 @@ class KueueTest(OperatorTestCase):
         )
         self.assertEqual(len(self.workloads(name)), 1)  # the core alone
         scale(3)
-        self.wait_workers(name, 3, timeout=120)
+        self.wait_workers(name, 3)
         self.assertEqual(self.reserved_gpus(SHARED_CLUSTER_QUEUE), 3)
         done = self.wait_succeeded(name)
         self.assertEqual(done["weightsSha256"], static.result())

@@ -348,13 +348,50 @@ class OperatorTestCase(ControlPlaneTestCase):
         """Until the job's status satisfies PREDICATE (then returns it); a Failed job ends the
         wait at once, with its status and its pods' last lines."""
 
+        seen: dict = {}
+
         def check():
             status = self.status(name)
+            seen["status"] = status
             if status.get("phase") == "Failed":
                 raise self.job_failed(name, status)
             return status if predicate(status) else None
 
-        return self.wait_for("job %s: %s" % (name, what), check, timeout=timeout)
+        try:
+            return self.wait_for("job %s: %s" % (name, what), check, timeout=timeout)
+        except TimeoutError as e:
+            raise TimeoutError("%s\n%s" % (e, self.job_report(name, seen.get("status")))) from None
+
+    def job_report(self, name, status=None):
+        """Where job NAME stands, for a wait that timed out: the last status seen (its phase,
+        plan and counts), the job's latest events and the last lines of each of its pods' logs,
+        deleted pods' included."""
+        status = self.status(name) if status is None else status
+        keys = (
+            "phase",
+            "message",
+            "epoch",
+            "step",
+            "workers",
+            "desiredWorkers",
+            "workerCounts",
+            "restarts",
+            "lastResize",
+            "assignment",
+        )
+        shown = {k: status[k] for k in keys if k in status}
+        lines = ["last status of job %s: %s" % (name, json.dumps(shown, sort_keys=True))]
+        try:
+            lines += ["  event %s: %s" % e for e in self.events(name)[-12:]]
+        except Exception as e:  # noqa: BLE001 - a report must not hide the timeout
+            lines.append("  (events not read: %s)" % e)
+        prefix = "%s_%s-" % (self.ns, name)
+        for f in sorted(os.listdir(self.runner_logs)) if os.path.isdir(self.runner_logs) else []:
+            if f.startswith(prefix):
+                with open(os.path.join(self.runner_logs, f), errors="replace") as log:
+                    tail = log.read().splitlines()[-8:]
+                lines += ["  %s: %s" % (f, line) for line in tail]
+        return "\n".join(lines)
 
     def wait_step(self, name, step, timeout=240):
         return self.wait_status(
@@ -364,7 +401,9 @@ class OperatorTestCase(ControlPlaneTestCase):
             timeout,
         )
 
-    def wait_workers(self, name, workers, timeout=120):
+    def wait_workers(self, name, workers, timeout=240):
+        """Until job NAME trains on WORKERS workers. The default leaves room for a recovery on
+        the way (a member that fails a collective waits out the agents' 60 s timeout first)."""
         return self.wait_status(
             name,
             "%d workers running" % workers,
