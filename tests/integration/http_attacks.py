@@ -18,8 +18,10 @@ import sys
 import time
 from dataclasses import dataclass
 
-# A probe of Kubernetes' defaults fails after 1 s (timeoutSeconds).
+# A probe of Kubernetes' defaults fails after 1 s (timeoutSeconds), and comes every 10 s
+# (periodSeconds).
 PROBE_TIMEOUT = 1.0
+PROBE_PERIOD = 10.0
 
 
 @dataclass(frozen=True)
@@ -274,8 +276,11 @@ def probe(target: Target) -> float:
 
 class HealthWatch:
     """A process that probes each target every 0.2 s until stopped, then says, per target, how
-    many probes it made, the slowest, and the failures (a probe over the target's probe timeout
-    is one)."""
+    many probes it made, the slowest, the failures (a probe over the target's probe timeout is
+    one) and the longest gap: the most seconds between the start of the watch, the start of each
+    probe and the stop, that is, the longest time the target went unchecked. How many probes
+    fit in an attack depends on how busy the machine is; a gap under a kubelet's probe period
+    says the target was checked at least as often as a kubelet would."""
 
     def __init__(self, targets: list[Target]) -> None:
         self.proc = subprocess.Popen(
@@ -294,13 +299,22 @@ class HealthWatch:
 
 def _watch(targets: list[Target]) -> None:
     results: dict[str, dict[str, object]] = {
-        t.name: {"probes": 0, "slowest": 0.0, "failures": []} for t in targets
+        t.name: {"probes": 0, "slowest": 0.0, "failures": [], "longest_gap": 0.0} for t in targets
     }
+    started = time.monotonic()
+    last_start = {t.name: started for t in targets}
+
+    def gap(name: str, now: float) -> None:
+        entry = results[name]
+        entry["longest_gap"] = max(float(entry["longest_gap"]), now - last_start[name])  # type: ignore[arg-type]
+        last_start[name] = now
+
     selector = selectors.DefaultSelector()
     selector.register(sys.stdin, selectors.EVENT_READ)
     while not selector.select(timeout=0.2):
         for target in targets:
             entry = results[target.name]
+            gap(target.name, time.monotonic())
             try:
                 seconds = probe(target)
                 entry["slowest"] = max(float(entry["slowest"]), seconds)  # type: ignore[arg-type]
@@ -311,6 +325,9 @@ def _watch(targets: list[Target]) -> None:
                 assert isinstance(failures, list)
                 failures.append("%s: %s" % (time.strftime("%H:%M:%S"), e))
             entry["probes"] = int(entry["probes"]) + 1  # type: ignore[call-overload]
+    stopped = time.monotonic()
+    for target in targets:
+        gap(target.name, stopped)
     print(json.dumps(results))
 
 
