@@ -148,7 +148,6 @@ class RunPolicyTest(OperatorTestCase):
             ),
             timeout=120,
         )
-        self.delete_job(name)
 
     def test_2_pod_failure_policy_ignores_one_exit_code_and_fails_the_job_on_another(
         self,
@@ -254,7 +253,6 @@ class RunPolicyTest(OperatorTestCase):
         self.assertLess(step_at_shrink, status["step"], "the job ended before it shrank")
         self.assertEqual(status["weightsSha256"], static.result(timeout=900))
         self.assertIn("completionTime", status)
-        self.delete_job(name)
 
 
 if __name__ == "__main__":
