@@ -13,6 +13,24 @@ build="${VF_BUILD_DIR:-$root/build}"
 t0=$(date +%s)
 "$root/scripts/setup.sh"
 t1=$(date +%s)
+# The Kubernetes tools' Go build (tests/e2e/build-k8s-tools.sh, the end-to-end tests' fixture
+# e2e.build_tools) is the longest step of a run with nothing cached and needs nothing the C++
+# build makes: the whole suite starts it beside that build, so that the control-plane tests and
+# the training tests, which wait for it, start with the rest. e2e.build_tools then waits for it
+# (the script's lock) and finds the tools cached, or builds them and fails as it would have.
+# With the tools cached it returns at once.
+mkdir -p "$build"
+k8s_log="$build/k8s-tools-build.log"
+k8s_pid=""
+if [ "$#" -eq 0 ]; then
+  # A session of its own, so that the whole build is stopped if this script stops first.
+  setsid bash -c 's=$(date +%s); rc=0; "$1" || rc=$?
+    echo "Kubernetes tools: exit status $rc after $(($(date +%s) - s)) s, beside the build"' \
+    - "$root/tests/e2e/build-k8s-tools.sh" >"$k8s_log" 2>&1 &
+  k8s_pid=$!
+fi
+stop_k8s_build() { if [ -n "$k8s_pid" ]; then kill -- "-$k8s_pid" 2>/dev/null || true; fi; }
+trap stop_k8s_build EXIT
 "$root/scripts/build.sh"
 t2=$(date +%s)
 cd "$build"
@@ -28,6 +46,7 @@ t3=$(date +%s)
 {
   echo "suite: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(nproc) cores, ctest exit status $rc"
   echo "  set-up $((t1 - t0)) s, build $((t2 - t1)) s, tests $((t3 - t2)) s, total $((t3 - t0)) s"
+  if [ -n "$k8s_pid" ]; then echo "  $(tail -n 1 "$k8s_log")"; fi
   if [ -f "$build/suite-junit.xml" ]; then
     # Each testcase element's status and time (ctest's JUnit attributes). awk reads its whole
     # input (no `head`): under pipefail a writer cut off by SIGPIPE would fail the script.
