@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -60,6 +61,22 @@ class RecordingServer {
   std::vector<std::string> peers_;  // guarded by mu_
   std::unique_ptr<http::Listener> listener_;
 };
+
+// A file in a folder of this process's own, removed when it exits: the plain, ASan and TSan
+// builds of a test run at the same time, and another's CA file would fail the handshake.
+std::string TempPath(const std::string& name) {
+  static const struct Folder {
+    std::string path;
+    Folder() {
+      std::string pattern = testing::TempDir() + "vf_client_test_XXXXXX";
+      path = mkdtemp(pattern.data()) != nullptr ? pattern : testing::TempDir();
+    }
+    ~Folder() {
+      if (path != testing::TempDir()) std::filesystem::remove_all(path);
+    }
+  } folder;
+  return folder.path + "/" + name;
+}
 
 void WriteFile(const std::string& path, const std::string& text) {
   std::FILE* f = std::fopen(path.c_str(), "w");
@@ -171,7 +188,7 @@ TEST(CoordinatorClientTest, CallsOverTlsMostlyReuseOneConnectionAndTrustOnlyTheC
   RecordingServer server(*credentials);
   ASSERT_EQ(server.url().rfind("https://", 0), 0u) << server.url();
 
-  const std::string ca_file = testing::TempDir() + "/coordinator-ca.crt";
+  const std::string ca_file = TempPath("coordinator-ca.crt");
   ASSERT_NO_FATAL_FAILURE(WriteFile(ca_file, ca->certificate_pem));
   CoordinatorClient client(server.url(), "ns/job", "token", "w-0", milliseconds(5000), ca_file);
   MakeCalls(client);
@@ -183,7 +200,7 @@ TEST(CoordinatorClientTest, CallsOverTlsMostlyReuseOneConnectionAndTrustOnlyTheC
   // Another CA's client gets no answer from it: the kept connections do not skip the check.
   Result<http::KeyPair> other = http::MakeCertificateAuthority("another CA", hours(1));
   ASSERT_TRUE(other.ok());
-  const std::string other_file = testing::TempDir() + "/another-ca.crt";
+  const std::string other_file = TempPath("another-ca.crt");
   ASSERT_NO_FATAL_FAILURE(WriteFile(other_file, other->certificate_pem));
   CoordinatorClient stranger(server.url(), "ns/job", "token", "w-1", milliseconds(500), other_file);
   const Status refused = stranger.Leave();

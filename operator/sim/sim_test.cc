@@ -1,7 +1,9 @@
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <string>
@@ -14,8 +16,20 @@
 namespace vf::sim {
 namespace {
 
+// A file in a folder of this process's own, removed when it exits: the plain and ASan builds of
+// a test run at the same time, and one rewriting a file the other reads would fail it.
 std::string TempFile(const std::string& name, const std::string& text) {
-  std::string path = ::testing::TempDir() + "/" + name;
+  static const struct Folder {
+    std::string path;
+    Folder() {
+      std::string pattern = ::testing::TempDir() + "vf_sim_test_XXXXXX";
+      path = mkdtemp(pattern.data()) != nullptr ? pattern : ::testing::TempDir();
+    }
+    ~Folder() {
+      if (path != ::testing::TempDir()) std::filesystem::remove_all(path);
+    }
+  } folder;
+  std::string path = folder.path + "/" + name;
   std::ofstream(path) << text;
   return path;
 }
