@@ -101,6 +101,16 @@ function(vf_library name)
   endforeach()
 endfunction()
 
+# The object that checks an _asan test's leaks when its cases end rather than at exit (see
+# the source for why), built once for all of them.
+function(_vf_leak_check_asan)
+  if(NOT TARGET vf_leak_check_asan)
+    add_library(vf_leak_check_asan OBJECT ${PROJECT_SOURCE_DIR}/cmake/leak_check_asan.cc)
+    target_link_libraries(vf_leak_check_asan PRIVATE GTest::gtest)
+    _vf_apply_variant(vf_leak_check_asan asan)
+  endif()
+endfunction()
+
 # vf_test(NAME SOURCES ... [VF_DEPS ...] [DEPS ...] [VARIANTS asan tsan] [LABELS ...]
 #         [RESOURCE_LOCK NAME])
 #   Registers each GoogleTest case with ctest; variants get their own executables and labels.
@@ -140,6 +150,10 @@ function(vf_test name)
     endif()
     add_executable(${t} ${sources})
     target_link_libraries(${t} PRIVATE ${deps} ${A_DEPS} GTest::gtest GTest::gtest_main)
+    if(variant STREQUAL "asan")
+      _vf_leak_check_asan()
+      target_link_libraries(${t} PRIVATE vf_leak_check_asan)
+    endif()
     _vf_apply_variant(${t} "${variant}")
     _vf_test_build_options(${t} "${variant}")
     set(env "")
