@@ -19,7 +19,8 @@ if [ -z "$tidy" ]; then
   exit 1
 fi
 
-# Sanitizer variants compile the same sources again; checking each file once is enough.
+# Sanitizer variants compile the same sources again; checking each file once is enough, with
+# its plain flags where it has them (the file only the ASan tests link has only sanitizer ones).
 db="$(mktemp -d)"
 trap 'rm -rf "$db"' EXIT
 # A unit test compiled as one translation unit (VF_UNITY_TESTS) has one entry, for the file that
@@ -29,9 +30,8 @@ python3 - "$build/compile_commands.json" "$db/compile_commands.json" "$root" "$b
 import json, os, re, sys
 seen, out = set(), []
 build = os.path.abspath(sys.argv[4]) + "/"
-for entry in json.load(open(sys.argv[1])):
-    if "-fsanitize" in entry.get("command", ""):
-        continue
+entries = json.load(open(sys.argv[1]))
+for entry in sorted(entries, key=lambda e: "-fsanitize" in e.get("command", "")):
     sources = [entry["file"]]
     if entry["file"].endswith("_unity.cc") and entry["file"].startswith(build):
         included = re.findall(r'^#include "([^"]+)"', open(entry["file"]).read(), re.M)

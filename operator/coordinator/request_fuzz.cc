@@ -46,8 +46,8 @@ void Poll(vf::Coordinator& coordinator, const c::Route& route, std::string_view 
   vf::Result<vf::Coordinator::WatchId> id =
       route.action == c::Action::kPlan
           ? coordinator.WatchPlan(route.job, c::QueryInt(*query, "after", 0).value(),
-                                  [](vf::Result<vf::Plan>) {})
-          : coordinator.WatchKey(route.job, route.key, [](vf::Result<std::string>) {});
+                                  [](const vf::Result<vf::Plan>&) {})
+          : coordinator.WatchKey(route.job, route.key, [](const vf::Result<std::string>&) {});
   if (id.ok() && *id != vf::Coordinator::kNoWatch) coordinator.CancelWatch(*id);
 }
 
