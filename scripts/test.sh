@@ -38,8 +38,8 @@ rc=0
 # Three tests at once on 2 cores (VF_TEST_JOBS): the training tests take turns among themselves
 # (RESOURCE_LOCK training_processes), so do the control-plane tests in two lanes (those whose pods
 # train, e2e_controlplane; the others, e2e_light_controlplane), and the unit tests, lints and
-# fuzzers run beside them. A failed test's output is cut in the middle, not
-# at its end, where its assertion is; a passed one's is kept up to 64 KiB, its case times too.
+# fuzzers run beside them. A failed test's output is cut in the middle, not at its end, where its
+# assertion is; a passed one's is kept up to 64 KiB, its case times too.
 ctest --output-on-failure -j "${VF_TEST_JOBS:-3}" --output-junit "$build/suite-junit.xml" \
   --test-output-size-failed 1000000 --test-output-size-passed 65536 \
   --test-output-truncation middle "$@" || rc=$?
